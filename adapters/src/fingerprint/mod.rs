@@ -1,0 +1,9 @@
+//! Fingerprints: artifact digests, workload and sampling identities, output hashes.
+
+pub mod artifact;
+pub mod output;
+pub mod workload;
+
+pub use artifact::{hex, ArtifactDigest, DigestCache};
+pub use output::OutputHasher;
+pub use workload::{fingerprint_request, WorkloadFingerprint};

@@ -1,0 +1,139 @@
+//! Workload and sampling fingerprints: what a request asks for, independent of field order,
+//! whitespace, client-side names and transport (streaming or not).
+
+use serde_json::{Map, Value};
+use sha2::{Digest, Sha256};
+
+use super::artifact::hex;
+use crate::canonical::{object, to_canonical_string};
+
+/// Fields that decide how tokens are picked. Any field not listed that an engine treats as
+/// sampling (e.g. llama.cpp's `mirostat`, `dry_*`, `xtc_*`) is added by [`is_sampling_field`].
+const SAMPLING_FIELDS: &[&str] = &[
+    "temperature",
+    "top_p",
+    "top_k",
+    "min_p",
+    "typical_p",
+    "seed",
+    "max_tokens",
+    "max_completion_tokens",
+    "n_predict",
+    "stop",
+    "presence_penalty",
+    "frequency_penalty",
+    "repeat_penalty",
+    "repetition_penalty",
+    "repeat_last_n",
+    "logit_bias",
+    "n",
+];
+
+/// Engine-specific sampling knobs, by prefix.
+const SAMPLING_PREFIXES: &[&str] = &["mirostat", "dry_", "xtc_", "dynatemp_", "top_n_sigma"];
+
+fn is_sampling_field(key: &str) -> bool {
+    SAMPLING_FIELDS.contains(&key) || SAMPLING_PREFIXES.iter().any(|p| key.starts_with(p))
+}
+
+/// Fields that define the work itself.
+const CONTENT_FIELDS: &[&str] = &[
+    "messages",
+    "prompt",
+    "input",
+    "suffix",
+    "tools",
+    "tool_choice",
+    "response_format",
+    "functions",
+    "function_call",
+    "grammar",
+    "json_schema",
+];
+
+/// The fingerprints of one request body.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WorkloadFingerprint {
+    /// `wl:<hex>` over the public model, the content fields and the sampling identity.
+    pub workload: String,
+    /// `sp:<hex>` over the sampling identity alone.
+    pub sampling: String,
+    /// The canonical JSON of the sampling identity, kept for records and comparisons.
+    pub sampling_json: String,
+    /// Whether sampling is deterministic: temperature 0, or a fixed seed.
+    pub deterministic: bool,
+}
+
+/// Fingerprints a request `body` (a JSON object) sent for the public model `model`.
+pub fn fingerprint_request(model: &str, body: &Map<String, Value>) -> WorkloadFingerprint {
+    let sampling: Map<String, Value> = body
+        .iter()
+        .filter(|(k, _)| is_sampling_field(k))
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
+    let deterministic = is_deterministic(&sampling);
+    let sampling_json = to_canonical_string(Value::Object(sampling));
+
+    let content = object(
+        CONTENT_FIELDS
+            .iter()
+            .map(|&k| (k, body.get(k).cloned()))
+            .chain([("model", Some(Value::String(model.to_owned())))]),
+    );
+    let mut hasher = Sha256::new();
+    hasher.update(to_canonical_string(content).as_bytes());
+    hasher.update(b"\n");
+    hasher.update(sampling_json.as_bytes());
+    let workload = format!("wl:{}", &hex(&hasher.finalize())[..32]);
+    let sampling = format!("sp:{}", &hex(&Sha256::digest(sampling_json.as_bytes()))[..32]);
+    WorkloadFingerprint {
+        workload,
+        sampling,
+        sampling_json,
+        deterministic,
+    }
+}
+
+fn is_deterministic(sampling: &Map<String, Value>) -> bool {
+    let greedy = sampling
+        .get("temperature")
+        .and_then(Value::as_f64)
+        .is_some_and(|t| t == 0.0);
+    let seeded = sampling.get("seed").is_some_and(|s| !s.is_null());
+    greedy || seeded
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn fp(v: Value) -> WorkloadFingerprint {
+        let Value::Object(map) = v else { panic!() };
+        fingerprint_request("smollm2", &map)
+    }
+
+    #[test]
+    fn order_whitespace_and_transport_do_not_change_identity() {
+        let a = fp(json!({"model": "default", "messages": [{"role": "user", "content": "hi"}], "temperature": 0.0, "stream": true}));
+        let b = fp(json!({"temperature": 0, "messages": [{"content": "hi", "role": "user"}], "model": "smollm2"}));
+        assert_eq!(a, b);
+        assert!(a.workload.starts_with("wl:") && a.workload.len() == 35);
+        assert!(a.deterministic);
+    }
+
+    #[test]
+    fn content_and_sampling_change_identity() {
+        let base = fp(json!({"messages": [{"role": "user", "content": "hi"}], "temperature": 0}));
+        let other_text = fp(json!({"messages": [{"role": "user", "content": "hello"}], "temperature": 0}));
+        let other_temp = fp(json!({"messages": [{"role": "user", "content": "hi"}], "temperature": 0.7}));
+        assert_ne!(base.workload, other_text.workload);
+        assert_eq!(base.sampling, other_text.sampling);
+        assert_ne!(base.workload, other_temp.workload);
+        assert_ne!(base.sampling, other_temp.sampling);
+        assert!(!other_temp.deterministic);
+        let seeded = fp(json!({"messages": [], "temperature": 0.7, "seed": 3, "mirostat": 2}));
+        assert!(seeded.deterministic);
+        assert_eq!(seeded.sampling_json, r#"{"mirostat":2,"seed":3,"temperature":0.7}"#);
+    }
+}

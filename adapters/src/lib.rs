@@ -1,0 +1,75 @@
+//! Engine adapters: everything Switchyard knows about the engines it fronts.
+//!
+//! One module per engine behind the [`Adapter`] trait. Adapters are sans-I/O: they name the
+//! probes to make and interpret the answers, read usage and timings from response bytes, and
+//! smooth out engine quirks, while the proxy owns sockets and clocks. That keeps every engine
+//! shape unit-testable against the recorded transcripts.
+
+pub mod canonical;
+pub mod fingerprint;
+pub mod identity;
+pub mod llama_cpp;
+pub mod mlx;
+pub mod observe;
+pub mod openai;
+
+use std::fmt;
+
+use bytes::Bytes;
+use switchyard_policy::EngineKind;
+
+pub use identity::{EngineIdentity, EngineReport, Health, ProbeResult};
+pub use observe::{inspect_response, EngineTimings, EventKind, ResponseFacts, StreamObserver, Usage};
+
+/// One engine kind's behaviour.
+pub trait Adapter: Send + Sync + fmt::Debug + 'static {
+    fn kind(&self) -> EngineKind;
+
+    /// Paths to `GET`, in order, to learn health and identity.
+    fn probes(&self) -> &'static [&'static str];
+
+    /// Health and identity from the probe answers (same order as [`Adapter::probes`]).
+    fn interpret(&self, results: &[ProbeResult]) -> EngineReport;
+
+    /// The engine's build, when it can be read from a response's `system_fingerprint`.
+    fn build_from_fingerprint(&self, _system_fingerprint: &str) -> Option<String> {
+        None
+    }
+
+    /// Rewrites an engine error that is not in OpenAI's shape into it, with a fitting status.
+    /// `None` passes the engine's status and body through untouched.
+    fn normalize_error(&self, _status: u16, _body: &[u8]) -> Option<(u16, Bytes)> {
+        None
+    }
+}
+
+/// The adapter for an engine kind.
+pub fn for_kind(kind: EngineKind) -> Box<dyn Adapter> {
+    match kind {
+        EngineKind::LlamaCpp => Box::new(llama_cpp::LlamaCpp),
+        EngineKind::Mlx => Box::new(mlx::Mlx),
+        EngineKind::OpenAi => Box::new(openai::OpenAiCompatible),
+    }
+}
+
+/// The first model id listed by an OpenAI-style `/v1/models` answer.
+pub(crate) fn first_model_id(models: &serde_json::Value) -> Option<String> {
+    models
+        .get("data")?
+        .as_array()?
+        .first()?
+        .get("id")?
+        .as_str()
+        .map(str::to_owned)
+}
+
+/// A probe failure, described for `/readyz` and the log.
+pub(crate) fn describe(result: &ProbeResult, path: &str) -> String {
+    match result {
+        ProbeResult::Response { status, body } => {
+            let text = String::from_utf8_lossy(&body[..body.len().min(200)]);
+            format!("GET {path} answered {status}: {text}")
+        }
+        ProbeResult::Failed(why) => format!("GET {path} failed: {why}"),
+    }
+}

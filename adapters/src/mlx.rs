@@ -1,0 +1,106 @@
+//! `mlx_lm.server`, the MLX-native engine.
+//!
+//! Its `/health` says ok before a model is loaded, so readiness also needs `/v1/models` to list
+//! the served model (its id is the model folder's path). It reports its version only in each
+//! response's `system_fingerprint` (`<mlx-lm>-<mlx>-<platform>-<arch>`), so the build becomes
+//! known with the first response. Errors come as `{"error": "<text>"}`, generation errors with
+//! status 404; they are rewritten into OpenAI's shape.
+
+use bytes::Bytes;
+use serde_json::{json, Value};
+use switchyard_policy::EngineKind;
+
+use crate::identity::{EngineIdentity, EngineReport, Health, ProbeResult};
+use crate::{describe, first_model_id, Adapter};
+
+const PROBES: &[&str] = &["/health", "/v1/models"];
+
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Mlx;
+
+impl Adapter for Mlx {
+    fn kind(&self) -> EngineKind {
+        EngineKind::Mlx
+    }
+
+    fn probes(&self) -> &'static [&'static str] {
+        PROBES
+    }
+
+    fn interpret(&self, results: &[ProbeResult]) -> EngineReport {
+        let mut identity = EngineIdentity::unknown(EngineKind::Mlx);
+        identity.build_note =
+            Some("mlx_lm.server names its version only in responses' system_fingerprint".to_owned());
+        let health_ok = matches!(results.first(), Some(ProbeResult::Response { status: 200, .. }));
+        let models = results.get(1).and_then(ProbeResult::ok_json);
+        if let Some(models) = &models {
+            identity.served_model = first_model_id(models);
+            identity.model_path = identity.served_model.clone();
+        }
+        let health = match (health_ok, &identity.served_model) {
+            (true, Some(_)) => Health::Ready,
+            (true, None) => Health::Loading(match results.get(1) {
+                Some(r) => format!("no served model yet ({})", describe(r, PROBES[1])),
+                None => "no served model yet".to_owned(),
+            }),
+            (false, _) => Health::Down(match results.first() {
+                Some(r) => describe(r, PROBES[0]),
+                None => "not probed".to_owned(),
+            }),
+        };
+        EngineReport { health, identity }
+    }
+
+    fn build_from_fingerprint(&self, system_fingerprint: &str) -> Option<String> {
+        (!system_fingerprint.is_empty()).then(|| system_fingerprint.to_owned())
+    }
+
+    fn normalize_error(&self, status: u16, body: &[u8]) -> Option<(u16, Bytes)> {
+        let value: Value = serde_json::from_slice(body).ok()?;
+        let message = value.get("error")?.as_str()?;
+        // A 404 from mlx_lm.server is a failed generation (or a model it could not load),
+        // not a missing route: the engine failed, so it is a bad gateway for the client.
+        let (status, kind) = match status {
+            400 => (400, "invalid_request_error"),
+            404 | 500..=599 => (502, "upstream_error"),
+            other => (other, "upstream_error"),
+        };
+        let body = json!({"error": {"message": message, "type": kind, "param": null, "code": "engine_error"}});
+        Some((status, Bytes::from(body.to_string())))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn health_alone_is_not_ready() {
+        let report = Mlx.interpret(&[
+            ProbeResult::Response { status: 200, body: Bytes::from_static(br#"{"status": "ok"}"#) },
+            ProbeResult::Failed("reset".into()),
+        ]);
+        assert_eq!(report.health.state(), "loading");
+        let report = Mlx.interpret(&[
+            ProbeResult::Response { status: 200, body: Bytes::from_static(br#"{"status": "ok"}"#) },
+            ProbeResult::Response {
+                status: 200,
+                body: Bytes::from_static(br#"{"object": "list", "data": [{"id": "/models/smollm2-mlx", "object": "model", "created": 1}]}"#),
+            },
+        ]);
+        assert!(report.health.is_ready());
+        assert_eq!(report.identity.served_model.as_deref(), Some("/models/smollm2-mlx"));
+    }
+
+    #[test]
+    fn errors_become_openai_shaped() {
+        let (status, body) = Mlx
+            .normalize_error(404, br#"{"error": "Cannot find an appropriate cached snapshot folder"}"#)
+            .unwrap();
+        assert_eq!(status, 502);
+        let v: Value = serde_json::from_slice(&body).unwrap();
+        assert_eq!(v["error"]["type"], "upstream_error");
+        assert!(v["error"]["message"].as_str().unwrap().starts_with("Cannot find"));
+        assert!(Mlx.normalize_error(400, br#"{"error": {"message": "x"}}"#).is_none());
+    }
+}

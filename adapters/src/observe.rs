@@ -1,0 +1,251 @@
+//! Facts read from engine responses as they pass: usage, the engine's own timings, the first
+//! generated token, the output hash.
+//!
+//! The shapes are OpenAI's, plus llama.cpp's `timings` object; quirks of one engine are handled
+//! by its adapter before or after these functions.
+
+use serde::Deserialize;
+use serde_json::Value;
+
+use crate::fingerprint::OutputHasher;
+
+/// Phase timings an engine reported for one response (llama.cpp's `timings`).
+#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
+pub struct EngineTimings {
+    /// Prompt tokens processed (not taken from the cache).
+    #[serde(default)]
+    pub prompt_n: Option<u64>,
+    /// Milliseconds spent on prompt processing (prefill).
+    #[serde(default)]
+    pub prompt_ms: Option<f64>,
+    /// Prompt tokens reused from the cache.
+    #[serde(default)]
+    pub cache_n: Option<u64>,
+    /// Tokens generated.
+    #[serde(default)]
+    pub predicted_n: Option<u64>,
+    /// Milliseconds spent generating (decode).
+    #[serde(default)]
+    pub predicted_ms: Option<f64>,
+}
+
+/// Token counts from the response's `usage`.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Usage {
+    pub prompt_tokens: Option<u64>,
+    pub completion_tokens: Option<u64>,
+    pub cached_tokens: Option<u64>,
+}
+
+impl Usage {
+    fn from_value(v: &Value) -> Self {
+        let n = |key: &str| v.get(key).and_then(Value::as_u64);
+        Self {
+            prompt_tokens: n("prompt_tokens"),
+            completion_tokens: n("completion_tokens"),
+            cached_tokens: v
+                .get("prompt_tokens_details")
+                .and_then(|d| d.get("cached_tokens"))
+                .and_then(Value::as_u64),
+        }
+    }
+}
+
+/// What one response (or one whole stream) told us.
+#[derive(Debug, Clone, Default)]
+pub struct ResponseFacts {
+    /// `usage` exactly as the engine sent it (kept raw for the end-of-stream comment).
+    pub usage_raw: Option<Value>,
+    pub usage: Usage,
+    pub timings: Option<EngineTimings>,
+    /// `system_fingerprint` as sent.
+    pub system_fingerprint: Option<String>,
+    /// The `model` the engine named in its response.
+    pub model: Option<String>,
+    /// The normalized output hash, `sha256:…`.
+    pub output: Option<String>,
+}
+
+impl ResponseFacts {
+    fn absorb(&mut self, v: &Value) {
+        if let Some(usage) = v.get("usage").filter(|u| u.is_object()) {
+            self.usage = Usage::from_value(usage);
+            self.usage_raw = Some(usage.clone());
+        }
+        if let Some(timings) = v.get("timings") {
+            if let Ok(t) = serde_json::from_value::<EngineTimings>(timings.clone()) {
+                self.timings = Some(t);
+            }
+        }
+        if let Some(fp) = v.get("system_fingerprint").and_then(Value::as_str) {
+            if self.system_fingerprint.as_deref() != Some(fp) {
+                self.system_fingerprint = Some(fp.to_owned());
+            }
+        }
+        if self.model.is_none() {
+            self.model = v.get("model").and_then(Value::as_str).map(str::to_owned);
+        }
+    }
+}
+
+/// Reads a complete (non-streaming) response body. Bodies that are not JSON yield empty facts.
+pub fn inspect_response(body: &[u8]) -> ResponseFacts {
+    let mut facts = ResponseFacts::default();
+    let Ok(value) = serde_json::from_slice::<Value>(body) else {
+        return facts;
+    };
+    facts.absorb(&value);
+    if value.get("choices").is_some() {
+        let mut output = OutputHasher::new();
+        output.add_response(&value);
+        facts.output = output.finish();
+    }
+    facts
+}
+
+/// What one SSE event was.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EventKind {
+    /// A chunk carrying generated content (text, a tool call, or a refusal).
+    Token,
+    /// A chunk without generated content (the role, a finish reason, usage).
+    Other,
+    /// `data: [DONE]`.
+    Done,
+    /// A data payload that is not JSON; passed through untouched.
+    Unparsed,
+    /// An error object sent inside the stream.
+    Error,
+}
+
+/// Watches a stream's `data:` payloads one at a time.
+#[derive(Debug, Default)]
+pub struct StreamObserver {
+    facts: ResponseFacts,
+    output: OutputHasher,
+    /// Chunks that carried generated content.
+    pub token_events: u64,
+}
+
+impl StreamObserver {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Observes one event's data (the text after `data: `, without the line ending).
+    pub fn observe(&mut self, data: &[u8]) -> EventKind {
+        let data = trim_ascii(data);
+        if data == b"[DONE]" {
+            return EventKind::Done;
+        }
+        let Ok(value) = serde_json::from_slice::<Value>(data) else {
+            return EventKind::Unparsed;
+        };
+        if value.get("error").is_some() {
+            return EventKind::Error;
+        }
+        self.facts.absorb(&value);
+        self.output.add_chunk(&value);
+        if carries_token(&value) {
+            self.token_events += 1;
+            EventKind::Token
+        } else {
+            EventKind::Other
+        }
+    }
+
+    /// The facts gathered so far, with the output hash of what was seen.
+    pub fn facts(&self) -> ResponseFacts {
+        let mut facts = self.facts.clone();
+        facts.output = self.output.finish();
+        facts
+    }
+
+    /// The content of choice `index` accumulated so far.
+    pub fn content(&self, index: u64) -> Option<&str> {
+        self.output.content(index)
+    }
+}
+
+fn carries_token(chunk: &Value) -> bool {
+    let Some(choices) = chunk.get("choices").and_then(Value::as_array) else {
+        return false;
+    };
+    choices.iter().any(|c| {
+        let non_empty = |v: Option<&Value>| v.and_then(Value::as_str).is_some_and(|s| !s.is_empty());
+        if non_empty(c.get("text")) {
+            return true;
+        }
+        let Some(delta) = c.get("delta") else {
+            return false;
+        };
+        non_empty(delta.get("content"))
+            || non_empty(delta.get("refusal"))
+            || non_empty(delta.get("reasoning_content"))
+            || delta
+                .get("tool_calls")
+                .and_then(Value::as_array)
+                .is_some_and(|calls| !calls.is_empty())
+    })
+}
+
+fn trim_ascii(mut s: &[u8]) -> &[u8] {
+    while let [first, rest @ ..] = s {
+        if first.is_ascii_whitespace() {
+            s = rest;
+        } else {
+            break;
+        }
+    }
+    while let [rest @ .., last] = s {
+        if last.is_ascii_whitespace() {
+            s = rest;
+        } else {
+            break;
+        }
+    }
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn llama_cpp_response_timings_and_usage() {
+        let body = br#"{"choices":[{"finish_reason":"stop","index":0,"message":{"role":"assistant","content":"The capital of France is Paris."}}],"created":1795989553,"model":"/models/SmolLM2-135M-Instruct.Q4_1.gguf","system_fingerprint":"b0-unknown","object":"chat.completion","usage":{"completion_tokens":8,"prompt_tokens":42,"total_tokens":50,"prompt_tokens_details":{"cached_tokens":0}},"id":"chatcmpl-x","timings":{"cache_n":0,"prompt_n":42,"prompt_ms":179.475,"prompt_per_token_ms":4.27,"prompt_per_second":234.0,"predicted_n":8,"predicted_ms":68.023,"predicted_per_token_ms":9.7,"predicted_per_second":102.9}}"#;
+        let facts = inspect_response(body);
+        let t = facts.timings.unwrap();
+        assert_eq!(t.prompt_ms, Some(179.475));
+        assert_eq!(t.predicted_n, Some(8));
+        assert_eq!(facts.usage.prompt_tokens, Some(42));
+        assert_eq!(facts.usage.cached_tokens, Some(0));
+        assert_eq!(facts.system_fingerprint.as_deref(), Some("b0-unknown"));
+        assert!(facts.output.is_some());
+    }
+
+    #[test]
+    fn stream_events_are_classified() {
+        let mut obs = StreamObserver::new();
+        assert_eq!(
+            obs.observe(br#"{"choices":[{"index":0,"delta":{"role":"assistant","content":null}}]}"#),
+            EventKind::Other
+        );
+        assert_eq!(
+            obs.observe(br#"{"choices":[{"index":0,"delta":{"content":"The"}}]}"#),
+            EventKind::Token
+        );
+        assert_eq!(
+            obs.observe(br#"{"choices":[],"usage":{"completion_tokens":1,"prompt_tokens":4},"timings":{"prompt_ms":1.5,"predicted_ms":2.0}}"#),
+            EventKind::Other
+        );
+        assert_eq!(obs.observe(b" [DONE]"), EventKind::Done);
+        assert_eq!(obs.observe(b"not json"), EventKind::Unparsed);
+        assert_eq!(obs.observe(br#"{"error":{"message":"x"}}"#), EventKind::Error);
+        let facts = obs.facts();
+        assert_eq!(facts.usage.completion_tokens, Some(1));
+        assert_eq!(facts.timings.unwrap().prompt_ms, Some(1.5));
+        assert_eq!(obs.content(0), Some("The"));
+        assert_eq!(obs.token_events, 1);
+    }
+}

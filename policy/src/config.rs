@@ -1,0 +1,174 @@
+//! The configuration file's types, as serde reads them.
+//!
+//! Every struct denies unknown fields: a misspelt key is an error that names its path, never a
+//! setting silently ignored. Defaults are the safe, boring choice (loopback, no fallback). Semantic
+//! checks that need the whole file live in [`crate::validate`]; loading (TOML plus environment
+//! overrides) lives in the proxy, because it does I/O.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use serde::{Deserialize, Serialize};
+
+/// The whole configuration file.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    #[serde(default)]
+    pub server: ServerConfig,
+    /// Running engines, by the name the models refer to them with.
+    #[serde(default)]
+    pub backends: BTreeMap<String, BackendConfig>,
+    /// Public model names that clients send in `model`.
+    #[serde(default)]
+    pub models: BTreeMap<String, ModelConfig>,
+}
+
+/// The listener and the limits of the request path.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ServerConfig {
+    /// Where Switchyard listens. Loopback by default: exposing it is a deliberate choice.
+    pub listen: SocketAddr,
+    /// Largest request body accepted, in bytes; larger bodies get 413.
+    pub max_body_bytes: u64,
+    /// Largest non-streaming engine response read, in bytes; larger ones get 502.
+    pub max_response_bytes: u64,
+    /// Time allowed to open a TCP connection to an engine (504 when exceeded).
+    pub connect_timeout_ms: u64,
+    /// Time allowed from forwarding a request to the engine's first response byte (504 when
+    /// exceeded). Prefill of a long prompt happens inside it, so it is generous by default.
+    pub first_byte_timeout_ms: u64,
+    /// How often each backend's health and identity are probed.
+    pub probe_interval_ms: u64,
+    /// On shutdown, how long in-flight requests get to finish before they are cut.
+    pub drain_timeout_ms: u64,
+    /// Log format: `text` for people, `json` for collectors.
+    pub log_format: LogFormat,
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        Self {
+            listen: SocketAddr::from(([127, 0, 0, 1], 8080)),
+            max_body_bytes: 8 * 1024 * 1024,
+            max_response_bytes: 64 * 1024 * 1024,
+            connect_timeout_ms: 2_000,
+            first_byte_timeout_ms: 300_000,
+            probe_interval_ms: 5_000,
+            drain_timeout_ms: 30_000,
+            log_format: LogFormat::Text,
+        }
+    }
+}
+
+/// How log lines are written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    Text,
+    Json,
+}
+
+/// The kind of engine behind a backend; it selects the adapter.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Deserialize, Serialize)]
+pub enum EngineKind {
+    /// llama.cpp's `llama-server`.
+    #[serde(rename = "llama.cpp")]
+    LlamaCpp,
+    /// `mlx_lm.server`, the MLX-native engine.
+    #[serde(rename = "mlx")]
+    Mlx,
+    /// Any other OpenAI-compatible server (vLLM, Ollama's `/v1`, LM Studio).
+    #[serde(rename = "openai")]
+    OpenAi,
+}
+
+impl EngineKind {
+    /// The name used in headers and logs, e.g. `llama.cpp` in `llama.cpp/b6100`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::LlamaCpp => "llama.cpp",
+            Self::Mlx => "mlx",
+            Self::OpenAi => "openai",
+        }
+    }
+}
+
+/// One running engine.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct BackendConfig {
+    pub engine: EngineKind,
+    /// Base URL of the engine, `http://host:port` (no path).
+    pub url: String,
+    /// The model file (GGUF) or folder (MLX) the engine is meant to serve; its digest is the
+    /// artifact identity stamped on responses.
+    #[serde(default)]
+    pub artifact: Option<PathBuf>,
+    /// The engine's executable, hashed for its identity when the engine cannot name its own build.
+    #[serde(default)]
+    pub binary: Option<PathBuf>,
+    /// The `model` value the engine receives in place of the client's, when set.
+    #[serde(default)]
+    pub upstream_model: Option<String>,
+    /// Requests forwarded at once; the rest wait in the admission queue (whose time is the `queue`
+    /// phase). Default: the engine's own slot count where it reports one, else unbounded.
+    #[serde(default)]
+    pub max_concurrency: Option<u32>,
+}
+
+/// One public model name.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct ModelConfig {
+    /// Other names clients may send for this model.
+    #[serde(default)]
+    pub aliases: Vec<String>,
+    /// The backend that serves this model.
+    pub primary: String,
+    /// Backends tried, in order, when the primary cannot be reached. Empty by default: no
+    /// silent fallback. Each use is stamped `x-switchyard-variant: fallback`.
+    #[serde(default)]
+    pub fallback: Vec<String>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn design_sketch_parses_with_defaults() {
+        let text = r#"
+            [server]
+            listen = "127.0.0.1:8080"
+
+            [backends.llama]
+            engine = "llama.cpp"
+            url = "http://127.0.0.1:8081"
+            artifact = "models/SmolLM2-135M-Instruct.Q4_1.gguf"
+            max_concurrency = 4
+
+            [models.smollm2]
+            aliases = ["default"]
+            primary = "llama"
+        "#;
+        let config: Config = toml::from_str(text).unwrap();
+        assert_eq!(config.server.max_body_bytes, 8 * 1024 * 1024);
+        assert_eq!(config.backends["llama"].engine, EngineKind::LlamaCpp);
+        assert!(config.models["smollm2"].fallback.is_empty());
+    }
+
+    #[test]
+    fn unknown_keys_are_errors() {
+        let text = r#"
+            [backends.llama]
+            engine = "llama.cpp"
+            url = "http://127.0.0.1:8081"
+            artfact = "typo.gguf"
+        "#;
+        let err = toml::from_str::<Config>(text).unwrap_err().to_string();
+        assert!(err.contains("artfact"), "{err}");
+    }
+}

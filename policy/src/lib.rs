@@ -1,0 +1,12 @@
+//! Switchyard's policy: the configuration's types and the pure decisions made from it.
+//!
+//! Nothing here does I/O or needs an async runtime, so every decision can be unit-tested with
+//! plain values. The proxy loads configuration (files, environment) and acts on the decisions.
+
+pub mod config;
+pub mod routing;
+pub mod validate;
+
+pub use config::{BackendConfig, Config, EngineKind, LogFormat, ModelConfig, ServerConfig};
+pub use routing::{Route, RoutingTable};
+pub use validate::{validate, Problem};

@@ -1,0 +1,233 @@
+//! Whole-file checks that serde cannot express, reported all at once.
+//!
+//! `validate` never stops at the first problem: an operator fixing a config wants the full list,
+//! each with the key path it concerns.
+
+use std::collections::BTreeMap;
+use std::fmt;
+
+use crate::config::Config;
+
+/// One thing wrong with a configuration, at a key path such as `models.smollm2.primary`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Problem {
+    pub path: String,
+    pub message: String,
+}
+
+impl Problem {
+    fn new(path: impl Into<String>, message: impl Into<String>) -> Self {
+        Self {
+            path: path.into(),
+            message: message.into(),
+        }
+    }
+}
+
+impl fmt::Display for Problem {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: {}", self.path, self.message)
+    }
+}
+
+/// Every problem in `config`; empty when it is valid.
+pub fn validate(config: &Config) -> Vec<Problem> {
+    let mut problems = Vec::new();
+    let server = &config.server;
+
+    if server.max_body_bytes == 0 {
+        problems.push(Problem::new("server.max_body_bytes", "must be at least 1"));
+    }
+    if server.max_response_bytes == 0 {
+        problems.push(Problem::new("server.max_response_bytes", "must be at least 1"));
+    }
+    for (key, value) in [
+        ("server.connect_timeout_ms", server.connect_timeout_ms),
+        ("server.first_byte_timeout_ms", server.first_byte_timeout_ms),
+        ("server.probe_interval_ms", server.probe_interval_ms),
+    ] {
+        if value == 0 {
+            problems.push(Problem::new(key, "must be at least 1 millisecond"));
+        }
+    }
+
+    if config.backends.is_empty() {
+        problems.push(Problem::new("backends", "no backend is configured"));
+    }
+    for (name, backend) in &config.backends {
+        let at = format!("backends.{name}");
+        if !is_valid_name(name) {
+            problems.push(Problem::new(
+                &at,
+                "backend names may use only letters, digits, '-', '_' and '.'",
+            ));
+        }
+        if let Err(why) = check_url(&backend.url) {
+            problems.push(Problem::new(format!("{at}.url"), why));
+        }
+        if backend.max_concurrency == Some(0) {
+            problems.push(Problem::new(
+                format!("{at}.max_concurrency"),
+                "must be at least 1 (leave it out for the engine's own slot count)",
+            ));
+        }
+        if let Some(upstream) = &backend.upstream_model {
+            if upstream.is_empty() {
+                problems.push(Problem::new(
+                    format!("{at}.upstream_model"),
+                    "must not be empty",
+                ));
+            }
+        }
+    }
+
+    if config.models.is_empty() {
+        problems.push(Problem::new("models", "no model is configured"));
+    }
+    // Every public name and alias must resolve to exactly one model.
+    let mut owners: BTreeMap<&str, String> = BTreeMap::new();
+    for (name, model) in &config.models {
+        let at = format!("models.{name}");
+        if name.is_empty() {
+            problems.push(Problem::new(&at, "model names must not be empty"));
+        }
+        if let Some(previous) = owners.insert(name.as_str(), at.clone()) {
+            problems.push(Problem::new(
+                &at,
+                format!("\"{name}\" is already used by {previous}"),
+            ));
+        }
+        for (i, alias) in model.aliases.iter().enumerate() {
+            let alias_at = format!("{at}.aliases[{i}]");
+            if alias.is_empty() {
+                problems.push(Problem::new(&alias_at, "aliases must not be empty"));
+                continue;
+            }
+            if let Some(previous) = owners.insert(alias.as_str(), alias_at.clone()) {
+                problems.push(Problem::new(
+                    &alias_at,
+                    format!("\"{alias}\" is already used by {previous}"),
+                ));
+            }
+        }
+        if !config.backends.contains_key(&model.primary) {
+            problems.push(Problem::new(
+                format!("{at}.primary"),
+                format!("no backend named \"{}\"", model.primary),
+            ));
+        }
+        for (i, fallback) in model.fallback.iter().enumerate() {
+            let fb_at = format!("{at}.fallback[{i}]");
+            if !config.backends.contains_key(fallback) {
+                problems.push(Problem::new(
+                    &fb_at,
+                    format!("no backend named \"{fallback}\""),
+                ));
+            } else if *fallback == model.primary {
+                problems.push(Problem::new(&fb_at, "the primary cannot be its own fallback"));
+            }
+        }
+    }
+    problems
+}
+
+fn is_valid_name(name: &str) -> bool {
+    !name.is_empty()
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
+}
+
+/// Engines are reached over plain HTTP on a host and port; a path, query or TLS is not supported.
+fn check_url(url: &str) -> Result<(), String> {
+    let Some(rest) = url.strip_prefix("http://") else {
+        return Err(format!(
+            "\"{url}\" must start with http:// (engines are reached over plain HTTP)"
+        ));
+    };
+    let authority = rest.strip_suffix('/').unwrap_or(rest);
+    if authority.is_empty() || authority.contains(['/', '?', '#', '@']) {
+        return Err(format!(
+            "\"{url}\" must be http://host:port with no path, query or credentials"
+        ));
+    }
+    let Some((host, port)) = authority.rsplit_once(':') else {
+        return Err(format!("\"{url}\" must name a port, e.g. http://127.0.0.1:8081"));
+    };
+    if host.is_empty() {
+        return Err(format!("\"{url}\" has no host"));
+    }
+    match port.parse::<u16>() {
+        Ok(p) if p > 0 => Ok(()),
+        _ => Err(format!("\"{url}\" has an invalid port \"{port}\"")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(text: &str) -> Config {
+        toml::from_str(text).unwrap()
+    }
+
+    #[test]
+    fn valid_config_has_no_problems() {
+        let config = parse(
+            r#"
+            [backends.llama]
+            engine = "llama.cpp"
+            url = "http://127.0.0.1:8081"
+            [models.smollm2]
+            aliases = ["default"]
+            primary = "llama"
+        "#,
+        );
+        assert_eq!(validate(&config), vec![]);
+    }
+
+    #[test]
+    fn every_problem_is_reported_with_its_path() {
+        let config = parse(
+            r#"
+            [server]
+            connect_timeout_ms = 0
+            [backends.llama]
+            engine = "llama.cpp"
+            url = "127.0.0.1:8081"
+            max_concurrency = 0
+            [models.a]
+            aliases = ["shared"]
+            primary = "llama"
+            [models.b]
+            aliases = ["shared", "a"]
+            primary = "missing"
+            fallback = ["llama", "nope"]
+        "#,
+        );
+        let paths: Vec<String> = validate(&config).into_iter().map(|p| p.path).collect();
+        assert_eq!(
+            paths,
+            vec![
+                "server.connect_timeout_ms",
+                "backends.llama.url",
+                "backends.llama.max_concurrency",
+                "models.b.aliases[0]",
+                "models.b.aliases[1]",
+                "models.b.primary",
+                "models.b.fallback[1]",
+            ]
+        );
+    }
+
+    #[test]
+    fn urls_are_checked() {
+        assert!(check_url("http://127.0.0.1:8081").is_ok());
+        assert!(check_url("http://localhost:8081/").is_ok());
+        assert!(check_url("https://127.0.0.1:8081").is_err());
+        assert!(check_url("http://127.0.0.1").is_err());
+        assert!(check_url("http://127.0.0.1:8081/v1").is_err());
+        assert!(check_url("http://127.0.0.1:0").is_err());
+        assert!(check_url("http://:80").is_err());
+    }
+}
