@@ -36,6 +36,13 @@ pub trait Adapter: Send + Sync + fmt::Debug + 'static {
         None
     }
 
+    /// Whether the engine must receive its exact served model id in `model`. For engines that
+    /// treat any other name as a request to load that model (MLX), forwarding the client's name
+    /// would unload the model being served.
+    fn requires_served_model_id(&self) -> bool {
+        false
+    }
+
     /// Rewrites an engine error that is not in OpenAI's shape into it, with a fitting status.
     /// `None` passes the engine's status and body through untouched.
     fn normalize_error(&self, _status: u16, _body: &[u8]) -> Option<(u16, Bytes)> {

@@ -51,6 +51,10 @@ impl Adapter for Mlx {
         EngineReport { health, identity }
     }
 
+    fn requires_served_model_id(&self) -> bool {
+        true
+    }
+
     fn build_from_fingerprint(&self, system_fingerprint: &str) -> Option<String> {
         (!system_fingerprint.is_empty()).then(|| system_fingerprint.to_owned())
     }

@@ -117,6 +117,10 @@ pub struct BackendConfig {
     /// phase). Default: the engine's own slot count where it reports one, else unbounded.
     #[serde(default)]
     pub max_concurrency: Option<u32>,
+    /// Refuse to route to this backend (503) unless the engine is confirmed to serve the
+    /// configured artifact. Fail closed: an unverified identity is not served.
+    #[serde(default)]
+    pub require_verified_identity: bool,
 }
 
 /// One public model name.

@@ -71,6 +71,12 @@ pub fn validate(config: &Config) -> Vec<Problem> {
                 "must be at least 1 (leave it out for the engine's own slot count)",
             ));
         }
+        if backend.require_verified_identity && backend.artifact.is_none() {
+            problems.push(Problem::new(
+                format!("{at}.require_verified_identity"),
+                "needs `artifact`: there is nothing to verify the engine against",
+            ));
+        }
         if let Some(upstream) = &backend.upstream_model {
             if upstream.is_empty() {
                 problems.push(Problem::new(

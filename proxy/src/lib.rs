@@ -1,1 +1,22 @@
-//! placeholder
+//! Switchyard: one stable, OpenAI-compatible endpoint in front of local inference engines.
+//!
+//! The request path, top to bottom: [`server`] accepts connections; [`app`] builds the tower
+//! stack; [`handler`] routes by `model`, admits, forwards and stamps identity; [`stream`] watches
+//! streaming bodies; [`record`] writes one record per request. [`backend`] keeps each engine's
+//! health and identity current off the request path. [`config`] loads and validates the file.
+
+pub mod app;
+pub mod backend;
+pub mod body;
+pub mod cli;
+pub mod config;
+pub mod error;
+pub mod handler;
+pub mod record;
+pub mod server;
+pub mod stream;
+pub mod timing;
+pub mod upstream;
+
+pub use app::App;
+pub use server::{start, start_on, Running};

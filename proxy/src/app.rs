@@ -1,0 +1,244 @@
+//! The application: shared state, the tower stack, and the background work (artifact hashing,
+//! engine probes) that keeps identity current off the request path.
+
+use std::collections::HashMap;
+use std::convert::Infallible;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant, SystemTime};
+
+use bytes::Bytes;
+use http::{HeaderValue, Request, Response};
+use hyper::body::Incoming;
+use serde_json::json;
+use switchyard_adapters::fingerprint::DigestCache;
+use switchyard_policy::{Config, RoutingTable};
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+use tower::ServiceBuilder;
+use tower::util::MapRequest;
+use tower_http::catch_panic::{CatchPanic, CatchPanicLayer};
+
+use crate::backend::{Backend, Digest};
+use crate::body::ProxyBody;
+use crate::error::error_body;
+use crate::handler;
+use crate::record::Recorder;
+use crate::upstream::Upstream;
+
+/// When the request head arrived: the start of every phase.
+#[derive(Debug, Clone, Copy)]
+pub struct Received(pub Instant);
+
+/// State shared by every request.
+#[derive(Debug)]
+pub struct AppState {
+    pub config: Config,
+    pub routes: RoutingTable,
+    pub backends: HashMap<Arc<str>, Arc<Backend>>,
+    pub upstream: Upstream,
+    pub recorder: Arc<Recorder>,
+    pub digests: DigestCache,
+    /// The `/v1/models` body, built once.
+    pub models_body: Bytes,
+    pub started: SystemTime,
+}
+
+/// A configured Switchyard, ready to serve.
+#[derive(Debug, Clone)]
+pub struct App {
+    state: Arc<AppState>,
+}
+
+impl App {
+    /// Builds the application from a validated configuration.
+    pub fn new(config: Config) -> Result<Self, String> {
+        let mut backends = HashMap::new();
+        for (name, backend) in &config.backends {
+            let backend = Backend::new(name, backend.clone())?;
+            backends.insert(backend.name.clone(), Arc::new(backend));
+        }
+        let routes = RoutingTable::new(&config);
+        let started = SystemTime::now();
+        let created = started
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .map(|d| d.as_secs())
+            .unwrap_or(0);
+        let data: Vec<_> = config
+            .models
+            .iter()
+            .map(|(name, m)| {
+                json!({"id": name, "object": "model", "created": created, "owned_by": "switchyard", "aliases": m.aliases})
+            })
+            .collect();
+        let models_body = Bytes::from(json!({"object": "list", "data": data}).to_string());
+        let upstream = Upstream::new(
+            Duration::from_millis(config.server.connect_timeout_ms),
+            Duration::from_millis(config.server.first_byte_timeout_ms),
+        );
+        Ok(Self {
+            state: Arc::new(AppState {
+                config,
+                routes,
+                backends,
+                upstream,
+                recorder: Arc::new(Recorder::default()),
+                digests: DigestCache::new(),
+                models_body,
+                started,
+            }),
+        })
+    }
+
+    pub fn state(&self) -> &Arc<AppState> {
+        &self.state
+    }
+
+    /// Starts hashing the configured artifacts and binaries and probing every backend, until
+    /// `stop` is cancelled.
+    pub fn start_background(&self, tasks: &TaskTracker, stop: CancellationToken) {
+        for backend in self.state.backends.values() {
+            let state = self.state.clone();
+            let hashed = backend.clone();
+            tasks.spawn(async move { hash_identity_files(&state, &hashed).await });
+
+            let state = self.state.clone();
+            let backend = backend.clone();
+            let stop = stop.clone();
+            tasks.spawn(async move { probe_loop(state, backend, stop).await });
+        }
+    }
+
+    /// The whole request path as one infallible tower service. Layers, outermost first:
+    /// 1. `CatchPanicLayer`: a bug in a handler becomes a 500 for that request, in OpenAI's
+    ///    shape; the server keeps serving.
+    /// 2. the clock: stamps when the request head arrived, before anything else runs.
+    /// 3. the router and request path (`handler::handle`).
+    pub fn service(&self) -> Stack {
+        ServiceBuilder::new()
+            .layer(CatchPanicLayer::custom(PanicResponder))
+            .map_request(stamp_received as fn(Request<Incoming>) -> Request<Incoming>)
+            .service(Router {
+                state: self.state.clone(),
+            })
+    }
+}
+
+/// Answers a request whose handler panicked.
+#[derive(Debug, Clone, Copy)]
+pub struct PanicResponder;
+
+impl tower_http::catch_panic::ResponseForPanic for PanicResponder {
+    type ResponseBody = ProxyBody;
+
+    fn response_for_panic(
+        &mut self,
+        _panic: Box<dyn std::any::Any + Send + 'static>,
+    ) -> Response<ProxyBody> {
+        panic_response()
+    }
+}
+
+/// The service [`App::service`] builds.
+pub type Stack = CatchPanic<
+    MapRequest<Router, fn(Request<Incoming>) -> Request<Incoming>>,
+    PanicResponder,
+>;
+
+fn stamp_received(mut req: Request<Incoming>) -> Request<Incoming> {
+    req.extensions_mut().insert(Received(Instant::now()));
+    req
+}
+
+fn panic_response() -> Response<ProxyBody> {
+    tracing::error!("request handler panicked; answered 500");
+    let mut response = Response::new(ProxyBody::full(error_body(
+        "Internal error in Switchyard; see its log.",
+        "internal_error",
+        None,
+        "internal_error",
+    )));
+    *response.status_mut() = http::StatusCode::INTERNAL_SERVER_ERROR;
+    response
+        .headers_mut()
+        .insert(http::header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    response
+}
+
+/// The innermost service: dispatches to the request path.
+#[derive(Debug, Clone)]
+pub struct Router {
+    state: Arc<AppState>,
+}
+
+impl tower::Service<Request<Incoming>> for Router {
+    type Response = Response<ProxyBody>;
+    type Error = Infallible;
+    type Future = Pin<Box<dyn Future<Output = Result<Response<ProxyBody>, Infallible>> + Send>>;
+
+    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, req: Request<Incoming>) -> Self::Future {
+        let state = self.state.clone();
+        Box::pin(async move { Ok(handler::handle(state, req).await) })
+    }
+}
+
+async fn hash_identity_files(state: &Arc<AppState>, backend: &Arc<Backend>) {
+    for (path, is_binary) in [
+        (backend.config.artifact.clone(), false),
+        (backend.config.binary.clone(), true),
+    ] {
+        let Some(path) = path else { continue };
+        let state2 = state.clone();
+        let started = Instant::now();
+        let result = tokio::task::spawn_blocking(move || state2.digests.digest(&path)).await;
+        let digest = match result {
+            Ok(Ok(d)) => {
+                tracing::info!(backend = %backend.name, binary = is_binary, digest = %d, ms = started.elapsed().as_millis() as u64, "hashed");
+                Digest::Known(d)
+            }
+            Ok(Err(e)) => {
+                tracing::error!(backend = %backend.name, binary = is_binary, error = %e, "could not hash; identity stays unknown");
+                Digest::Failed(e.to_string())
+            }
+            Err(e) => Digest::Failed(e.to_string()),
+        };
+        backend.update(|s| {
+            if is_binary {
+                s.binary = digest.clone();
+            } else {
+                s.artifact = digest.clone();
+            }
+        });
+    }
+}
+
+async fn probe_loop(state: Arc<AppState>, backend: Arc<Backend>, stop: CancellationToken) {
+    let interval = Duration::from_millis(state.config.server.probe_interval_ms);
+    let timeout = Backend::probe_timeout(interval);
+    loop {
+        let mut results = Vec::with_capacity(backend.adapter.probes().len());
+        for path in backend.adapter.probes() {
+            results.push(state.upstream.probe(&backend, path, timeout).await);
+        }
+        let report = backend.adapter.interpret(&results);
+        let health = report.health.clone();
+        if let Some(before) = backend.record_probe(report) {
+            let level_ok = health.is_ready();
+            if level_ok {
+                tracing::info!(backend = %backend.name, from = before.state(), "backend is ready");
+            } else {
+                tracing::warn!(backend = %backend.name, from = before.state(), to = health.state(), reason = health.reason().unwrap_or(""), "backend is not ready");
+            }
+        }
+        tokio::select! {
+            _ = stop.cancelled() => return,
+            _ = tokio::time::sleep(interval) => {}
+        }
+    }
+}

@@ -1,0 +1,248 @@
+//! One configured backend: its adapter, its admission limit, and what is currently known of
+//! its health and identity.
+//!
+//! Identity is discovered off the request path (start-up hashing, periodic probes) and published
+//! through an `ArcSwap`, so a request reads it with one atomic load and clones ready-made header
+//! values; it never waits on a probe or a hash.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use arc_swap::{ArcSwap, ArcSwapOption};
+use http::HeaderValue;
+use switchyard_adapters::fingerprint::ArtifactDigest;
+use switchyard_adapters::{Adapter, EngineIdentity, EngineReport, Health};
+use switchyard_policy::BackendConfig;
+use tokio::sync::Semaphore;
+
+/// The configured artifact's digest, as far as it is known.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Digest {
+    /// Nothing configured.
+    NotConfigured,
+    /// Being hashed at start-up.
+    Hashing,
+    Failed(String),
+    Known(ArtifactDigest),
+}
+
+/// Whether the engine is confirmed to serve the configured artifact.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Verification {
+    Verified,
+    Unverified(String),
+    Unknown(String),
+}
+
+/// Everything known about a backend at one moment.
+#[derive(Debug, Clone)]
+pub struct BackendState {
+    /// The last probe's report; `None` before the first probe finished.
+    pub report: Option<EngineReport>,
+    pub probed_at: Option<SystemTime>,
+    pub artifact: Digest,
+    pub binary: Digest,
+    /// A build read from responses (`system_fingerprint`), for engines whose probes do not say.
+    pub observed_build: Option<String>,
+}
+
+impl BackendState {
+    pub fn health(&self) -> Health {
+        match &self.report {
+            Some(r) => r.health.clone(),
+            None => Health::Loading("not probed yet".to_owned()),
+        }
+    }
+}
+
+/// Precomputed identity header values, swapped whenever the state changes.
+#[derive(Debug, Clone)]
+pub struct IdentityHeaders {
+    pub backend: HeaderValue,
+    pub engine: HeaderValue,
+    pub artifact: HeaderValue,
+    pub verification: Verification,
+}
+
+/// A backend and its live state.
+#[derive(Debug)]
+pub struct Backend {
+    pub name: Arc<str>,
+    pub config: BackendConfig,
+    pub adapter: Box<dyn Adapter>,
+    /// `host:port` of the engine.
+    pub authority: http::uri::Authority,
+    state: ArcSwap<BackendState>,
+    headers: ArcSwap<IdentityHeaders>,
+    admission: ArcSwapOption<Semaphore>,
+}
+
+impl Backend {
+    pub fn new(name: &str, config: BackendConfig) -> Result<Self, String> {
+        let authority = config
+            .url
+            .trim_start_matches("http://")
+            .trim_end_matches('/')
+            .parse::<http::uri::Authority>()
+            .map_err(|e| format!("backends.{name}.url: {e}"))?;
+        let adapter = switchyard_adapters::for_kind(config.engine);
+        let state = BackendState {
+            report: None,
+            probed_at: None,
+            artifact: if config.artifact.is_some() { Digest::Hashing } else { Digest::NotConfigured },
+            binary: if config.binary.is_some() { Digest::Hashing } else { Digest::NotConfigured },
+            observed_build: None,
+        };
+        let admission = config
+            .max_concurrency
+            .map(|n| Arc::new(Semaphore::new(n as usize)));
+        let name: Arc<str> = Arc::from(name);
+        let headers = compute_headers(&name, &config, adapter.as_ref(), &state);
+        Ok(Self {
+            name,
+            config,
+            adapter,
+            authority,
+            state: ArcSwap::from_pointee(state),
+            headers: ArcSwap::from_pointee(headers),
+            admission: ArcSwapOption::new(admission),
+        })
+    }
+
+    pub fn state(&self) -> Arc<BackendState> {
+        self.state.load_full()
+    }
+
+    pub fn identity_headers(&self) -> Arc<IdentityHeaders> {
+        self.headers.load_full()
+    }
+
+    /// The admission semaphore, when the backend's concurrency is bounded.
+    pub fn admission(&self) -> Option<Arc<Semaphore>> {
+        self.admission.load_full()
+    }
+
+    /// Applies a change to the state and republishes the header values.
+    pub fn update(&self, change: impl Fn(&mut BackendState)) {
+        self.state.rcu(|current| {
+            let mut next = BackendState::clone(current);
+            change(&mut next);
+            next
+        });
+        let state = self.state.load();
+        self.headers.store(Arc::new(compute_headers(
+            &self.name,
+            &self.config,
+            self.adapter.as_ref(),
+            &state,
+        )));
+    }
+
+    /// Records a probe round; returns the previous health when it changed.
+    pub fn record_probe(&self, report: EngineReport) -> Option<Health> {
+        if self.config.max_concurrency.is_none() && self.admission.load().is_none() {
+            if let Some(slots) = report.identity.slots.filter(|&n| n > 0) {
+                // Default admission: the engine's own slot count, set once it is known.
+                self.admission.store(Some(Arc::new(Semaphore::new(slots as usize))));
+                tracing::info!(backend = %self.name, slots, "admission limit set to the engine's slot count");
+            }
+        }
+        let before = self.state.load().health();
+        let after = report.health.clone();
+        self.update(|s| {
+            s.report = Some(report.clone());
+            s.probed_at = Some(SystemTime::now());
+        });
+        (before != after).then_some(before)
+    }
+
+    /// Records the build an engine named in a response, for engines whose probes do not say.
+    pub fn observe_fingerprint(&self, system_fingerprint: &str) {
+        let Some(build) = self.adapter.build_from_fingerprint(system_fingerprint) else {
+            return;
+        };
+        if self.state.load().observed_build.as_deref() == Some(build.as_str()) {
+            return;
+        }
+        tracing::info!(backend = %self.name, build = %build, "engine build learned from a response");
+        self.update(|s| s.observed_build = Some(build.clone()));
+    }
+
+    /// How often probes run, given the server's setting.
+    pub fn probe_timeout(interval: Duration) -> Duration {
+        interval.min(Duration::from_secs(2))
+    }
+}
+
+fn compute_headers(
+    name: &str,
+    config: &BackendConfig,
+    adapter: &dyn Adapter,
+    state: &BackendState,
+) -> IdentityHeaders {
+    let mut identity = state
+        .report
+        .as_ref()
+        .map(|r| r.identity.clone())
+        .unwrap_or_else(|| EngineIdentity::unknown(adapter.kind()));
+    if identity.build.is_none() {
+        identity.build = state.observed_build.clone();
+    }
+    let binary = match &state.binary {
+        Digest::Known(d) => Some(d.as_str()),
+        _ => None,
+    };
+    let verification = verify(config.artifact.as_deref(), &state.artifact, &identity);
+    let artifact = match (&state.artifact, &verification) {
+        (Digest::Known(d), Verification::Verified) => d.as_str().to_owned(),
+        (Digest::Known(d), _) => format!("unverified:{d}"),
+        _ => "unknown".to_owned(),
+    };
+    IdentityHeaders {
+        backend: header_value(name),
+        engine: header_value(&identity.header_value(binary)),
+        artifact: header_value(&artifact),
+        verification,
+    }
+}
+
+/// Checks that the path the engine says it serves is the configured artifact.
+fn verify(configured: Option<&Path>, digest: &Digest, identity: &EngineIdentity) -> Verification {
+    let Some(configured) = configured else {
+        return Verification::Unknown("no artifact is configured".to_owned());
+    };
+    match digest {
+        Digest::Known(_) => {}
+        Digest::Hashing => return Verification::Unknown("the artifact is still being hashed".to_owned()),
+        Digest::Failed(why) => return Verification::Unknown(format!("the artifact could not be hashed: {why}")),
+        Digest::NotConfigured => return Verification::Unknown("no artifact is configured".to_owned()),
+    }
+    let Some(served) = identity.model_path.as_deref() else {
+        return Verification::Unverified("the engine does not report the path of the model it serves".to_owned());
+    };
+    let resolve = |p: &Path| -> Option<PathBuf> { std::fs::canonicalize(p).ok() };
+    match (resolve(Path::new(served)), resolve(configured)) {
+        (Some(a), Some(b)) if a == b => Verification::Verified,
+        (Some(a), _) => Verification::Unverified(format!(
+            "the engine serves {} but the configured artifact is {}",
+            a.display(),
+            configured.display()
+        )),
+        (None, _) => Verification::Unverified(format!(
+            "the engine serves {served}, which does not resolve to a file here"
+        )),
+    }
+}
+
+/// A header value from text that may contain anything an engine sent; bytes outside visible
+/// ASCII are replaced so the header is always valid.
+pub fn header_value(text: &str) -> HeaderValue {
+    HeaderValue::from_str(text).unwrap_or_else(|_| {
+        let clean: String = text
+            .chars()
+            .map(|c| if c.is_ascii_graphic() || c == ' ' { c } else { '?' })
+            .collect();
+        HeaderValue::from_str(&clean).unwrap_or(HeaderValue::from_static("invalid"))
+    })
+}

@@ -1,0 +1,105 @@
+//! The `switchyard` command line.
+
+use std::io::Write as _;
+use std::path::PathBuf;
+
+use clap::{Parser, Subcommand};
+use switchyard_policy::LogFormat;
+use tracing_subscriber::EnvFilter;
+
+use crate::config::{self, ConfigError, EX_USAGE};
+use crate::App;
+
+#[derive(Debug, Parser)]
+#[command(name = "switchyard", version, about = "One OpenAI-compatible endpoint in front of local inference engines")]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Serve the configured models until SIGINT or SIGTERM, then drain.
+    Serve {
+        #[arg(long, short)]
+        config: PathBuf,
+    },
+    /// Validate a configuration and print every problem with its key path (exit 64 if invalid).
+    Check {
+        #[arg(long, short)]
+        config: PathBuf,
+    },
+    /// Print the artifact digest (`sha256:…`) of a model file or folder.
+    Fingerprint { path: PathBuf },
+}
+
+/// Runs the command; returns the process exit status.
+pub async fn run(cli: Cli) -> anyhow::Result<i32> {
+    match cli.command {
+        Command::Check { config } => match config::load(&config) {
+            Ok(c) => {
+                let mut out = std::io::stdout().lock();
+                writeln!(out, "{}: ok ({} backends, {} models)", config.display(), c.backends.len(), c.models.len())?;
+                Ok(0)
+            }
+            Err(e) => Ok(report_invalid(&e)),
+        },
+        Command::Fingerprint { path } => {
+            let digest = tokio::task::spawn_blocking(move || {
+                switchyard_adapters::fingerprint::DigestCache::new().digest(&path)
+            })
+            .await??;
+            writeln!(std::io::stdout().lock(), "{digest}")?;
+            Ok(0)
+        }
+        Command::Serve { config } => {
+            let config = match config::load(&config) {
+                Ok(c) => c,
+                Err(e) => return Ok(report_invalid(&e)),
+            };
+            init_logging(config.server.log_format);
+            let app = App::new(config).map_err(anyhow::Error::msg)?;
+            let running = crate::start(app).await?;
+            // One line on stdout for whoever started us (scripts, tests binding port 0).
+            writeln!(std::io::stdout().lock(), "switchyard listening on http://{}", running.addr())?;
+            tracing::info!(addr = %running.addr(), "listening");
+            shutdown_signal().await;
+            running.shutdown().await;
+            Ok(0)
+        }
+    }
+}
+
+fn report_invalid(e: &ConfigError) -> i32 {
+    let _ = write!(std::io::stderr().lock(), "{e}");
+    EX_USAGE
+}
+
+fn init_logging(format: LogFormat) {
+    let filter = EnvFilter::try_from_env("SWITCHYARD_LOG").unwrap_or_else(|_| EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    let _ = match format {
+        LogFormat::Json => builder.json().flatten_event(true).try_init(),
+        LogFormat::Text => builder.try_init(),
+    };
+}
+
+async fn shutdown_signal() {
+    let ctrl_c = tokio::signal::ctrl_c();
+    #[cfg(unix)]
+    {
+        let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(s) => s,
+            Err(_) => {
+                let _ = ctrl_c.await;
+                return;
+            }
+        };
+        tokio::select! {
+            _ = ctrl_c => {}
+            _ = term.recv() => {}
+        }
+    }
+    #[cfg(not(unix))]
+    let _ = ctrl_c.await;
+}

@@ -1,0 +1,120 @@
+//! Loading the configuration: a TOML file, then `SWITCHYARD_…` environment overrides
+//! (`SWITCHYARD_SERVER__LISTEN=127.0.0.1:9000` sets `server.listen`), then one validation pass
+//! that reports every problem with its key path.
+
+use std::fmt;
+use std::path::Path;
+
+use figment::providers::{Env, Format, Toml};
+use figment::Figment;
+use switchyard_policy::{validate, Config, Problem};
+
+/// Exit status for an invalid configuration (BSD `EX_USAGE`).
+pub const EX_USAGE: i32 = 64;
+
+/// Why a configuration could not be used: every problem found, each with its key path.
+#[derive(Debug)]
+pub struct ConfigError {
+    pub problems: Vec<Problem>,
+}
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        writeln!(f, "invalid configuration ({} problem{}):", self.problems.len(), if self.problems.len() == 1 { "" } else { "s" })?;
+        for p in &self.problems {
+            writeln!(f, "  {p}")?;
+        }
+        Ok(())
+    }
+}
+
+impl std::error::Error for ConfigError {}
+
+/// Loads and validates the configuration at `path` with the process environment's overrides.
+pub fn load(path: &Path) -> Result<Config, ConfigError> {
+    if !path.is_file() {
+        return Err(ConfigError {
+            problems: vec![Problem {
+                path: "--config".to_owned(),
+                message: format!("{} is not a readable file", path.display()),
+            }],
+        });
+    }
+    let figment = Figment::new()
+        .merge(Toml::file_exact(path))
+        .merge(Env::prefixed("SWITCHYARD_").split("__"));
+    from_figment(figment)
+}
+
+/// Validates a figment (used by `load`, and by tests with in-memory sources).
+pub fn from_figment(figment: Figment) -> Result<Config, ConfigError> {
+    let config: Config = figment.extract().map_err(|errors| ConfigError {
+        problems: errors
+            .into_iter()
+            .map(|e| Problem {
+                path: if e.path.is_empty() { "(file)".to_owned() } else { e.path.join(".") },
+                message: describe_kind(&e),
+            })
+            .collect(),
+    })?;
+    let problems = validate(&config);
+    if problems.is_empty() {
+        Ok(config)
+    } else {
+        Err(ConfigError { problems })
+    }
+}
+
+fn describe_kind(e: &figment::Error) -> String {
+    let mut text = e.kind.to_string();
+    if let Some(source) = e.metadata.as_ref().map(|m| m.name.to_string()) {
+        text.push_str(&format!(" (from {source})"));
+    }
+    text
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const BASE: &str = r#"
+        [backends.llama]
+        engine = "llama.cpp"
+        url = "http://127.0.0.1:8081"
+        [models.smollm2]
+        primary = "llama"
+    "#;
+
+    #[test]
+    fn environment_overrides_the_file() {
+        let figment = Figment::new()
+            .merge(Toml::string(BASE))
+            .merge(figment::providers::Serialized::default("server.listen", "127.0.0.1:9999"));
+        let config = from_figment(figment).unwrap();
+        assert_eq!(config.server.listen.port(), 9999);
+    }
+
+    #[test]
+    fn unknown_key_is_reported_with_its_path() {
+        let figment = Figment::new().merge(Toml::string(&format!("{BASE}\n[server]\nlisen = \"x\"\n")));
+        let err = from_figment(figment).unwrap_err();
+        assert_eq!(err.problems.len(), 1);
+        assert!(err.problems[0].to_string().contains("lisen"), "{err}");
+    }
+
+    #[test]
+    fn semantic_problems_all_listed() {
+        let figment = Figment::new().merge(Toml::string(
+            r#"
+            [backends.llama]
+            engine = "llama.cpp"
+            url = "ftp://x"
+            [models.a]
+            primary = "nope"
+        "#,
+        ));
+        let err = from_figment(figment).unwrap_err();
+        let paths: Vec<_> = err.problems.iter().map(|p| p.path.as_str()).collect();
+        assert_eq!(paths, vec!["backends.llama.url", "models.a.primary"]);
+    }
+}

@@ -1,0 +1,194 @@
+//! The proxy's errors and the one place they become HTTP responses.
+//!
+//! Every error a client sees is in OpenAI's shape `{"error":{"message","type","param","code"}}`
+//! with a status that names its source: the client (4xx), the engine (502/504, or the engine's own
+//! status, passed through elsewhere), or Switchyard itself (500). Internal details go to the log,
+//! never into the message.
+
+use bytes::Bytes;
+use http::{header, HeaderValue, StatusCode};
+use serde_json::json;
+
+use crate::body::ProxyBody;
+
+/// Why a request was not served.
+#[derive(Debug, thiserror::Error)]
+pub enum ProxyError {
+    #[error("Unknown path {0}. Switchyard serves /v1/chat/completions, /v1/completions, /v1/embeddings, /v1/models, /healthz and /readyz.")]
+    NotFound(String),
+    #[error("Method {method} is not allowed on {path}.")]
+    MethodNotAllowed { method: String, path: String },
+    #[error("Content-Type must be application/json, got {0}.")]
+    UnsupportedMediaType(String),
+    #[error("Request body is larger than the limit of {limit} bytes.")]
+    BodyTooLarge { limit: u64 },
+    #[error("Could not read the request body: {0}")]
+    BodyRead(String),
+    #[error("Request body is not valid JSON: {0}")]
+    MalformedJson(String),
+    #[error("Request body must be a JSON object.")]
+    NotAnObject,
+    #[error("You must provide a model parameter.")]
+    MissingModel,
+    #[error("The model parameter must be a string.")]
+    ModelNotString,
+    #[error("The model `{model}` does not exist. Available models: {available}.")]
+    UnknownModel { model: String, available: String },
+    #[error("Backend `{backend}` does not serve a verified artifact: {why}. Requests to it are refused because it requires a verified identity.")]
+    IdentityUnverified { backend: String, why: String },
+    #[error("Backend `{backend}` could not be reached: {why}")]
+    UpstreamUnreachable { backend: String, why: String },
+    #[error("Backend `{backend}` did not accept the connection within {ms} ms.")]
+    ConnectTimeout { backend: String, ms: u64 },
+    #[error("Backend `{backend}` sent no response within {ms} ms.")]
+    FirstByteTimeout { backend: String, ms: u64 },
+    #[error("Backend `{backend}` failed while answering: {why}")]
+    UpstreamBroken { backend: String, why: String },
+    #[error("Backend `{backend}` sent a response larger than the limit of {limit} bytes.")]
+    UpstreamTooLarge { backend: String, limit: u64 },
+    #[error("Internal error.")]
+    Internal(String),
+}
+
+impl ProxyError {
+    pub fn status(&self) -> StatusCode {
+        match self {
+            Self::NotFound(_) | Self::UnknownModel { .. } => StatusCode::NOT_FOUND,
+            Self::MethodNotAllowed { .. } => StatusCode::METHOD_NOT_ALLOWED,
+            Self::UnsupportedMediaType(_) => StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            Self::BodyTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
+            Self::BodyRead(_)
+            | Self::MalformedJson(_)
+            | Self::NotAnObject
+            | Self::MissingModel
+            | Self::ModelNotString => StatusCode::BAD_REQUEST,
+            Self::IdentityUnverified { .. } => StatusCode::SERVICE_UNAVAILABLE,
+            Self::UpstreamUnreachable { .. }
+            | Self::UpstreamBroken { .. }
+            | Self::UpstreamTooLarge { .. } => StatusCode::BAD_GATEWAY,
+            Self::ConnectTimeout { .. } | Self::FirstByteTimeout { .. } => {
+                StatusCode::GATEWAY_TIMEOUT
+            }
+            Self::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
+        }
+    }
+
+    /// OpenAI's `error.type`.
+    pub fn error_type(&self) -> &'static str {
+        match self {
+            Self::NotFound(_)
+            | Self::MethodNotAllowed { .. }
+            | Self::UnsupportedMediaType(_)
+            | Self::BodyTooLarge { .. }
+            | Self::BodyRead(_)
+            | Self::MalformedJson(_)
+            | Self::NotAnObject
+            | Self::MissingModel
+            | Self::ModelNotString
+            | Self::UnknownModel { .. } => "invalid_request_error",
+            Self::IdentityUnverified { .. } => "unavailable_error",
+            Self::UpstreamUnreachable { .. }
+            | Self::ConnectTimeout { .. }
+            | Self::FirstByteTimeout { .. }
+            | Self::UpstreamBroken { .. }
+            | Self::UpstreamTooLarge { .. } => "upstream_error",
+            Self::Internal(_) => "internal_error",
+        }
+    }
+
+    /// OpenAI's `error.code`: a stable machine-readable reason.
+    pub fn code(&self) -> &'static str {
+        match self {
+            Self::NotFound(_) => "unknown_url",
+            Self::MethodNotAllowed { .. } => "method_not_allowed",
+            Self::UnsupportedMediaType(_) => "unsupported_media_type",
+            Self::BodyTooLarge { .. } => "request_too_large",
+            Self::BodyRead(_) => "body_read_error",
+            Self::MalformedJson(_) | Self::NotAnObject => "invalid_json",
+            Self::MissingModel => "missing_model",
+            Self::ModelNotString => "invalid_model",
+            Self::UnknownModel { .. } => "model_not_found",
+            Self::IdentityUnverified { .. } => "identity_unverified",
+            Self::UpstreamUnreachable { .. } => "upstream_unreachable",
+            Self::ConnectTimeout { .. } => "upstream_connect_timeout",
+            Self::FirstByteTimeout { .. } => "upstream_timeout",
+            Self::UpstreamBroken { .. } => "upstream_broken",
+            Self::UpstreamTooLarge { .. } => "upstream_response_too_large",
+            Self::Internal(_) => "internal_error",
+        }
+    }
+
+    /// OpenAI's `error.param`: the request field at fault, when there is one.
+    pub fn param(&self) -> Option<&'static str> {
+        match self {
+            Self::MissingModel | Self::ModelNotString | Self::UnknownModel { .. } => Some("model"),
+            _ => None,
+        }
+    }
+
+    /// The class recorded with the request: `client`, `upstream` or `internal`.
+    pub fn class(&self) -> &'static str {
+        match self.status().as_u16() {
+            500 => "internal",
+            s if s >= 500 => "upstream",
+            _ => "client",
+        }
+    }
+
+    /// The JSON error body.
+    pub fn body(&self) -> Bytes {
+        let message = match self {
+            // Internals never reach clients; the detail is logged by the caller.
+            Self::Internal(_) => "Internal error in Switchyard; see its log.".to_owned(),
+            other => other.to_string(),
+        };
+        error_body(&message, self.error_type(), self.param(), self.code())
+    }
+
+    /// The response for this error. Identity headers are added by the caller, who knows them.
+    pub fn into_response(self) -> http::Response<ProxyBody> {
+        let mut response = http::Response::new(ProxyBody::full(self.body()));
+        *response.status_mut() = self.status();
+        response.headers_mut().insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/json"),
+        );
+        response
+    }
+}
+
+/// An OpenAI-shaped error body.
+pub fn error_body(message: &str, kind: &str, param: Option<&str>, code: &str) -> Bytes {
+    Bytes::from(
+        json!({"error": {"message": message, "type": kind, "param": param, "code": code}})
+            .to_string(),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shape_and_status() {
+        let err = ProxyError::UnknownModel {
+            model: "gpt-4".into(),
+            available: "smollm2".into(),
+        };
+        assert_eq!(err.status(), StatusCode::NOT_FOUND);
+        let v: serde_json::Value = serde_json::from_slice(&err.body()).unwrap();
+        assert_eq!(v["error"]["type"], "invalid_request_error");
+        assert_eq!(v["error"]["param"], "model");
+        assert_eq!(v["error"]["code"], "model_not_found");
+        assert!(v["error"]["message"].as_str().unwrap().contains("smollm2"));
+        assert_eq!(err.class(), "client");
+    }
+
+    #[test]
+    fn internals_do_not_leak() {
+        let err = ProxyError::Internal("secret path /etc/x".into());
+        let text = String::from_utf8(err.body().to_vec()).unwrap();
+        assert!(!text.contains("secret"));
+        assert_eq!(err.class(), "internal");
+    }
+}

@@ -1,0 +1,657 @@
+//! The request path: route by `model`, admit, forward, stamp identity and phases.
+//!
+//! The client's body is forwarded byte for byte; only the value of `model` is spliced when the
+//! backend needs another name (its configured `upstream_model`, or the exact served id for
+//! engines that require it). Non-streaming answers are read whole (bounded), inspected and
+//! forwarded unchanged; streams pass through `ObservedStream`.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Instant;
+
+use bytes::{Bytes, BytesMut};
+use http::header::{self, HeaderMap, HeaderName, HeaderValue};
+use http::{Method, Request, Response, StatusCode};
+use http_body_util::{BodyExt, Full, LengthLimitError, Limited};
+use hyper::body::Incoming;
+use serde_json::value::RawValue;
+use serde_json::{Map, Value};
+use switchyard_adapters::fingerprint::fingerprint_request;
+use switchyard_adapters::inspect_response;
+use tokio::sync::OwnedSemaphorePermit;
+
+use crate::app::{AppState, Received};
+use crate::backend::{header_value, Backend, IdentityHeaders, Verification};
+use crate::body::ProxyBody;
+use crate::error::ProxyError;
+use crate::record::RequestRecord;
+use crate::stream::ObservedStream;
+use crate::timing::between;
+use crate::upstream::Upstream;
+
+pub const X_REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
+pub const X_BACKEND: HeaderName = HeaderName::from_static("x-switchyard-backend");
+pub const X_ENGINE: HeaderName = HeaderName::from_static("x-switchyard-engine");
+pub const X_ARTIFACT: HeaderName = HeaderName::from_static("x-switchyard-artifact");
+pub const X_VARIANT: HeaderName = HeaderName::from_static("x-switchyard-variant");
+pub const X_WORKLOAD: HeaderName = HeaderName::from_static("x-switchyard-workload");
+pub const X_FALLBACK_FROM: HeaderName = HeaderName::from_static("x-switchyard-fallback-from");
+pub const SERVER_TIMING: HeaderName = HeaderName::from_static("server-timing");
+
+const PROXIED: &[&str] = &["/v1/chat/completions", "/v1/completions", "/v1/embeddings"];
+const LOCAL: &[&str] = &["/healthz", "/readyz", "/v1/models"];
+
+/// Headers that describe one connection, not the message; never forwarded in either direction.
+fn is_hop_by_hop(name: &HeaderName) -> bool {
+    matches!(
+        name.as_str(),
+        "connection"
+            | "keep-alive"
+            | "proxy-authenticate"
+            | "proxy-authorization"
+            | "te"
+            | "trailer"
+            | "transfer-encoding"
+            | "upgrade"
+            | "content-length"
+            | "host"
+    )
+}
+
+/// Answers one request. Never fails: every error becomes an OpenAI-shaped response.
+pub async fn handle(state: Arc<AppState>, req: Request<Incoming>) -> Response<ProxyBody> {
+    let received = req
+        .extensions()
+        .get::<Received>()
+        .map_or_else(Instant::now, |r| r.0);
+    let id = request_id(req.headers());
+    let path = req.uri().path();
+    let mut response = if req.method() == Method::POST && PROXIED.contains(&path) {
+        forward(state, req, received, &id).await
+    } else if req.method() == Method::GET {
+        match path {
+            "/healthz" => json_response(StatusCode::OK, Bytes::from_static(br#"{"status":"ok"}"#)),
+            "/readyz" => readyz(&state),
+            "/v1/models" => json_response(StatusCode::OK, state.models_body.clone()),
+            p if p.starts_with("/v1/models/") => model_object(&state, &p["/v1/models/".len()..]),
+            p if PROXIED.contains(&p) => method_not_allowed(req.method(), p, "POST"),
+            p => ProxyError::NotFound(p.to_owned()).into_response(),
+        }
+    } else if PROXIED.contains(&path) {
+        method_not_allowed(req.method(), path, "POST")
+    } else if LOCAL.contains(&path) {
+        method_not_allowed(req.method(), path, "GET")
+    } else {
+        ProxyError::NotFound(path.to_owned()).into_response()
+    };
+    response.headers_mut().insert(X_REQUEST_ID, id);
+    response
+}
+
+/// The client's `x-request-id` when it is well-formed (1–128 visible ASCII characters from a
+/// safe set), else a new ULID.
+fn request_id(headers: &HeaderMap) -> HeaderValue {
+    if let Some(v) = headers.get(&X_REQUEST_ID) {
+        let bytes = v.as_bytes();
+        if (1..=128).contains(&bytes.len())
+            && bytes
+                .iter()
+                .all(|b| b.is_ascii_alphanumeric() || b"-_.:".contains(b))
+        {
+            return v.clone();
+        }
+    }
+    let id = ulid::Ulid::new().to_string();
+    HeaderValue::from_str(&id).unwrap_or(HeaderValue::from_static("invalid"))
+}
+
+fn json_response(status: StatusCode, body: Bytes) -> Response<ProxyBody> {
+    let mut response = Response::new(ProxyBody::full(body));
+    *response.status_mut() = status;
+    response
+        .headers_mut()
+        .insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    response
+}
+
+fn method_not_allowed(method: &Method, path: &str, allow: &'static str) -> Response<ProxyBody> {
+    let mut response = ProxyError::MethodNotAllowed {
+        method: method.to_string(),
+        path: path.to_owned(),
+    }
+    .into_response();
+    response
+        .headers_mut()
+        .insert(header::ALLOW, HeaderValue::from_static(allow));
+    response
+}
+
+fn model_object(state: &AppState, name: &str) -> Response<ProxyBody> {
+    match state.routes.resolve(name) {
+        Some(route) => {
+            let created = state
+                .started
+                .duration_since(std::time::SystemTime::UNIX_EPOCH)
+                .map(|d| d.as_secs())
+                .unwrap_or(0);
+            let body = serde_json::json!({"id": &*route.model, "object": "model", "created": created, "owned_by": "switchyard"});
+            json_response(StatusCode::OK, Bytes::from(body.to_string()))
+        }
+        None => unknown_model(state, name).into_response(),
+    }
+}
+
+fn unknown_model(state: &AppState, name: &str) -> ProxyError {
+    let available = state
+        .routes
+        .public_names()
+        .iter()
+        .map(|n| n.as_ref())
+        .collect::<Vec<_>>()
+        .join(", ");
+    ProxyError::UnknownModel {
+        model: name.to_owned(),
+        available,
+    }
+}
+
+/// `/readyz`: every backend's state, and 503 when some model has no ready primary.
+fn readyz(state: &AppState) -> Response<ProxyBody> {
+    let mut backends = Map::new();
+    for (name, backend) in &state.backends {
+        let s = backend.state();
+        let health = s.health();
+        let headers = backend.identity_headers();
+        let identity = s.report.as_ref().map(|r| &r.identity);
+        let (verified, verification_note) = match &headers.verification {
+            Verification::Verified => ("verified", None),
+            Verification::Unverified(why) => ("unverified", Some(why.clone())),
+            Verification::Unknown(why) => ("unknown", Some(why.clone())),
+        };
+        backends.insert(
+            name.to_string(),
+            serde_json::json!({
+                "state": health.state(),
+                "reason": health.reason(),
+                "engine": headers.engine.to_str().unwrap_or(""),
+                "build_note": identity.and_then(|i| i.build_note.clone()),
+                "artifact": headers.artifact.to_str().unwrap_or(""),
+                "identity": verified,
+                "identity_note": verification_note,
+                "served_model": identity.and_then(|i| i.served_model.clone()),
+                "model_path": identity.and_then(|i| i.model_path.clone()),
+                "slots": identity.and_then(|i| i.slots),
+                "n_ctx": identity.and_then(|i| i.n_ctx),
+                "max_concurrency": backend.admission().map(|_| backend.config.max_concurrency.or(identity.and_then(|i| i.slots))),
+            }),
+        );
+    }
+    let mut models = Map::new();
+    let mut ready = true;
+    for name in state.routes.public_names() {
+        let Some(route) = state.routes.resolve(name) else { continue };
+        let primary_ready = state
+            .backends
+            .get(&route.primary)
+            .is_some_and(|b| b.state().health().is_ready());
+        ready &= primary_ready;
+        models.insert(
+            name.to_string(),
+            serde_json::json!({"primary": &*route.primary, "ready": primary_ready}),
+        );
+    }
+    let body = serde_json::json!({"ready": ready, "backends": backends, "models": models});
+    let status = if ready { StatusCode::OK } else { StatusCode::SERVICE_UNAVAILABLE };
+    json_response(status, Bytes::from(body.to_string()))
+}
+
+/// The identity known so far for a request, stamped on whatever response it gets.
+#[derive(Debug, Default)]
+struct Stamp {
+    identity: Option<Arc<IdentityHeaders>>,
+    variant: Option<&'static str>,
+    workload: Option<HeaderValue>,
+    fallback_from: Option<HeaderValue>,
+}
+
+impl Stamp {
+    fn apply(&self, headers: &mut HeaderMap) {
+        if let Some(identity) = &self.identity {
+            headers.insert(X_BACKEND, identity.backend.clone());
+            headers.insert(X_ENGINE, identity.engine.clone());
+            headers.insert(X_ARTIFACT, identity.artifact.clone());
+        }
+        if let Some(variant) = self.variant {
+            headers.insert(X_VARIANT, HeaderValue::from_static(variant));
+        }
+        if let Some(workload) = &self.workload {
+            headers.insert(X_WORKLOAD, workload.clone());
+        }
+        if let Some(from) = &self.fallback_from {
+            headers.insert(X_FALLBACK_FROM, from.clone());
+        }
+    }
+}
+
+async fn forward(
+    state: Arc<AppState>,
+    req: Request<Incoming>,
+    received: Instant,
+    id: &HeaderValue,
+) -> Response<ProxyBody> {
+    let record = RequestRecord::new(
+        state.recorder.clone(),
+        id.to_str().unwrap_or("").to_owned(),
+        req.method().clone(),
+        req.uri().path().to_owned(),
+        received,
+    );
+    let mut record = Some(record);
+    let mut stamp = Stamp::default();
+    match forward_inner(&state, req, &mut record, &mut stamp, id).await {
+        Ok(response) => response,
+        Err(error) => fail(error, record, &stamp),
+    }
+}
+
+/// Turns an error into the client's response, stamped and recorded.
+fn fail(error: ProxyError, record: Option<RequestRecord>, stamp: &Stamp) -> Response<ProxyBody> {
+    let detail = error.to_string();
+    let (status, class) = (error.status(), error.class());
+    match &error {
+        ProxyError::Internal(internal) => tracing::error!(error = %internal, "internal error"),
+        e if status.is_server_error() => tracing::warn!(error = %e, "request failed"),
+        _ => {}
+    }
+    let mut response = error.into_response();
+    stamp.apply(response.headers_mut());
+    if let Some(mut record) = record {
+        record.status = status.as_u16();
+        record.error_class = Some(class);
+        record.error = Some(detail);
+        record.phases.total = Some(between(record.received, Instant::now()));
+        response
+            .headers_mut()
+            .insert(SERVER_TIMING, header_value(&record.phases.header_value()));
+        record.finish();
+    }
+    response
+}
+
+/// The parts of a request body the proxy needs: every top-level field's raw JSON text.
+struct ParsedBody<'a> {
+    fields: BTreeMap<String, &'a RawValue>,
+}
+
+fn parse_body(bytes: &[u8]) -> Result<ParsedBody<'_>, ProxyError> {
+    let fields: BTreeMap<String, &RawValue> =
+        serde_json::from_slice(bytes).map_err(|e| match e.classify() {
+            serde_json::error::Category::Data => ProxyError::NotAnObject,
+            _ => ProxyError::MalformedJson(e.to_string()),
+        })?;
+    Ok(ParsedBody { fields })
+}
+
+/// The request body with `model`'s value replaced by `name`, every other byte untouched.
+fn splice_model(body: &Bytes, raw: &RawValue, name: &str) -> Result<Bytes, ProxyError> {
+    let start = (raw.get().as_ptr() as usize)
+        .checked_sub(body.as_ptr() as usize)
+        .ok_or_else(|| ProxyError::Internal("model value outside the body".to_owned()))?;
+    let end = start + raw.get().len();
+    if end > body.len() {
+        return Err(ProxyError::Internal("model value outside the body".to_owned()));
+    }
+    let quoted = serde_json::to_string(name).map_err(|e| ProxyError::Internal(e.to_string()))?;
+    let mut out = BytesMut::with_capacity(body.len() - (end - start) + quoted.len());
+    out.extend_from_slice(&body[..start]);
+    out.extend_from_slice(quoted.as_bytes());
+    out.extend_from_slice(&body[end..]);
+    Ok(out.freeze())
+}
+
+fn is_json(headers: &HeaderMap) -> Result<(), ProxyError> {
+    let Some(value) = headers.get(header::CONTENT_TYPE) else {
+        return Err(ProxyError::UnsupportedMediaType("no Content-Type".to_owned()));
+    };
+    let text = value.to_str().unwrap_or("");
+    let essence = text.split(';').next().unwrap_or("").trim();
+    if essence.eq_ignore_ascii_case("application/json") {
+        Ok(())
+    } else {
+        Err(ProxyError::UnsupportedMediaType(format!("`{text}`")))
+    }
+}
+
+async fn forward_inner(
+    state: &Arc<AppState>,
+    req: Request<Incoming>,
+    record_slot: &mut Option<RequestRecord>,
+    stamp: &mut Stamp,
+    id: &HeaderValue,
+) -> Result<Response<ProxyBody>, ProxyError> {
+    let server = &state.config.server;
+    let (parts, body) = req.into_parts();
+    is_json(&parts.headers)?;
+    let limit = server.max_body_bytes;
+    if let Some(length) = parts
+        .headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok()?.parse::<u64>().ok())
+    {
+        if length > limit {
+            return Err(ProxyError::BodyTooLarge { limit });
+        }
+    }
+    let body = Limited::new(body, usize::try_from(limit).unwrap_or(usize::MAX))
+        .collect()
+        .await
+        .map_err(|e| {
+            if e.downcast_ref::<LengthLimitError>().is_some() {
+                ProxyError::BodyTooLarge { limit }
+            } else {
+                ProxyError::BodyRead(crate::upstream::describe_chain(e.as_ref()))
+            }
+        })?
+        .to_bytes();
+
+    let parsed = parse_body(&body)?;
+    let raw_model = parsed.fields.get("model").ok_or(ProxyError::MissingModel)?;
+    let model: String = match serde_json::from_str::<Value>(raw_model.get()) {
+        Ok(Value::String(s)) => s,
+        _ => return Err(ProxyError::ModelNotString),
+    };
+    let route = state
+        .routes
+        .resolve(&model)
+        .ok_or_else(|| unknown_model(state, &model))?
+        .clone();
+    let streamed = parsed
+        .fields
+        .get("stream")
+        .is_some_and(|v| v.get().trim() == "true");
+
+    // The workload fingerprint: only the fields that define the work are parsed into values.
+    let mut relevant = Map::new();
+    for (key, raw) in &parsed.fields {
+        if key != "model" && key != "stream" && key != "stream_options" && key != "user" {
+            if let Ok(v) = serde_json::from_str::<Value>(raw.get()) {
+                relevant.insert(key.clone(), v);
+            }
+        }
+    }
+    let fingerprint = fingerprint_request(&route.model, &relevant);
+    stamp.workload = Some(header_value(&fingerprint.workload));
+    if let Some(record) = record_slot.as_mut() {
+        record.model = Some(route.model.clone());
+        record.workload = Some(fingerprint.workload.clone());
+        record.streamed = streamed;
+    }
+
+    let want_trailers = parts
+        .headers
+        .get_all(header::TE)
+        .iter()
+        .any(|v| v.to_str().is_ok_and(|s| s.split(',').any(|t| t.trim().eq_ignore_ascii_case("trailers"))));
+
+    let candidates = std::iter::once(&route.primary).chain(route.fallback.iter());
+    let mut last_error = None;
+    for (attempt, name) in candidates.enumerate() {
+        let backend = state
+            .backends
+            .get(name)
+            .ok_or_else(|| ProxyError::Internal(format!("route names unknown backend {name}")))?
+            .clone();
+        let variant = if attempt == 0 { "primary" } else { "fallback" };
+        let identity = backend.identity_headers();
+        stamp.identity = Some(identity.clone());
+        stamp.variant = Some(variant);
+        if let Some(record) = record_slot.as_mut() {
+            record.backend = Some(backend.name.clone());
+            record.variant = variant;
+        }
+
+        if backend.config.require_verified_identity && identity.verification != Verification::Verified {
+            let why = match &identity.verification {
+                Verification::Unverified(w) | Verification::Unknown(w) => w.clone(),
+                Verification::Verified => String::new(),
+            };
+            return Err(ProxyError::IdentityUnverified {
+                backend: backend.name.to_string(),
+                why,
+            });
+        }
+
+        let upstream_body = upstream_body(&backend, &body, raw_model)?;
+
+        // Admission: wait for a slot. A client that leaves while waiting drops this future and
+        // with it its place in the queue.
+        let queued = Instant::now();
+        let permit = match backend.admission() {
+            Some(semaphore) => Some(
+                semaphore
+                    .acquire_owned()
+                    .await
+                    .map_err(|e| ProxyError::Internal(e.to_string()))?,
+            ),
+            None => None,
+        };
+        let forwarded = Instant::now();
+        if let Some(record) = record_slot.as_mut() {
+            record.phases.queue = Some(between(queued, forwarded));
+        }
+
+        let request = upstream_request(&backend, &parts, upstream_body, id)?;
+        match state.upstream.send(&backend, request).await {
+            Ok(response) => {
+                if let Some(record) = record_slot.as_mut() {
+                    record.phases.ttfb = Some(between(forwarded, Instant::now()));
+                }
+                return respond(state, backend, response, record_slot, stamp, permit, want_trailers).await;
+            }
+            Err(error) if Upstream::is_retryable(&error) && attempt < route.fallback.len() => {
+                tracing::warn!(backend = %backend.name, error = %error, "backend unreachable; trying the next configured fallback");
+                stamp.fallback_from = Some(header_value(&format!("{}; code={}", backend.name, error.code())));
+                last_error = Some(error);
+            }
+            Err(error) => return Err(error),
+        }
+    }
+    Err(last_error.unwrap_or_else(|| ProxyError::Internal("no backend to try".to_owned())))
+}
+
+/// The body the engine receives: the client's, with `model` replaced only when needed.
+fn upstream_body(backend: &Backend, body: &Bytes, raw_model: &RawValue) -> Result<Bytes, ProxyError> {
+    let served = backend
+        .state()
+        .report
+        .as_ref()
+        .and_then(|r| r.identity.served_model.clone());
+    let name = match (&backend.config.upstream_model, backend.adapter.requires_served_model_id()) {
+        (Some(name), _) => Some(name.clone()),
+        (None, true) => Some(served.ok_or_else(|| ProxyError::UpstreamUnreachable {
+            backend: backend.name.to_string(),
+            why: "the engine has not reported its served model id yet, and it must receive exactly that id".to_owned(),
+        })?),
+        (None, false) => None,
+    };
+    match name {
+        Some(name) => splice_model(body, raw_model, &name),
+        None => Ok(body.clone()),
+    }
+}
+
+fn upstream_request(
+    backend: &Backend,
+    parts: &http::request::Parts,
+    body: Bytes,
+    id: &HeaderValue,
+) -> Result<Request<Full<Bytes>>, ProxyError> {
+    let path_and_query = parts
+        .uri
+        .path_and_query()
+        .map_or("/", |pq| pq.as_str());
+    let uri = http::Uri::builder()
+        .scheme("http")
+        .authority(backend.authority.clone())
+        .path_and_query(path_and_query)
+        .build()
+        .map_err(|e| ProxyError::Internal(e.to_string()))?;
+    let mut request = Request::new(Full::new(body));
+    *request.method_mut() = parts.method.clone();
+    *request.uri_mut() = uri;
+    let headers = request.headers_mut();
+    for (name, value) in &parts.headers {
+        if !is_hop_by_hop(name) {
+            headers.append(name.clone(), value.clone());
+        }
+    }
+    headers.insert(X_REQUEST_ID, id.clone());
+    Ok(request)
+}
+
+fn copy_response_headers(from: &HeaderMap, to: &mut HeaderMap) {
+    for (name, value) in from {
+        if !is_hop_by_hop(name) {
+            to.append(name.clone(), value.clone());
+        }
+    }
+}
+
+async fn respond(
+    state: &Arc<AppState>,
+    backend: Arc<Backend>,
+    response: Response<Incoming>,
+    record_slot: &mut Option<RequestRecord>,
+    stamp: &Stamp,
+    permit: Option<OwnedSemaphorePermit>,
+    want_trailers: bool,
+) -> Result<Response<ProxyBody>, ProxyError> {
+    let (parts, body) = response.into_parts();
+    let is_stream = parts.status.is_success()
+        && parts
+            .headers
+            .get(header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|ct| ct.trim_start().starts_with("text/event-stream"));
+
+    if is_stream {
+        let Some(mut record) = record_slot.take() else {
+            return Err(ProxyError::Internal("request record missing".to_owned()));
+        };
+        record.status = parts.status.as_u16();
+        record.streamed = true;
+        let mut out = Response::new(ProxyBody::empty());
+        *out.status_mut() = parts.status;
+        copy_response_headers(&parts.headers, out.headers_mut());
+        stamp.apply(out.headers_mut());
+        // What is known now; the full phases follow in the end-of-stream comment and trailer.
+        out.headers_mut()
+            .insert(SERVER_TIMING, header_value(&record.phases.header_value()));
+        out.headers_mut()
+            .insert(HeaderName::from_static("x-accel-buffering"), HeaderValue::from_static("no"));
+        if want_trailers {
+            out.headers_mut()
+                .insert(header::TRAILER, HeaderValue::from_static("server-timing"));
+        }
+        let stream = ObservedStream::new(body, record, backend, want_trailers).holding(permit);
+        *out.body_mut() = ProxyBody::stream(stream);
+        return Ok(out);
+    }
+
+    let limit = state.config.server.max_response_bytes;
+    let bytes = Limited::new(body, usize::try_from(limit).unwrap_or(usize::MAX))
+        .collect()
+        .await
+        .map_err(|e| {
+            if e.downcast_ref::<LengthLimitError>().is_some() {
+                ProxyError::UpstreamTooLarge {
+                    backend: backend.name.to_string(),
+                    limit,
+                }
+            } else {
+                ProxyError::UpstreamBroken {
+                    backend: backend.name.to_string(),
+                    why: crate::upstream::describe_chain(e.as_ref()),
+                }
+            }
+        })?
+        .to_bytes();
+    drop(permit);
+
+    let mut status = parts.status;
+    let mut out_body = bytes;
+    let mut replaced_content_type = false;
+    let Some(mut record) = record_slot.take() else {
+        return Err(ProxyError::Internal("request record missing".to_owned()));
+    };
+    if status.is_success() {
+        let facts = inspect_response(&out_body);
+        if let Some(t) = &facts.timings {
+            record.phases.apply_engine_timings(t);
+        }
+        if let Some(fp) = facts.system_fingerprint.as_deref() {
+            backend.observe_fingerprint(fp);
+        }
+        record.facts = Some(facts);
+    } else {
+        if let Some((new_status, new_body)) = backend.adapter.normalize_error(status.as_u16(), &out_body) {
+            status = StatusCode::from_u16(new_status).unwrap_or(StatusCode::BAD_GATEWAY);
+            out_body = new_body;
+            replaced_content_type = true;
+        }
+        record.error_class = Some(if status.is_server_error() { "upstream" } else { "client" });
+        record.error = Some(format!(
+            "engine answered {}: {}",
+            parts.status.as_u16(),
+            String::from_utf8_lossy(&out_body[..out_body.len().min(300)])
+        ));
+    }
+    record.status = status.as_u16();
+    record.phases.total = Some(between(record.received, Instant::now()));
+
+    let mut out = Response::new(ProxyBody::full(out_body));
+    *out.status_mut() = status;
+    copy_response_headers(&parts.headers, out.headers_mut());
+    if replaced_content_type {
+        out.headers_mut()
+            .insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    }
+    stamp.apply(out.headers_mut());
+    out.headers_mut()
+        .insert(SERVER_TIMING, header_value(&record.phases.header_value()));
+    record.finish();
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn splice_replaces_only_the_model_value() {
+        let body = Bytes::from_static(br#"{"messages":[{"role":"user","content":"\"model\": x"}], "model" : "default","x":{"model":"keep"}}"#);
+        let parsed = parse_body(&body).unwrap();
+        let spliced = splice_model(&body, parsed.fields["model"], "/models/a \"b\".gguf").unwrap();
+        assert_eq!(
+            std::str::from_utf8(&spliced).unwrap(),
+            r#"{"messages":[{"role":"user","content":"\"model\": x"}], "model" : "/models/a \"b\".gguf","x":{"model":"keep"}}"#
+        );
+    }
+
+    #[test]
+    fn body_errors_are_classified() {
+        assert!(matches!(parse_body(b"{\"model\": [oops"), Err(ProxyError::MalformedJson(_))));
+        assert!(matches!(parse_body(b"[1,2]"), Err(ProxyError::NotAnObject)));
+        assert!(matches!(parse_body(b""), Err(ProxyError::MalformedJson(_))));
+    }
+
+    #[test]
+    fn request_ids_are_kept_only_when_well_formed() {
+        let mut headers = HeaderMap::new();
+        headers.insert(X_REQUEST_ID, HeaderValue::from_static("client-123"));
+        assert_eq!(request_id(&headers), "client-123");
+        headers.insert(X_REQUEST_ID, HeaderValue::from_static("bad id with spaces"));
+        assert_ne!(request_id(&headers), "bad id with spaces");
+        assert_eq!(request_id(&HeaderMap::new()).len(), 26);
+    }
+}

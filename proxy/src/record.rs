@@ -1,0 +1,136 @@
+//! The record of one request, written exactly once: when the response is complete, or when the
+//! client went away first (then it says so).
+//!
+//! A record is created as soon as the request is understood and travels with it — inside the
+//! handler's future, then inside the streaming body. If either is dropped before completion, the
+//! client disconnected, and `Drop` writes the record with that flag: a request whose client left
+//! is never silently forgotten.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Instant;
+
+use switchyard_adapters::ResponseFacts;
+
+use crate::timing::{between, Phases};
+
+/// Counters kept for every request, readable while serving (tests, `/readyz`, later `/metrics`).
+#[derive(Debug, Default)]
+pub struct Stats {
+    pub requests: AtomicU64,
+    pub errors: AtomicU64,
+    pub client_disconnects: AtomicU64,
+}
+
+/// Where finished records go. Today: the log and counters; the ledger plugs in here.
+#[derive(Debug, Default)]
+pub struct Recorder {
+    pub stats: Stats,
+}
+
+impl Recorder {
+    fn write(&self, r: &RequestRecord) {
+        self.stats.requests.fetch_add(1, Ordering::Relaxed);
+        if r.client_disconnected {
+            self.stats.client_disconnects.fetch_add(1, Ordering::Relaxed);
+        }
+        if r.status >= 400 || r.error.is_some() {
+            self.stats.errors.fetch_add(1, Ordering::Relaxed);
+        }
+        let facts = r.facts.as_ref();
+        tracing::info!(
+            target: "switchyard::request",
+            request_id = %r.id,
+            method = %r.method,
+            path = %r.path,
+            model = r.model.as_deref().unwrap_or("-"),
+            backend = r.backend.as_deref().unwrap_or("-"),
+            variant = r.variant,
+            workload = r.workload.as_deref().unwrap_or("-"),
+            streamed = r.streamed,
+            status = r.status,
+            error_class = r.error_class.unwrap_or("-"),
+            error = r.error.as_deref().unwrap_or("-"),
+            client_disconnected = r.client_disconnected,
+            server_timing = %r.phases.header_value(),
+            prompt_tokens = facts.and_then(|f| f.usage.prompt_tokens),
+            completion_tokens = facts.and_then(|f| f.usage.completion_tokens),
+            output = facts.and_then(|f| f.output.as_deref()).unwrap_or("-"),
+            "request"
+        );
+    }
+}
+
+/// One request's record. Fields are filled as the request advances.
+#[derive(Debug)]
+pub struct RequestRecord {
+    recorder: Arc<Recorder>,
+    pub id: String,
+    pub method: http::Method,
+    pub path: String,
+    pub received: Instant,
+    pub model: Option<Arc<str>>,
+    pub backend: Option<Arc<str>>,
+    pub variant: &'static str,
+    pub workload: Option<String>,
+    pub streamed: bool,
+    pub status: u16,
+    pub error_class: Option<&'static str>,
+    pub error: Option<String>,
+    pub phases: Phases,
+    pub facts: Option<ResponseFacts>,
+    pub client_disconnected: bool,
+    written: bool,
+}
+
+impl RequestRecord {
+    pub fn new(recorder: Arc<Recorder>, id: String, method: http::Method, path: String, received: Instant) -> Self {
+        Self {
+            recorder,
+            id,
+            method,
+            path,
+            received,
+            model: None,
+            backend: None,
+            variant: "primary",
+            workload: None,
+            streamed: false,
+            status: 0,
+            error_class: None,
+            error: None,
+            phases: Phases::default(),
+            facts: None,
+            client_disconnected: false,
+            written: false,
+        }
+    }
+
+    /// Writes the record now, with `total` measured to this instant unless already set.
+    pub fn finish(mut self) {
+        self.write_once();
+    }
+
+    fn write_once(&mut self) {
+        if self.written {
+            return;
+        }
+        self.written = true;
+        if self.phases.total.is_none() {
+            self.phases.total = Some(between(self.received, Instant::now()));
+        }
+        self.recorder.write(self);
+    }
+}
+
+impl Drop for RequestRecord {
+    fn drop(&mut self) {
+        if !self.written {
+            self.client_disconnected = true;
+            if self.error.is_none() {
+                self.error = Some("client disconnected before the response was complete".to_owned());
+            }
+            self.write_once();
+        }
+    }
+}

@@ -1,0 +1,281 @@
+//! The streaming response body: an engine's SSE stream passed through chunk by chunk, watched on
+//! its way past.
+//!
+//! Each chunk is forwarded as soon as it arrives, up to its last complete line; only an
+//! incomplete trailing line is held until its end arrives (an SSE client cannot act on half a
+//! line, so holding it delays nothing a client could use). While passing, each `data:` line is
+//! read for the first generated token (`ttft`), usage and the engine's timings. Right before
+//! `data: [DONE]` the proxy inserts one SSE comment, `: switchyard {...}`, with the phases, usage
+//! and output hash; clients that sent `TE: trailers` also get `server-timing` as an HTTP trailer.
+//!
+//! Dropping this body (the client left) drops the engine's response body with it, which closes
+//! the engine connection at once, and writes the request record as client-disconnected.
+
+use std::collections::VecDeque;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Instant;
+
+use bytes::{Bytes, BytesMut};
+use http::{HeaderMap, HeaderName};
+use http_body::{Body, Frame};
+use hyper::body::Incoming;
+use serde_json::{json, Value};
+use switchyard_adapters::{EventKind, StreamObserver};
+use tokio::sync::OwnedSemaphorePermit;
+
+use crate::backend::{header_value, Backend};
+use crate::body::BoxError;
+use crate::error::error_body;
+use crate::record::RequestRecord;
+use crate::timing::{between, Source, TokenPhase};
+
+/// Longest line held while waiting for its end; a longer one is forwarded as it is.
+const MAX_HELD_LINE: usize = 1 << 20;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum State {
+    Streaming,
+    Ended,
+}
+
+/// An engine stream being forwarded.
+#[derive(Debug)]
+pub struct ObservedStream {
+    inner: Option<Incoming>,
+    state: State,
+    held: BytesMut,
+    out: VecDeque<Frame<Bytes>>,
+    observer: StreamObserver,
+    record: Option<RequestRecord>,
+    backend: Arc<Backend>,
+    want_trailers: bool,
+    first_token: Option<Instant>,
+    last_token: Option<Instant>,
+    comment_sent: bool,
+    upstream_error: Option<String>,
+    /// The admission slot, held until the engine's stream ends or the client leaves.
+    permit: Option<OwnedSemaphorePermit>,
+}
+
+impl ObservedStream {
+    pub fn new(inner: Incoming, record: RequestRecord, backend: Arc<Backend>, want_trailers: bool) -> Self {
+        Self {
+            inner: Some(inner),
+            state: State::Streaming,
+            held: BytesMut::new(),
+            out: VecDeque::with_capacity(4),
+            observer: StreamObserver::new(),
+            record: Some(record),
+            backend,
+            want_trailers,
+            first_token: None,
+            last_token: None,
+            comment_sent: false,
+            upstream_error: None,
+            permit: None,
+        }
+    }
+
+    /// Keeps the admission slot until the stream is over.
+    pub fn holding(mut self, permit: Option<OwnedSemaphorePermit>) -> Self {
+        self.permit = permit;
+        self
+    }
+
+    pub fn is_end_stream(&self) -> bool {
+        self.state == State::Ended && self.out.is_empty()
+    }
+
+    /// Splits `data` into complete lines, observes them, queues them for the client.
+    fn on_data(&mut self, data: Bytes) {
+        let mut chunk = if self.held.is_empty() {
+            data
+        } else {
+            self.held.extend_from_slice(&data);
+            self.held.split().freeze()
+        };
+        match memchr::memrchr(b'\n', &chunk) {
+            Some(last) => {
+                let rest = chunk.split_off(last + 1);
+                if !rest.is_empty() {
+                    self.held.extend_from_slice(&rest);
+                }
+            }
+            None if chunk.len() < MAX_HELD_LINE => {
+                self.held.extend_from_slice(&chunk);
+                return;
+            }
+            None => {}
+        }
+        if self.held.len() >= MAX_HELD_LINE {
+            // A line this long is not SSE framing we can use; stop holding it back.
+            let held = self.held.split().freeze();
+            self.out.push_back(Frame::data(chunk));
+            self.out.push_back(Frame::data(held));
+            return;
+        }
+        self.scan_lines(chunk);
+    }
+
+    fn scan_lines(&mut self, chunk: Bytes) {
+        let mut emit_from = 0;
+        let mut start = 0;
+        for end in memchr::memchr_iter(b'\n', &chunk) {
+            let line = trim_cr(&chunk[start..end]);
+            if let Some(payload) = line.strip_prefix(b"data:") {
+                match self.observer.observe(payload) {
+                    EventKind::Token => {
+                        let now = Instant::now();
+                        self.first_token.get_or_insert(now);
+                        self.last_token = Some(now);
+                    }
+                    EventKind::Done if !self.comment_sent => {
+                        if start > emit_from {
+                            self.out.push_back(Frame::data(chunk.slice(emit_from..start)));
+                        }
+                        let comment = self.comment();
+                        self.out.push_back(Frame::data(comment));
+                        emit_from = start;
+                    }
+                    EventKind::Error => {
+                        let text = String::from_utf8_lossy(payload).trim().to_owned();
+                        self.upstream_error = Some(format!("engine sent an error in the stream: {text}"));
+                    }
+                    _ => {}
+                }
+            }
+            start = end + 1;
+        }
+        if chunk.len() > emit_from {
+            self.out.push_back(Frame::data(chunk.slice(emit_from..)));
+        }
+    }
+
+    /// The end-of-stream comment. Fixes the phases at this instant (the last bytes follow at once).
+    fn comment(&mut self) -> Bytes {
+        self.comment_sent = true;
+        let now = Instant::now();
+        let facts = self.observer.facts();
+        if let Some(fp) = facts.system_fingerprint.as_deref() {
+            self.backend.observe_fingerprint(fp);
+        }
+        let Some(record) = self.record.as_mut() else {
+            return Bytes::new();
+        };
+        let phases = &mut record.phases;
+        if let Some(first) = self.first_token {
+            phases.ttft = Some(between(record.received, first));
+        }
+        match &facts.timings {
+            Some(t) => phases.apply_engine_timings(t),
+            None => {
+                if let (Some(first), Some(last)) = (self.first_token, self.last_token) {
+                    // No engine timings: decode measured from the stream, first to last token.
+                    phases.decode = Some(TokenPhase {
+                        ms: between(first, last),
+                        tokens: Some(self.observer.token_events.saturating_sub(1)),
+                        source: Source::Measured,
+                    });
+                }
+            }
+        }
+        phases.total = Some(between(record.received, now));
+        let body = json!({
+            "server_timing": phases.to_json(),
+            "usage": facts.usage_raw.clone().unwrap_or(Value::Null),
+            "output": facts.output.clone(),
+        });
+        record.facts = Some(facts);
+        Bytes::from(format!(": switchyard {body}\n\n"))
+    }
+
+    /// The engine's stream ended (cleanly or not): queue what still has to go out.
+    fn on_end(&mut self, error: Option<String>) {
+        self.state = State::Ended;
+        self.inner = None;
+        self.permit = None;
+        if !self.held.is_empty() {
+            let held = self.held.split().freeze();
+            self.scan_lines(held);
+        }
+        let failure = error.or_else(|| {
+            (!self.comment_sent).then(|| "engine ended the stream without data: [DONE]".to_owned())
+        });
+        if let Some(why) = &failure {
+            tracing::warn!(backend = %self.backend.name, error = %why, "stream from engine broke");
+            let event = error_body(
+                &format!("Backend `{}` failed while streaming: {why}", self.backend.name),
+                "upstream_error",
+                None,
+                "upstream_broken",
+            );
+            let mut bytes = BytesMut::with_capacity(event.len() + 10);
+            bytes.extend_from_slice(b"data: ");
+            bytes.extend_from_slice(&event);
+            bytes.extend_from_slice(b"\n\n");
+            self.out.push_back(Frame::data(bytes.freeze()));
+        }
+        if !self.comment_sent {
+            let comment = self.comment();
+            self.out.push_back(Frame::data(comment));
+        }
+        if let Some(mut record) = self.record.take() {
+            if let Some(why) = failure.or_else(|| self.upstream_error.take()) {
+                record.error_class = Some("upstream");
+                record.error = Some(why);
+            }
+            if self.want_trailers {
+                let mut trailers = HeaderMap::with_capacity(1);
+                trailers.insert(
+                    HeaderName::from_static("server-timing"),
+                    header_value(&record.phases.header_value()),
+                );
+                self.out.push_back(Frame::trailers(trailers));
+            }
+            record.finish();
+        }
+    }
+}
+
+fn trim_cr(line: &[u8]) -> &[u8] {
+    line.strip_suffix(b"\r").unwrap_or(line)
+}
+
+impl Body for ObservedStream {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        let this = self.as_mut().get_mut();
+        loop {
+            if let Some(frame) = this.out.pop_front() {
+                return Poll::Ready(Some(Ok(frame)));
+            }
+            let Some(inner) = this.inner.as_mut() else {
+                return Poll::Ready(None);
+            };
+            match Pin::new(inner).poll_frame(cx) {
+                Poll::Pending => return Poll::Pending,
+                Poll::Ready(Some(Ok(frame))) => {
+                    if let Ok(data) = frame.into_data() {
+                        this.on_data(data);
+                    }
+                    // Engine trailers are not forwarded: the proxy's own phases replace them.
+                }
+                Poll::Ready(Some(Err(e))) => {
+                    this.on_end(Some(crate::upstream::describe_chain(&e)));
+                }
+                Poll::Ready(None) => this.on_end(None),
+            }
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        ObservedStream::is_end_stream(self)
+    }
+}
