@@ -1,1 +1,58 @@
-fn main(){}
+//! `fake-engine`: the tests' fake llama-server as a standalone process, for scripts, the Python
+//! suite and benchmarks. Prints `fake-engine listening on http://ADDR` once it listens.
+
+use std::io::Write as _;
+use std::net::SocketAddr;
+
+use clap::Parser;
+use switchyard_tests::fake_engine::{Fault, FakeEngine, FakeEngineConfig};
+
+#[derive(Debug, Parser)]
+#[command(about = "A fake llama-server with exact timings and injectable faults")]
+struct Args {
+    #[arg(long, default_value = "127.0.0.1:0")]
+    listen: SocketAddr,
+    #[arg(long, default_value_t = 0)]
+    prefill_ms: u64,
+    #[arg(long, default_value_t = 0)]
+    token_ms: u64,
+    #[arg(long, default_value_t = 10)]
+    tokens: usize,
+    #[arg(long, default_value_t = 0)]
+    loading_ms: u64,
+    #[arg(long, value_enum, default_value_t = Fault::None)]
+    fault: Fault,
+    #[arg(long, default_value = "/models/fake.gguf")]
+    model_path: String,
+    #[arg(long, default_value = "b4242-fake000")]
+    build_info: String,
+    #[arg(long, default_value_t = 4)]
+    slots: u32,
+    #[arg(long, default_value_t = 0)]
+    pause_after_first_ms: u64,
+    /// Answer this text whatever the prompt (a "fast but wrong" engine).
+    #[arg(long)]
+    fixed_text: Option<String>,
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let a = Args::parse();
+    let config = FakeEngineConfig {
+        prefill: std::time::Duration::from_millis(a.prefill_ms),
+        per_token: std::time::Duration::from_millis(a.token_ms),
+        tokens: a.tokens,
+        loading: std::time::Duration::from_millis(a.loading_ms),
+        fault: a.fault,
+        model_path: a.model_path,
+        build_info: a.build_info,
+        slots: a.slots,
+        pause_after_first: std::time::Duration::from_millis(a.pause_after_first_ms),
+        fixed_text: a.fixed_text,
+    };
+    let engine = FakeEngine::with_config(config).spawn_on(a.listen).await?;
+    writeln!(std::io::stdout().lock(), "fake-engine listening on {}", engine.url())?;
+    tokio::signal::ctrl_c().await?;
+    engine.stop().await;
+    Ok(())
+}

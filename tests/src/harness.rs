@@ -1,0 +1,196 @@
+//! Running Switchyard in-process for tests, and a small HTTP client that records when each
+//! chunk arrived.
+
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http::{HeaderMap, Request, StatusCode};
+use http_body_util::{BodyExt, Full};
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::TokioExecutor;
+use serde_json::Value;
+use switchyard::{App, Running};
+
+/// A configuration with one model `smollm2` (alias `default`) served by one llama.cpp backend
+/// named `fake` at `engine_url`, listening on `127.0.0.1:0`. `extra` is appended verbatim.
+pub fn config_for(engine_url: &str, extra: &str) -> String {
+    format!(
+        r#"
+[server]
+listen = "127.0.0.1:0"
+probe_interval_ms = 100
+connect_timeout_ms = 500
+first_byte_timeout_ms = 2000
+
+[backends.fake]
+engine = "llama.cpp"
+url = "{engine_url}"
+
+[models.smollm2]
+aliases = ["default"]
+primary = "fake"
+{extra}"#
+    )
+}
+
+/// Starts Switchyard in-process from TOML text.
+pub async fn start_switchyard(toml: &str) -> anyhow::Result<Running> {
+    let figment = figment_from(toml);
+    let config = switchyard::config::from_figment(figment).map_err(|e| anyhow::anyhow!("{e}"))?;
+    let app = App::new(config).map_err(anyhow::Error::msg)?;
+    Ok(switchyard::start(app).await?)
+}
+
+fn figment_from(toml: &str) -> figment_shim::Figment {
+    figment_shim::from_toml(toml)
+}
+
+/// Re-exported figment pieces so tests need not depend on figment themselves.
+pub mod figment_shim {
+    pub use figment::Figment;
+    use figment::providers::{Format, Toml};
+
+    pub fn from_toml(text: &str) -> Figment {
+        Figment::new().merge(Toml::string(text))
+    }
+}
+
+/// Waits until `/readyz` says ready (and `until` accepts its JSON), polling every 20 ms.
+pub async fn wait_ready(base: &str, timeout: Duration, until: impl Fn(&Value) -> bool) -> anyhow::Result<Value> {
+    let deadline = Instant::now() + timeout;
+    let client = TestClient::new();
+    loop {
+        let r = client.get(&format!("{base}/readyz")).await?;
+        let v: Value = serde_json::from_slice(&r.body)?;
+        if r.status == StatusCode::OK && until(&v) {
+            return Ok(v);
+        }
+        if Instant::now() > deadline {
+            anyhow::bail!("not ready within {timeout:?}: {v}");
+        }
+        // Polling a readiness endpoint: there is no signal to await across the process boundary.
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// A complete response.
+#[derive(Debug)]
+pub struct TestResponse {
+    pub status: StatusCode,
+    pub headers: HeaderMap,
+    pub body: Bytes,
+    pub trailers: Option<HeaderMap>,
+}
+
+impl TestResponse {
+    pub fn json(&self) -> Value {
+        serde_json::from_slice(&self.body).unwrap_or(Value::Null)
+    }
+
+    pub fn header(&self, name: &str) -> &str {
+        self.headers.get(name).and_then(|v| v.to_str().ok()).unwrap_or("")
+    }
+}
+
+/// A chunk of a streamed body and when it arrived.
+#[derive(Debug, Clone)]
+pub struct TimedChunk {
+    pub at: Instant,
+    pub bytes: Bytes,
+}
+
+/// A plain HTTP/1 client.
+#[derive(Debug, Clone)]
+pub struct TestClient {
+    client: Client<HttpConnector, Full<Bytes>>,
+}
+
+impl Default for TestClient {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl TestClient {
+    pub fn new() -> Self {
+        let mut connector = HttpConnector::new();
+        connector.set_nodelay(true);
+        Self {
+            client: Client::builder(TokioExecutor::new()).build(connector),
+        }
+    }
+
+    pub async fn get(&self, url: &str) -> anyhow::Result<TestResponse> {
+        let req = Request::get(url).body(Full::new(Bytes::new()))?;
+        self.send(req).await
+    }
+
+    pub async fn post_json(&self, url: &str, body: &Value) -> anyhow::Result<TestResponse> {
+        self.post_raw(url, "application/json", body.to_string().into_bytes(), &[]).await
+    }
+
+    pub async fn post_raw(&self, url: &str, content_type: &str, body: Vec<u8>, headers: &[(&str, &str)]) -> anyhow::Result<TestResponse> {
+        let mut builder = Request::post(url).header("content-type", content_type);
+        for (k, v) in headers {
+            builder = builder.header(*k, *v);
+        }
+        self.send(builder.body(Full::new(Bytes::from(body)))?).await
+    }
+
+    pub async fn send(&self, req: Request<Full<Bytes>>) -> anyhow::Result<TestResponse> {
+        let response = self.client.request(req).await?;
+        let (parts, body) = response.into_parts();
+        let collected = body.collect().await?;
+        let trailers = collected.trailers().cloned();
+        Ok(TestResponse {
+            status: parts.status,
+            headers: parts.headers,
+            body: collected.to_bytes(),
+            trailers,
+        })
+    }
+
+    /// Posts and returns the response head and its body, to be read chunk by chunk.
+    pub async fn post_stream(&self, url: &str, body: &Value, headers: &[(&str, &str)]) -> anyhow::Result<http::Response<hyper::body::Incoming>> {
+        let mut builder = Request::post(url).header("content-type", "application/json");
+        for (k, v) in headers {
+            builder = builder.header(*k, *v);
+        }
+        Ok(self.client.request(builder.body(Full::new(Bytes::from(body.to_string())))?).await?)
+    }
+}
+
+/// Reads a body to its end, stamping each data chunk with its arrival time; returns the chunks
+/// and the trailers, if any.
+pub async fn read_timed(mut body: hyper::body::Incoming) -> anyhow::Result<(Vec<TimedChunk>, Option<HeaderMap>)> {
+    let mut chunks = Vec::new();
+    let mut trailers = None;
+    while let Some(frame) = body.frame().await {
+        let frame = frame?;
+        let at = Instant::now();
+        match frame.into_data() {
+            Ok(bytes) => chunks.push(TimedChunk { at, bytes }),
+            Err(frame) => trailers = frame.into_trailers().ok(),
+        }
+    }
+    Ok((chunks, trailers))
+}
+
+/// The `dur` of a named metric in a `server-timing` value.
+pub fn timing(server_timing: &str, name: &str) -> Option<f64> {
+    server_timing.split(',').find_map(|entry| {
+        let mut parts = entry.trim().split(';');
+        if parts.next()? != name {
+            return None;
+        }
+        parts.find_map(|p| p.trim().strip_prefix("dur=")?.parse().ok())
+    })
+}
+
+/// The JSON of the `: switchyard {...}` comment in an SSE text.
+pub fn switchyard_comment(sse: &str) -> Option<Value> {
+    sse.lines()
+        .find_map(|l| l.strip_prefix(": switchyard "))
+        .and_then(|j| serde_json::from_str(j).ok())
+}
