@@ -84,7 +84,11 @@ pub async fn handle(state: Arc<AppState>, req: Request<Incoming>) -> Response<Pr
     } else {
         ProxyError::NotFound(path.to_owned()).into_response()
     };
-    response.headers_mut().insert(X_REQUEST_ID, id);
+    let headers = response.headers_mut();
+    headers.insert(X_REQUEST_ID, id);
+    if !headers.contains_key(SERVER_TIMING) {
+        headers.insert(SERVER_TIMING, header_value(&format!("total;dur={:.3}", between(received, Instant::now()))));
+    }
     response
 }
 

@@ -239,6 +239,14 @@ impl ObservedStream {
     }
 }
 
+impl Drop for ObservedStream {
+    fn drop(&mut self) {
+        // Write the record (as client-disconnected, if unfinished) before the engine's body is
+        // dropped and its connection closed: whoever sees the close can rely on the record.
+        drop(self.record.take());
+    }
+}
+
 fn trim_cr(line: &[u8]) -> &[u8] {
     line.strip_suffix(b"\r").unwrap_or(line)
 }
