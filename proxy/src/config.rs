@@ -42,8 +42,18 @@ pub fn load(path: &Path) -> Result<Config, ConfigError> {
     }
     let figment = Figment::new()
         .merge(Toml::file_exact(path))
-        .merge(Env::prefixed("SWITCHYARD_").split("__"));
+        .merge(overrides());
     from_figment(figment)
+}
+
+/// The environment overrides: `SWITCHYARD_SECTION__KEY=value`. Only names with a `__` are
+/// configuration; other `SWITCHYARD_*` variables (`SWITCHYARD_LOG`, the tooling's
+/// `SWITCHYARD_CACHE`) are not, so they never trip the unknown-key check. A misspelt override
+/// (`SWITCHYARD_SEVRER__LISTEN`) still fails it.
+pub fn overrides() -> Env {
+    Env::prefixed("SWITCHYARD_")
+        .filter(|key| key.as_str().contains("__"))
+        .split("__")
 }
 
 /// Validates a figment (used by `load`, and by tests with in-memory sources).

@@ -1,1 +1,180 @@
-fn main(){}
+//! `switchyard-bench`: Switchyard's added latency against the fake engine, side by side with
+//! direct requests in one run (this machine is noisy: only ratios from one run mean anything).
+//!
+//! It starts `fake-engine` (no delays) and `switchyard` (ledger-free core, release build when
+//! run through `tests/bench/run`) as separate processes on loopback, then sends the same
+//! non-streaming chat request directly and through Switchyard, at concurrency 1 and 32,
+//! alternating rounds so drift hits both sides alike. Prints a Markdown table and writes JSON.
+
+use std::io::{BufRead, BufReader, Write as _};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::Context as _;
+use bytes::Bytes;
+use clap::Parser;
+use http_body_util::{BodyExt, Full};
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::TokioExecutor;
+use serde_json::json;
+
+#[derive(Debug, Parser)]
+struct Args {
+    /// Directory holding the `switchyard` and `fake-engine` binaries.
+    #[arg(long)]
+    bin_dir: PathBuf,
+    /// Requests per round and target at concurrency 1.
+    #[arg(long, default_value_t = 2000)]
+    requests: usize,
+    /// Rounds per target (alternating direct / switchyard).
+    #[arg(long, default_value_t = 3)]
+    rounds: usize,
+    /// Where to write the JSON table.
+    #[arg(long)]
+    json: Option<PathBuf>,
+}
+
+struct Proc(Child);
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Starts a binary that prints `... listening on http://ADDR` and returns it with the URL.
+fn launch(mut cmd: Command) -> anyhow::Result<(Proc, String)> {
+    let mut child = cmd.stdout(Stdio::piped()).stderr(Stdio::inherit()).spawn()?;
+    let stdout = child.stdout.take().context("no stdout")?;
+    let mut line = String::new();
+    BufReader::new(stdout).read_line(&mut line)?;
+    let url = line
+        .split_whitespace()
+        .find(|w| w.starts_with("http://"))
+        .with_context(|| format!("no address in {line:?}"))?
+        .to_owned();
+    Ok((Proc(child), url))
+}
+
+#[derive(Debug, Default, Clone)]
+struct Sample {
+    latencies_us: Vec<f64>,
+    elapsed: Duration,
+}
+
+fn percentile(sorted: &[f64], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return f64::NAN;
+    }
+    let rank = ((p / 100.0) * (sorted.len() - 1) as f64).round() as usize;
+    sorted[rank.min(sorted.len() - 1)]
+}
+
+async fn run_load(client: &Client<HttpConnector, Full<Bytes>>, url: &str, body: &Bytes, total: usize, concurrency: usize) -> anyhow::Result<Sample> {
+    let next = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let started = Instant::now();
+    let mut workers = Vec::new();
+    for _ in 0..concurrency {
+        let client = client.clone();
+        let url = url.to_owned();
+        let body = body.clone();
+        let next = next.clone();
+        workers.push(tokio::spawn(async move {
+            let mut lat = Vec::new();
+            while next.fetch_add(1, std::sync::atomic::Ordering::Relaxed) < total {
+                let req = http::Request::post(&url).header("content-type", "application/json").body(Full::new(body.clone()))?;
+                let t = Instant::now();
+                let resp = client.request(req).await?;
+                let status = resp.status();
+                resp.into_body().collect().await?;
+                anyhow::ensure!(status == 200, "status {status}");
+                lat.push(t.elapsed().as_secs_f64() * 1e6);
+            }
+            Ok::<_, anyhow::Error>(lat)
+        }));
+    }
+    let mut latencies_us = Vec::with_capacity(total);
+    for w in workers {
+        latencies_us.extend(w.await??);
+    }
+    Ok(Sample { latencies_us, elapsed: started.elapsed() })
+}
+
+#[tokio::main(flavor = "current_thread")]
+async fn main() -> anyhow::Result<()> {
+    let args = Args::parse();
+    let (_engine, engine_url) = launch({
+        let mut c = Command::new(args.bin_dir.join("fake-engine"));
+        c.args(["--listen", "127.0.0.1:0", "--tokens", "10"]);
+        c
+    })?;
+    let dir = tempfile::tempdir()?;
+    let config = dir.path().join("bench.toml");
+    std::fs::write(
+        &config,
+        format!("[server]\nlisten = \"127.0.0.1:0\"\n[backends.fake]\nengine = \"llama.cpp\"\nurl = \"{engine_url}\"\nmax_concurrency = 64\n[models.smollm2]\nprimary = \"fake\"\n"),
+    )?;
+    let (_proxy, proxy_url) = launch({
+        let mut c = Command::new(args.bin_dir.join("switchyard"));
+        c.arg("serve").arg("--config").arg(&config).env("SWITCHYARD_LOG", "warn");
+        c
+    })?;
+
+    let mut connector = HttpConnector::new();
+    connector.set_nodelay(true);
+    let client: Client<HttpConnector, Full<Bytes>> = Client::builder(TokioExecutor::new()).pool_max_idle_per_host(64).build(connector);
+    let body = Bytes::from(json!({"model": "smollm2", "messages": [{"role": "user", "content": "benchmark"}], "temperature": 0}).to_string());
+    let targets = [("direct", format!("{engine_url}/v1/chat/completions")), ("switchyard", format!("{proxy_url}/v1/chat/completions"))];
+
+    // Warm both paths (connections, caches).
+    for (_, url) in &targets {
+        run_load(&client, url, &body, 200, 4).await?;
+    }
+    let mut rows = Vec::new();
+    for concurrency in [1usize, 32] {
+        let total = if concurrency == 1 { args.requests } else { args.requests * 4 };
+        let mut merged: Vec<Sample> = vec![Sample::default(), Sample::default()];
+        for _ in 0..args.rounds {
+            for (i, (_, url)) in targets.iter().enumerate() {
+                let s = run_load(&client, url, &body, total, concurrency).await?;
+                merged[i].latencies_us.extend(s.latencies_us);
+                merged[i].elapsed += s.elapsed;
+            }
+        }
+        for (i, (name, _)) in targets.iter().enumerate() {
+            let s = &mut merged[i];
+            s.latencies_us.sort_by(f64::total_cmp);
+            let n = s.latencies_us.len();
+            rows.push(json!({
+                "target": name, "concurrency": concurrency, "requests": n,
+                "p50_us": percentile(&s.latencies_us, 50.0), "p99_us": percentile(&s.latencies_us, 99.0),
+                "rps": n as f64 / s.elapsed.as_secs_f64(),
+            }));
+        }
+    }
+
+    let mut out = std::io::stdout().lock();
+    writeln!(out, "| target | concurrency | requests | p50 µs | p99 µs | req/s |")?;
+    writeln!(out, "|---|---:|---:|---:|---:|---:|")?;
+    for r in &rows {
+        writeln!(out, "| {} | {} | {} | {:.0} | {:.0} | {:.0} |", r["target"].as_str().unwrap_or(""), r["concurrency"], r["requests"],
+            r["p50_us"].as_f64().unwrap_or(f64::NAN), r["p99_us"].as_f64().unwrap_or(f64::NAN), r["rps"].as_f64().unwrap_or(f64::NAN))?;
+    }
+    let mut summary = Vec::new();
+    for pair in rows.chunks(2) {
+        let (d, s) = (&pair[0], &pair[1]);
+        let f = |r: &serde_json::Value, k: &str| r[k].as_f64().unwrap_or(f64::NAN);
+        let added_p50 = f(s, "p50_us") - f(d, "p50_us");
+        let ratio_rps = f(s, "rps") / f(d, "rps");
+        writeln!(out, "\nconcurrency {}: added p50 {:.0} µs, added p99 {:.0} µs, throughput switchyard/direct {:.2}", d["concurrency"], added_p50, f(s, "p99_us") - f(d, "p99_us"), ratio_rps)?;
+        summary.push(json!({"concurrency": d["concurrency"], "added_p50_us": added_p50, "added_p99_us": f(s, "p99_us") - f(d, "p99_us"), "throughput_ratio": ratio_rps}));
+    }
+    if let Some(path) = args.json {
+        std::fs::write(path, serde_json::to_string_pretty(&json!({"rows": rows, "summary": summary}))?)?;
+    }
+    Ok(())
+}

@@ -18,6 +18,7 @@ import queue
 import re
 import signal
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -74,6 +75,29 @@ def child_env() -> dict[str, str]:
     return env
 
 
+def _find_prctl():  # noqa: ANN202
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        import ctypes
+
+        return ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+
+
+# Resolved here, not in the forked child: the child only makes the call.
+_PRCTL = _find_prctl()
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent() -> None:
+    """Runs in the child before exec: on Linux, SIGKILL it if pytest dies without tearing down
+    (killed by a timeout, say), so no engine or proxy outlives the suite."""
+    if _PRCTL is not None:
+        _PRCTL(_PR_SET_PDEATHSIG, int(signal.SIGKILL))
+
+
 class StartupError(RuntimeError):
     pass
 
@@ -93,6 +117,7 @@ class Proc:
                 stdout=subprocess.PIPE,
                 stderr=self._log,
                 env=child_env(),
+                preexec_fn=_die_with_parent,
             )
         except BaseException:
             self._log.close()
@@ -135,7 +160,8 @@ class Proc:
             except queue.Empty:
                 continue
             if line is None:
-                self.popen.wait(timeout=STOP_TIMEOUT_S)
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    self.popen.wait(timeout=STOP_TIMEOUT_S)
                 raise StartupError(
                     f"stdout closed before a line matching {pattern!r} (stdout: {seen!r}); "
                     + self.describe()

@@ -416,6 +416,13 @@ async fn route(shared: Arc<Shared>, req: Request<Incoming>) -> Response<FakeBody
     }
 }
 
+/// Sleeps for `d`; a zero delay returns at once (tokio's timer would round it up to a tick).
+async fn pause(d: Duration) {
+    if !d.is_zero() {
+        tokio::time::sleep(d).await;
+    }
+}
+
 fn unreachable_response() -> Response<FakeBody> {
     json_response(StatusCode::INTERNAL_SERVER_ERROR, json!({}))
 }
@@ -475,11 +482,11 @@ async fn complete(shared: Arc<Shared>, path: &str, body: Value, guard: AbortGuar
     let fingerprint = config.build_info.clone();
     let object = if chat { "chat.completion" } else { "text_completion" };
 
-    tokio::time::sleep(config.prefill).await;
+    pause(config.prefill).await;
 
     if !stream {
         for _ in 0..n {
-            tokio::time::sleep(config.per_token).await;
+            pause(config.per_token).await;
         }
         let text: String = tokens.concat();
         let choice = if chat {
@@ -522,9 +529,11 @@ async fn complete(shared: Arc<Shared>, path: &str, body: Value, guard: AbortGuar
         }
         for (i, token) in tokens.iter().enumerate() {
             let wait = if i == 1 { per_token + pause } else { per_token };
-            tokio::select! {
-                _ = tx.closed() => return,
-                _ = tokio::time::sleep(wait) => {}
+            if !wait.is_zero() {
+                tokio::select! {
+                    _ = tx.closed() => return,
+                    _ = tokio::time::sleep(wait) => {}
+                }
             }
             if fault == Fault::CloseMidStream && i == tokens.len() / 2 {
                 let _ = tx.send(Err(std::io::Error::other("fake engine closes mid-stream"))).await;

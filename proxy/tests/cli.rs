@@ -1,0 +1,131 @@
+//! The command line: `check` reports every problem with its key path and exits 64; environment
+//! overrides apply; `fingerprint` prints what `sha256sum` would.
+
+use std::process::Command;
+
+fn switchyard() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_switchyard"))
+}
+
+const VALID: &str = r#"
+[server]
+listen = "127.0.0.1:8080"
+
+[backends.llama]
+engine = "llama.cpp"
+url = "http://127.0.0.1:8081"
+
+[models.smollm2]
+aliases = ["default"]
+primary = "llama"
+"#;
+
+#[test]
+fn check_accepts_a_valid_config() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("ok.toml");
+    std::fs::write(&path, VALID).unwrap();
+    let out = switchyard().args(["check", "--config"]).arg(&path).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(String::from_utf8_lossy(&out.stdout).contains("ok (1 backends, 1 models)"));
+}
+
+#[test]
+fn check_lists_every_problem_and_exits_64() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("bad.toml");
+    std::fs::write(
+        &path,
+        r#"
+[backends.llama]
+engine = "llama.cpp"
+url = "localhost:8081"
+max_concurrency = 0
+
+[models.smollm2]
+aliases = ["default"]
+primary = "lama"
+
+[models.other]
+aliases = ["default"]
+primary = "llama"
+"#,
+    )
+    .unwrap();
+    let out = switchyard().args(["check", "--config"]).arg(&path).output().unwrap();
+    assert_eq!(out.status.code(), Some(64));
+    let err = String::from_utf8_lossy(&out.stderr);
+    for needle in [
+        "4 problems",
+        "backends.llama.url",
+        "backends.llama.max_concurrency",
+        "models.other.aliases[0]",
+        "models.smollm2.primary: no backend named \"lama\"",
+    ] {
+        assert!(err.contains(needle), "missing {needle:?} in:\n{err}");
+    }
+}
+
+#[test]
+fn unknown_keys_are_errors_with_their_path() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("typo.toml");
+    std::fs::write(&path, format!("{VALID}\n[server.extra]\n")).unwrap();
+    let out = switchyard().args(["check", "--config"]).arg(&path).output().unwrap();
+    assert_eq!(out.status.code(), Some(64));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("extra"), "{err}");
+}
+
+#[test]
+fn environment_overrides_and_its_errors() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("ok.toml");
+    std::fs::write(&path, VALID).unwrap();
+    let out = switchyard()
+        .args(["check", "--config"])
+        .arg(&path)
+        .env("SWITCHYARD_SERVER__LISTEN", "not-an-address")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(64));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("server.listen"), "{err}");
+    let out = switchyard()
+        .args(["check", "--config"])
+        .arg(&path)
+        .env("SWITCHYARD_SERVER__LISTEN", "127.0.0.1:9999")
+        .env("SWITCHYARD_LOG", "debug")
+        .env("SWITCHYARD_CACHE", "/tmp")
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let out = switchyard()
+        .args(["check", "--config"])
+        .arg(&path)
+        .env("SWITCHYARD_SEVRER__LISTEN", "127.0.0.1:9999")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(64), "a misspelt override is an error");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("sevrer"));
+}
+
+#[test]
+fn serve_refuses_an_invalid_config_with_64() {
+    let out = switchyard().args(["serve", "--config", "/nonexistent.toml"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(64));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("/nonexistent.toml"));
+}
+
+#[test]
+fn fingerprint_matches_sha256sum() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("m.gguf");
+    std::fs::write(&path, b"abc").unwrap();
+    let out = switchyard().arg("fingerprint").arg(&path).output().unwrap();
+    assert!(out.status.success());
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout).trim(),
+        "sha256:ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"
+    );
+}
