@@ -19,7 +19,9 @@ use bytes::Bytes;
 use switchyard_policy::EngineKind;
 
 pub use identity::{EngineIdentity, EngineReport, Health, ProbeResult};
-pub use observe::{inspect_response, EngineTimings, EventKind, ResponseFacts, StreamObserver, Usage};
+pub use observe::{
+    inspect_response, EngineTimings, EventKind, ResponseFacts, StreamObserver, Usage,
+};
 
 /// One engine kind's behaviour.
 pub trait Adapter: Send + Sync + fmt::Debug + 'static {

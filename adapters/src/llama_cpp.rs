@@ -109,12 +109,21 @@ mod tests {
         ]);
         assert!(report.health.is_ready());
         let id = report.identity;
-        assert_eq!(id.build, None, "b0-unknown must not be presented as a build");
+        assert_eq!(
+            id.build, None,
+            "b0-unknown must not be presented as a build"
+        );
         assert!(id.build_note.as_deref().unwrap().contains("b0-unknown"));
         assert_eq!(id.slots, Some(4));
         assert_eq!(id.n_ctx, Some(2048));
-        assert_eq!(id.model_path.as_deref(), Some("/models/SmolLM2-135M-Instruct.Q4_1.gguf"));
-        assert_eq!(id.served_model.as_deref(), Some("/models/SmolLM2-135M-Instruct.Q4_1.gguf"));
+        assert_eq!(
+            id.model_path.as_deref(),
+            Some("/models/SmolLM2-135M-Instruct.Q4_1.gguf")
+        );
+        assert_eq!(
+            id.served_model.as_deref(),
+            Some("/models/SmolLM2-135M-Instruct.Q4_1.gguf")
+        );
         assert_eq!(id.header_value(None), "llama.cpp/unknown");
         assert_eq!(id.header_value(Some("sha256:ab")), "llama.cpp/sha256:ab");
     }
@@ -125,6 +134,9 @@ mod tests {
             ok(r#"{"status":"ok"}"#),
             ok(r#"{"build_info":"b6100-abc1234","total_slots":1}"#),
         ]);
-        assert_eq!(report.identity.header_value(Some("sha256:ab")), "llama.cpp/b6100-abc1234");
+        assert_eq!(
+            report.identity.header_value(Some("sha256:ab")),
+            "llama.cpp/b6100-abc1234"
+        );
     }
 }

@@ -29,9 +29,13 @@ impl Adapter for Mlx {
 
     fn interpret(&self, results: &[ProbeResult]) -> EngineReport {
         let mut identity = EngineIdentity::unknown(EngineKind::Mlx);
-        identity.build_note =
-            Some("mlx_lm.server names its version only in responses' system_fingerprint".to_owned());
-        let health_ok = matches!(results.first(), Some(ProbeResult::Response { status: 200, .. }));
+        identity.build_note = Some(
+            "mlx_lm.server names its version only in responses' system_fingerprint".to_owned(),
+        );
+        let health_ok = matches!(
+            results.first(),
+            Some(ProbeResult::Response { status: 200, .. })
+        );
         let models = results.get(1).and_then(ProbeResult::ok_json);
         if let Some(models) = &models {
             identity.served_model = first_model_id(models);
@@ -81,7 +85,10 @@ mod tests {
     #[test]
     fn health_alone_is_not_ready() {
         let report = Mlx.interpret(&[
-            ProbeResult::Response { status: 200, body: Bytes::from_static(br#"{"status": "ok"}"#) },
+            ProbeResult::Response {
+                status: 200,
+                body: Bytes::from_static(br#"{"status": "ok"}"#),
+            },
             ProbeResult::Failed("reset".into()),
         ]);
         assert_eq!(report.health.state(), "loading");
@@ -93,18 +100,29 @@ mod tests {
             },
         ]);
         assert!(report.health.is_ready());
-        assert_eq!(report.identity.served_model.as_deref(), Some("/models/smollm2-mlx"));
+        assert_eq!(
+            report.identity.served_model.as_deref(),
+            Some("/models/smollm2-mlx")
+        );
     }
 
     #[test]
     fn errors_become_openai_shaped() {
         let (status, body) = Mlx
-            .normalize_error(404, br#"{"error": "Cannot find an appropriate cached snapshot folder"}"#)
+            .normalize_error(
+                404,
+                br#"{"error": "Cannot find an appropriate cached snapshot folder"}"#,
+            )
             .unwrap();
         assert_eq!(status, 502);
         let v: Value = serde_json::from_slice(&body).unwrap();
         assert_eq!(v["error"]["type"], "upstream_error");
-        assert!(v["error"]["message"].as_str().unwrap().starts_with("Cannot find"));
-        assert!(Mlx.normalize_error(400, br#"{"error": {"message": "x"}}"#).is_none());
+        assert!(v["error"]["message"]
+            .as_str()
+            .unwrap()
+            .starts_with("Cannot find"));
+        assert!(Mlx
+            .normalize_error(400, br#"{"error": {"message": "x"}}"#)
+            .is_none());
     }
 }

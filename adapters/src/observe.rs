@@ -172,7 +172,8 @@ fn carries_token(chunk: &Value) -> bool {
         return false;
     };
     choices.iter().any(|c| {
-        let non_empty = |v: Option<&Value>| v.and_then(Value::as_str).is_some_and(|s| !s.is_empty());
+        let non_empty =
+            |v: Option<&Value>| v.and_then(Value::as_str).is_some_and(|s| !s.is_empty());
         if non_empty(c.get("text")) {
             return true;
         }
@@ -228,7 +229,9 @@ mod tests {
     fn stream_events_are_classified() {
         let mut obs = StreamObserver::new();
         assert_eq!(
-            obs.observe(br#"{"choices":[{"index":0,"delta":{"role":"assistant","content":null}}]}"#),
+            obs.observe(
+                br#"{"choices":[{"index":0,"delta":{"role":"assistant","content":null}}]}"#
+            ),
             EventKind::Other
         );
         assert_eq!(
@@ -241,7 +244,10 @@ mod tests {
         );
         assert_eq!(obs.observe(b" [DONE]"), EventKind::Done);
         assert_eq!(obs.observe(b"not json"), EventKind::Unparsed);
-        assert_eq!(obs.observe(br#"{"error":{"message":"x"}}"#), EventKind::Error);
+        assert_eq!(
+            obs.observe(br#"{"error":{"message":"x"}}"#),
+            EventKind::Error
+        );
         let facts = obs.facts();
         assert_eq!(facts.usage.completion_tokens, Some(1));
         assert_eq!(facts.timings.unwrap().prompt_ms, Some(1.5));

@@ -24,7 +24,8 @@ impl Adapter for OpenAiCompatible {
 
     fn interpret(&self, results: &[ProbeResult]) -> EngineReport {
         let mut identity = EngineIdentity::unknown(EngineKind::OpenAi);
-        identity.build_note = Some("an OpenAI-compatible server does not report its build".to_owned());
+        identity.build_note =
+            Some("an OpenAI-compatible server does not report its build".to_owned());
         let health = match results.first() {
             Some(r) => match r.ok_json() {
                 Some(models) => {

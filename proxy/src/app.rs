@@ -17,8 +17,8 @@ use switchyard_adapters::fingerprint::DigestCache;
 use switchyard_policy::{Config, RoutingTable};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
-use tower::ServiceBuilder;
 use tower::util::MapRequest;
+use tower::ServiceBuilder;
 use tower_http::catch_panic::{CatchPanic, CatchPanicLayer};
 
 use crate::backend::{Backend, Digest};
@@ -142,10 +142,8 @@ impl tower_http::catch_panic::ResponseForPanic for PanicResponder {
 }
 
 /// The service [`App::service`] builds.
-pub type Stack = CatchPanic<
-    MapRequest<Router, fn(Request<Incoming>) -> Request<Incoming>>,
-    PanicResponder,
->;
+pub type Stack =
+    CatchPanic<MapRequest<Router, fn(Request<Incoming>) -> Request<Incoming>>, PanicResponder>;
 
 fn stamp_received(mut req: Request<Incoming>) -> Request<Incoming> {
     req.extensions_mut().insert(Received(Instant::now()));
@@ -161,9 +159,10 @@ fn panic_response() -> Response<ProxyBody> {
         "internal_error",
     )));
     *response.status_mut() = http::StatusCode::INTERNAL_SERVER_ERROR;
-    response
-        .headers_mut()
-        .insert(http::header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    response.headers_mut().insert(
+        http::header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
     response
 }
 

@@ -90,8 +90,16 @@ impl Backend {
         let state = BackendState {
             report: None,
             probed_at: None,
-            artifact: if config.artifact.is_some() { Digest::Hashing } else { Digest::NotConfigured },
-            binary: if config.binary.is_some() { Digest::Hashing } else { Digest::NotConfigured },
+            artifact: if config.artifact.is_some() {
+                Digest::Hashing
+            } else {
+                Digest::NotConfigured
+            },
+            binary: if config.binary.is_some() {
+                Digest::Hashing
+            } else {
+                Digest::NotConfigured
+            },
             observed_build: None,
         };
         let admission = config
@@ -144,7 +152,8 @@ impl Backend {
         if self.config.max_concurrency.is_none() && self.admission.load().is_none() {
             if let Some(slots) = report.identity.slots.filter(|&n| n > 0) {
                 // Default admission: the engine's own slot count, set once it is known.
-                self.admission.store(Some(Arc::new(Semaphore::new(slots as usize))));
+                self.admission
+                    .store(Some(Arc::new(Semaphore::new(slots as usize))));
                 tracing::info!(backend = %self.name, slots, "admission limit set to the engine's slot count");
             }
         }
@@ -214,12 +223,20 @@ fn verify(configured: Option<&Path>, digest: &Digest, identity: &EngineIdentity)
     };
     match digest {
         Digest::Known(_) => {}
-        Digest::Hashing => return Verification::Unknown("the artifact is still being hashed".to_owned()),
-        Digest::Failed(why) => return Verification::Unknown(format!("the artifact could not be hashed: {why}")),
-        Digest::NotConfigured => return Verification::Unknown("no artifact is configured".to_owned()),
+        Digest::Hashing => {
+            return Verification::Unknown("the artifact is still being hashed".to_owned())
+        }
+        Digest::Failed(why) => {
+            return Verification::Unknown(format!("the artifact could not be hashed: {why}"))
+        }
+        Digest::NotConfigured => {
+            return Verification::Unknown("no artifact is configured".to_owned())
+        }
     }
     let Some(served) = identity.model_path.as_deref() else {
-        return Verification::Unverified("the engine does not report the path of the model it serves".to_owned());
+        return Verification::Unverified(
+            "the engine does not report the path of the model it serves".to_owned(),
+        );
     };
     let resolve = |p: &Path| -> Option<PathBuf> { std::fs::canonicalize(p).ok() };
     match (resolve(Path::new(served)), resolve(configured)) {
@@ -241,7 +258,13 @@ pub fn header_value(text: &str) -> HeaderValue {
     HeaderValue::from_str(text).unwrap_or_else(|_| {
         let clean: String = text
             .chars()
-            .map(|c| if c.is_ascii_graphic() || c == ' ' { c } else { '?' })
+            .map(|c| {
+                if c.is_ascii_graphic() || c == ' ' {
+                    c
+                } else {
+                    '?'
+                }
+            })
             .collect();
         HeaderValue::from_str(&clean).unwrap_or(HeaderValue::from_static("invalid"))
     })

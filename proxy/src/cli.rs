@@ -11,7 +11,11 @@ use crate::config::{self, ConfigError, EX_USAGE};
 use crate::App;
 
 #[derive(Debug, Parser)]
-#[command(name = "switchyard", version, about = "One OpenAI-compatible endpoint in front of local inference engines")]
+#[command(
+    name = "switchyard",
+    version,
+    about = "One OpenAI-compatible endpoint in front of local inference engines"
+)]
 pub struct Cli {
     #[command(subcommand)]
     pub command: Command,
@@ -39,7 +43,13 @@ pub async fn run(cli: Cli) -> anyhow::Result<i32> {
         Command::Check { config } => match config::load(&config) {
             Ok(c) => {
                 let mut out = std::io::stdout().lock();
-                writeln!(out, "{}: ok ({} backends, {} models)", config.display(), c.backends.len(), c.models.len())?;
+                writeln!(
+                    out,
+                    "{}: ok ({} backends, {} models)",
+                    config.display(),
+                    c.backends.len(),
+                    c.models.len()
+                )?;
                 Ok(0)
             }
             Err(e) => Ok(report_invalid(&e)),
@@ -61,7 +71,11 @@ pub async fn run(cli: Cli) -> anyhow::Result<i32> {
             let app = App::new(config).map_err(anyhow::Error::msg)?;
             let running = crate::start(app).await?;
             // One line on stdout for whoever started us (scripts, tests binding port 0).
-            writeln!(std::io::stdout().lock(), "switchyard listening on http://{}", running.addr())?;
+            writeln!(
+                std::io::stdout().lock(),
+                "switchyard listening on http://{}",
+                running.addr()
+            )?;
             tracing::info!(addr = %running.addr(), "listening");
             shutdown_signal().await;
             running.shutdown().await;
@@ -76,8 +90,11 @@ fn report_invalid(e: &ConfigError) -> i32 {
 }
 
 fn init_logging(format: LogFormat) {
-    let filter = EnvFilter::try_from_env("SWITCHYARD_LOG").unwrap_or_else(|_| EnvFilter::new("info"));
-    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    let filter =
+        EnvFilter::try_from_env("SWITCHYARD_LOG").unwrap_or_else(|_| EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
     let _ = match format {
         LogFormat::Json => builder.json().flatten_event(true).try_init(),
         LogFormat::Text => builder.try_init(),
@@ -88,13 +105,14 @@ async fn shutdown_signal() {
     let ctrl_c = tokio::signal::ctrl_c();
     #[cfg(unix)]
     {
-        let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(s) => s,
-            Err(_) => {
-                let _ = ctrl_c.await;
-                return;
-            }
-        };
+        let mut term =
+            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+                Ok(s) => s,
+                Err(_) => {
+                    let _ = ctrl_c.await;
+                    return;
+                }
+            };
         tokio::select! {
             _ = ctrl_c => {}
             _ = term.recv() => {}

@@ -20,7 +20,12 @@ pub struct ConfigError {
 
 impl fmt::Display for ConfigError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        writeln!(f, "invalid configuration ({} problem{}):", self.problems.len(), if self.problems.len() == 1 { "" } else { "s" })?;
+        writeln!(
+            f,
+            "invalid configuration ({} problem{}):",
+            self.problems.len(),
+            if self.problems.len() == 1 { "" } else { "s" }
+        )?;
         for p in &self.problems {
             writeln!(f, "  {p}")?;
         }
@@ -62,7 +67,11 @@ pub fn from_figment(figment: Figment) -> Result<Config, ConfigError> {
         problems: errors
             .into_iter()
             .map(|e| Problem {
-                path: if e.path.is_empty() { "(file)".to_owned() } else { e.path.join(".") },
+                path: if e.path.is_empty() {
+                    "(file)".to_owned()
+                } else {
+                    e.path.join(".")
+                },
                 message: describe_kind(&e),
             })
             .collect(),
@@ -97,16 +106,17 @@ mod tests {
 
     #[test]
     fn environment_overrides_the_file() {
-        let figment = Figment::new()
-            .merge(Toml::string(BASE))
-            .merge(figment::providers::Serialized::default("server.listen", "127.0.0.1:9999"));
+        let figment = Figment::new().merge(Toml::string(BASE)).merge(
+            figment::providers::Serialized::default("server.listen", "127.0.0.1:9999"),
+        );
         let config = from_figment(figment).unwrap();
         assert_eq!(config.server.listen.port(), 9999);
     }
 
     #[test]
     fn unknown_key_is_reported_with_its_path() {
-        let figment = Figment::new().merge(Toml::string(&format!("{BASE}\n[server]\nlisen = \"x\"\n")));
+        let figment =
+            Figment::new().merge(Toml::string(&format!("{BASE}\n[server]\nlisen = \"x\"\n")));
         let err = from_figment(figment).unwrap_err();
         assert_eq!(err.problems.len(), 1);
         assert!(err.problems[0].to_string().contains("lisen"), "{err}");

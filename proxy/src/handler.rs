@@ -87,7 +87,13 @@ pub async fn handle(state: Arc<AppState>, req: Request<Incoming>) -> Response<Pr
     let headers = response.headers_mut();
     headers.insert(X_REQUEST_ID, id);
     if !headers.contains_key(SERVER_TIMING) {
-        headers.insert(SERVER_TIMING, header_value(&format!("total;dur={:.3}", between(received, Instant::now()))));
+        headers.insert(
+            SERVER_TIMING,
+            header_value(&format!(
+                "total;dur={:.3}",
+                between(received, Instant::now())
+            )),
+        );
     }
     response
 }
@@ -112,9 +118,10 @@ fn request_id(headers: &HeaderMap) -> HeaderValue {
 fn json_response(status: StatusCode, body: Bytes) -> Response<ProxyBody> {
     let mut response = Response::new(ProxyBody::full(body));
     *response.status_mut() = status;
-    response
-        .headers_mut()
-        .insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    response.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
     response
 }
 
@@ -193,7 +200,9 @@ fn readyz(state: &AppState) -> Response<ProxyBody> {
     let mut models = Map::new();
     let mut ready = true;
     for name in state.routes.public_names() {
-        let Some(route) = state.routes.resolve(name) else { continue };
+        let Some(route) = state.routes.resolve(name) else {
+            continue;
+        };
         let primary_ready = state
             .backends
             .get(&route.primary)
@@ -205,7 +214,11 @@ fn readyz(state: &AppState) -> Response<ProxyBody> {
         );
     }
     let body = serde_json::json!({"ready": ready, "backends": backends, "models": models});
-    let status = if ready { StatusCode::OK } else { StatusCode::SERVICE_UNAVAILABLE };
+    let status = if ready {
+        StatusCode::OK
+    } else {
+        StatusCode::SERVICE_UNAVAILABLE
+    };
     json_response(status, Bytes::from(body.to_string()))
 }
 
@@ -303,7 +316,9 @@ fn splice_model(body: &Bytes, raw: &RawValue, name: &str) -> Result<Bytes, Proxy
         .ok_or_else(|| ProxyError::Internal("model value outside the body".to_owned()))?;
     let end = start + raw.get().len();
     if end > body.len() {
-        return Err(ProxyError::Internal("model value outside the body".to_owned()));
+        return Err(ProxyError::Internal(
+            "model value outside the body".to_owned(),
+        ));
     }
     let quoted = serde_json::to_string(name).map_err(|e| ProxyError::Internal(e.to_string()))?;
     let mut out = BytesMut::with_capacity(body.len() - (end - start) + quoted.len());
@@ -315,7 +330,9 @@ fn splice_model(body: &Bytes, raw: &RawValue, name: &str) -> Result<Bytes, Proxy
 
 fn is_json(headers: &HeaderMap) -> Result<(), ProxyError> {
     let Some(value) = headers.get(header::CONTENT_TYPE) else {
-        return Err(ProxyError::UnsupportedMediaType("no Content-Type".to_owned()));
+        return Err(ProxyError::UnsupportedMediaType(
+            "no Content-Type".to_owned(),
+        ));
     };
     let text = value.to_str().unwrap_or("");
     let essence = text.split(';').next().unwrap_or("").trim();
@@ -391,11 +408,12 @@ async fn forward_inner(
         record.streamed = streamed;
     }
 
-    let want_trailers = parts
-        .headers
-        .get_all(header::TE)
-        .iter()
-        .any(|v| v.to_str().is_ok_and(|s| s.split(',').any(|t| t.trim().eq_ignore_ascii_case("trailers"))));
+    let want_trailers = parts.headers.get_all(header::TE).iter().any(|v| {
+        v.to_str().is_ok_and(|s| {
+            s.split(',')
+                .any(|t| t.trim().eq_ignore_ascii_case("trailers"))
+        })
+    });
 
     let candidates = std::iter::once(&route.primary).chain(route.fallback.iter());
     let mut last_error = None;
@@ -414,7 +432,9 @@ async fn forward_inner(
             record.variant = variant;
         }
 
-        if backend.config.require_verified_identity && identity.verification != Verification::Verified {
+        if backend.config.require_verified_identity
+            && identity.verification != Verification::Verified
+        {
             let why = match &identity.verification {
                 Verification::Unverified(w) | Verification::Unknown(w) => w.clone(),
                 Verification::Verified => String::new(),
@@ -450,11 +470,24 @@ async fn forward_inner(
                 if let Some(record) = record_slot.as_mut() {
                     record.phases.ttfb = Some(between(forwarded, Instant::now()));
                 }
-                return respond(state, backend, response, record_slot, stamp, permit, want_trailers).await;
+                return respond(
+                    state,
+                    backend,
+                    response,
+                    record_slot,
+                    stamp,
+                    permit,
+                    want_trailers,
+                )
+                .await;
             }
             Err(error) if Upstream::is_retryable(&error) && attempt < route.fallback.len() => {
                 tracing::warn!(backend = %backend.name, error = %error, "backend unreachable; trying the next configured fallback");
-                stamp.fallback_from = Some(header_value(&format!("{}; code={}", backend.name, error.code())));
+                stamp.fallback_from = Some(header_value(&format!(
+                    "{}; code={}",
+                    backend.name,
+                    error.code()
+                )));
                 last_error = Some(error);
             }
             Err(error) => return Err(error),
@@ -464,7 +497,11 @@ async fn forward_inner(
 }
 
 /// The body the engine receives: the client's, with `model` replaced only when needed.
-fn upstream_body(backend: &Backend, body: &Bytes, raw_model: &RawValue) -> Result<Bytes, ProxyError> {
+fn upstream_body(
+    backend: &Backend,
+    body: &Bytes,
+    raw_model: &RawValue,
+) -> Result<Bytes, ProxyError> {
     let served = backend
         .state()
         .report
@@ -490,10 +527,7 @@ fn upstream_request(
     body: Bytes,
     id: &HeaderValue,
 ) -> Result<Request<Full<Bytes>>, ProxyError> {
-    let path_and_query = parts
-        .uri
-        .path_and_query()
-        .map_or("/", |pq| pq.as_str());
+    let path_and_query = parts.uri.path_and_query().map_or("/", |pq| pq.as_str());
     let uri = http::Uri::builder()
         .scheme("http")
         .authority(backend.authority.clone())
@@ -551,8 +585,10 @@ async fn respond(
         // What is known now; the full phases follow in the end-of-stream comment and trailer.
         out.headers_mut()
             .insert(SERVER_TIMING, header_value(&record.phases.header_value()));
-        out.headers_mut()
-            .insert(HeaderName::from_static("x-accel-buffering"), HeaderValue::from_static("no"));
+        out.headers_mut().insert(
+            HeaderName::from_static("x-accel-buffering"),
+            HeaderValue::from_static("no"),
+        );
         if want_trailers {
             out.headers_mut()
                 .insert(header::TRAILER, HeaderValue::from_static("server-timing"));
@@ -598,12 +634,18 @@ async fn respond(
         }
         record.facts = Some(facts);
     } else {
-        if let Some((new_status, new_body)) = backend.adapter.normalize_error(status.as_u16(), &out_body) {
+        if let Some((new_status, new_body)) =
+            backend.adapter.normalize_error(status.as_u16(), &out_body)
+        {
             status = StatusCode::from_u16(new_status).unwrap_or(StatusCode::BAD_GATEWAY);
             out_body = new_body;
             replaced_content_type = true;
         }
-        record.error_class = Some(if status.is_server_error() { "upstream" } else { "client" });
+        record.error_class = Some(if status.is_server_error() {
+            "upstream"
+        } else {
+            "client"
+        });
         record.error = Some(format!(
             "engine answered {}: {}",
             parts.status.as_u16(),
@@ -617,8 +659,10 @@ async fn respond(
     *out.status_mut() = status;
     copy_response_headers(&parts.headers, out.headers_mut());
     if replaced_content_type {
-        out.headers_mut()
-            .insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+        out.headers_mut().insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/json"),
+        );
     }
     stamp.apply(out.headers_mut());
     out.headers_mut()
@@ -644,7 +688,10 @@ mod tests {
 
     #[test]
     fn body_errors_are_classified() {
-        assert!(matches!(parse_body(b"{\"model\": [oops"), Err(ProxyError::MalformedJson(_))));
+        assert!(matches!(
+            parse_body(b"{\"model\": [oops"),
+            Err(ProxyError::MalformedJson(_))
+        ));
         assert!(matches!(parse_body(b"[1,2]"), Err(ProxyError::NotAnObject)));
         assert!(matches!(parse_body(b""), Err(ProxyError::MalformedJson(_))));
     }

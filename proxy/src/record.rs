@@ -32,7 +32,9 @@ impl Recorder {
     fn write(&self, r: &RequestRecord) {
         self.stats.requests.fetch_add(1, Ordering::Relaxed);
         if r.client_disconnected {
-            self.stats.client_disconnects.fetch_add(1, Ordering::Relaxed);
+            self.stats
+                .client_disconnects
+                .fetch_add(1, Ordering::Relaxed);
         }
         if r.status >= 400 || r.error.is_some() {
             self.stats.errors.fetch_add(1, Ordering::Relaxed);
@@ -84,7 +86,13 @@ pub struct RequestRecord {
 }
 
 impl RequestRecord {
-    pub fn new(recorder: Arc<Recorder>, id: String, method: http::Method, path: String, received: Instant) -> Self {
+    pub fn new(
+        recorder: Arc<Recorder>,
+        id: String,
+        method: http::Method,
+        path: String,
+        received: Instant,
+    ) -> Self {
         Self {
             recorder,
             id,
@@ -128,7 +136,8 @@ impl Drop for RequestRecord {
         if !self.written {
             self.client_disconnected = true;
             if self.error.is_none() {
-                self.error = Some("client disconnected before the response was complete".to_owned());
+                self.error =
+                    Some("client disconnected before the response was complete".to_owned());
             }
             self.write_once();
         }

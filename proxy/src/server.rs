@@ -1,6 +1,5 @@
 //! The listener: accepts connections, serves each with hyper, and drains on shutdown.
 
-use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
@@ -55,17 +54,17 @@ pub fn start_on(app: App, listener: TcpListener) -> std::io::Result<Running> {
     let serving = serve(app.clone(), listener, stop.clone(), drain);
     #[allow(clippy::disallowed_methods)] // the server's own root task, awaited by `shutdown`
     let done = tokio::spawn(serving);
-    Ok(Running { addr, app, stop, done })
+    Ok(Running {
+        addr,
+        app,
+        stop,
+        done,
+    })
 }
 
 /// Accepts until `stop` is cancelled, then drains.
-pub fn serve(
-    app: App,
-    listener: TcpListener,
-    stop: CancellationToken,
-    drain: Duration,
-) -> impl Future<Output = ()> + Send {
-    async move {
+pub async fn serve(app: App, listener: TcpListener, stop: CancellationToken, drain: Duration) {
+    {
         let tasks = TaskTracker::new();
         app.start_background(&tasks, stop.clone());
         let graceful = GracefulShutdown::new();

@@ -60,7 +60,12 @@ pub struct ObservedStream {
 }
 
 impl ObservedStream {
-    pub fn new(inner: Incoming, record: RequestRecord, backend: Arc<Backend>, want_trailers: bool) -> Self {
+    pub fn new(
+        inner: Incoming,
+        record: RequestRecord,
+        backend: Arc<Backend>,
+        want_trailers: bool,
+    ) -> Self {
         Self {
             inner: Some(inner),
             state: State::Streaming,
@@ -133,7 +138,8 @@ impl ObservedStream {
                     }
                     EventKind::Done if !self.comment_sent => {
                         if start > emit_from {
-                            self.out.push_back(Frame::data(chunk.slice(emit_from..start)));
+                            self.out
+                                .push_back(Frame::data(chunk.slice(emit_from..start)));
                         }
                         let comment = self.comment();
                         self.out.push_back(Frame::data(comment));
@@ -141,7 +147,8 @@ impl ObservedStream {
                     }
                     EventKind::Error => {
                         let text = String::from_utf8_lossy(payload).trim().to_owned();
-                        self.upstream_error = Some(format!("engine sent an error in the stream: {text}"));
+                        self.upstream_error =
+                            Some(format!("engine sent an error in the stream: {text}"));
                     }
                     _ => {}
                 }
@@ -206,7 +213,10 @@ impl ObservedStream {
         if let Some(why) = &failure {
             tracing::warn!(backend = %self.backend.name, error = %why, "stream from engine broke");
             let event = error_body(
-                &format!("Backend `{}` failed while streaming: {why}", self.backend.name),
+                &format!(
+                    "Backend `{}` failed while streaming: {why}",
+                    self.backend.name
+                ),
                 "upstream_error",
                 None,
                 "upstream_broken",

@@ -93,7 +93,12 @@ impl Phases {
                 let _ = write!(out, ";desc=\"{desc}\"");
             }
         };
-        for (name, value) in [("queue", self.queue), ("load", self.load), ("ttfb", self.ttfb), ("ttft", self.ttft)] {
+        for (name, value) in [
+            ("queue", self.queue),
+            ("load", self.load),
+            ("ttfb", self.ttfb),
+            ("ttft", self.ttft),
+        ] {
             if let Some(v) = value {
                 push(name, v, None);
             }
@@ -176,7 +181,11 @@ mod tests {
     #[test]
     fn measured_phases_are_marked() {
         let p = Phases {
-            decode: Some(TokenPhase { ms: 10.0, tokens: Some(5), source: Source::Measured }),
+            decode: Some(TokenPhase {
+                ms: 10.0,
+                tokens: Some(5),
+                source: Source::Measured,
+            }),
             ..Phases::default()
         };
         assert_eq!(p.header_value(), "decode;dur=10.000;desc=\"measured\"");

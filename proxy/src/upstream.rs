@@ -145,7 +145,6 @@ pub fn describe_chain(error: &(dyn std::error::Error + 'static)) -> String {
 /// Shared handle used by the request path and the probe loop.
 pub type SharedUpstream = Arc<Upstream>;
 
-
 impl Upstream {
     /// Whether a request failure may be retried on another backend: only when nothing reached
     /// the engine (the connection was never made).
@@ -167,6 +166,5 @@ mod tests {
         let outer = io::Error::other(inner);
         let text = describe_chain(&outer);
         assert!(text.contains("Connection refused"));
-
     }
 }

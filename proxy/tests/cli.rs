@@ -1,6 +1,8 @@
 //! The command line: `check` reports every problem with its key path and exits 64; environment
 //! overrides apply; `fingerprint` prints what `sha256sum` would.
 
+#![allow(clippy::unwrap_used, clippy::expect_used)] // a failed unwrap is a failed test
+
 use std::process::Command;
 
 fn switchyard() -> Command {
@@ -25,8 +27,16 @@ fn check_accepts_a_valid_config() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("ok.toml");
     std::fs::write(&path, VALID).unwrap();
-    let out = switchyard().args(["check", "--config"]).arg(&path).output().unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let out = switchyard()
+        .args(["check", "--config"])
+        .arg(&path)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     assert!(String::from_utf8_lossy(&out.stdout).contains("ok (1 backends, 1 models)"));
 }
 
@@ -52,7 +62,11 @@ primary = "llama"
 "#,
     )
     .unwrap();
-    let out = switchyard().args(["check", "--config"]).arg(&path).output().unwrap();
+    let out = switchyard()
+        .args(["check", "--config"])
+        .arg(&path)
+        .output()
+        .unwrap();
     assert_eq!(out.status.code(), Some(64));
     let err = String::from_utf8_lossy(&out.stderr);
     for needle in [
@@ -71,7 +85,11 @@ fn unknown_keys_are_errors_with_their_path() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("typo.toml");
     std::fs::write(&path, format!("{VALID}\n[server.extra]\n")).unwrap();
-    let out = switchyard().args(["check", "--config"]).arg(&path).output().unwrap();
+    let out = switchyard()
+        .args(["check", "--config"])
+        .arg(&path)
+        .output()
+        .unwrap();
     assert_eq!(out.status.code(), Some(64));
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("extra"), "{err}");
@@ -99,20 +117,31 @@ fn environment_overrides_and_its_errors() {
         .env("SWITCHYARD_CACHE", "/tmp")
         .output()
         .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let out = switchyard()
         .args(["check", "--config"])
         .arg(&path)
         .env("SWITCHYARD_SEVRER__LISTEN", "127.0.0.1:9999")
         .output()
         .unwrap();
-    assert_eq!(out.status.code(), Some(64), "a misspelt override is an error");
+    assert_eq!(
+        out.status.code(),
+        Some(64),
+        "a misspelt override is an error"
+    );
     assert!(String::from_utf8_lossy(&out.stderr).contains("sevrer"));
 }
 
 #[test]
 fn serve_refuses_an_invalid_config_with_64() {
-    let out = switchyard().args(["serve", "--config", "/nonexistent.toml"]).output().unwrap();
+    let out = switchyard()
+        .args(["serve", "--config", "/nonexistent.toml"])
+        .output()
+        .unwrap();
     assert_eq!(out.status.code(), Some(64));
     assert!(String::from_utf8_lossy(&out.stderr).contains("/nonexistent.toml"));
 }

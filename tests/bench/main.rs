@@ -48,7 +48,10 @@ impl Drop for Proc {
 
 /// Starts a binary that prints `... listening on http://ADDR` and returns it with the URL.
 fn launch(mut cmd: Command) -> anyhow::Result<(Proc, String)> {
-    let mut child = cmd.stdout(Stdio::piped()).stderr(Stdio::inherit()).spawn()?;
+    let mut child = cmd
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()?;
     let stdout = child.stdout.take().context("no stdout")?;
     let mut line = String::new();
     BufReader::new(stdout).read_line(&mut line)?;
@@ -74,7 +77,13 @@ fn percentile(sorted: &[f64], p: f64) -> f64 {
     sorted[rank.min(sorted.len() - 1)]
 }
 
-async fn run_load(client: &Client<HttpConnector, Full<Bytes>>, url: &str, body: &Bytes, total: usize, concurrency: usize) -> anyhow::Result<Sample> {
+async fn run_load(
+    client: &Client<HttpConnector, Full<Bytes>>,
+    url: &str,
+    body: &Bytes,
+    total: usize,
+    concurrency: usize,
+) -> anyhow::Result<Sample> {
     let next = Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let started = Instant::now();
     let mut workers = Vec::new();
@@ -83,10 +92,13 @@ async fn run_load(client: &Client<HttpConnector, Full<Bytes>>, url: &str, body: 
         let url = url.to_owned();
         let body = body.clone();
         let next = next.clone();
+        #[allow(clippy::disallowed_methods)] // load-generator workers, all awaited below
         workers.push(tokio::spawn(async move {
             let mut lat = Vec::new();
             while next.fetch_add(1, std::sync::atomic::Ordering::Relaxed) < total {
-                let req = http::Request::post(&url).header("content-type", "application/json").body(Full::new(body.clone()))?;
+                let req = http::Request::post(&url)
+                    .header("content-type", "application/json")
+                    .body(Full::new(body.clone()))?;
                 let t = Instant::now();
                 let resp = client.request(req).await?;
                 let status = resp.status();
@@ -101,7 +113,10 @@ async fn run_load(client: &Client<HttpConnector, Full<Bytes>>, url: &str, body: 
     for w in workers {
         latencies_us.extend(w.await??);
     }
-    Ok(Sample { latencies_us, elapsed: started.elapsed() })
+    Ok(Sample {
+        latencies_us,
+        elapsed: started.elapsed(),
+    })
 }
 
 #[tokio::main(flavor = "current_thread")]
@@ -120,15 +135,23 @@ async fn main() -> anyhow::Result<()> {
     )?;
     let (_proxy, proxy_url) = launch({
         let mut c = Command::new(args.bin_dir.join("switchyard"));
-        c.arg("serve").arg("--config").arg(&config).env("SWITCHYARD_LOG", "warn");
+        c.arg("serve")
+            .arg("--config")
+            .arg(&config)
+            .env("SWITCHYARD_LOG", "warn");
         c
     })?;
 
     let mut connector = HttpConnector::new();
     connector.set_nodelay(true);
-    let client: Client<HttpConnector, Full<Bytes>> = Client::builder(TokioExecutor::new()).pool_max_idle_per_host(64).build(connector);
+    let client: Client<HttpConnector, Full<Bytes>> = Client::builder(TokioExecutor::new())
+        .pool_max_idle_per_host(64)
+        .build(connector);
     let body = Bytes::from(json!({"model": "smollm2", "messages": [{"role": "user", "content": "benchmark"}], "temperature": 0}).to_string());
-    let targets = [("direct", format!("{engine_url}/v1/chat/completions")), ("switchyard", format!("{proxy_url}/v1/chat/completions"))];
+    let targets = [
+        ("direct", format!("{engine_url}/v1/chat/completions")),
+        ("switchyard", format!("{proxy_url}/v1/chat/completions")),
+    ];
 
     // Warm both paths (connections, caches).
     for (_, url) in &targets {
@@ -136,7 +159,11 @@ async fn main() -> anyhow::Result<()> {
     }
     let mut rows = Vec::new();
     for concurrency in [1usize, 32] {
-        let total = if concurrency == 1 { args.requests } else { args.requests * 4 };
+        let total = if concurrency == 1 {
+            args.requests
+        } else {
+            args.requests * 4
+        };
         let mut merged: Vec<Sample> = vec![Sample::default(), Sample::default()];
         for _ in 0..args.rounds {
             for (i, (_, url)) in targets.iter().enumerate() {
@@ -158,11 +185,22 @@ async fn main() -> anyhow::Result<()> {
     }
 
     let mut out = std::io::stdout().lock();
-    writeln!(out, "| target | concurrency | requests | p50 µs | p99 µs | req/s |")?;
+    writeln!(
+        out,
+        "| target | concurrency | requests | p50 µs | p99 µs | req/s |"
+    )?;
     writeln!(out, "|---|---:|---:|---:|---:|---:|")?;
     for r in &rows {
-        writeln!(out, "| {} | {} | {} | {:.0} | {:.0} | {:.0} |", r["target"].as_str().unwrap_or(""), r["concurrency"], r["requests"],
-            r["p50_us"].as_f64().unwrap_or(f64::NAN), r["p99_us"].as_f64().unwrap_or(f64::NAN), r["rps"].as_f64().unwrap_or(f64::NAN))?;
+        writeln!(
+            out,
+            "| {} | {} | {} | {:.0} | {:.0} | {:.0} |",
+            r["target"].as_str().unwrap_or(""),
+            r["concurrency"],
+            r["requests"],
+            r["p50_us"].as_f64().unwrap_or(f64::NAN),
+            r["p99_us"].as_f64().unwrap_or(f64::NAN),
+            r["rps"].as_f64().unwrap_or(f64::NAN)
+        )?;
     }
     let mut summary = Vec::new();
     for pair in rows.chunks(2) {
@@ -174,7 +212,10 @@ async fn main() -> anyhow::Result<()> {
         summary.push(json!({"concurrency": d["concurrency"], "added_p50_us": added_p50, "added_p99_us": f(s, "p99_us") - f(d, "p99_us"), "throughput_ratio": ratio_rps}));
     }
     if let Some(path) = args.json {
-        std::fs::write(path, serde_json::to_string_pretty(&json!({"rows": rows, "summary": summary}))?)?;
+        std::fs::write(
+            path,
+            serde_json::to_string_pretty(&json!({"rows": rows, "summary": summary}))?,
+        )?;
     }
     Ok(())
 }

@@ -52,7 +52,11 @@ pub enum Fault {
 #[derive(Debug, Clone, PartialEq)]
 pub enum Event {
     /// A completion request arrived (path and parsed body).
-    Request { path: String, body: Value, at: Instant },
+    Request {
+        path: String,
+        body: Value,
+        at: Instant,
+    },
     /// Stream chunk `index` (0-based, counting every `data:` event) was handed to the socket.
     ChunkWritten { index: usize, at: Instant },
     /// The client went away before the response was complete.
@@ -157,7 +161,8 @@ impl FakeEngine {
 
     /// Starts serving on `127.0.0.1:0`.
     pub async fn spawn(self) -> std::io::Result<FakeEngineHandle> {
-        self.spawn_on("127.0.0.1:0".parse().map_err(std::io::Error::other)?).await
+        self.spawn_on("127.0.0.1:0".parse().map_err(std::io::Error::other)?)
+            .await
     }
 
     /// Starts serving on `addr`.
@@ -180,7 +185,10 @@ impl FakeEngine {
                 let local = listener.local_addr()?;
                 // Fill the accept queue so further SYNs are dropped and connects hang.
                 for _ in 0..4 {
-                    if let Ok(Ok(s)) = tokio::time::timeout(Duration::from_millis(100), TcpStream::connect(local)).await {
+                    if let Ok(Ok(s)) =
+                        tokio::time::timeout(Duration::from_millis(100), TcpStream::connect(local))
+                            .await
+                    {
                         keep_alive.push(s);
                     }
                 }
@@ -232,11 +240,18 @@ impl FakeEngineHandle {
 
     /// The next event, waiting at most `timeout`.
     pub async fn next_event(&mut self, timeout: Duration) -> Option<Event> {
-        tokio::time::timeout(timeout, self.events.recv()).await.ok().flatten()
+        tokio::time::timeout(timeout, self.events.recv())
+            .await
+            .ok()
+            .flatten()
     }
 
     /// Waits for the first event that `pick` accepts, skipping others.
-    pub async fn wait_for<T>(&mut self, timeout: Duration, mut pick: impl FnMut(&Event) -> Option<T>) -> Option<T> {
+    pub async fn wait_for<T>(
+        &mut self,
+        timeout: Duration,
+        mut pick: impl FnMut(&Event) -> Option<T>,
+    ) -> Option<T> {
         let deadline = Instant::now() + timeout;
         loop {
             let left = deadline.checked_duration_since(Instant::now())?;
@@ -268,7 +283,12 @@ struct Shared {
     requests: Mutex<u64>,
 }
 
-async fn accept_loop(listener: TcpListener, shared: Arc<Shared>, stop: CancellationToken, tasks: TaskTracker) {
+async fn accept_loop(
+    listener: TcpListener,
+    shared: Arc<Shared>,
+    stop: CancellationToken,
+    tasks: TaskTracker,
+) {
     loop {
         let stream = tokio::select! {
             _ = stop.cancelled() => return,
@@ -304,7 +324,10 @@ impl Body for ChannelBody {
     type Data = Bytes;
     type Error = std::io::Error;
 
-    fn poll_frame(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, std::io::Error>>> {
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, std::io::Error>>> {
         match self.rx.poll_recv(cx) {
             Poll::Ready(Some(Ok(bytes))) => Poll::Ready(Some(Ok(Frame::data(bytes)))),
             Poll::Ready(Some(Err(e))) => Poll::Ready(Some(Err(e))),
@@ -317,10 +340,18 @@ impl Body for ChannelBody {
 type FakeBody = http_body_util::Either<http_body_util::Full<Bytes>, ChannelBody>;
 
 fn json_response(status: StatusCode, body: Value) -> Response<FakeBody> {
-    let mut response = Response::new(http_body_util::Either::Left(http_body_util::Full::new(Bytes::from(body.to_string()))));
+    let mut response = Response::new(http_body_util::Either::Left(http_body_util::Full::new(
+        Bytes::from(body.to_string()),
+    )));
     *response.status_mut() = status;
-    response.headers_mut().insert(http::header::CONTENT_TYPE, http::HeaderValue::from_static("application/json; charset=utf-8"));
-    response.headers_mut().insert(http::header::SERVER, http::HeaderValue::from_static("llama.cpp"));
+    response.headers_mut().insert(
+        http::header::CONTENT_TYPE,
+        http::HeaderValue::from_static("application/json; charset=utf-8"),
+    );
+    response.headers_mut().insert(
+        http::header::SERVER,
+        http::HeaderValue::from_static("llama.cpp"),
+    );
     response
 }
 
@@ -382,18 +413,33 @@ async fn route(shared: Arc<Shared>, req: Request<Incoming>) -> Response<FakeBody
                    "meta": {"n_ctx_train": 8192, "n_params": 134515008, "size": 96576768}}]}),
         ),
         ("POST", "/v1/chat/completions" | "/v1/completions") => {
-            let guard = AbortGuard { events: shared.events.clone(), done: false };
+            let guard = AbortGuard {
+                events: shared.events.clone(),
+                done: false,
+            };
             let body = match req.into_body().collect().await {
                 Ok(b) => b.to_bytes(),
-                Err(_) => return json_response(StatusCode::BAD_REQUEST, json!({"error": {"code": 400, "message": "bad body", "type": "invalid_request_error"}})),
+                Err(_) => {
+                    return json_response(
+                        StatusCode::BAD_REQUEST,
+                        json!({"error": {"code": 400, "message": "bad body", "type": "invalid_request_error"}}),
+                    )
+                }
             };
             let body: Value = match serde_json::from_slice(&body) {
                 Ok(v) => v,
                 Err(e) => {
-                    return json_response(StatusCode::BAD_REQUEST, json!({"error": {"code": 400, "message": format!("[json.exception.parse_error.101] {e}"), "type": "invalid_request_error"}}))
+                    return json_response(
+                        StatusCode::BAD_REQUEST,
+                        json!({"error": {"code": 400, "message": format!("[json.exception.parse_error.101] {e}"), "type": "invalid_request_error"}}),
+                    )
                 }
             };
-            let _ = shared.events.send(Event::Request { path: path.clone(), body: body.clone(), at: Instant::now() });
+            let _ = shared.events.send(Event::Request {
+                path: path.clone(),
+                body: body.clone(),
+                at: Instant::now(),
+            });
             *shared.requests.lock().await += 1;
             if loading(&shared) {
                 guard.done();
@@ -407,12 +453,18 @@ async fn route(shared: Arc<Shared>, req: Request<Incoming>) -> Response<FakeBody
                 }
                 Fault::Error500 => {
                     guard.done();
-                    json_response(StatusCode::INTERNAL_SERVER_ERROR, json!({"error": {"code": 500, "message": "fake engine failure", "type": "server_error"}}))
+                    json_response(
+                        StatusCode::INTERNAL_SERVER_ERROR,
+                        json!({"error": {"code": 500, "message": "fake engine failure", "type": "server_error"}}),
+                    )
                 }
                 _ => complete(shared.clone(), &path, body, guard).await,
             }
         }
-        _ => json_response(StatusCode::NOT_FOUND, json!({"error": {"code": 404, "message": "File Not Found", "type": "not_found_error"}})),
+        _ => json_response(
+            StatusCode::NOT_FOUND,
+            json!({"error": {"code": 404, "message": "File Not Found", "type": "not_found_error"}}),
+        ),
     }
 }
 
@@ -428,12 +480,16 @@ fn unreachable_response() -> Response<FakeBody> {
 }
 
 fn now_secs() -> u64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
 }
 
 const WORDS: &[&str] = &[
-    "the", "river", "carries", "light", "across", "quiet", "stones", "while", "engines", "hum", "softly", "under",
-    "a", "patient", "sky", "and", "every", "token", "finds", "its", "place", "in", "order",
+    "the", "river", "carries", "light", "across", "quiet", "stones", "while", "engines", "hum",
+    "softly", "under", "a", "patient", "sky", "and", "every", "token", "finds", "its", "place",
+    "in", "order",
 ];
 
 /// The deterministic answer for a prompt: `n` words chosen by the prompt's hash.
@@ -462,17 +518,42 @@ pub fn answer_tokens(prompt_key: &str, n: usize, fixed: Option<&str>) -> Vec<Str
         .collect()
 }
 
-async fn complete(shared: Arc<Shared>, path: &str, body: Value, guard: AbortGuard) -> Response<FakeBody> {
+async fn complete(
+    shared: Arc<Shared>,
+    path: &str,
+    body: Value,
+    guard: AbortGuard,
+) -> Response<FakeBody> {
     let config = &shared.config;
     let chat = path == "/v1/chat/completions";
-    let prompt_key = if chat { body.get("messages").cloned().unwrap_or(Value::Null).to_string() } else { body.get("prompt").cloned().unwrap_or(Value::Null).to_string() };
+    let prompt_key = if chat {
+        body.get("messages")
+            .cloned()
+            .unwrap_or(Value::Null)
+            .to_string()
+    } else {
+        body.get("prompt")
+            .cloned()
+            .unwrap_or(Value::Null)
+            .to_string()
+    };
     let prompt_n = prompt_key.split_whitespace().count().max(1) as u64;
-    let max_tokens = body.get("max_tokens").and_then(Value::as_u64).map_or(config.tokens, |m| (m as usize).min(config.tokens));
+    let max_tokens = body
+        .get("max_tokens")
+        .and_then(Value::as_u64)
+        .map_or(config.tokens, |m| (m as usize).min(config.tokens));
     let tokens = answer_tokens(&prompt_key, max_tokens, config.fixed_text.as_deref());
     let n = tokens.len() as u64;
-    let finish_reason = if (n as usize) < config.tokens && config.fixed_text.is_none() { "length" } else { "stop" };
+    let finish_reason = if (n as usize) < config.tokens && config.fixed_text.is_none() {
+        "length"
+    } else {
+        "stop"
+    };
     let stream = body.get("stream").and_then(Value::as_bool).unwrap_or(false);
-    let include_usage = body.pointer("/stream_options/include_usage").and_then(Value::as_bool).unwrap_or(false);
+    let include_usage = body
+        .pointer("/stream_options/include_usage")
+        .and_then(Value::as_bool)
+        .unwrap_or(false);
     let id = format!("chatcmpl-fake{:08x}", *shared.requests.lock().await);
     let model = config.model_path.clone();
     let prefill_ms = config.prefill.as_secs_f64() * 1000.0;
@@ -480,7 +561,11 @@ async fn complete(shared: Arc<Shared>, path: &str, body: Value, guard: AbortGuar
     let timings = json!({"cache_n": 0, "prompt_n": prompt_n, "prompt_ms": prefill_ms, "predicted_n": n, "predicted_ms": decode_ms});
     let usage = json!({"completion_tokens": n, "prompt_tokens": prompt_n, "total_tokens": n + prompt_n, "prompt_tokens_details": {"cached_tokens": 0}});
     let fingerprint = config.build_info.clone();
-    let object = if chat { "chat.completion" } else { "text_completion" };
+    let object = if chat {
+        "chat.completion"
+    } else {
+        "text_completion"
+    };
 
     pause(config.prefill).await;
 
@@ -503,10 +588,12 @@ async fn complete(shared: Arc<Shared>, path: &str, body: Value, guard: AbortGuar
     }
 
     let (tx, rx) = mpsc::channel(64);
-    let chunk_object = if chat { "chat.completion.chunk" } else { "text_completion" };
-    let envelope = move |choices: Value| {
-        json!({"choices": choices, "created": now_secs(), "id": id, "model": model, "system_fingerprint": fingerprint, "object": chunk_object})
+    let chunk_object = if chat {
+        "chat.completion.chunk"
+    } else {
+        "text_completion"
     };
+    let envelope = move |choices: Value| json!({"choices": choices, "created": now_secs(), "id": id, "model": model, "system_fingerprint": fingerprint, "object": chunk_object});
     let per_token = config.per_token;
     let pause = config.pause_after_first;
     let fault = config.fault;
@@ -520,7 +607,10 @@ async fn complete(shared: Arc<Shared>, path: &str, body: Value, guard: AbortGuar
             *index += 1;
             async move {
                 let ok = tx.send(Ok(Bytes::from(value))).await.is_ok();
-                let _ = events.send(Event::ChunkWritten { index: i, at: Instant::now() });
+                let _ = events.send(Event::ChunkWritten {
+                    index: i,
+                    at: Instant::now(),
+                });
                 ok
             }
         };
@@ -536,7 +626,9 @@ async fn complete(shared: Arc<Shared>, path: &str, body: Value, guard: AbortGuar
                 }
             }
             if fault == Fault::CloseMidStream && i == tokens.len() / 2 {
-                let _ = tx.send(Err(std::io::Error::other("fake engine closes mid-stream"))).await;
+                let _ = tx
+                    .send(Err(std::io::Error::other("fake engine closes mid-stream")))
+                    .await;
                 return;
             }
             let choice = if chat {
@@ -551,7 +643,9 @@ async fn complete(shared: Arc<Shared>, path: &str, body: Value, guard: AbortGuar
         let mut last = if chat {
             envelope(json!([{"finish_reason": finish_reason, "index": 0, "delta": {}}]))
         } else {
-            envelope(json!([{"text": "", "index": 0, "logprobs": null, "finish_reason": finish_reason}]))
+            envelope(
+                json!([{"text": "", "index": 0, "logprobs": null, "finish_reason": finish_reason}]),
+            )
         };
         if !include_usage {
             last["timings"] = timings.clone();
@@ -574,8 +668,14 @@ async fn complete(shared: Arc<Shared>, path: &str, body: Value, guard: AbortGuar
     #[allow(clippy::disallowed_methods)] // the fake engine's own generator; ends with its stream
     tokio::spawn(generator);
     let mut response = Response::new(http_body_util::Either::Right(ChannelBody { rx }));
-    response.headers_mut().insert(http::header::CONTENT_TYPE, http::HeaderValue::from_static("text/event-stream"));
-    response.headers_mut().insert(http::header::SERVER, http::HeaderValue::from_static("llama.cpp"));
+    response.headers_mut().insert(
+        http::header::CONTENT_TYPE,
+        http::HeaderValue::from_static("text/event-stream"),
+    );
+    response.headers_mut().insert(
+        http::header::SERVER,
+        http::HeaderValue::from_static("llama.cpp"),
+    );
     response
 }
 

@@ -48,8 +48,8 @@ fn figment_from(toml: &str) -> figment_shim::Figment {
 
 /// Re-exported figment pieces so tests need not depend on figment themselves.
 pub mod figment_shim {
-    pub use figment::Figment;
     use figment::providers::{Format, Toml};
+    pub use figment::Figment;
 
     pub fn from_toml(text: &str) -> Figment {
         Figment::new().merge(Toml::string(text))
@@ -58,7 +58,11 @@ pub mod figment_shim {
 
 /// Waits until `until` accepts `/readyz`'s JSON (e.g. `|v| v["ready"] == true`), polling every
 /// 20 ms.
-pub async fn wait_ready(base: &str, timeout: Duration, until: impl Fn(&Value) -> bool) -> anyhow::Result<Value> {
+pub async fn wait_ready(
+    base: &str,
+    timeout: Duration,
+    until: impl Fn(&Value) -> bool,
+) -> anyhow::Result<Value> {
     let deadline = Instant::now() + timeout;
     let client = TestClient::new();
     loop {
@@ -90,7 +94,10 @@ impl TestResponse {
     }
 
     pub fn header(&self, name: &str) -> &str {
-        self.headers.get(name).and_then(|v| v.to_str().ok()).unwrap_or("")
+        self.headers
+            .get(name)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("")
     }
 }
 
@@ -128,10 +135,17 @@ impl TestClient {
     }
 
     pub async fn post_json(&self, url: &str, body: &Value) -> anyhow::Result<TestResponse> {
-        self.post_raw(url, "application/json", body.to_string().into_bytes(), &[]).await
+        self.post_raw(url, "application/json", body.to_string().into_bytes(), &[])
+            .await
     }
 
-    pub async fn post_raw(&self, url: &str, content_type: &str, body: Vec<u8>, headers: &[(&str, &str)]) -> anyhow::Result<TestResponse> {
+    pub async fn post_raw(
+        &self,
+        url: &str,
+        content_type: &str,
+        body: Vec<u8>,
+        headers: &[(&str, &str)],
+    ) -> anyhow::Result<TestResponse> {
         let mut builder = Request::post(url).header("content-type", content_type);
         for (k, v) in headers {
             builder = builder.header(*k, *v);
@@ -153,18 +167,28 @@ impl TestClient {
     }
 
     /// Posts and returns the response head and its body, to be read chunk by chunk.
-    pub async fn post_stream(&self, url: &str, body: &Value, headers: &[(&str, &str)]) -> anyhow::Result<http::Response<hyper::body::Incoming>> {
+    pub async fn post_stream(
+        &self,
+        url: &str,
+        body: &Value,
+        headers: &[(&str, &str)],
+    ) -> anyhow::Result<http::Response<hyper::body::Incoming>> {
         let mut builder = Request::post(url).header("content-type", "application/json");
         for (k, v) in headers {
             builder = builder.header(*k, *v);
         }
-        Ok(self.client.request(builder.body(Full::new(Bytes::from(body.to_string())))?).await?)
+        Ok(self
+            .client
+            .request(builder.body(Full::new(Bytes::from(body.to_string())))?)
+            .await?)
     }
 }
 
 /// Reads a body to its end, stamping each data chunk with its arrival time; returns the chunks
 /// and the trailers, if any.
-pub async fn read_timed(mut body: hyper::body::Incoming) -> anyhow::Result<(Vec<TimedChunk>, Option<HeaderMap>)> {
+pub async fn read_timed(
+    mut body: hyper::body::Incoming,
+) -> anyhow::Result<(Vec<TimedChunk>, Option<HeaderMap>)> {
     let mut chunks = Vec::new();
     let mut trailers = None;
     while let Some(frame) = body.frame().await {

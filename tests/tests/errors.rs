@@ -1,10 +1,12 @@
 //! Every error case: the right status, OpenAI's error shape, the identity headers known at that
 //! point, and the next request still succeeds.
 
+#![allow(clippy::unwrap_used, clippy::expect_used)] // a failed unwrap is a failed test
+
 use std::time::Duration;
 
 use serde_json::{json, Value};
-use switchyard_tests::fake_engine::{Fault, FakeEngine, FakeEngineHandle};
+use switchyard_tests::fake_engine::{FakeEngine, FakeEngineHandle, Fault};
 use switchyard_tests::harness::{start_switchyard, wait_ready, TestClient, TestResponse};
 
 struct Setup {
@@ -47,10 +49,18 @@ primary = "bad"
     );
     let proxy = start_switchyard(&toml).await.unwrap();
     let base = format!("http://{}", proxy.addr());
-    wait_ready(&base, Duration::from_secs(5), |v| v["models"]["smollm2"]["ready"] == true)
-        .await
-        .unwrap();
-    Setup { _good: good, _bad: bad, _proxy: proxy, base, client: TestClient::new() }
+    wait_ready(&base, Duration::from_secs(5), |v| {
+        v["models"]["smollm2"]["ready"] == true
+    })
+    .await
+    .unwrap();
+    Setup {
+        _good: good,
+        _bad: bad,
+        _proxy: proxy,
+        base,
+        client: TestClient::new(),
+    }
 }
 
 impl Setup {
@@ -59,14 +69,20 @@ impl Setup {
     }
 
     async fn post(&self, content_type: &str, body: &[u8]) -> TestResponse {
-        self.client.post_raw(&self.url(), content_type, body.to_vec(), &[]).await.unwrap()
+        self.client
+            .post_raw(&self.url(), content_type, body.to_vec(), &[])
+            .await
+            .unwrap()
     }
 
     /// The next good request succeeds: the server kept serving.
     async fn still_serves(&self) {
         let r = self
             .client
-            .post_json(&self.url(), &json!({"model": "smollm2", "messages": [{"role": "user", "content": "hi"}]}))
+            .post_json(
+                &self.url(),
+                &json!({"model": "smollm2", "messages": [{"role": "user", "content": "hi"}]}),
+            )
             .await
             .unwrap();
         assert_eq!(r.status, 200, "{:?}", r.body);
@@ -75,7 +91,12 @@ impl Setup {
 }
 
 fn assert_error(r: &TestResponse, status: u16, kind: &str, code: &str) -> Value {
-    assert_eq!(r.status.as_u16(), status, "{}", String::from_utf8_lossy(&r.body));
+    assert_eq!(
+        r.status.as_u16(),
+        status,
+        "{}",
+        String::from_utf8_lossy(&r.body)
+    );
     assert_eq!(r.header("content-type"), "application/json");
     let v = r.json();
     let e = &v["error"];
@@ -84,12 +105,18 @@ fn assert_error(r: &TestResponse, status: u16, kind: &str, code: &str) -> Value 
     assert!(e["message"].as_str().is_some_and(|m| !m.is_empty()), "{v}");
     assert!(e.get("param").is_some(), "{v}");
     assert!(!r.header("x-request-id").is_empty());
-    assert!(r.header("server-timing").contains("total;dur="), "{:?}", r.headers);
+    assert!(
+        r.header("server-timing").contains("total;dur="),
+        "{:?}",
+        r.headers
+    );
     v
 }
 
 fn chat(model: &str) -> Vec<u8> {
-    json!({"model": model, "messages": [{"role": "user", "content": "hi"}]}).to_string().into_bytes()
+    json!({"model": model, "messages": [{"role": "user", "content": "hi"}]})
+        .to_string()
+        .into_bytes()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -108,28 +135,42 @@ async fn client_errors() {
     assert_eq!(v["error"]["param"], "model");
     s.still_serves().await;
 
-    let r = s.post("application/json", br#"{"model": 42, "messages": []}"#).await;
+    let r = s
+        .post("application/json", br#"{"model": 42, "messages": []}"#)
+        .await;
     assert_error(&r, 400, "invalid_request_error", "invalid_model");
     s.still_serves().await;
 
     let r = s.post("application/json", &chat("gpt-4o")).await;
     let v = assert_error(&r, 404, "invalid_request_error", "model_not_found");
     let message = v["error"]["message"].as_str().unwrap();
-    assert!(message.contains("smollm2") && message.contains("broken") && message.contains("gpt-4o"), "{message}");
+    assert!(
+        message.contains("smollm2") && message.contains("broken") && message.contains("gpt-4o"),
+        "{message}"
+    );
     s.still_serves().await;
 
     let r = s.post("text/plain", &chat("smollm2")).await;
     assert_error(&r, 415, "invalid_request_error", "unsupported_media_type");
     s.still_serves().await;
 
-    let big = json!({"model": "smollm2", "messages": [{"role": "user", "content": "x".repeat(5000)}]});
+    let big =
+        json!({"model": "smollm2", "messages": [{"role": "user", "content": "x".repeat(5000)}]});
     let r = s.post("application/json", big.to_string().as_bytes()).await;
     assert_error(&r, 413, "invalid_request_error", "request_too_large");
     s.still_serves().await;
 
-    let r = s.client.get(&format!("{}/v1/chat/completions", s.base)).await.unwrap();
+    let r = s
+        .client
+        .get(&format!("{}/v1/chat/completions", s.base))
+        .await
+        .unwrap();
     assert_error(&r, 405, "invalid_request_error", "method_not_allowed");
-    let r = s.client.get(&format!("{}/v2/nothing", s.base)).await.unwrap();
+    let r = s
+        .client
+        .get(&format!("{}/v2/nothing", s.base))
+        .await
+        .unwrap();
     assert_eq!(r.status, 404);
     assert_eq!(r.json()["error"]["code"], "unknown_url");
     s.still_serves().await;
@@ -192,12 +233,16 @@ async fn engine_errors_pass_through() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn engine_breaking_mid_stream_is_reported_in_the_stream() {
     let s = setup(Fault::CloseMidStream, "").await;
-    let body = json!({"model": "broken", "stream": true, "messages": [{"role": "user", "content": "hi"}]});
+    let body =
+        json!({"model": "broken", "stream": true, "messages": [{"role": "user", "content": "hi"}]});
     let r = s.client.post_json(&s.url(), &body).await.unwrap();
     assert_eq!(r.status, 200);
     let text = String::from_utf8_lossy(&r.body);
     assert!(text.contains("\"code\":\"upstream_broken\""), "{text}");
     assert!(text.contains(": switchyard {"), "{text}");
-    assert!(!text.contains("[DONE]"), "a broken stream must not look complete: {text}");
+    assert!(
+        !text.contains("[DONE]"),
+        "a broken stream must not look complete: {text}"
+    );
     s.still_serves().await;
 }

@@ -1,17 +1,25 @@
 //! Phase numbers are true: against a fake engine with exact delays, the stamped phases fall
 //! between the injected delay and the delay plus a margin, and prefill/decode are the engine's.
 
+#![allow(clippy::unwrap_used, clippy::expect_used)] // a failed unwrap is a failed test
+
 use std::time::Duration;
 
 use serde_json::json;
 use switchyard_tests::fake_engine::FakeEngine;
-use switchyard_tests::harness::{config_for, start_switchyard, switchyard_comment, timing, wait_ready, TestClient};
+use switchyard_tests::harness::{
+    config_for, start_switchyard, switchyard_comment, timing, wait_ready, TestClient,
+};
 
 const PREFILL_MS: f64 = 200.0;
 const TOKEN_MS: f64 = 20.0;
 const TOKENS: usize = 10;
 
-async fn setup() -> (switchyard_tests::fake_engine::FakeEngineHandle, switchyard::Running, String) {
+async fn setup() -> (
+    switchyard_tests::fake_engine::FakeEngineHandle,
+    switchyard::Running,
+    String,
+) {
     let engine = FakeEngine::llama_cpp()
         .prefill_ms(PREFILL_MS as u64)
         .token_ms(TOKEN_MS as u64)
@@ -19,9 +27,13 @@ async fn setup() -> (switchyard_tests::fake_engine::FakeEngineHandle, switchyard
         .spawn()
         .await
         .unwrap();
-    let proxy = start_switchyard(&config_for(&engine.url(), "")).await.unwrap();
+    let proxy = start_switchyard(&config_for(&engine.url(), ""))
+        .await
+        .unwrap();
     let base = format!("http://{}", proxy.addr());
-    wait_ready(&base, Duration::from_secs(5), |v| v["ready"] == true).await.unwrap();
+    wait_ready(&base, Duration::from_secs(5), |v| v["ready"] == true)
+        .await
+        .unwrap();
     (engine, proxy, base)
 }
 
@@ -34,7 +46,12 @@ async fn streamed_phases_fall_within_the_injected_delays() {
     let (_engine, _proxy, base) = setup().await;
     let client = TestClient::new();
     let r = client
-        .post_raw(&format!("{base}/v1/chat/completions"), "application/json", request(true).to_string().into_bytes(), &[("te", "trailers")])
+        .post_raw(
+            &format!("{base}/v1/chat/completions"),
+            "application/json",
+            request(true).to_string().into_bytes(),
+            &[("te", "trailers")],
+        )
         .await
         .unwrap();
     assert_eq!(r.status, 200);
@@ -45,7 +62,10 @@ async fn streamed_phases_fall_within_the_injected_delays() {
     let total = st["total"].as_f64().unwrap();
     // First token: prefill, then one token's time.
     assert!((PREFILL_MS..=250.0).contains(&ttft), "ttft {ttft}");
-    assert!((PREFILL_MS + TOKEN_MS * TOKENS as f64..=480.0).contains(&total), "total {total}");
+    assert!(
+        (PREFILL_MS + TOKEN_MS * TOKENS as f64..=480.0).contains(&total),
+        "total {total}"
+    );
 
     // prefill and decode are exactly what the engine reported in its last chunk's timings.
     let timings = text
@@ -75,11 +95,23 @@ async fn non_streamed_total_and_engine_phases() {
     assert_eq!(r.status, 200);
     let st = r.header("server-timing").to_owned();
     let total = timing(&st, "total").unwrap();
-    assert!((PREFILL_MS + TOKEN_MS * TOKENS as f64..=480.0).contains(&total), "total {total} in {st}");
+    assert!(
+        (PREFILL_MS + TOKEN_MS * TOKENS as f64..=480.0).contains(&total),
+        "total {total} in {st}"
+    );
     let body = r.json();
-    assert_eq!(timing(&st, "prefill"), body["timings"]["prompt_ms"].as_f64());
-    assert_eq!(timing(&st, "decode"), body["timings"]["predicted_ms"].as_f64());
+    assert_eq!(
+        timing(&st, "prefill"),
+        body["timings"]["prompt_ms"].as_f64()
+    );
+    assert_eq!(
+        timing(&st, "decode"),
+        body["timings"]["predicted_ms"].as_f64()
+    );
     assert!(timing(&st, "queue").unwrap() < 50.0, "{st}");
-    assert!(timing(&st, "ttft").is_none(), "no ttft is invented for a non-streamed answer: {st}");
+    assert!(
+        timing(&st, "ttft").is_none(),
+        "no ttft is invented for a non-streamed answer: {st}"
+    );
     assert!(st.contains("prefill;dur=200.000;desc=\""), "{st}");
 }

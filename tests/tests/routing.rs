@@ -1,5 +1,7 @@
 //! Routing by `model`, byte-for-byte pass-through, listings, readiness and artifact identity.
 
+#![allow(clippy::unwrap_used, clippy::expect_used)] // a failed unwrap is a failed test
+
 use std::time::Duration;
 
 use serde_json::json;
@@ -10,17 +12,20 @@ use switchyard_tests::harness::{config_for, start_switchyard, wait_ready, TestCl
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn only_model_is_replaced_and_unknown_fields_pass_through() {
     let mut engine = FakeEngine::llama_cpp().spawn().await.unwrap();
-    let toml = config_for(&engine.url(), "").replace(
-        "url = \"",
-        "upstream_model = \"served-name\"\nurl = \"",
-    );
+    let toml = config_for(&engine.url(), "")
+        .replace("url = \"", "upstream_model = \"served-name\"\nurl = \"");
     let proxy = start_switchyard(&toml).await.unwrap();
     let base = format!("http://{}", proxy.addr());
-    wait_ready(&base, Duration::from_secs(5), |v| v["ready"] == true).await.unwrap();
+    wait_ready(&base, Duration::from_secs(5), |v| v["ready"] == true)
+        .await
+        .unwrap();
 
     let body = json!({"model": "default", "messages": [{"role": "user", "content": "hi"}],
                       "temperature": 0, "mirostat": 2, "some_future_field": {"nested": [1, 2.5, "x"]}});
-    let r = TestClient::new().post_json(&format!("{base}/v1/chat/completions"), &body).await.unwrap();
+    let r = TestClient::new()
+        .post_json(&format!("{base}/v1/chat/completions"), &body)
+        .await
+        .unwrap();
     assert_eq!(r.status, 200);
     let seen = engine
         .wait_for(Duration::from_secs(2), |e| match e {
@@ -37,12 +42,19 @@ async fn only_model_is_replaced_and_unknown_fields_pass_through() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn without_upstream_model_the_body_is_forwarded_untouched() {
     let engine = FakeEngine::llama_cpp().spawn().await.unwrap();
-    let proxy = start_switchyard(&config_for(&engine.url(), "")).await.unwrap();
+    let proxy = start_switchyard(&config_for(&engine.url(), ""))
+        .await
+        .unwrap();
     let base = format!("http://{}", proxy.addr());
     let raw = br#"{ "prompt" : "The capital of France is",  "model":"smollm2", "max_tokens": 3, "x": 1e400 }"#;
     // 1e400 is not representable as f64: only a byte-for-byte forward keeps it intact.
     let r = TestClient::new()
-        .post_raw(&format!("{base}/v1/completions"), "application/json; charset=utf-8", raw.to_vec(), &[])
+        .post_raw(
+            &format!("{base}/v1/completions"),
+            "application/json; charset=utf-8",
+            raw.to_vec(),
+            &[],
+        )
         .await
         .unwrap();
     // The fake engine (serde_json) rejects 1e400 itself, which proves it received it unchanged.
@@ -50,17 +62,31 @@ async fn without_upstream_model_the_body_is_forwarded_untouched() {
     assert!(String::from_utf8_lossy(&r.body).contains("number out of range"));
     let raw = br#"{ "prompt" : "The capital of France is",  "model":"smollm2", "max_tokens": 3 }"#;
     let r = TestClient::new()
-        .post_raw(&format!("{base}/v1/completions"), "application/json", raw.to_vec(), &[])
+        .post_raw(
+            &format!("{base}/v1/completions"),
+            "application/json",
+            raw.to_vec(),
+            &[],
+        )
         .await
         .unwrap();
     assert_eq!(r.status, 200);
-    assert_eq!(r.json()["choices"][0]["text"].as_str().unwrap().split_whitespace().count(), 3);
+    assert_eq!(
+        r.json()["choices"][0]["text"]
+            .as_str()
+            .unwrap()
+            .split_whitespace()
+            .count(),
+        3
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn models_are_listed_in_openai_shape() {
     let engine = FakeEngine::llama_cpp().spawn().await.unwrap();
-    let proxy = start_switchyard(&config_for(&engine.url(), "")).await.unwrap();
+    let proxy = start_switchyard(&config_for(&engine.url(), ""))
+        .await
+        .unwrap();
     let base = format!("http://{}", proxy.addr());
     let client = TestClient::new();
     let r = client.get(&format!("{base}/v1/models")).await.unwrap();
@@ -70,7 +96,10 @@ async fn models_are_listed_in_openai_shape() {
     assert_eq!(v["data"][0]["id"], "smollm2");
     assert_eq!(v["data"][0]["object"], "model");
     assert_eq!(v["data"][0]["aliases"], json!(["default"]));
-    let r = client.get(&format!("{base}/v1/models/default")).await.unwrap();
+    let r = client
+        .get(&format!("{base}/v1/models/default"))
+        .await
+        .unwrap();
     assert_eq!(r.json()["id"], "smollm2");
     let r = client.get(&format!("{base}/v1/models/nope")).await.unwrap();
     assert_eq!(r.status, 404);
@@ -80,32 +109,66 @@ async fn models_are_listed_in_openai_shape() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_loading_engine_is_not_ready_then_becomes_ready() {
-    let engine = FakeEngine::llama_cpp().loading_ms(600).spawn().await.unwrap();
-    let proxy = start_switchyard(&config_for(&engine.url(), "")).await.unwrap();
+    let engine = FakeEngine::llama_cpp()
+        .loading_ms(600)
+        .spawn()
+        .await
+        .unwrap();
+    let proxy = start_switchyard(&config_for(&engine.url(), ""))
+        .await
+        .unwrap();
     let base = format!("http://{}", proxy.addr());
-    let v = wait_ready(&base, Duration::from_secs(5), |v| v["backends"]["fake"]["state"] == "loading").await.unwrap();
+    let v = wait_ready(&base, Duration::from_secs(5), |v| {
+        v["backends"]["fake"]["state"] == "loading"
+    })
+    .await
+    .unwrap();
     assert_eq!(v["ready"], false);
     assert_eq!(v["backends"]["fake"]["reason"], "Loading model");
-    let r = TestClient::new().get(&format!("{base}/readyz")).await.unwrap();
+    let r = TestClient::new()
+        .get(&format!("{base}/readyz"))
+        .await
+        .unwrap();
     assert_eq!(r.status.as_u16(), 503);
-    let v = wait_ready(&base, Duration::from_secs(5), |v| v["ready"] == true).await.unwrap();
+    let v = wait_ready(&base, Duration::from_secs(5), |v| v["ready"] == true)
+        .await
+        .unwrap();
     assert_eq!(v["backends"]["fake"]["state"], "ready");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_dead_engine_makes_readyz_503() {
-    let engine = FakeEngine::llama_cpp().fault(switchyard_tests::fake_engine::Fault::Refuse).spawn().await.unwrap();
-    let proxy = start_switchyard(&config_for(&engine.url(), "")).await.unwrap();
+    let engine = FakeEngine::llama_cpp()
+        .fault(switchyard_tests::fake_engine::Fault::Refuse)
+        .spawn()
+        .await
+        .unwrap();
+    let proxy = start_switchyard(&config_for(&engine.url(), ""))
+        .await
+        .unwrap();
     let base = format!("http://{}", proxy.addr());
-    let v = wait_ready(&base, Duration::from_secs(5), |v| v["backends"]["fake"]["state"] == "down").await.unwrap();
-    assert!(v["backends"]["fake"]["reason"].as_str().unwrap().contains("/health"), "{v}");
+    let v = wait_ready(&base, Duration::from_secs(5), |v| {
+        v["backends"]["fake"]["state"] == "down"
+    })
+    .await
+    .unwrap();
+    assert!(
+        v["backends"]["fake"]["reason"]
+            .as_str()
+            .unwrap()
+            .contains("/health"),
+        "{v}"
+    );
     assert_eq!(v["models"]["smollm2"]["ready"], false);
 }
 
 fn artifact_config(engine_url: &str, artifact: &std::path::Path, require: bool) -> String {
     config_for(engine_url, "").replace(
         "url = \"",
-        &format!("artifact = \"{}\"\nrequire_verified_identity = {require}\nurl = \"", artifact.display()),
+        &format!(
+            "artifact = \"{}\"\nrequire_verified_identity = {require}\nurl = \"",
+            artifact.display()
+        ),
     )
 }
 
@@ -114,14 +177,31 @@ async fn artifact_identity_is_verified_against_the_engine() {
     let dir = tempfile::tempdir().unwrap();
     let model = dir.path().join("model.gguf");
     std::fs::write(&model, b"GGUF fake weights").unwrap();
-    let hex: String = Sha256::digest(b"GGUF fake weights").iter().map(|b| format!("{b:02x}")).collect();
+    let hex: String = Sha256::digest(b"GGUF fake weights")
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
 
-    let engine = FakeEngine::llama_cpp().model_path(model.display().to_string()).build_info("b6100-abc1234").spawn().await.unwrap();
-    let proxy = start_switchyard(&artifact_config(&engine.url(), &model, true)).await.unwrap();
+    let engine = FakeEngine::llama_cpp()
+        .model_path(model.display().to_string())
+        .build_info("b6100-abc1234")
+        .spawn()
+        .await
+        .unwrap();
+    let proxy = start_switchyard(&artifact_config(&engine.url(), &model, true))
+        .await
+        .unwrap();
     let base = format!("http://{}", proxy.addr());
-    wait_ready(&base, Duration::from_secs(5), |v| v["backends"]["fake"]["identity"] == "verified").await.unwrap();
+    wait_ready(&base, Duration::from_secs(5), |v| {
+        v["backends"]["fake"]["identity"] == "verified"
+    })
+    .await
+    .unwrap();
     let r = TestClient::new()
-        .post_json(&format!("{base}/v1/chat/completions"), &json!({"model": "smollm2", "messages": []}))
+        .post_json(
+            &format!("{base}/v1/chat/completions"),
+            &json!({"model": "smollm2", "messages": []}),
+        )
         .await
         .unwrap();
     assert_eq!(r.status, 200);
@@ -136,32 +216,73 @@ async fn a_different_artifact_is_unverified_and_refused_when_required() {
     let configured = dir.path().join("configured.gguf");
     std::fs::write(&served, b"one").unwrap();
     std::fs::write(&configured, b"two").unwrap();
-    let hex: String = Sha256::digest(b"two").iter().map(|b| format!("{b:02x}")).collect();
-    let engine = FakeEngine::llama_cpp().model_path(served.display().to_string()).spawn().await.unwrap();
+    let hex: String = Sha256::digest(b"two")
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    let engine = FakeEngine::llama_cpp()
+        .model_path(served.display().to_string())
+        .spawn()
+        .await
+        .unwrap();
 
     // Not required: served, but stamped unverified, and /readyz says why.
-    let proxy = start_switchyard(&artifact_config(&engine.url(), &configured, false)).await.unwrap();
+    let proxy = start_switchyard(&artifact_config(&engine.url(), &configured, false))
+        .await
+        .unwrap();
     let base = format!("http://{}", proxy.addr());
-    let v = wait_ready(&base, Duration::from_secs(5), |v| v["backends"]["fake"]["identity"] == "unverified").await.unwrap();
-    assert!(v["backends"]["fake"]["identity_note"].as_str().unwrap().contains("served.gguf"), "{v}");
+    let v = wait_ready(&base, Duration::from_secs(5), |v| {
+        v["backends"]["fake"]["identity"] == "unverified"
+    })
+    .await
+    .unwrap();
+    assert!(
+        v["backends"]["fake"]["identity_note"]
+            .as_str()
+            .unwrap()
+            .contains("served.gguf"),
+        "{v}"
+    );
     let body = json!({"model": "smollm2", "messages": []});
-    let r = TestClient::new().post_json(&format!("{base}/v1/chat/completions"), &body).await.unwrap();
+    let r = TestClient::new()
+        .post_json(&format!("{base}/v1/chat/completions"), &body)
+        .await
+        .unwrap();
     assert_eq!(r.status, 200);
-    assert_eq!(r.header("x-switchyard-artifact"), format!("unverified:sha256:{hex}"));
+    assert_eq!(
+        r.header("x-switchyard-artifact"),
+        format!("unverified:sha256:{hex}")
+    );
 
     // Required: refused, fail closed.
-    let proxy2 = start_switchyard(&artifact_config(&engine.url(), &configured, true)).await.unwrap();
+    let proxy2 = start_switchyard(&artifact_config(&engine.url(), &configured, true))
+        .await
+        .unwrap();
     let base2 = format!("http://{}", proxy2.addr());
-    wait_ready(&base2, Duration::from_secs(5), |v| v["backends"]["fake"]["identity"] == "unverified").await.unwrap();
-    let r = TestClient::new().post_json(&format!("{base2}/v1/chat/completions"), &body).await.unwrap();
+    wait_ready(&base2, Duration::from_secs(5), |v| {
+        v["backends"]["fake"]["identity"] == "unverified"
+    })
+    .await
+    .unwrap();
+    let r = TestClient::new()
+        .post_json(&format!("{base2}/v1/chat/completions"), &body)
+        .await
+        .unwrap();
     assert_eq!(r.status, 503);
     assert_eq!(r.json()["error"]["code"], "identity_unverified");
-    assert_eq!(r.header("x-switchyard-artifact"), format!("unverified:sha256:{hex}"));
+    assert_eq!(
+        r.header("x-switchyard-artifact"),
+        format!("unverified:sha256:{hex}")
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_configured_fallback_is_used_visibly() {
-    let dead = FakeEngine::llama_cpp().fault(switchyard_tests::fake_engine::Fault::Refuse).spawn().await.unwrap();
+    let dead = FakeEngine::llama_cpp()
+        .fault(switchyard_tests::fake_engine::Fault::Refuse)
+        .spawn()
+        .await
+        .unwrap();
     let alive = FakeEngine::llama_cpp().spawn().await.unwrap();
     let toml = format!(
         r#"
@@ -183,23 +304,34 @@ fallback = ["alive"]
     let proxy = start_switchyard(&toml).await.unwrap();
     let base = format!("http://{}", proxy.addr());
     let r = TestClient::new()
-        .post_json(&format!("{base}/v1/chat/completions"), &json!({"model": "smollm2", "messages": []}))
+        .post_json(
+            &format!("{base}/v1/chat/completions"),
+            &json!({"model": "smollm2", "messages": []}),
+        )
         .await
         .unwrap();
     assert_eq!(r.status, 200);
     assert_eq!(r.header("x-switchyard-backend"), "alive");
     assert_eq!(r.header("x-switchyard-variant"), "fallback");
-    assert_eq!(r.header("x-switchyard-fallback-from"), "dead; code=upstream_unreachable");
+    assert_eq!(
+        r.header("x-switchyard-fallback-from"),
+        "dead; code=upstream_unreachable"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn embeddings_are_routed_and_engine_status_passes_through() {
     // The fake engine, like a llama-server started without --embeddings, has no such route.
     let engine = FakeEngine::llama_cpp().spawn().await.unwrap();
-    let proxy = start_switchyard(&config_for(&engine.url(), "")).await.unwrap();
+    let proxy = start_switchyard(&config_for(&engine.url(), ""))
+        .await
+        .unwrap();
     let base = format!("http://{}", proxy.addr());
     let r = TestClient::new()
-        .post_json(&format!("{base}/v1/embeddings"), &json!({"model": "smollm2", "input": "hello"}))
+        .post_json(
+            &format!("{base}/v1/embeddings"),
+            &json!({"model": "smollm2", "input": "hello"}),
+        )
         .await
         .unwrap();
     assert_eq!(r.status, 404);

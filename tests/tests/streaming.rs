@@ -1,6 +1,8 @@
 //! Streams pass through chunk by chunk, the end-of-stream comment sits right before `[DONE]`,
 //! and a client that leaves takes the engine request with it.
 
+#![allow(clippy::unwrap_used, clippy::expect_used)] // a failed unwrap is a failed test
+
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
@@ -12,9 +14,13 @@ use tokio::net::TcpStream;
 
 async fn setup(engine: FakeEngine) -> (FakeEngineHandle, switchyard::Running, String) {
     let engine = engine.spawn().await.unwrap();
-    let proxy = start_switchyard(&config_for(&engine.url(), "")).await.unwrap();
+    let proxy = start_switchyard(&config_for(&engine.url(), ""))
+        .await
+        .unwrap();
     let base = format!("http://{}", proxy.addr());
-    wait_ready(&base, Duration::from_secs(5), |v| v["ready"] == true).await.unwrap();
+    wait_ready(&base, Duration::from_secs(5), |v| v["ready"] == true)
+        .await
+        .unwrap();
     (engine, proxy, base)
 }
 
@@ -24,9 +30,14 @@ fn stream_request() -> serde_json::Value {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn first_chunk_arrives_before_the_second_is_written() {
-    let (mut engine, _proxy, base) = setup(FakeEngine::llama_cpp().tokens(4).pause_after_first_ms(300)).await;
+    let (mut engine, _proxy, base) =
+        setup(FakeEngine::llama_cpp().tokens(4).pause_after_first_ms(300)).await;
     let response = TestClient::new()
-        .post_stream(&format!("{base}/v1/chat/completions"), &stream_request(), &[])
+        .post_stream(
+            &format!("{base}/v1/chat/completions"),
+            &stream_request(),
+            &[],
+        )
         .await
         .unwrap();
     assert_eq!(response.status(), 200);
@@ -67,7 +78,8 @@ async fn comment_sits_right_before_done_and_matches_the_stream() {
     assert_eq!(events[n - 1], "data: [DONE]");
     assert!(events[n - 2].starts_with(": switchyard {"), "{text}");
     assert_eq!(text.matches(": switchyard ").count(), 1);
-    let comment: serde_json::Value = serde_json::from_str(&events[n - 2][": switchyard ".len()..]).unwrap();
+    let comment: serde_json::Value =
+        serde_json::from_str(&events[n - 2][": switchyard ".len()..]).unwrap();
     assert_eq!(comment["usage"]["completion_tokens"], 6);
     assert!(comment["output"].as_str().unwrap().starts_with("sha256:"));
 
@@ -75,12 +87,19 @@ async fn comment_sits_right_before_done_and_matches_the_stream() {
     // none here, so compare the text instead).
     let mut whole = stream_request();
     whole["stream"] = json!(false);
-    let r2 = TestClient::new().post_json(&format!("{base}/v1/chat/completions"), &whole).await.unwrap();
+    let r2 = TestClient::new()
+        .post_json(&format!("{base}/v1/chat/completions"), &whole)
+        .await
+        .unwrap();
     let streamed_text: String = events
         .iter()
         .filter_map(|e| e.strip_prefix("data: "))
         .filter_map(|d| serde_json::from_str::<serde_json::Value>(d).ok())
-        .filter_map(|v| v.pointer("/choices/0/delta/content").and_then(|c| c.as_str()).map(str::to_owned))
+        .filter_map(|v| {
+            v.pointer("/choices/0/delta/content")
+                .and_then(|c| c.as_str())
+                .map(str::to_owned)
+        })
         .collect();
     assert_eq!(r2.json()["choices"][0]["message"]["content"], streamed_text);
 }
@@ -89,7 +108,11 @@ async fn comment_sits_right_before_done_and_matches_the_stream() {
 async fn client_leaving_mid_stream_closes_the_engine_request() {
     let (mut engine, proxy, base) = setup(FakeEngine::llama_cpp().tokens(50).token_ms(20)).await;
     let response = TestClient::new()
-        .post_stream(&format!("{base}/v1/chat/completions"), &stream_request(), &[])
+        .post_stream(
+            &format!("{base}/v1/chat/completions"),
+            &stream_request(),
+            &[],
+        )
         .await
         .unwrap();
     let mut body = response.into_body();
@@ -106,8 +129,19 @@ async fn client_leaving_mid_stream_closes_the_engine_request() {
         .await
         .expect("the engine saw the request end");
     let delay = aborted.saturating_duration_since(left);
-    assert!(delay <= Duration::from_millis(100), "engine saw the close after {delay:?}");
-    assert_eq!(proxy.state().recorder.stats.client_disconnects.load(Ordering::Relaxed), 1);
+    assert!(
+        delay <= Duration::from_millis(100),
+        "engine saw the close after {delay:?}"
+    );
+    assert_eq!(
+        proxy
+            .state()
+            .recorder
+            .stats
+            .client_disconnects
+            .load(Ordering::Relaxed),
+        1
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -123,7 +157,9 @@ async fn client_leaving_during_prefill_closes_the_engine_request() {
     socket.write_all(head.as_bytes()).await.unwrap();
     // The engine has the request (and is in its prefill): now the client goes away.
     engine
-        .wait_for(Duration::from_secs(2), |e| matches!(e, Event::Request { .. }).then_some(()))
+        .wait_for(Duration::from_secs(2), |e| {
+            matches!(e, Event::Request { .. }).then_some(())
+        })
         .await
         .expect("engine received the request");
     let left = Instant::now();
@@ -136,12 +172,27 @@ async fn client_leaving_during_prefill_closes_the_engine_request() {
         .await
         .expect("the engine saw the request end");
     let delay = aborted.saturating_duration_since(left);
-    assert!(delay <= Duration::from_millis(100), "engine saw the close after {delay:?}");
-    assert_eq!(proxy.state().recorder.stats.client_disconnects.load(Ordering::Relaxed), 1);
+    assert!(
+        delay <= Duration::from_millis(100),
+        "engine saw the close after {delay:?}"
+    );
+    assert_eq!(
+        proxy
+            .state()
+            .recorder
+            .stats
+            .client_disconnects
+            .load(Ordering::Relaxed),
+        1
+    );
 
     // And the proxy still serves.
     let mut ok = TcpStream::connect(&addr).await.unwrap();
-    ok.write_all(format!("GET /healthz HTTP/1.1\r\nhost: {addr}\r\nconnection: close\r\n\r\n").as_bytes()).await.unwrap();
+    ok.write_all(
+        format!("GET /healthz HTTP/1.1\r\nhost: {addr}\r\nconnection: close\r\n\r\n").as_bytes(),
+    )
+    .await
+    .unwrap();
     let mut reply = String::new();
     ok.read_to_string(&mut reply).await.unwrap();
     assert!(reply.starts_with("HTTP/1.1 200"), "{reply}");

@@ -197,11 +197,17 @@ mod tests {
         let d1 = cache.digest(dir.path()).unwrap();
 
         let mut expected = Sha256::new();
-        expected.update(b"b.json\0ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad\n");
-        expected.update(b"sub/a.bin\0e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855\n");
+        expected
+            .update(b"b.json\0ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad\n");
+        expected.update(
+            b"sub/a.bin\0e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855\n",
+        );
         assert_eq!(d1.hex(), hex(&expected.finalize()));
 
-        let mut f = fs::OpenOptions::new().append(true).open(dir.path().join("b.json")).unwrap();
+        let mut f = fs::OpenOptions::new()
+            .append(true)
+            .open(dir.path().join("b.json"))
+            .unwrap();
         f.write_all(b"d").unwrap();
         drop(f);
         let d2 = cache.digest(dir.path()).unwrap();

@@ -76,7 +76,9 @@ impl OutputHasher {
                             .unwrap_or(pos as u64);
                         let slot = entry.tool_calls.entry(call_index).or_default();
                         let function = call.get("function");
-                        if let Some(name) = function.and_then(|f| f.get("name")).and_then(Value::as_str) {
+                        if let Some(name) =
+                            function.and_then(|f| f.get("name")).and_then(Value::as_str)
+                        {
                             slot.name.push_str(name);
                         }
                         if let Some(args) = function
@@ -159,7 +161,9 @@ mod tests {
     fn different_text_or_finish_reason_differs() {
         let mk = |text: &str, reason: &str| {
             let mut h = OutputHasher::new();
-            h.add_response(&json!({"choices": [{"index": 0, "text": text, "finish_reason": reason}]}));
+            h.add_response(
+                &json!({"choices": [{"index": 0, "text": text, "finish_reason": reason}]}),
+            );
             h.finish()
         };
         assert_ne!(mk("Paris", "stop"), mk("Lyon", "stop"));

@@ -85,7 +85,10 @@ pub fn fingerprint_request(model: &str, body: &Map<String, Value>) -> WorkloadFi
     hasher.update(b"\n");
     hasher.update(sampling_json.as_bytes());
     let workload = format!("wl:{}", &hex(&hasher.finalize())[..32]);
-    let sampling = format!("sp:{}", &hex(&Sha256::digest(sampling_json.as_bytes()))[..32]);
+    let sampling = format!(
+        "sp:{}",
+        &hex(&Sha256::digest(sampling_json.as_bytes()))[..32]
+    );
     WorkloadFingerprint {
         workload,
         sampling,
@@ -115,8 +118,12 @@ mod tests {
 
     #[test]
     fn order_whitespace_and_transport_do_not_change_identity() {
-        let a = fp(json!({"model": "default", "messages": [{"role": "user", "content": "hi"}], "temperature": 0.0, "stream": true}));
-        let b = fp(json!({"temperature": 0, "messages": [{"content": "hi", "role": "user"}], "model": "smollm2"}));
+        let a = fp(
+            json!({"model": "default", "messages": [{"role": "user", "content": "hi"}], "temperature": 0.0, "stream": true}),
+        );
+        let b = fp(
+            json!({"temperature": 0, "messages": [{"content": "hi", "role": "user"}], "model": "smollm2"}),
+        );
         assert_eq!(a, b);
         assert!(a.workload.starts_with("wl:") && a.workload.len() == 35);
         assert!(a.deterministic);
@@ -125,8 +132,10 @@ mod tests {
     #[test]
     fn content_and_sampling_change_identity() {
         let base = fp(json!({"messages": [{"role": "user", "content": "hi"}], "temperature": 0}));
-        let other_text = fp(json!({"messages": [{"role": "user", "content": "hello"}], "temperature": 0}));
-        let other_temp = fp(json!({"messages": [{"role": "user", "content": "hi"}], "temperature": 0.7}));
+        let other_text =
+            fp(json!({"messages": [{"role": "user", "content": "hello"}], "temperature": 0}));
+        let other_temp =
+            fp(json!({"messages": [{"role": "user", "content": "hi"}], "temperature": 0.7}));
         assert_ne!(base.workload, other_text.workload);
         assert_eq!(base.sampling, other_text.sampling);
         assert_ne!(base.workload, other_temp.workload);
@@ -134,6 +143,9 @@ mod tests {
         assert!(!other_temp.deterministic);
         let seeded = fp(json!({"messages": [], "temperature": 0.7, "seed": 3, "mirostat": 2}));
         assert!(seeded.deterministic);
-        assert_eq!(seeded.sampling_json, r#"{"mirostat":2,"seed":3,"temperature":0.7}"#);
+        assert_eq!(
+            seeded.sampling_json,
+            r#"{"mirostat":2,"seed":3,"temperature":0.7}"#
+        );
     }
 }

@@ -5,7 +5,7 @@ use std::io::Write as _;
 use std::net::SocketAddr;
 
 use clap::Parser;
-use switchyard_tests::fake_engine::{Fault, FakeEngine, FakeEngineConfig};
+use switchyard_tests::fake_engine::{FakeEngine, FakeEngineConfig, Fault};
 
 #[derive(Debug, Parser)]
 #[command(about = "A fake llama-server with exact timings and injectable faults")]
@@ -51,7 +51,11 @@ async fn main() -> anyhow::Result<()> {
         fixed_text: a.fixed_text,
     };
     let engine = FakeEngine::with_config(config).spawn_on(a.listen).await?;
-    writeln!(std::io::stdout().lock(), "fake-engine listening on {}", engine.url())?;
+    writeln!(
+        std::io::stdout().lock(),
+        "fake-engine listening on {}",
+        engine.url()
+    )?;
     tokio::signal::ctrl_c().await?;
     engine.stop().await;
     Ok(())
