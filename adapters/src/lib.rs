@@ -38,6 +38,27 @@ pub trait Adapter: Send + Sync + fmt::Debug + 'static {
         None
     }
 
+    /// A small generation request (path and JSON body) that makes the engine name its build in
+    /// `system_fingerprint`, for engines whose probes do not report it. Sent once, when the
+    /// engine is ready and its build is still unknown.
+    fn identity_request(&self, _served_model: &str) -> Option<(&'static str, String)> {
+        None
+    }
+
+    /// Whether stream events need [`Adapter::fix_stream_event`].
+    fn fixes_stream_events(&self) -> bool {
+        false
+    }
+
+    /// Rewrites one stream event into OpenAI's chunk shape; returns whether it changed anything.
+    fn fix_stream_event(
+        &self,
+        _event: &mut serde_json::Value,
+        _state: &mut StreamFixState,
+    ) -> bool {
+        false
+    }
+
     /// Whether the engine must receive its exact served model id in `model`. For engines that
     /// treat any other name as a request to load that model (MLX), forwarding the client's name
     /// would unload the model being served.
@@ -50,6 +71,13 @@ pub trait Adapter: Send + Sync + fmt::Debug + 'static {
     fn normalize_error(&self, _status: u16, _body: &[u8]) -> Option<(u16, Bytes)> {
         None
     }
+}
+
+/// What a stream rewrite remembers between events.
+#[derive(Debug, Default, Clone)]
+pub struct StreamFixState {
+    /// Choices whose `role` was already sent.
+    pub role_sent: Vec<u64>,
 }
 
 /// The adapter for an engine kind.

@@ -59,6 +59,45 @@ impl Adapter for Mlx {
         true
     }
 
+    fn identity_request(&self, served_model: &str) -> Option<(&'static str, String)> {
+        let body = json!({"model": served_model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1, "temperature": 0});
+        Some(("/v1/chat/completions", body.to_string()))
+    }
+
+    fn fixes_stream_events(&self) -> bool {
+        true
+    }
+
+    /// mlx_lm.server labels its usage chunk `object: "chat.completion"` and repeats `role` in
+    /// every delta; OpenAI sends `chat.completion.chunk` and the role once per choice.
+    fn fix_stream_event(&self, event: &mut Value, state: &mut crate::StreamFixState) -> bool {
+        let mut changed = false;
+        if event.get("object").and_then(Value::as_str) == Some("chat.completion") {
+            event["object"] = Value::String("chat.completion.chunk".to_owned());
+            changed = true;
+        }
+        if let Some(choices) = event.get_mut("choices").and_then(Value::as_array_mut) {
+            for (position, choice) in choices.iter_mut().enumerate() {
+                let index = choice
+                    .get("index")
+                    .and_then(Value::as_u64)
+                    .unwrap_or(position as u64);
+                let Some(delta) = choice.get_mut("delta").and_then(Value::as_object_mut) else {
+                    continue;
+                };
+                if delta.contains_key("role") {
+                    if state.role_sent.contains(&index) {
+                        delta.remove("role");
+                        changed = true;
+                    } else {
+                        state.role_sent.push(index);
+                    }
+                }
+            }
+        }
+        changed
+    }
+
     fn build_from_fingerprint(&self, system_fingerprint: &str) -> Option<String> {
         (!system_fingerprint.is_empty()).then(|| system_fingerprint.to_owned())
     }
@@ -104,6 +143,25 @@ mod tests {
             report.identity.served_model.as_deref(),
             Some("/models/smollm2-mlx")
         );
+    }
+
+    #[test]
+    fn stream_quirks_are_smoothed() {
+        let mut state = crate::StreamFixState::default();
+        let mut first: Value = serde_json::from_str(r#"{"object": "chat.completion.chunk", "choices": [{"index": 0, "delta": {"role": "assistant", "content": "The"}}]}"#).unwrap();
+        assert!(!Mlx.fix_stream_event(&mut first, &mut state));
+        let mut second: Value = serde_json::from_str(r#"{"object": "chat.completion.chunk", "choices": [{"index": 0, "delta": {"role": "assistant", "content": " capital"}}]}"#).unwrap();
+        assert!(Mlx.fix_stream_event(&mut second, &mut state));
+        assert_eq!(
+            second["choices"][0]["delta"],
+            json!({"content": " capital"})
+        );
+        let mut usage: Value = serde_json::from_str(
+            r#"{"object": "chat.completion", "choices": [], "usage": {"prompt_tokens": 42}}"#,
+        )
+        .unwrap();
+        assert!(Mlx.fix_stream_event(&mut usage, &mut state));
+        assert_eq!(usage["object"], "chat.completion.chunk");
     }
 
     #[test]

@@ -135,18 +135,23 @@ impl StreamObserver {
     /// Observes one event's data (the text after `data: `, without the line ending).
     pub fn observe(&mut self, data: &[u8]) -> EventKind {
         let data = trim_ascii(data);
-        if data == b"[DONE]" {
+        if is_done(data) {
             return EventKind::Done;
         }
         let Ok(value) = serde_json::from_slice::<Value>(data) else {
             return EventKind::Unparsed;
         };
+        self.observe_value(&value)
+    }
+
+    /// Observes one event already parsed (when an adapter rewrote it first).
+    pub fn observe_value(&mut self, value: &Value) -> EventKind {
         if value.get("error").is_some() {
             return EventKind::Error;
         }
-        self.facts.absorb(&value);
-        self.output.add_chunk(&value);
-        if carries_token(&value) {
+        self.facts.absorb(value);
+        self.output.add_chunk(value);
+        if carries_token(value) {
             self.token_events += 1;
             EventKind::Token
         } else {
@@ -165,6 +170,11 @@ impl StreamObserver {
     pub fn content(&self, index: u64) -> Option<&str> {
         self.output.content(index)
     }
+}
+
+/// Whether an event's data is the end-of-stream marker.
+pub fn is_done(data: &[u8]) -> bool {
+    trim_ascii(data) == b"[DONE]"
 }
 
 fn carries_token(chunk: &Value) -> bool {

@@ -227,6 +227,10 @@ async fn probe_loop(state: Arc<AppState>, backend: Arc<Backend>, stop: Cancellat
         }
         let report = backend.adapter.interpret(&results);
         let health = report.health.clone();
+        let needs_build = health.is_ready()
+            && report.identity.build.is_none()
+            && backend.state().observed_build.is_none();
+        let served = report.identity.served_model.clone();
         if let Some(before) = backend.record_probe(report) {
             let level_ok = health.is_ready();
             if level_ok {
@@ -235,9 +239,43 @@ async fn probe_loop(state: Arc<AppState>, backend: Arc<Backend>, stop: Cancellat
                 tracing::warn!(backend = %backend.name, from = before.state(), to = health.state(), reason = health.reason().unwrap_or(""), "backend is not ready");
             }
         }
+        if needs_build {
+            if let Some((path, body)) = served
+                .as_deref()
+                .and_then(|m| backend.adapter.identity_request(m))
+            {
+                learn_build(&state, &backend, path, body).await;
+            }
+        }
         tokio::select! {
             _ = stop.cancelled() => return,
             _ = tokio::time::sleep(interval) => {}
         }
     }
 }
+
+/// Asks an engine that names its build only in responses for one token, to learn it.
+async fn learn_build(state: &AppState, backend: &Backend, path: &str, body: String) {
+    let result = state
+        .upstream
+        .probe_with(
+            backend,
+            http::Method::POST,
+            path,
+            Some(body),
+            IDENTITY_REQUEST_TIMEOUT,
+        )
+        .await;
+    let fingerprint = result
+        .ok_json()
+        .and_then(|v| v.get("system_fingerprint")?.as_str().map(str::to_owned));
+    match fingerprint {
+        Some(fp) => backend.observe_fingerprint(&fp),
+        None => {
+            tracing::warn!(backend = %backend.name, result = ?result, "identity request did not reveal the engine's build; it stays unknown")
+        }
+    }
+}
+
+/// A one-token generation on a CPU engine can take a while on a loaded machine.
+const IDENTITY_REQUEST_TIMEOUT: Duration = Duration::from_secs(30);

@@ -620,6 +620,7 @@ async fn respond(
 
     let mut status = parts.status;
     let mut out_body = bytes;
+    let mut identity = backend.identity_headers();
     let mut replaced_content_type = false;
     let Some(mut record) = record_slot.take() else {
         return Err(ProxyError::Internal("request record missing".to_owned()));
@@ -633,6 +634,8 @@ async fn respond(
             backend.observe_fingerprint(fp);
         }
         record.facts = Some(facts);
+        // The answer may just have named the engine's build: stamp what is known now.
+        identity = backend.identity_headers();
     } else {
         if let Some((new_status, new_body)) =
             backend.adapter.normalize_error(status.as_u16(), &out_body)
@@ -665,6 +668,7 @@ async fn respond(
         );
     }
     stamp.apply(out.headers_mut());
+    out.headers_mut().insert(X_ENGINE, identity.engine.clone());
     out.headers_mut()
         .insert(SERVER_TIMING, header_value(&record.phases.header_value()));
     record.finish();

@@ -22,7 +22,8 @@ use http::{HeaderMap, HeaderName};
 use http_body::{Body, Frame};
 use hyper::body::Incoming;
 use serde_json::{json, Value};
-use switchyard_adapters::{EventKind, StreamObserver};
+use switchyard_adapters::observe::is_done;
+use switchyard_adapters::{EventKind, StreamFixState, StreamObserver};
 use tokio::sync::OwnedSemaphorePermit;
 
 use crate::backend::{header_value, Backend};
@@ -55,6 +56,8 @@ pub struct ObservedStream {
     last_token: Option<Instant>,
     comment_sent: bool,
     upstream_error: Option<String>,
+    fix_state: StreamFixState,
+    observed_unchanged: Option<EventKind>,
     /// The admission slot, held until the engine's stream ends or the client leaves.
     permit: Option<OwnedSemaphorePermit>,
 }
@@ -80,6 +83,8 @@ impl ObservedStream {
             comment_sent: false,
             upstream_error: None,
             permit: None,
+            fix_state: StreamFixState::default(),
+            observed_unchanged: None,
         }
     }
 
@@ -130,7 +135,23 @@ impl ObservedStream {
         for end in memchr::memchr_iter(b'\n', &chunk) {
             let line = trim_cr(&chunk[start..end]);
             if let Some(payload) = line.strip_prefix(b"data:") {
-                match self.observer.observe(payload) {
+                let kind = match self.rewrite(payload) {
+                    Some((kind, rewritten)) => {
+                        // Send what came before this line, then the rewritten line in its place.
+                        if start > emit_from {
+                            self.out
+                                .push_back(Frame::data(chunk.slice(emit_from..start)));
+                        }
+                        self.out.push_back(Frame::data(rewritten));
+                        emit_from = end + 1;
+                        kind
+                    }
+                    None => match self.observed_unchanged.take() {
+                        Some(kind) => kind,
+                        None => self.observer.observe(payload),
+                    },
+                };
+                match kind {
                     EventKind::Token => {
                         let now = Instant::now();
                         self.first_token.get_or_insert(now);
@@ -158,6 +179,25 @@ impl ObservedStream {
         if chunk.len() > emit_from {
             self.out.push_back(Frame::data(chunk.slice(emit_from..)));
         }
+    }
+
+    /// Applies the adapter's event rewrite; `Some` with the new line when it changed the event.
+    fn rewrite(&mut self, payload: &[u8]) -> Option<(EventKind, Bytes)> {
+        if !self.backend.adapter.fixes_stream_events() || is_done(payload) {
+            return None;
+        }
+        let mut value: serde_json::Value = serde_json::from_slice(payload).ok()?;
+        let changed = self
+            .backend
+            .adapter
+            .fix_stream_event(&mut value, &mut self.fix_state);
+        let kind = self.observer.observe_value(&value);
+        if !changed {
+            // Observed already: mark it so the caller does not observe it twice.
+            self.observed_unchanged = Some(kind);
+            return None;
+        }
+        Some((kind, Bytes::from(format!("data: {value}\n"))))
     }
 
     /// The end-of-stream comment. Fixes the phases at this instant (the last bytes follow at once).

@@ -85,6 +85,19 @@ impl Upstream {
 
     /// `GET path` on the engine, for probes: status and body (at most 1 MiB), or why not.
     pub async fn probe(&self, backend: &Backend, path: &str, timeout: Duration) -> ProbeResult {
+        self.probe_with(backend, http::Method::GET, path, None, timeout)
+            .await
+    }
+
+    /// A probe with a method and an optional JSON body.
+    pub async fn probe_with(
+        &self,
+        backend: &Backend,
+        method: http::Method,
+        path: &str,
+        json: Option<String>,
+        timeout: Duration,
+    ) -> ProbeResult {
         let uri = match http::Uri::builder()
             .scheme("http")
             .authority(backend.authority.clone())
@@ -94,7 +107,11 @@ impl Upstream {
             Ok(uri) => uri,
             Err(e) => return ProbeResult::Failed(e.to_string()),
         };
-        let request = match http::Request::get(uri).body(Full::new(Bytes::new())) {
+        let mut builder = http::Request::builder().method(method).uri(uri);
+        if json.is_some() {
+            builder = builder.header(http::header::CONTENT_TYPE, "application/json");
+        }
+        let request = match builder.body(Full::new(json.map(Bytes::from).unwrap_or_default())) {
             Ok(r) => r,
             Err(e) => return ProbeResult::Failed(e.to_string()),
         };
