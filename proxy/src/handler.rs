@@ -354,26 +354,11 @@ async fn forward_inner(
     let (parts, body) = req.into_parts();
     is_json(&parts.headers)?;
     let limit = server.max_body_bytes;
-    if let Some(length) = parts
+    let declared = parts
         .headers
         .get(header::CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok()?.parse::<u64>().ok())
-    {
-        if length > limit {
-            return Err(ProxyError::BodyTooLarge { limit });
-        }
-    }
-    let body = Limited::new(body, usize::try_from(limit).unwrap_or(usize::MAX))
-        .collect()
-        .await
-        .map_err(|e| {
-            if e.downcast_ref::<LengthLimitError>().is_some() {
-                ProxyError::BodyTooLarge { limit }
-            } else {
-                ProxyError::BodyRead(crate::upstream::describe_chain(e.as_ref()))
-            }
-        })?
-        .to_bytes();
+        .and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
+    let body = read_body(body, limit, declared).await?;
 
     let parsed = parse_body(&body)?;
     let raw_model = parsed.fields.get("model").ok_or(ProxyError::MissingModel)?;
@@ -494,6 +479,41 @@ async fn forward_inner(
         }
     }
     Err(last_error.unwrap_or_else(|| ProxyError::Internal("no backend to try".to_owned())))
+}
+
+/// How much of an oversized body is read and discarded before answering 413, so that the client
+/// finishes sending and can read the answer (instead of a reset while it writes).
+const DRAIN_LIMIT: u64 = 64 * 1024 * 1024;
+
+/// Reads the request body up to `limit` bytes. A larger body is drained (up to `DRAIN_LIMIT`)
+/// and refused with 413; one declared larger than the drain limit is refused at once.
+async fn read_body(
+    mut body: Incoming,
+    limit: u64,
+    declared: Option<u64>,
+) -> Result<Bytes, ProxyError> {
+    if declared.is_some_and(|n| n > DRAIN_LIMIT) {
+        return Err(ProxyError::BodyTooLarge { limit });
+    }
+    let mut buf = BytesMut::with_capacity(declared.unwrap_or(0).min(limit) as usize);
+    let mut seen: u64 = 0;
+    while let Some(frame) = body.frame().await {
+        let frame = frame.map_err(|e| ProxyError::BodyRead(crate::upstream::describe_chain(&e)))?;
+        let Ok(data) = frame.into_data() else {
+            continue;
+        };
+        seen += data.len() as u64;
+        if seen > DRAIN_LIMIT {
+            return Err(ProxyError::BodyTooLarge { limit });
+        }
+        if seen <= limit {
+            buf.extend_from_slice(&data);
+        }
+    }
+    if seen > limit {
+        return Err(ProxyError::BodyTooLarge { limit });
+    }
+    Ok(buf.freeze())
 }
 
 /// The body the engine receives: the client's, with `model` replaced only when needed.
