@@ -73,6 +73,12 @@ pub struct EngineIdentity {
     pub slots: Option<u32>,
     /// Context size per slot, when the engine reports it.
     pub n_ctx: Option<u64>,
+    /// The model's parameter count, size in bytes and training context, when reported.
+    pub n_params: Option<u64>,
+    pub model_size: Option<u64>,
+    pub n_ctx_train: Option<u64>,
+    /// `sha256:` of the chat template the engine applies (it shapes every answer).
+    pub chat_template: Option<String>,
 }
 
 impl EngineIdentity {
@@ -85,6 +91,10 @@ impl EngineIdentity {
             model_path: None,
             slots: None,
             n_ctx: None,
+            n_params: None,
+            model_size: None,
+            n_ctx_train: None,
+            chat_template: None,
         }
     }
 

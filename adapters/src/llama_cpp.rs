@@ -6,6 +6,7 @@
 //! tarball reports `build_info` `b0-unknown`: that is no identity, so the build stays unknown.
 
 use serde_json::Value;
+use sha2::{Digest, Sha256};
 use switchyard_policy::EngineKind;
 
 use crate::identity::{EngineIdentity, EngineReport, Health, ProbeResult};
@@ -65,11 +66,22 @@ impl Adapter for LlamaCpp {
             identity.n_ctx = props
                 .pointer("/default_generation_settings/n_ctx")
                 .and_then(Value::as_u64);
+            identity.chat_template = props.get("chat_template").and_then(Value::as_str).map(|t| {
+                format!(
+                    "sha256:{}",
+                    crate::fingerprint::hex(&Sha256::digest(t.as_bytes()))
+                )
+            });
         } else if let Some(r) = results.get(1) {
             identity.build_note = Some(describe(r, PROBES[1]));
         }
         if let Some(models) = results.get(2).and_then(ProbeResult::ok_json) {
             identity.served_model = first_model_id(&models);
+            let meta = models.pointer("/data/0/meta");
+            let meta_u64 = |key: &str| meta.and_then(|m| m.get(key)).and_then(Value::as_u64);
+            identity.n_params = meta_u64("n_params");
+            identity.model_size = meta_u64("size");
+            identity.n_ctx_train = meta_u64("n_ctx_train");
         }
         EngineReport { health, identity }
     }
@@ -105,7 +117,7 @@ mod tests {
         let report = LlamaCpp.interpret(&[
             ok(r#"{"status":"ok"}"#),
             ok(r#"{"default_generation_settings":{"n_ctx":2048},"total_slots":4,"model_path":"/models/SmolLM2-135M-Instruct.Q4_1.gguf","build_info":"b0-unknown"}"#),
-            ok(r#"{"object":"list","data":[{"id":"/models/SmolLM2-135M-Instruct.Q4_1.gguf","object":"model"}]}"#),
+            ok(r#"{"object":"list","data":[{"id":"/models/SmolLM2-135M-Instruct.Q4_1.gguf","object":"model","meta":{"n_ctx_train":8192,"n_params":134515008,"size":96576768}}]}"#),
         ]);
         assert!(report.health.is_ready());
         let id = report.identity;
@@ -124,6 +136,8 @@ mod tests {
             id.served_model.as_deref(),
             Some("/models/SmolLM2-135M-Instruct.Q4_1.gguf")
         );
+        assert_eq!(id.n_params, Some(134515008));
+        assert_eq!(id.n_ctx_train, Some(8192));
         assert_eq!(id.header_value(None), "llama.cpp/unknown");
         assert_eq!(id.header_value(Some("sha256:ab")), "llama.cpp/sha256:ab");
     }

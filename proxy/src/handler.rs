@@ -193,6 +193,10 @@ fn readyz(state: &AppState) -> Response<ProxyBody> {
                 "model_path": identity.and_then(|i| i.model_path.clone()),
                 "slots": identity.and_then(|i| i.slots),
                 "n_ctx": identity.and_then(|i| i.n_ctx),
+                "n_ctx_train": identity.and_then(|i| i.n_ctx_train),
+                "n_params": identity.and_then(|i| i.n_params),
+                "model_size": identity.and_then(|i| i.model_size),
+                "chat_template": identity.and_then(|i| i.chat_template.clone()),
                 "max_concurrency": backend.admission().map(|_| backend.config.max_concurrency.or(identity.and_then(|i| i.slots))),
             }),
         );
