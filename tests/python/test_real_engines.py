@@ -1,0 +1,372 @@
+"""Switchyard in front of the real engines: llama.cpp's llama-server and mlx_lm.server, each
+started here on a free loopback port with the bundled SmolLM2-135M model, driven through the
+official openai SDK.
+
+The engines come from `deploy/engines/` (tests/run installs them and passes their paths in
+`LLAMA_SERVER_BIN`, `SMOLLM2_GGUF`, `MLX_PYTHON`, `MLX_MODEL_DIR`, `MLX_HF_HOME`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import shutil
+import socket
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+
+from conftest import Proc, StartupError, binary
+
+#: Loading a model on these CPUs takes seconds; MLX converts nothing at start but is slower.
+ENGINE_READY_TIMEOUT_S = 120.0
+REQUEST_TIMEOUT_S = 120.0
+POLL_S = 0.1
+
+PROMPT = [{"role": "user", "content": "What is the capital of France? Answer in one sentence."}]
+#: Short answers: MLX decodes about 7 tokens/s on this CPU.
+MAX_TOKENS = 12
+
+
+def required_path(name: str) -> Path:
+    value = os.environ.get(name)
+    if not value:
+        pytest.fail(f"{name} is not set: run the suite through tests/run, which installs the engines", pytrace=False)
+    path = Path(value)
+    if not path.exists():
+        pytest.fail(f"{name}={value} does not exist", pytrace=False)
+    return path
+
+
+def free_port() -> int:
+    """A port free right now on 127.0.0.1. The engines take a port number, not a bound socket,
+    so there is a short window in which another process could take it."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def poll(what: str, check, proc: Proc, timeout: float = ENGINE_READY_TIMEOUT_S):  # noqa: ANN001, ANN201
+    """Polls `check()` (a readiness endpoint: no signal crosses the process boundary) until it
+    returns something truthy, failing early if the process died."""
+    deadline = time.monotonic() + timeout
+    last = None
+    while time.monotonic() < deadline:
+        if proc.popen.poll() is not None:
+            raise StartupError(f"{what}: process exited; " + proc.describe())
+        try:
+            result = check()
+            if result:
+                return result
+        except httpx.HTTPError as e:
+            last = e
+        time.sleep(POLL_S)
+    raise StartupError(f"{what} not ready within {timeout:.0f}s (last error {last!r}); " + proc.describe())
+
+
+def sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def sha256_dir(root: Path) -> str:
+    """The folder rule of shared/design.md: SHA-256 over sorted `relative/path NUL sha256\\n`."""
+    lines = sorted(
+        (p.relative_to(root).as_posix(), sha256_file(p)) for p in root.rglob("*") if p.is_file()
+    )
+    outer = hashlib.sha256()
+    for rel, digest in lines:
+        outer.update(rel.encode() + b"\0" + digest.encode() + b"\n")
+    return outer.hexdigest()
+
+
+@dataclass
+class Engines:
+    llama_url: str
+    llama_bin: Path
+    gguf: Path
+    mlx_url: str
+    mlx_dir: Path
+    mlx_model_id: str
+    llama: Proc
+    mlx: Proc
+
+
+@contextlib.contextmanager
+def start_engines(workdir: Path) -> Iterator[Engines]:
+    llama_bin = required_path("LLAMA_SERVER_BIN")
+    gguf = required_path("SMOLLM2_GGUF")
+    mlx_python = required_path("MLX_PYTHON")
+    mlx_dir = required_path("MLX_MODEL_DIR")
+    hf_home = required_path("MLX_HF_HOME")
+
+    procs: list[Proc] = []
+    try:
+        llama_port = free_port()
+        llama = Proc(
+            "llama-server",
+            [str(llama_bin), "-m", str(gguf), "-c", "2048", "--host", "127.0.0.1", "--port", str(llama_port)],
+            workdir / "llama-server.log",
+        )
+        procs.append(llama)
+        mlx_port = free_port()
+        mlx = Proc(
+            "mlx_lm.server",
+            ["env", f"HF_HOME={hf_home}", "HF_HUB_OFFLINE=1", str(mlx_python), "-m", "mlx_lm", "server",
+             "--model", str(mlx_dir), "--host", "127.0.0.1", "--port", str(mlx_port)],
+            workdir / "mlx-server.log",
+        )
+        procs.append(mlx)
+        llama_url = f"http://127.0.0.1:{llama_port}"
+        mlx_url = f"http://127.0.0.1:{mlx_port}"
+        with httpx.Client(timeout=5.0) as http:
+            poll("llama-server", lambda: http.get(f"{llama_url}/health").status_code == 200, llama)
+
+            def mlx_models():  # noqa: ANN202
+                r = http.get(f"{mlx_url}/v1/models")
+                return r.status_code == 200 and r.json()["data"] and r.json()["data"][0]["id"]
+
+            mlx_id = poll("mlx_lm.server", mlx_models, mlx)
+        yield Engines(llama_url, llama_bin, gguf, mlx_url, mlx_dir, mlx_id, llama, mlx)
+    finally:
+        for p in procs:
+            p.stop()
+
+
+@pytest.fixture(scope="module")
+def engines(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Engines]:
+    with start_engines(tmp_path_factory.mktemp("engines")) as e:
+        yield e
+
+
+@dataclass
+class Proxy:
+    url: str
+    proc: Proc
+
+    def client(self) -> openai.OpenAI:
+        return openai.OpenAI(base_url=f"{self.url}/v1", api_key="unused", timeout=REQUEST_TIMEOUT_S, max_retries=0)
+
+
+@contextlib.contextmanager
+def start_switchyard(workdir: Path, config: str, until) -> Iterator[Proxy]:  # noqa: ANN001
+    path = workdir / "switchyard.toml"
+    path.write_text(config)
+    proc = Proc("switchyard", [str(binary("SWITCHYARD_BIN", "switchyard")), "serve", "--config", str(path)], workdir / "switchyard.log")
+    try:
+        url = proc.wait_for_line(r"switchyard listening on (http://127\.0\.0\.1:\d+)").group(1)
+        with httpx.Client(timeout=5.0) as http:
+            poll("switchyard", lambda: until(http.get(f"{url}/readyz").json()), proc)
+        yield Proxy(url, proc)
+    finally:
+        proc.stop()
+
+
+def base_config(e: Engines) -> str:
+    return f"""
+[server]
+listen = "127.0.0.1:0"
+probe_interval_ms = 200
+first_byte_timeout_ms = 120000
+
+[backends.llama]
+engine = "llama.cpp"
+url = "{e.llama_url}"
+artifact = "{e.gguf}"
+binary = "{e.llama_bin}"
+require_verified_identity = true
+
+[backends.mlx]
+engine = "mlx"
+url = "{e.mlx_url}"
+artifact = "{e.mlx_dir}"
+require_verified_identity = true
+
+[models.smollm2]
+primary = "llama"
+
+[models.smollm2-mlx]
+primary = "mlx"
+"""
+
+
+def identities_known(readyz: dict) -> bool:
+    b = readyz.get("backends", {})
+    return (
+        readyz.get("ready") is True
+        and all(b.get(n, {}).get("identity") == "verified" for n in ("llama", "mlx"))
+        and not b["mlx"]["engine"].endswith("/unknown")
+    )
+
+
+@pytest.fixture(scope="module")
+def proxy(engines: Engines, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Proxy]:
+    with start_switchyard(tmp_path_factory.mktemp("proxy"), base_config(engines), identities_known) as p:
+        yield p
+
+
+def direct_client(url: str) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{url}/v1", api_key="unused", timeout=REQUEST_TIMEOUT_S, max_retries=0)
+
+
+def chat_text(client: openai.OpenAI, model: str, stream: bool) -> str:
+    if stream:
+        chunks = client.chat.completions.create(model=model, messages=PROMPT, temperature=0, max_tokens=MAX_TOKENS, stream=True)
+        return "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    r = client.chat.completions.create(model=model, messages=PROMPT, temperature=0, max_tokens=MAX_TOKENS)
+    return r.choices[0].message.content
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "stream"])
+def test_llama_cpp_through_switchyard_equals_direct(engines: Engines, proxy: Proxy, stream: bool) -> None:
+    direct = chat_text(direct_client(engines.llama_url), "anything", stream)
+    proxied = chat_text(proxy.client(), "smollm2", stream)
+    assert direct.strip(), "the engine answered nothing"
+    assert proxied == direct
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "stream"])
+def test_mlx_through_switchyard_equals_direct(engines: Engines, proxy: Proxy, stream: bool) -> None:
+    direct = chat_text(direct_client(engines.mlx_url), engines.mlx_model_id, stream)
+    proxied = chat_text(proxy.client(), "smollm2-mlx", stream)
+    assert direct.strip(), "the engine answered nothing"
+    assert proxied == direct
+
+
+def test_llama_cpp_identity_is_real_and_verified(engines: Engines, proxy: Proxy) -> None:
+    raw = proxy.client().chat.completions.with_raw_response.create(model="smollm2", messages=PROMPT, temperature=0, max_tokens=4)
+    h = raw.headers
+    assert h["x-switchyard-artifact"] == "sha256:" + sha256_file(engines.gguf)
+    # A llama-server built from the sdist reports b0-unknown: its identity is its binary's digest.
+    props = httpx.get(f"{engines.llama_url}/props").json()
+    if props["build_info"] == "b0-unknown":
+        assert h["x-switchyard-engine"] == "llama.cpp/sha256:" + sha256_file(engines.llama_bin)
+    else:
+        assert h["x-switchyard-engine"] == "llama.cpp/" + props["build_info"]
+    assert h["x-switchyard-backend"] == "llama"
+
+
+def test_mlx_identity_is_real_and_verified(engines: Engines, proxy: Proxy) -> None:
+    raw = proxy.client().chat.completions.with_raw_response.create(model="smollm2-mlx", messages=PROMPT, temperature=0, max_tokens=4)
+    body = raw.parse()
+    h = raw.headers
+    assert h["x-switchyard-artifact"] == "sha256:" + sha256_dir(engines.mlx_dir)
+    assert h["x-switchyard-engine"] == "mlx/" + body.system_fingerprint
+    assert h["x-switchyard-backend"] == "mlx"
+
+
+def test_llama_cpp_phases_are_its_timings(proxy: Proxy) -> None:
+    with httpx.Client(timeout=REQUEST_TIMEOUT_S) as http:
+        r = http.post(f"{proxy.url}/v1/chat/completions", json={"model": "smollm2", "messages": PROMPT, "temperature": 0, "max_tokens": MAX_TOKENS})
+        assert r.status_code == 200
+        timings = r.json()["timings"]
+        st = dict(
+            (part.split(";")[0].strip(), part) for part in r.headers["server-timing"].split(",")
+        )
+        assert f"prefill;dur={timings['prompt_ms']:.3f}" in st["prefill"]
+        assert f"decode;dur={timings['predicted_ms']:.3f}" in st["decode"]
+
+        r = http.post(f"{proxy.url}/v1/chat/completions", json={"model": "smollm2", "messages": PROMPT, "temperature": 0, "max_tokens": MAX_TOKENS, "stream": True})
+        events = [e for e in r.text.split("\n\n") if e]
+        last_timings = [json.loads(e[6:])["timings"] for e in events if e.startswith("data: {") and '"timings"' in e][-1]
+        comment = json.loads(next(e for e in events if e.startswith(": switchyard "))[len(": switchyard "):])
+        assert comment["server_timing"]["prefill"] == round(last_timings["prompt_ms"], 3)
+        assert comment["server_timing"]["decode"] == round(last_timings["predicted_ms"], 3)
+        assert events[-1] == "data: [DONE]"
+
+
+def test_mlx_phases_are_measured_and_consistent(proxy: Proxy) -> None:
+    with httpx.Client(timeout=REQUEST_TIMEOUT_S) as http:
+        r = http.post(
+            f"{proxy.url}/v1/chat/completions",
+            json={"model": "smollm2-mlx", "messages": PROMPT, "temperature": 0, "max_tokens": MAX_TOKENS, "stream": True, "stream_options": {"include_usage": True}},
+        )
+        assert r.status_code == 200
+        events = [e for e in r.text.split("\n\n") if e]
+        comment = json.loads(next(e for e in events if e.startswith(": switchyard "))[len(": switchyard "):])
+        st = comment["server_timing"]
+        assert comment["server_timing"].get("measured") is True
+        assert "prefill" not in st, "MLX reports no prefill and the proxy cannot measure it apart"
+        assert 0 <= st["ttft"] <= st["total"]
+        assert st["decode"] >= 0
+        assert comment["usage"]["completion_tokens"] > 0
+        # Quirks smoothed: the usage chunk is a chunk, and `role` comes once.
+        chunks = [json.loads(e[6:]) for e in events if e.startswith("data: {")]
+        assert all(c["object"] == "chat.completion.chunk" for c in chunks)
+        assert sum(1 for c in chunks for ch in c["choices"] if "role" in ch.get("delta", {})) == 1
+
+
+def test_a_client_chosen_name_never_unloads_the_mlx_model(engines: Engines, tmp_path: Path) -> None:
+    config = f"""
+[server]
+listen = "127.0.0.1:0"
+probe_interval_ms = 200
+first_byte_timeout_ms = 120000
+[backends.mlx]
+engine = "mlx"
+url = "{engines.mlx_url}"
+[models.smollm2]
+primary = "mlx"
+"""
+    with start_switchyard(tmp_path, config, lambda v: v.get("ready") is True) as p:
+        proxied = chat_text(p.client(), "smollm2", stream=False)
+    # Had the engine received "smollm2" it would have unloaded its model and answered 404 after
+    # trying a hub download; instead it answered, and still serves its own model.
+    assert proxied.strip()
+    assert chat_text(direct_client(engines.mlx_url), engines.mlx_model_id, stream=False) == proxied
+    models = httpx.get(f"{engines.mlx_url}/v1/models").json()
+    assert models["data"][0]["id"] == engines.mlx_model_id
+    assert "Fetching" not in engines.mlx.stderr_tail(100_000)
+
+
+def test_a_different_artifact_is_unverified_and_refused_when_required(engines: Engines, tmp_path: Path) -> None:
+    other = tmp_path / "other.gguf"
+    shutil.copyfile(engines.gguf, other)
+    with open(other, "ab") as f:
+        f.write(b"\0")
+    config = f"""
+[server]
+listen = "127.0.0.1:0"
+probe_interval_ms = 200
+[backends.strict]
+engine = "llama.cpp"
+url = "{engines.llama_url}"
+artifact = "{other}"
+require_verified_identity = true
+[backends.lenient]
+engine = "llama.cpp"
+url = "{engines.llama_url}"
+artifact = "{other}"
+[models.strict]
+primary = "strict"
+[models.lenient]
+primary = "lenient"
+"""
+
+    def hashed(v: dict) -> bool:
+        return all(v.get("backends", {}).get(n, {}).get("identity") == "unverified" for n in ("strict", "lenient"))
+
+    with start_switchyard(tmp_path, config, hashed) as p:
+        with httpx.Client(timeout=REQUEST_TIMEOUT_S) as http:
+            readyz = http.get(f"{p.url}/readyz").json()
+            assert str(engines.gguf.name) in readyz["backends"]["strict"]["identity_note"]
+            body = {"messages": PROMPT, "temperature": 0, "max_tokens": 4}
+            r = http.post(f"{p.url}/v1/chat/completions", json={**body, "model": "lenient"})
+            assert r.status_code == 200
+            assert r.headers["x-switchyard-artifact"] == "unverified:sha256:" + sha256_file(other)
+            r = http.post(f"{p.url}/v1/chat/completions", json={**body, "model": "strict"})
+            assert r.status_code == 503
+            assert r.json()["error"]["code"] == "identity_unverified"
+        with pytest.raises(openai.APIStatusError) as err:
+            p.client().chat.completions.create(model="strict", messages=PROMPT, max_tokens=4)
+        assert err.value.status_code == 503
