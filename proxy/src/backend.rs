@@ -202,7 +202,11 @@ fn compute_headers(
         Digest::Known(d) => Some(d.as_str()),
         _ => None,
     };
-    let verification = verify(config.artifact.as_deref(), &state.artifact, &identity);
+    let verification = if state.report.is_none() {
+        Verification::Unknown("the engine has not been probed yet".to_owned())
+    } else {
+        verify(config.artifact.as_deref(), &state.artifact, &identity)
+    };
     let artifact = match (&state.artifact, &verification) {
         (Digest::Known(d), Verification::Verified) => d.as_str().to_owned(),
         (Digest::Known(d), _) => format!("unverified:{d}"),
