@@ -76,6 +76,8 @@ pub struct Backend {
     state: ArcSwap<BackendState>,
     headers: ArcSwap<IdentityHeaders>,
     admission: ArcSwapOption<Semaphore>,
+    /// Requests forwarded since the engine last became ready; the first one meets cold caches.
+    served: std::sync::atomic::AtomicU64,
 }
 
 impl Backend {
@@ -115,6 +117,7 @@ impl Backend {
             state: ArcSwap::from_pointee(state),
             headers: ArcSwap::from_pointee(headers),
             admission: ArcSwapOption::new(admission),
+            served: std::sync::atomic::AtomicU64::new(0),
         })
     }
 
@@ -159,11 +162,23 @@ impl Backend {
         }
         let before = self.state.load().health();
         let after = report.health.clone();
+        if after.is_ready() && !before.is_ready() {
+            // A (re)started engine: its caches are cold again.
+            self.served.store(0, std::sync::atomic::Ordering::Relaxed);
+        }
         self.update(|s| {
             s.report = Some(report.clone());
             s.probed_at = Some(SystemTime::now());
         });
         (before != after).then_some(before)
+    }
+
+    /// Counts a forwarded request; `true` (warm) unless it is the first since the engine became
+    /// ready.
+    pub fn mark_served(&self) -> bool {
+        self.served
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+            > 0
     }
 
     /// Records the build an engine named in a response, for engines whose probes do not say.

@@ -394,6 +394,8 @@ async fn forward_inner(
     if let Some(record) = record_slot.as_mut() {
         record.model = Some(route.model.clone());
         record.workload = Some(fingerprint.workload.clone());
+        record.sampling = Some(fingerprint.sampling.clone());
+        record.sampling_json = Some(fingerprint.sampling_json.clone());
         record.streamed = streamed;
     }
 
@@ -419,6 +421,8 @@ async fn forward_inner(
         if let Some(record) = record_slot.as_mut() {
             record.backend = Some(backend.name.clone());
             record.variant = variant;
+            record.engine = identity.engine.to_str().ok().map(str::to_owned);
+            record.artifact = identity.artifact.to_str().ok().map(str::to_owned);
         }
 
         if backend.config.require_verified_identity
@@ -454,6 +458,9 @@ async fn forward_inner(
         }
 
         let request = upstream_request(&backend, &parts, upstream_body, id)?;
+        if let Some(record) = record_slot.as_mut() {
+            record.warm = Some(backend.mark_served());
+        }
         match state.upstream.send(&backend, request).await {
             Ok(response) => {
                 if let Some(record) = record_slot.as_mut() {
@@ -660,6 +667,7 @@ async fn respond(
         record.facts = Some(facts);
         // The answer may just have named the engine's build: stamp what is known now.
         identity = backend.identity_headers();
+        record.engine = identity.engine.to_str().ok().map(str::to_owned);
     } else {
         if let Some((new_status, new_body)) =
             backend.adapter.normalize_error(status.as_u16(), &out_body)

@@ -75,6 +75,16 @@ pub struct RequestRecord {
     pub backend: Option<Arc<str>>,
     pub variant: &'static str,
     pub workload: Option<String>,
+    /// `sp:` fingerprint and canonical JSON of the sampling settings.
+    pub sampling: Option<String>,
+    pub sampling_json: Option<String>,
+    /// The identity stamped on the response (`x-switchyard-engine`, `x-switchyard-artifact`).
+    pub engine: Option<String>,
+    pub artifact: Option<String>,
+    /// `false` for the first request a backend served since it became ready (cold caches).
+    pub warm: Option<bool>,
+    /// Wall-clock time the request arrived.
+    pub started_at: std::time::SystemTime,
     pub streamed: bool,
     pub status: u16,
     pub error_class: Option<&'static str>,
@@ -103,6 +113,12 @@ impl RequestRecord {
             backend: None,
             variant: "primary",
             workload: None,
+            sampling: None,
+            sampling_json: None,
+            engine: None,
+            artifact: None,
+            warm: None,
+            started_at: std::time::SystemTime::now(),
             streamed: false,
             status: 0,
             error_class: None,
