@@ -17,6 +17,9 @@ use serde::{Deserialize, Serialize};
 pub struct Config {
     #[serde(default)]
     pub server: ServerConfig,
+    /// The run ledger (SQLite). Absent: no ledger, and the log says so at start-up.
+    #[serde(default)]
+    pub ledger: Option<LedgerConfig>,
     /// Running engines, by the name the models refer to them with.
     #[serde(default)]
     pub backends: BTreeMap<String, BackendConfig>,
@@ -61,6 +64,34 @@ impl Default for ServerConfig {
             log_format: LogFormat::Text,
         }
     }
+}
+
+/// The run ledger: one SQLite row per request, written off the request path.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct LedgerConfig {
+    /// The SQLite file (created with its folder if missing; WAL mode).
+    pub path: PathBuf,
+    /// Records waiting for the writer; when full, new records are dropped and counted.
+    #[serde(default = "default_ledger_queue")]
+    pub queue: usize,
+    /// Records written per transaction, at most.
+    #[serde(default = "default_ledger_batch")]
+    pub batch: usize,
+    /// Delete rows older than this many days (checked hourly); none: keep everything.
+    #[serde(default)]
+    pub retention_days: Option<u64>,
+    /// Keep at most this many request rows (oldest deleted first); none: no limit.
+    #[serde(default)]
+    pub max_rows: Option<u64>,
+}
+
+fn default_ledger_queue() -> usize {
+    8192
+}
+
+fn default_ledger_batch() -> usize {
+    256
 }
 
 /// How log lines are written.

@@ -7,6 +7,8 @@ pub mod config;
 pub mod routing;
 pub mod validate;
 
-pub use config::{BackendConfig, Config, EngineKind, LogFormat, ModelConfig, ServerConfig};
+pub use config::{
+    BackendConfig, Config, EngineKind, LedgerConfig, LogFormat, ModelConfig, ServerConfig,
+};
 pub use routing::{Route, RoutingTable};
 pub use validate::{validate, Problem};

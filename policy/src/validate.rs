@@ -54,6 +54,18 @@ pub fn validate(config: &Config) -> Vec<Problem> {
         }
     }
 
+    if let Some(ledger) = &config.ledger {
+        if ledger.queue == 0 {
+            problems.push(Problem::new("ledger.queue", "must be at least 1"));
+        }
+        if ledger.batch == 0 {
+            problems.push(Problem::new("ledger.batch", "must be at least 1"));
+        }
+        if ledger.path.as_os_str().is_empty() {
+            problems.push(Problem::new("ledger.path", "must not be empty"));
+        }
+    }
+
     if config.backends.is_empty() {
         problems.push(Problem::new("backends", "no backend is configured"));
     }

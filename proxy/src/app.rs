@@ -25,6 +25,7 @@ use crate::backend::{Backend, Digest};
 use crate::body::ProxyBody;
 use crate::error::error_body;
 use crate::handler;
+use crate::ledger::{IdentitySnapshot, Ledger};
 use crate::record::Recorder;
 use crate::upstream::Upstream;
 
@@ -74,6 +75,17 @@ impl App {
             })
             .collect();
         let models_body = Bytes::from(json!({"object": "list", "data": data}).to_string());
+        let ledger = match &config.ledger {
+            Some(ledger_config) => {
+                let (ledger, _writer) = Ledger::start(ledger_config).map_err(|e| e.to_string())?;
+                tracing::info!(ledger = %ledger_config.path.display(), "recording requests in the ledger");
+                Some(ledger)
+            }
+            None => {
+                tracing::warn!("no [ledger] configured: requests are logged but not recorded");
+                None
+            }
+        };
         let upstream = Upstream::new(
             Duration::from_millis(config.server.connect_timeout_ms),
             Duration::from_millis(config.server.first_byte_timeout_ms),
@@ -84,7 +96,7 @@ impl App {
                 routes,
                 backends,
                 upstream,
-                recorder: Arc::new(Recorder::default()),
+                recorder: Arc::new(Recorder::with_ledger(ledger)),
                 digests: DigestCache::new(),
                 models_body,
                 started,
@@ -217,9 +229,35 @@ async fn hash_identity_files(state: &Arc<AppState>, backend: &Arc<Backend>) {
     }
 }
 
+/// The identity as stamped now, for the ledger's `identities` table.
+fn snapshot(backend: &Backend) -> IdentitySnapshot {
+    let state = backend.state();
+    let headers = backend.identity_headers();
+    let identity = state.report.as_ref().map(|r| &r.identity);
+    let (verification, note) = match &headers.verification {
+        crate::backend::Verification::Verified => ("verified", None),
+        crate::backend::Verification::Unverified(w) => ("unverified", Some(w.clone())),
+        crate::backend::Verification::Unknown(w) => ("unknown", Some(w.clone())),
+    };
+    IdentitySnapshot {
+        backend: backend.name.to_string(),
+        health: state.health().state().to_owned(),
+        engine: headers.engine.to_str().unwrap_or("").to_owned(),
+        artifact: headers.artifact.to_str().unwrap_or("").to_owned(),
+        verification: verification.to_owned(),
+        served_model: identity.and_then(|i| i.served_model.clone()),
+        model_path: identity.and_then(|i| i.model_path.clone()),
+        slots: identity.and_then(|i| i.slots),
+        n_ctx: identity.and_then(|i| i.n_ctx),
+        chat_template: identity.and_then(|i| i.chat_template.clone()),
+        note: note.or_else(|| identity.and_then(|i| i.build_note.clone())),
+    }
+}
+
 async fn probe_loop(state: Arc<AppState>, backend: Arc<Backend>, stop: CancellationToken) {
     let interval = Duration::from_millis(state.config.server.probe_interval_ms);
     let timeout = Backend::probe_timeout(interval);
+    let mut last_snapshot: Option<IdentitySnapshot> = None;
     loop {
         let mut results = Vec::with_capacity(backend.adapter.probes().len());
         for path in backend.adapter.probes() {
@@ -245,6 +283,14 @@ async fn probe_loop(state: Arc<AppState>, backend: Arc<Backend>, stop: Cancellat
                 .and_then(|m| backend.adapter.identity_request(m))
             {
                 learn_build(&state, &backend, path, body).await;
+            }
+        }
+        if let Some(ledger) = &state.recorder.ledger {
+            // Identity over time: a row whenever what would be stamped changes.
+            let now = snapshot(&backend);
+            if last_snapshot.as_ref() != Some(&now) {
+                ledger.identity(now.clone());
+                last_snapshot = Some(now);
             }
         }
         tokio::select! {

@@ -12,6 +12,7 @@ pub mod cli;
 pub mod config;
 pub mod error;
 pub mod handler;
+pub mod ledger;
 pub mod record;
 pub mod server;
 pub mod stream;

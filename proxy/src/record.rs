@@ -22,14 +22,25 @@ pub struct Stats {
     pub client_disconnects: AtomicU64,
 }
 
-/// Where finished records go. Today: the log and counters; the ledger plugs in here.
+/// Where finished records go: counters, the log line, and the ledger when one is configured.
 #[derive(Debug, Default)]
 pub struct Recorder {
     pub stats: Stats,
+    pub ledger: Option<crate::ledger::Ledger>,
 }
 
 impl Recorder {
+    pub fn with_ledger(ledger: Option<crate::ledger::Ledger>) -> Self {
+        Self {
+            ledger,
+            ..Self::default()
+        }
+    }
+
     fn write(&self, r: &RequestRecord) {
+        if let Some(ledger) = &self.ledger {
+            ledger.record(r);
+        }
         self.stats.requests.fetch_add(1, Ordering::Relaxed);
         if r.client_disconnected {
             self.stats
@@ -54,6 +65,9 @@ impl Recorder {
             error_class = r.error_class.unwrap_or("-"),
             error = r.error.as_deref().unwrap_or("-"),
             client_disconnected = r.client_disconnected,
+            warm = r.warm,
+            engine = r.engine.as_deref().unwrap_or("-"),
+            artifact = r.artifact.as_deref().unwrap_or("-"),
             server_timing = %r.phases.header_value(),
             prompt_tokens = facts.and_then(|f| f.usage.prompt_tokens),
             completion_tokens = facts.and_then(|f| f.usage.completion_tokens),

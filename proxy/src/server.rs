@@ -102,6 +102,12 @@ pub async fn serve(app: App, listener: TcpListener, stop: CancellationToken, dra
             _ = graceful.shutdown() => tracing::info!("all connections drained"),
             _ = tokio::time::sleep(drain) => tracing::warn!(drain_ms = drain.as_millis() as u64, "drain timeout reached; cutting remaining connections"),
         }
+        if let Some(ledger) = &app.state().recorder.ledger {
+            let flushed = tokio::task::block_in_place(|| ledger.flush(Duration::from_secs(5)));
+            if !flushed {
+                tracing::warn!("the ledger did not finish writing within 5 s of shutdown");
+            }
+        }
         tasks.close();
         // Background loops watch `stop`; connection tasks were drained or are cut here.
         let _ = tokio::time::timeout(Duration::from_secs(1), tasks.wait()).await;

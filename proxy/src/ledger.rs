@@ -1,0 +1,601 @@
+//! The run ledger: every request on the record, in SQLite (WAL mode).
+//!
+//! The request path never waits on the disk. Finished records go into a bounded channel; one
+//! writer thread drains it in batches, one transaction per batch. When the channel is full the
+//! record is dropped and counted; when a write fails (disk full, read-only, gone) the batch is
+//! lost and counted. Both counts show in `/metrics`, in the log and in `switchyard report` —
+//! a ledger that stops recording is never silent.
+//!
+//! The schema is versioned (`PRAGMA user_version`) and migrated forward at open.
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use rusqlite::{params, Connection};
+use switchyard_policy::LedgerConfig;
+use tokio::sync::mpsc;
+
+use crate::record::RequestRecord;
+use crate::timing::{Source, TokenPhase};
+
+/// Migrations, in order; `user_version` is the number applied.
+const MIGRATIONS: &[&str] = &[
+    // 1: requests and engine identity snapshots.
+    r#"
+    CREATE TABLE requests (
+        id INTEGER PRIMARY KEY,
+        ts_ms INTEGER NOT NULL,
+        request_id TEXT NOT NULL,
+        method TEXT NOT NULL,
+        path TEXT NOT NULL,
+        model TEXT,
+        backend TEXT,
+        variant TEXT NOT NULL,
+        engine TEXT,
+        artifact TEXT,
+        workload TEXT,
+        sampling TEXT,
+        sampling_json TEXT,
+        output TEXT,
+        status INTEGER NOT NULL,
+        error_class TEXT,
+        error TEXT,
+        prompt_tokens INTEGER,
+        cached_tokens INTEGER,
+        completion_tokens INTEGER,
+        queue_ms REAL,
+        load_ms REAL,
+        ttfb_ms REAL,
+        ttft_ms REAL,
+        prefill_ms REAL,
+        prefill_tokens INTEGER,
+        prefill_source TEXT,
+        decode_ms REAL,
+        decode_tokens INTEGER,
+        decode_source TEXT,
+        total_ms REAL,
+        warm INTEGER,
+        streamed INTEGER NOT NULL,
+        client_disconnected INTEGER NOT NULL
+    );
+    CREATE INDEX requests_ts ON requests (ts_ms);
+    CREATE INDEX requests_group ON requests (model, backend, variant, warm);
+    CREATE TABLE identities (
+        id INTEGER PRIMARY KEY,
+        ts_ms INTEGER NOT NULL,
+        backend TEXT NOT NULL,
+        health TEXT NOT NULL,
+        engine TEXT NOT NULL,
+        artifact TEXT NOT NULL,
+        verification TEXT NOT NULL,
+        served_model TEXT,
+        model_path TEXT,
+        slots INTEGER,
+        n_ctx INTEGER,
+        chat_template TEXT,
+        note TEXT
+    );
+    CREATE INDEX identities_backend ON identities (backend, ts_ms);
+    "#,
+];
+
+/// A snapshot of one engine's identity, recorded when it changes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct IdentitySnapshot {
+    pub backend: String,
+    pub health: String,
+    pub engine: String,
+    pub artifact: String,
+    pub verification: String,
+    pub served_model: Option<String>,
+    pub model_path: Option<String>,
+    pub slots: Option<u32>,
+    pub n_ctx: Option<u64>,
+    pub chat_template: Option<String>,
+    pub note: Option<String>,
+}
+
+/// What goes through the channel.
+#[derive(Debug)]
+enum Entry {
+    Request(Box<Row>),
+    Identity(SystemTime, IdentitySnapshot),
+    /// Answered once everything queued before it is written (or lost).
+    Flush(std::sync::mpsc::SyncSender<()>),
+}
+
+/// A request row, copied out of the record so the writer owns it.
+#[derive(Debug)]
+struct Row {
+    ts_ms: i64,
+    request_id: String,
+    method: String,
+    path: String,
+    model: Option<String>,
+    backend: Option<String>,
+    variant: &'static str,
+    engine: Option<String>,
+    artifact: Option<String>,
+    workload: Option<String>,
+    sampling: Option<String>,
+    sampling_json: Option<String>,
+    output: Option<String>,
+    status: u16,
+    error_class: Option<&'static str>,
+    error: Option<String>,
+    prompt_tokens: Option<u64>,
+    cached_tokens: Option<u64>,
+    completion_tokens: Option<u64>,
+    queue_ms: Option<f64>,
+    load_ms: Option<f64>,
+    ttfb_ms: Option<f64>,
+    ttft_ms: Option<f64>,
+    prefill: Option<TokenPhase>,
+    decode: Option<TokenPhase>,
+    total_ms: Option<f64>,
+    warm: Option<bool>,
+    streamed: bool,
+    client_disconnected: bool,
+}
+
+impl Row {
+    fn from_record(r: &RequestRecord) -> Self {
+        let facts = r.facts.as_ref();
+        Self {
+            ts_ms: unix_ms(r.started_at),
+            request_id: r.id.clone(),
+            method: r.method.to_string(),
+            path: r.path.clone(),
+            model: r.model.as_deref().map(str::to_owned),
+            backend: r.backend.as_deref().map(str::to_owned),
+            variant: r.variant,
+            engine: r.engine.clone(),
+            artifact: r.artifact.clone(),
+            workload: r.workload.clone(),
+            sampling: r.sampling.clone(),
+            sampling_json: r.sampling_json.clone(),
+            output: facts.and_then(|f| f.output.clone()),
+            status: r.status,
+            error_class: r.error_class,
+            error: r.error.clone(),
+            prompt_tokens: facts.and_then(|f| f.usage.prompt_tokens),
+            cached_tokens: facts.and_then(|f| f.usage.cached_tokens),
+            completion_tokens: facts.and_then(|f| f.usage.completion_tokens),
+            queue_ms: r.phases.queue,
+            load_ms: r.phases.load,
+            ttfb_ms: r.phases.ttfb,
+            ttft_ms: r.phases.ttft,
+            prefill: r.phases.prefill,
+            decode: r.phases.decode,
+            total_ms: r.phases.total,
+            warm: r.warm,
+            streamed: r.streamed,
+            client_disconnected: r.client_disconnected,
+        }
+    }
+}
+
+/// SQLite integers are signed 64-bit.
+fn int(v: Option<u64>) -> Option<i64> {
+    v.map(|n| i64::try_from(n).unwrap_or(i64::MAX))
+}
+
+fn unix_ms(t: SystemTime) -> i64 {
+    t.duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as i64)
+}
+
+fn source(p: &Option<TokenPhase>) -> Option<&'static str> {
+    p.map(|p| match p.source {
+        Source::Engine => "engine",
+        Source::Measured => "measured",
+    })
+}
+
+/// Counters of what happened to records, shared with `/metrics` and the report.
+#[derive(Debug, Default)]
+pub struct LedgerCounters {
+    pub written: AtomicU64,
+    /// Dropped because the queue was full.
+    pub dropped_full: AtomicU64,
+    /// Lost because a write failed.
+    pub dropped_failed: AtomicU64,
+}
+
+impl LedgerCounters {
+    pub fn dropped(&self) -> u64 {
+        self.dropped_full.load(Ordering::Relaxed) + self.dropped_failed.load(Ordering::Relaxed)
+    }
+}
+
+/// The request path's handle on the ledger.
+#[derive(Debug)]
+pub struct Ledger {
+    tx: mpsc::Sender<Entry>,
+    pub counters: Arc<LedgerCounters>,
+    pub path: PathBuf,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum LedgerError {
+    #[error("ledger {path}: {source}")]
+    Sqlite {
+        path: String,
+        #[source]
+        source: rusqlite::Error,
+    },
+    #[error("ledger {path}: {source}")]
+    Io {
+        path: String,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// Opens (creating and migrating) the ledger database. Shared by the writer and `report`.
+pub fn open(path: &Path) -> Result<Connection, LedgerError> {
+    let sqlite = |source| LedgerError::Sqlite {
+        path: path.display().to_string(),
+        source,
+    };
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::create_dir_all(dir).map_err(|source| LedgerError::Io {
+            path: dir.display().to_string(),
+            source,
+        })?;
+    }
+    let mut conn = Connection::open(path).map_err(sqlite)?;
+    conn.busy_timeout(Duration::from_secs(5)).map_err(sqlite)?;
+    conn.pragma_update(None, "journal_mode", "WAL")
+        .map_err(sqlite)?;
+    conn.pragma_update(None, "synchronous", "NORMAL")
+        .map_err(sqlite)?;
+    let version: i64 = conn
+        .pragma_query_value(None, "user_version", |row| row.get(0))
+        .map_err(sqlite)?;
+    for (i, migration) in MIGRATIONS.iter().enumerate().skip(version.max(0) as usize) {
+        let tx = conn.transaction().map_err(sqlite)?;
+        tx.execute_batch(migration).map_err(sqlite)?;
+        tx.pragma_update(None, "user_version", (i + 1) as i64)
+            .map_err(sqlite)?;
+        tx.commit().map_err(sqlite)?;
+        tracing::info!(ledger = %path.display(), version = i + 1, "ledger schema migrated");
+    }
+    Ok(conn)
+}
+
+/// Opens a ledger for reading only (`switchyard report`), without migrating or creating it.
+pub fn open_read_only(path: &Path) -> Result<Connection, LedgerError> {
+    let conn = Connection::open_with_flags(
+        path,
+        rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY | rusqlite::OpenFlags::SQLITE_OPEN_NO_MUTEX,
+    )
+    .map_err(|source| LedgerError::Sqlite {
+        path: path.display().to_string(),
+        source,
+    })?;
+    let _ = conn.busy_timeout(Duration::from_secs(5));
+    Ok(conn)
+}
+
+impl Ledger {
+    /// Opens the database and starts the writer thread. The thread ends when every `Ledger`
+    /// handle is dropped and the queue is drained.
+    pub fn start(
+        config: &LedgerConfig,
+    ) -> Result<(Self, std::thread::JoinHandle<()>), LedgerError> {
+        let conn = open(&config.path)?;
+        let (tx, rx) = mpsc::channel(config.queue);
+        let counters = Arc::new(LedgerCounters::default());
+        let writer = Writer {
+            conn,
+            rx,
+            counters: counters.clone(),
+            batch: config.batch,
+            retention_days: config.retention_days,
+            max_rows: config.max_rows,
+            path: config.path.clone(),
+            last_prune: None,
+            failures_logged: 0,
+        };
+        let handle = std::thread::Builder::new()
+            .name("switchyard-ledger".to_owned())
+            .spawn(move || writer.run())
+            .map_err(|source| LedgerError::Io {
+                path: config.path.display().to_string(),
+                source,
+            })?;
+        Ok((
+            Self {
+                tx,
+                counters,
+                path: config.path.clone(),
+            },
+            handle,
+        ))
+    }
+
+    /// Queues a finished request. Never blocks; a full queue drops and counts the record.
+    pub fn record(&self, r: &RequestRecord) {
+        self.submit(Entry::Request(Box::new(Row::from_record(r))));
+    }
+
+    /// Queues an identity snapshot.
+    pub fn identity(&self, snapshot: IdentitySnapshot) {
+        self.submit(Entry::Identity(SystemTime::now(), snapshot));
+    }
+
+    /// Waits (up to `timeout`) until every record queued so far is written; for shutdown.
+    pub fn flush(&self, timeout: Duration) -> bool {
+        let (done, wait) = std::sync::mpsc::sync_channel(1);
+        if self.tx.try_send(Entry::Flush(done)).is_err() {
+            return false;
+        }
+        wait.recv_timeout(timeout).is_ok()
+    }
+
+    fn submit(&self, entry: Entry) {
+        if self.tx.try_send(entry).is_err() {
+            let n = self.counters.dropped_full.fetch_add(1, Ordering::Relaxed) + 1;
+            if n.is_power_of_two() {
+                tracing::warn!(ledger = %self.path.display(), dropped = n, "ledger queue full: record dropped");
+            }
+        }
+    }
+}
+
+struct Writer {
+    conn: Connection,
+    rx: mpsc::Receiver<Entry>,
+    counters: Arc<LedgerCounters>,
+    batch: usize,
+    retention_days: Option<u64>,
+    max_rows: Option<u64>,
+    path: PathBuf,
+    last_prune: Option<Instant>,
+    failures_logged: u64,
+}
+
+impl Writer {
+    fn run(mut self) {
+        let mut entries = Vec::with_capacity(self.batch);
+        while let Some(first) = self.rx.blocking_recv() {
+            entries.push(first);
+            while entries.len() < self.batch {
+                match self.rx.try_recv() {
+                    Ok(entry) => entries.push(entry),
+                    Err(_) => break,
+                }
+            }
+            let requests = entries
+                .iter()
+                .filter(|e| matches!(e, Entry::Request(_)))
+                .count() as u64;
+            match self.write(&entries) {
+                Ok(()) => {
+                    self.counters.written.fetch_add(requests, Ordering::Relaxed);
+                }
+                Err(e) => {
+                    let lost = self
+                        .counters
+                        .dropped_failed
+                        .fetch_add(requests, Ordering::Relaxed)
+                        + requests;
+                    self.failures_logged += 1;
+                    if self.failures_logged.is_power_of_two() {
+                        tracing::error!(ledger = %self.path.display(), error = %e, lost_total = lost, "ledger write failed: records lost");
+                    }
+                }
+            }
+            for entry in entries.drain(..) {
+                if let Entry::Flush(done) = entry {
+                    let _ = done.try_send(());
+                }
+            }
+            self.prune_if_due();
+        }
+    }
+
+    fn write(&mut self, entries: &[Entry]) -> rusqlite::Result<()> {
+        let tx = self.conn.transaction()?;
+        {
+            let mut insert_request = tx.prepare_cached(
+                "INSERT INTO requests (ts_ms, request_id, method, path, model, backend, variant, engine, artifact,
+                    workload, sampling, sampling_json, output, status, error_class, error, prompt_tokens,
+                    cached_tokens, completion_tokens, queue_ms, load_ms, ttfb_ms, ttft_ms, prefill_ms,
+                    prefill_tokens, prefill_source, decode_ms, decode_tokens, decode_source, total_ms, warm,
+                    streamed, client_disconnected)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19,
+                    ?20, ?21, ?22, ?23, ?24, ?25, ?26, ?27, ?28, ?29, ?30, ?31, ?32, ?33)",
+            )?;
+            let mut insert_identity = tx.prepare_cached(
+                "INSERT INTO identities (ts_ms, backend, health, engine, artifact, verification, served_model,
+                    model_path, slots, n_ctx, chat_template, note)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12)",
+            )?;
+            for entry in entries {
+                match entry {
+                    Entry::Request(r) => {
+                        insert_request.execute(params![
+                            r.ts_ms,
+                            r.request_id,
+                            r.method,
+                            r.path,
+                            r.model,
+                            r.backend,
+                            r.variant,
+                            r.engine,
+                            r.artifact,
+                            r.workload,
+                            r.sampling,
+                            r.sampling_json,
+                            r.output,
+                            r.status,
+                            r.error_class,
+                            r.error,
+                            int(r.prompt_tokens),
+                            int(r.cached_tokens),
+                            int(r.completion_tokens),
+                            r.queue_ms,
+                            r.load_ms,
+                            r.ttfb_ms,
+                            r.ttft_ms,
+                            r.prefill.map(|p| p.ms),
+                            int(r.prefill.and_then(|p| p.tokens)),
+                            source(&r.prefill),
+                            r.decode.map(|p| p.ms),
+                            int(r.decode.and_then(|p| p.tokens)),
+                            source(&r.decode),
+                            r.total_ms,
+                            r.warm,
+                            r.streamed,
+                            r.client_disconnected,
+                        ])?;
+                    }
+                    Entry::Flush(_) => {}
+                    Entry::Identity(at, s) => {
+                        insert_identity.execute(params![
+                            unix_ms(*at),
+                            s.backend,
+                            s.health,
+                            s.engine,
+                            s.artifact,
+                            s.verification,
+                            s.served_model,
+                            s.model_path,
+                            s.slots,
+                            int(s.n_ctx),
+                            s.chat_template,
+                            s.note,
+                        ])?;
+                    }
+                }
+            }
+        }
+        tx.commit()
+    }
+
+    /// Retention: at most hourly, delete rows past the age or count limit.
+    fn prune_if_due(&mut self) {
+        if self.retention_days.is_none() && self.max_rows.is_none() {
+            return;
+        }
+        if self
+            .last_prune
+            .is_some_and(|t| t.elapsed() < Duration::from_secs(3600))
+        {
+            return;
+        }
+        self.last_prune = Some(Instant::now());
+        let result = (|| -> rusqlite::Result<usize> {
+            let mut deleted = 0;
+            if let Some(days) = self.retention_days {
+                let cutoff = unix_ms(SystemTime::now()) - (days as i64) * 86_400_000;
+                deleted += self
+                    .conn
+                    .execute("DELETE FROM requests WHERE ts_ms < ?1", [cutoff])?;
+                deleted += self
+                    .conn
+                    .execute("DELETE FROM identities WHERE ts_ms < ?1", [cutoff])?;
+            }
+            if let Some(max) = self.max_rows {
+                deleted += self.conn.execute(
+                    "DELETE FROM requests WHERE id <= (SELECT id FROM requests ORDER BY id DESC LIMIT 1 OFFSET ?1)",
+                    [max as i64],
+                )?;
+            }
+            Ok(deleted)
+        })();
+        match result {
+            Ok(0) => {}
+            Ok(n) => {
+                tracing::info!(ledger = %self.path.display(), deleted = n, "ledger retention pruned rows")
+            }
+            Err(e) => {
+                tracing::warn!(ledger = %self.path.display(), error = %e, "ledger retention failed")
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config(path: PathBuf, max_rows: Option<u64>) -> LedgerConfig {
+        LedgerConfig {
+            path,
+            queue: 16,
+            batch: 4,
+            retention_days: None,
+            max_rows,
+        }
+    }
+
+    #[test]
+    fn migrations_apply_once_and_are_versioned() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("sub/ledger.db");
+        drop(open(&path).unwrap());
+        let conn = open(&path).unwrap();
+        let version: i64 = conn
+            .pragma_query_value(None, "user_version", |r| r.get(0))
+            .unwrap();
+        assert_eq!(version as usize, MIGRATIONS.len());
+        let mode: String = conn
+            .pragma_query_value(None, "journal_mode", |r| r.get(0))
+            .unwrap();
+        assert_eq!(mode, "wal");
+    }
+
+    fn write_records(
+        path: &Path,
+        max_rows: Option<u64>,
+        ids: std::ops::Range<u32>,
+    ) -> Arc<LedgerCounters> {
+        let (ledger, writer) = Ledger::start(&config(path.to_path_buf(), max_rows)).unwrap();
+        let recorder = Arc::new(crate::record::Recorder::default());
+        for i in ids {
+            let mut r = RequestRecord::new(
+                recorder.clone(),
+                format!("req-{i}"),
+                http::Method::POST,
+                "/v1/chat/completions".into(),
+                Instant::now(),
+            );
+            r.status = 200;
+            ledger.record(&r);
+            r.finish();
+        }
+        let counters = ledger.counters.clone();
+        drop(ledger);
+        writer.join().unwrap();
+        counters
+    }
+
+    fn request_ids(path: &Path) -> Vec<String> {
+        let conn = open(path).unwrap();
+        let mut stmt = conn
+            .prepare("SELECT request_id FROM requests ORDER BY id")
+            .unwrap();
+        stmt.query_map([], |r| r.get(0))
+            .unwrap()
+            .collect::<Result<_, _>>()
+            .unwrap()
+    }
+
+    #[test]
+    fn rows_are_written_and_counted_and_pruned() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("ledger.db");
+        let counters = write_records(&path, None, 0..5);
+        assert_eq!(counters.written.load(Ordering::Relaxed), 5);
+        assert_eq!(counters.dropped(), 0);
+        assert_eq!(request_ids(&path).len(), 5);
+        // With a row limit, the first batch written prunes the oldest rows.
+        write_records(&path, Some(3), 5..6);
+        assert_eq!(request_ids(&path), vec!["req-3", "req-4", "req-5"]);
+    }
+}

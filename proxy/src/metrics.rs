@@ -1,0 +1,733 @@
+//! Prometheus metrics: a small hand-written registry and its text exposition (format 0.0.4),
+//! served at `GET /metrics`.
+//!
+//! Every finished request is observed exactly once, from [`crate::record::Recorder`], so the
+//! metrics count the same requests as the log and the ledger. In-flight requests are counted by
+//! an [`InFlightGuard`] taken when a request is forwarded to its backend and dropped when the
+//! engine's answer is complete or the client left.
+//!
+//! Families (OpenTelemetry GenAI names in Prometheus form where one exists, seconds as the unit):
+//!
+//! | family | type | labels |
+//! | --- | --- | --- |
+//! | `gen_ai_server_request_duration_seconds` | histogram | `model`, `backend`, `variant` |
+//! | `gen_ai_server_time_to_first_token_seconds` | histogram | `model`, `backend`, `variant` |
+//! | `switchyard_queue_seconds` | histogram | `model`, `backend`, `variant` |
+//! | `switchyard_prefill_tokens_per_second` | histogram | `model`, `backend`, `variant`, `source` |
+//! | `switchyard_decode_tokens_per_second` | histogram | `model`, `backend`, `variant`, `source` |
+//! | `switchyard_requests_total` | counter | `model`, `backend`, `variant`, `status_class` |
+//! | `switchyard_client_disconnects_total` | counter | `backend` |
+//! | `switchyard_in_flight_requests` | gauge | `backend` |
+//! | `switchyard_ledger_records_written_total` | counter | none |
+//! | `switchyard_ledger_records_dropped_total` | counter | none |
+//!
+//! Label values come from configuration (public model names, backend names), never from what a
+//! client sent: a request that was not routed (unknown model, malformed body) is counted with
+//! `model=""`, `backend=""` and `variant=""`, so clients cannot grow the number of series.
+//!
+//! Cost: the request path does one lock-free map lookup (an `ArcSwap` snapshot) and a few relaxed
+//! atomic adds; a series is created (copy-on-write of the map) only the first time its label set
+//! is seen. Labelled children appear once observed; the per-backend gauge and disconnect counter
+//! exist from start-up for every configured backend.
+
+use std::borrow::Borrow;
+use std::collections::HashMap;
+use std::fmt::Write as _;
+use std::hash::Hash;
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+use std::sync::Arc;
+
+use arc_swap::ArcSwap;
+
+use crate::record::RequestRecord;
+use crate::timing::{Source, TokenPhase};
+
+/// The `Content-Type` of the text exposition format.
+pub const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
+
+/// Upper bounds, in seconds, of the latency histograms: from a queue wait of a millisecond to a
+/// two-minute generation on a CPU.
+pub const LATENCY_BUCKETS: &[f64] = &[
+    0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0,
+];
+
+/// Upper bounds, in tokens per second, of the prefill and decode rate histograms.
+pub const RATE_BUCKETS: &[f64] = &[
+    1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 100.0, 200.0, 500.0, 1000.0, 2000.0, 5000.0, 10000.0,
+];
+
+/// `status_class` values, indexed by [`status_class`].
+const STATUS_CLASSES: [&str; 6] = ["none", "1xx", "2xx", "3xx", "4xx", "5xx"];
+
+/// `source` values, indexed by [`source_index`].
+const SOURCES: [&str; 2] = ["engine", "measured"];
+
+/// The registry. One per process, inside the [`crate::record::Recorder`].
+#[derive(Debug, Default)]
+pub struct Metrics {
+    series: ArcSwap<HashMap<SeriesKey, Arc<Series>>>,
+    backends: ArcSwap<HashMap<Arc<str>, Arc<BackendSeries>>>,
+    /// Hook for the run ledger: records it wrote. The ledger increments it; rendered as
+    /// `switchyard_ledger_records_written_total`.
+    pub ledger_written: AtomicU64,
+    /// Hook for the run ledger: records it dropped (queue full, write failed). The ledger
+    /// increments it; rendered as `switchyard_ledger_records_dropped_total`.
+    pub ledger_dropped: AtomicU64,
+}
+
+/// The labels shared by the per-request families. `None` renders as `""` (not routed).
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+struct SeriesKey {
+    model: Option<Arc<str>>,
+    backend: Option<Arc<str>>,
+    variant: &'static str,
+}
+
+/// Everything observed for one (model, backend, variant).
+#[derive(Debug)]
+struct Series {
+    requests: [AtomicU64; STATUS_CLASSES.len()],
+    duration: Histogram,
+    ttft: Histogram,
+    queue: Histogram,
+    prefill: [Histogram; SOURCES.len()],
+    decode: [Histogram; SOURCES.len()],
+}
+
+impl Series {
+    fn new() -> Self {
+        Self {
+            requests: Default::default(),
+            duration: Histogram::new(LATENCY_BUCKETS),
+            ttft: Histogram::new(LATENCY_BUCKETS),
+            queue: Histogram::new(LATENCY_BUCKETS),
+            prefill: [Histogram::new(RATE_BUCKETS), Histogram::new(RATE_BUCKETS)],
+            decode: [Histogram::new(RATE_BUCKETS), Histogram::new(RATE_BUCKETS)],
+        }
+    }
+}
+
+/// Per-backend gauge and counter.
+#[derive(Debug, Default)]
+struct BackendSeries {
+    in_flight: AtomicI64,
+    disconnects: AtomicU64,
+}
+
+/// Counts one request as in flight at a backend until dropped.
+#[derive(Debug)]
+#[must_use = "the request counts as in flight only while the guard lives"]
+pub struct InFlightGuard {
+    backend: Arc<BackendSeries>,
+}
+
+impl Drop for InFlightGuard {
+    fn drop(&mut self) {
+        self.backend.in_flight.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+impl Metrics {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Creates the per-backend series (in-flight gauge, disconnect counter) ahead of the first
+    /// request, so they are scraped as 0 from start-up and the request path never creates them.
+    pub fn register_backend(&self, backend: &str) {
+        let _ = self.backend(backend);
+    }
+
+    /// Marks one request as in flight at `backend`, until the guard is dropped.
+    pub fn in_flight(&self, backend: &str) -> InFlightGuard {
+        let backend = self.backend(backend);
+        backend.in_flight.fetch_add(1, Ordering::Relaxed);
+        InFlightGuard { backend }
+    }
+
+    /// Counts one finished request. Called exactly once per request, when its record is written.
+    pub fn observe(&self, r: &RequestRecord) {
+        let key = SeriesKey {
+            model: r.model.clone(),
+            variant: if r.backend.is_some() { r.variant } else { "" },
+            backend: r.backend.clone(),
+        };
+        let series = get_or_insert(&self.series, &key, || key.clone(), Series::new);
+        series.requests[status_class(r.status)].fetch_add(1, Ordering::Relaxed);
+        let p = &r.phases;
+        for (histogram, ms) in [
+            (&series.duration, p.total),
+            (&series.ttft, p.ttft),
+            (&series.queue, p.queue),
+        ] {
+            if let Some(ms) = ms {
+                histogram.observe(ms / 1000.0);
+            }
+        }
+        for (histograms, phase) in [(&series.prefill, p.prefill), (&series.decode, p.decode)] {
+            if let Some(rate) = phase.as_ref().and_then(TokenPhase::tokens_per_sec) {
+                if let Some(phase) = phase {
+                    histograms[source_index(phase.source)].observe(rate);
+                }
+            }
+        }
+        if r.client_disconnected {
+            self.backend(r.backend.as_deref().unwrap_or(""))
+                .disconnects
+                .fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// The text exposition of every family, series sorted by their labels.
+    pub fn render(&self) -> String {
+        let mut series: Vec<(SeriesKey, Arc<Series>)> = self
+            .series
+            .load()
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
+        series.sort_by(|a, b| a.0.cmp(&b.0));
+        let mut backends: Vec<(Arc<str>, Arc<BackendSeries>)> = self
+            .backends
+            .load()
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
+        backends.sort_by(|a, b| a.0.cmp(&b.0));
+
+        let mut out = String::with_capacity(4096 + series.len() * 8192);
+        let base = |key: &SeriesKey| -> [(&'static str, String); 3] {
+            [
+                ("model", key.model.as_deref().unwrap_or("").to_owned()),
+                ("backend", key.backend.as_deref().unwrap_or("").to_owned()),
+                ("variant", key.variant.to_owned()),
+            ]
+        };
+
+        let latency: [(&str, &str, fn(&Series) -> &Histogram); 3] = [
+            (
+                "gen_ai_server_request_duration_seconds",
+                "Time from the request's arrival at Switchyard to its last response byte (or the client leaving).",
+                |s| &s.duration,
+            ),
+            (
+                "gen_ai_server_time_to_first_token_seconds",
+                "Time from the request's arrival to the first generated token forwarded (streamed requests).",
+                |s| &s.ttft,
+            ),
+            (
+                "switchyard_queue_seconds",
+                "Time a request waited for admission to its backend.",
+                |s| &s.queue,
+            ),
+        ];
+        for (name, help, pick) in latency {
+            header(&mut out, name, help, "histogram");
+            for (key, s) in &series {
+                let labels = base(key);
+                pick(s).render(&mut out, name, &labels);
+            }
+        }
+
+        let rates: [(&str, &str, fn(&Series) -> &[Histogram; 2]); 2] = [
+            (
+                "switchyard_prefill_tokens_per_second",
+                "Prompt tokens processed per second, as the engine reported it (source=engine) or as measured by Switchyard (source=measured).",
+                |s| &s.prefill,
+            ),
+            (
+                "switchyard_decode_tokens_per_second",
+                "Tokens generated per second, as the engine reported it (source=engine) or as measured by Switchyard from the stream (source=measured).",
+                |s| &s.decode,
+            ),
+        ];
+        for (name, help, pick) in rates {
+            header(&mut out, name, help, "histogram");
+            for (key, s) in &series {
+                for (i, h) in pick(s).iter().enumerate() {
+                    let [m, b, v] = base(key);
+                    h.render(&mut out, name, &[m, b, v, ("source", SOURCES[i].to_owned())]);
+                }
+            }
+        }
+
+        let name = "switchyard_requests_total";
+        header(
+            &mut out,
+            name,
+            "Finished requests, by HTTP status class; status_class=\"none\" when the client left before a status was sent.",
+            "counter",
+        );
+        for (key, s) in &series {
+            for (i, count) in s.requests.iter().enumerate() {
+                let count = count.load(Ordering::Relaxed);
+                if count > 0 {
+                    let [m, b, v] = base(key);
+                    sample(
+                        &mut out,
+                        name,
+                        &[m, b, v, ("status_class", STATUS_CLASSES[i].to_owned())],
+                        count as f64,
+                    );
+                }
+            }
+        }
+
+        let name = "switchyard_client_disconnects_total";
+        header(
+            &mut out,
+            name,
+            "Requests whose client went away before the response was complete.",
+            "counter",
+        );
+        for (backend, b) in &backends {
+            let labels = [("backend", backend.to_string())];
+            sample(
+                &mut out,
+                name,
+                &labels,
+                b.disconnects.load(Ordering::Relaxed) as f64,
+            );
+        }
+
+        let name = "switchyard_in_flight_requests";
+        header(
+            &mut out,
+            name,
+            "Requests forwarded to a backend whose answer is not complete yet.",
+            "gauge",
+        );
+        for (backend, b) in backends.iter().filter(|(name, _)| !name.is_empty()) {
+            let labels = [("backend", backend.to_string())];
+            sample(
+                &mut out,
+                name,
+                &labels,
+                b.in_flight.load(Ordering::Relaxed) as f64,
+            );
+        }
+
+        for (name, help, counter) in [
+            (
+                "switchyard_ledger_records_written_total",
+                "Request records written to the run ledger.",
+                &self.ledger_written,
+            ),
+            (
+                "switchyard_ledger_records_dropped_total",
+                "Request records the run ledger dropped (queue full or write failed).",
+                &self.ledger_dropped,
+            ),
+        ] {
+            header(&mut out, name, help, "counter");
+            sample(&mut out, name, &[], counter.load(Ordering::Relaxed) as f64);
+        }
+        out
+    }
+
+    fn backend(&self, name: &str) -> Arc<BackendSeries> {
+        get_or_insert(&self.backends, name, || Arc::from(name), BackendSeries::default)
+    }
+}
+
+/// The value at `key`, inserted (copy-on-write) when missing. Entries are never removed.
+fn get_or_insert<K, Q, V>(
+    map: &ArcSwap<HashMap<K, Arc<V>>>,
+    key: &Q,
+    owned: impl Fn() -> K,
+    make: impl Fn() -> V,
+) -> Arc<V>
+where
+    K: Borrow<Q> + Eq + Hash + Clone,
+    Q: Eq + Hash + ?Sized,
+{
+    if let Some(v) = map.load().get(key) {
+        return v.clone();
+    }
+    let mut inserted = None;
+    map.rcu(|current| {
+        let mut next = HashMap::clone(current);
+        let v = next.entry(owned()).or_insert_with(|| Arc::new(make())).clone();
+        inserted = Some(v);
+        next
+    });
+    inserted.unwrap_or_else(|| Arc::new(make()))
+}
+
+/// Index into [`STATUS_CLASSES`]: `0` (`none`) when no status was sent.
+fn status_class(status: u16) -> usize {
+    match status {
+        100..=599 => usize::from(status / 100),
+        _ => 0,
+    }
+}
+
+fn source_index(source: Source) -> usize {
+    match source {
+        Source::Engine => 0,
+        Source::Measured => 1,
+    }
+}
+
+/// A fixed-bucket histogram. Buckets are stored per interval and made cumulative when rendered,
+/// so `_count` (their total) always equals the `+Inf` bucket.
+#[derive(Debug)]
+struct Histogram {
+    bounds: &'static [f64],
+    /// One per bound, then the overflow bucket (`+Inf`).
+    counts: Box<[AtomicU64]>,
+    /// The sum of observations, as `f64` bits.
+    sum: AtomicU64,
+}
+
+impl Histogram {
+    fn new(bounds: &'static [f64]) -> Self {
+        Self {
+            bounds,
+            counts: (0..=bounds.len()).map(|_| AtomicU64::new(0)).collect(),
+            sum: AtomicU64::new(0f64.to_bits()),
+        }
+    }
+
+    /// Counts `v` in the first bucket whose upper bound is `>= v`. NaN and negative values are
+    /// ignored (no phase is negative).
+    fn observe(&self, v: f64) {
+        if v.is_nan() || v < 0.0 {
+            return;
+        }
+        let i = self.bounds.partition_point(|b| *b < v);
+        if let Some(count) = self.counts.get(i) {
+            count.fetch_add(1, Ordering::Relaxed);
+        }
+        let _ = self
+            .sum
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |bits| {
+                Some((f64::from_bits(bits) + v).to_bits())
+            });
+    }
+
+    fn count(&self) -> u64 {
+        self.counts.iter().map(|c| c.load(Ordering::Relaxed)).sum()
+    }
+
+    /// Writes `_bucket`, `_sum` and `_count` lines; nothing while the histogram is empty.
+    fn render(&self, out: &mut String, name: &str, labels: &[(&'static str, String)]) {
+        let counts: Vec<u64> = self
+            .counts
+            .iter()
+            .map(|c| c.load(Ordering::Relaxed))
+            .collect();
+        let total: u64 = counts.iter().sum();
+        if total == 0 {
+            return;
+        }
+        let bucket = format!("{name}_bucket");
+        let mut with_le: Vec<(&'static str, String)> = labels.to_vec();
+        with_le.push(("le", String::new()));
+        let mut cumulative = 0;
+        for (i, count) in counts.iter().enumerate() {
+            cumulative += count;
+            let le = self.bounds.get(i).map_or_else(|| "+Inf".to_owned(), |b| float(*b));
+            if let Some(last) = with_le.last_mut() {
+                last.1 = le;
+            }
+            sample(out, &bucket, &with_le, cumulative as f64);
+        }
+        sample(
+            out,
+            &format!("{name}_sum"),
+            labels,
+            f64::from_bits(self.sum.load(Ordering::Relaxed)),
+        );
+        sample(out, &format!("{name}_count"), labels, total as f64);
+    }
+}
+
+fn header(out: &mut String, name: &str, help: &str, kind: &str) {
+    let _ = writeln!(out, "# HELP {name} {}", escape_help(help));
+    let _ = writeln!(out, "# TYPE {name} {kind}");
+}
+
+fn sample(out: &mut String, name: &str, labels: &[(&'static str, String)], value: f64) {
+    out.push_str(name);
+    if !labels.is_empty() {
+        out.push('{');
+        for (i, (k, v)) in labels.iter().enumerate() {
+            if i > 0 {
+                out.push(',');
+            }
+            let _ = write!(out, "{k}=\"{}\"", escape_label(v));
+        }
+        out.push('}');
+    }
+    out.push(' ');
+    out.push_str(&float(value));
+    out.push('\n');
+}
+
+/// A sample value or `le` bound as the format spells it (`+Inf`, `-Inf`, `NaN`).
+fn float(v: f64) -> String {
+    if v.is_nan() {
+        "NaN".to_owned()
+    } else if v == f64::INFINITY {
+        "+Inf".to_owned()
+    } else if v == f64::NEG_INFINITY {
+        "-Inf".to_owned()
+    } else {
+        format!("{v}")
+    }
+}
+
+/// Label values escape backslash, double quote and line feed.
+fn escape_label(v: &str) -> std::borrow::Cow<'_, str> {
+    if !v.contains(['\\', '"', '\n']) {
+        return v.into();
+    }
+    let mut out = String::with_capacity(v.len() + 8);
+    for c in v.chars() {
+        match c {
+            '\\' => out.push_str("\\\\"),
+            '"' => out.push_str("\\\""),
+            '\n' => out.push_str("\\n"),
+            c => out.push(c),
+        }
+    }
+    out.into()
+}
+
+/// `# HELP` text escapes backslash and line feed.
+fn escape_help(v: &str) -> String {
+    v.replace('\\', "\\\\").replace('\n', "\\n")
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Instant;
+
+    use super::*;
+    use crate::record::Recorder;
+    use crate::timing::Phases;
+
+    /// The value of the sample whose line starts with `prefix` (name and labels).
+    fn value(text: &str, prefix: &str) -> Option<f64> {
+        text.lines()
+            .find_map(|l| l.strip_prefix(prefix)?.strip_prefix(' ')?.parse().ok())
+    }
+
+    #[test]
+    fn label_values_are_escaped() {
+        assert_eq!(escape_label("plain"), "plain");
+        assert_eq!(escape_label("a\\b\"c\nd"), "a\\\\b\\\"c\\nd");
+        let mut out = String::new();
+        sample(
+            &mut out,
+            "m_total",
+            &[("backend", "x\"y\\z\n".to_owned())],
+            1.0,
+        );
+        assert_eq!(out, "m_total{backend=\"x\\\"y\\\\z\\n\"} 1\n");
+        assert_eq!(escape_help("a\\b\nc"), "a\\\\b\\nc");
+    }
+
+    #[test]
+    fn floats_use_the_format_spelling() {
+        assert_eq!(float(0.005), "0.005");
+        assert_eq!(float(120.0), "120");
+        assert_eq!(float(f64::INFINITY), "+Inf");
+        assert_eq!(float(f64::NEG_INFINITY), "-Inf");
+        assert_eq!(float(f64::NAN), "NaN");
+    }
+
+    #[test]
+    fn buckets_are_upper_inclusive_and_cumulative() {
+        let h = Histogram::new(&[1.0, 2.0, 5.0]);
+        for v in [0.5, 1.0, 1.5, 2.0, 7.0, f64::NAN, -1.0] {
+            h.observe(v);
+        }
+        assert_eq!(h.count(), 5);
+        let mut out = String::new();
+        h.render(&mut out, "h", &[("k", "v".to_owned())]);
+        assert_eq!(
+            out,
+            "h_bucket{k=\"v\",le=\"1\"} 2\n\
+             h_bucket{k=\"v\",le=\"2\"} 4\n\
+             h_bucket{k=\"v\",le=\"5\"} 4\n\
+             h_bucket{k=\"v\",le=\"+Inf\"} 5\n\
+             h_sum{k=\"v\"} 12\n\
+             h_count{k=\"v\"} 5\n"
+        );
+        let mut empty = String::new();
+        Histogram::new(&[1.0]).render(&mut empty, "h", &[]);
+        assert_eq!(empty, "");
+    }
+
+    #[test]
+    fn status_classes() {
+        assert_eq!(STATUS_CLASSES[status_class(0)], "none");
+        assert_eq!(STATUS_CLASSES[status_class(200)], "2xx");
+        assert_eq!(STATUS_CLASSES[status_class(404)], "4xx");
+        assert_eq!(STATUS_CLASSES[status_class(599)], "5xx");
+    }
+
+    #[test]
+    fn in_flight_guard_counts_while_alive() {
+        let m = Metrics::new();
+        m.register_backend("llama");
+        assert!(m
+            .render()
+            .contains("switchyard_in_flight_requests{backend=\"llama\"} 0\n"));
+        let a = m.in_flight("llama");
+        let b = m.in_flight("llama");
+        assert!(m
+            .render()
+            .contains("switchyard_in_flight_requests{backend=\"llama\"} 2\n"));
+        drop(a);
+        drop(b);
+        assert!(m
+            .render()
+            .contains("switchyard_in_flight_requests{backend=\"llama\"} 0\n"));
+    }
+
+    fn record(recorder: &Arc<Recorder>) -> RequestRecord {
+        RequestRecord::new(
+            recorder.clone(),
+            "id".to_owned(),
+            http::Method::POST,
+            "/v1/chat/completions".to_owned(),
+            Instant::now(),
+        )
+    }
+
+    #[test]
+    fn finished_records_are_observed_once() {
+        let recorder = Arc::new(Recorder::default());
+        let mut ok = record(&recorder);
+        ok.model = Some(Arc::from("smollm2"));
+        ok.backend = Some(Arc::from("llama"));
+        ok.status = 200;
+        ok.phases = Phases {
+            queue: Some(0.5),
+            ttft: Some(40.0),
+            total: Some(100.0),
+            prefill: Some(TokenPhase {
+                ms: 10.0,
+                tokens: Some(100),
+                source: Source::Engine,
+            }),
+            decode: Some(TokenPhase {
+                ms: 50.0,
+                tokens: Some(5),
+                source: Source::Measured,
+            }),
+            ..Phases::default()
+        };
+        ok.finish();
+        let mut unknown = record(&recorder);
+        unknown.status = 404;
+        unknown.finish();
+        // Dropped unfinished: the client left before any status.
+        let mut left = record(&recorder);
+        left.model = Some(Arc::from("smollm2"));
+        left.backend = Some(Arc::from("llama"));
+        drop(left);
+
+        let text = recorder.metrics.render();
+        let routed = "model=\"smollm2\",backend=\"llama\",variant=\"primary\"";
+        let unrouted = "model=\"\",backend=\"\",variant=\"\"";
+        let v = |p: &str| value(&text, p);
+        assert_eq!(
+            v(&format!("switchyard_requests_total{{{routed},status_class=\"2xx\"}}")),
+            Some(1.0)
+        );
+        assert_eq!(
+            v(&format!("switchyard_requests_total{{{routed},status_class=\"none\"}}")),
+            Some(1.0)
+        );
+        assert_eq!(
+            v(&format!("switchyard_requests_total{{{unrouted},status_class=\"4xx\"}}")),
+            Some(1.0)
+        );
+        assert_eq!(
+            v("switchyard_client_disconnects_total{backend=\"llama\"}"),
+            Some(1.0)
+        );
+        assert_eq!(
+            v(&format!("gen_ai_server_request_duration_seconds_count{{{routed}}}")),
+            Some(2.0)
+        );
+        assert_eq!(
+            v(&format!("gen_ai_server_time_to_first_token_seconds_bucket{{{routed},le=\"0.025\"}}")),
+            Some(0.0)
+        );
+        assert_eq!(
+            v(&format!("gen_ai_server_time_to_first_token_seconds_bucket{{{routed},le=\"0.05\"}}")),
+            Some(1.0)
+        );
+        assert_eq!(
+            v(&format!("gen_ai_server_time_to_first_token_seconds_sum{{{routed}}}")),
+            Some(0.04)
+        );
+        assert_eq!(
+            v(&format!("switchyard_queue_seconds_bucket{{{routed},le=\"0.001\"}}")),
+            Some(1.0)
+        );
+        // 100 tokens in 10 ms = 10000 tok/s; 5 in 50 ms = 100 tok/s.
+        assert_eq!(
+            v(&format!("switchyard_prefill_tokens_per_second_sum{{{routed},source=\"engine\"}}")),
+            Some(10000.0)
+        );
+        assert_eq!(
+            v(&format!("switchyard_decode_tokens_per_second_bucket{{{routed},source=\"measured\",le=\"100\"}}")),
+            Some(1.0)
+        );
+        assert_eq!(
+            v(&format!("switchyard_decode_tokens_per_second_count{{{routed},source=\"engine\"}}")),
+            None,
+            "empty children are not rendered"
+        );
+        assert_eq!(
+            v("switchyard_ledger_records_dropped_total"),
+            Some(0.0)
+        );
+    }
+
+    #[test]
+    fn every_sample_belongs_to_a_declared_family() {
+        let recorder = Arc::new(Recorder::default());
+        let mut r = record(&recorder);
+        r.model = Some(Arc::from("m"));
+        r.backend = Some(Arc::from("b"));
+        r.status = 200;
+        r.phases.ttft = Some(1.0);
+        r.finish();
+        recorder.metrics.ledger_written.fetch_add(3, Ordering::Relaxed);
+        let text = recorder.metrics.render();
+        let mut declared: Vec<(String, String)> = Vec::new();
+        let mut seen_help = Vec::new();
+        for line in text.lines() {
+            if let Some(rest) = line.strip_prefix("# HELP ") {
+                seen_help.push(rest.split(' ').next().unwrap_or("").to_owned());
+            } else if let Some(rest) = line.strip_prefix("# TYPE ") {
+                let (name, kind) = rest.split_once(' ').unwrap();
+                assert_eq!(seen_help.last().map(String::as_str), Some(name));
+                assert!(!declared.iter().any(|(n, _)| n == name), "{name} twice");
+                declared.push((name.to_owned(), kind.to_owned()));
+            } else {
+                let name = line.split(['{', ' ']).next().unwrap();
+                let (family, kind) = declared.last().unwrap();
+                let ok = match kind.as_str() {
+                    "histogram" => [
+                        format!("{family}_bucket"),
+                        format!("{family}_sum"),
+                        format!("{family}_count"),
+                    ]
+                    .contains(&name.to_owned()),
+                    _ => name == family,
+                };
+                assert!(ok, "{name} after # TYPE {family} {kind}");
+            }
+        }
+        assert_eq!(declared.len(), 10);
+        assert!(text.contains("switchyard_ledger_records_written_total 3\n"));
+    }
+}
