@@ -35,6 +35,21 @@ pub enum Command {
     },
     /// Print the artifact digest (`sha256:…`) of a model file or folder.
     Fingerprint { path: PathBuf },
+    /// Summarize the ledger per model × backend × variant, cold and warm apart. Reads the
+    /// SQLite file directly, so it works while the server runs.
+    Report {
+        /// The ledger file.
+        #[arg(long, required_unless_present = "config", conflicts_with = "config")]
+        ledger: Option<PathBuf>,
+        /// Take the ledger path from this configuration.
+        #[arg(long, short)]
+        config: Option<PathBuf>,
+        /// Only requests from this recent window: `30m`, `24h`, `7d`.
+        #[arg(long)]
+        since: Option<String>,
+        #[arg(long, value_enum, default_value = "markdown")]
+        format: crate::report::Format,
+    },
 }
 
 /// Runs the command; returns the process exit status.
@@ -60,6 +75,37 @@ pub async fn run(cli: Cli) -> anyhow::Result<i32> {
             })
             .await??;
             writeln!(std::io::stdout().lock(), "{digest}")?;
+            Ok(0)
+        }
+        Command::Report {
+            ledger,
+            config,
+            since,
+            format,
+        } => {
+            let path = match (ledger, config) {
+                (Some(path), _) => path,
+                (None, Some(config)) => match config::load(&config) {
+                    Ok(c) => match c.ledger {
+                        Some(l) => l.path,
+                        None => {
+                            let _ = writeln!(std::io::stderr().lock(), "{}: no [ledger] is configured", config.display());
+                            return Ok(EX_USAGE);
+                        }
+                    },
+                    Err(e) => return Ok(report_invalid(&e)),
+                },
+                (None, None) => return Ok(EX_USAGE),
+            };
+            let window = match since.as_deref().map(crate::report::parse_window).transpose() {
+                Ok(w) => w,
+                Err(e) => {
+                    let _ = writeln!(std::io::stderr().lock(), "--since {e}");
+                    return Ok(EX_USAGE);
+                }
+            };
+            let report = crate::report::build(&path, window)?;
+            std::io::stdout().lock().write_all(crate::report::render(&report, format).as_bytes())?;
             Ok(0)
         }
         Command::Serve { config } => {

@@ -78,6 +78,14 @@ const MIGRATIONS: &[&str] = &[
         note TEXT
     );
     CREATE INDEX identities_backend ON identities (backend, ts_ms);
+    CREATE TABLE ledger_health (
+        run_id TEXT PRIMARY KEY,
+        started_ms INTEGER NOT NULL,
+        updated_ms INTEGER NOT NULL,
+        written INTEGER NOT NULL,
+        dropped_full INTEGER NOT NULL,
+        dropped_failed INTEGER NOT NULL
+    );
     "#,
 ];
 
@@ -299,6 +307,8 @@ impl Ledger {
             path: config.path.clone(),
             last_prune: None,
             failures_logged: 0,
+            run_id: ulid::Ulid::new().to_string(),
+            started_ms: unix_ms(SystemTime::now()),
         };
         let handle = std::thread::Builder::new()
             .name("switchyard-ledger".to_owned())
@@ -356,6 +366,8 @@ struct Writer {
     path: PathBuf,
     last_prune: Option<Instant>,
     failures_logged: u64,
+    run_id: String,
+    started_ms: i64,
 }
 
 impl Writer {
@@ -410,6 +422,22 @@ impl Writer {
                  VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19,
                     ?20, ?21, ?22, ?23, ?24, ?25, ?26, ?27, ?28, ?29, ?30, ?31, ?32, ?33)",
             )?;
+            let mut health = tx.prepare_cached(
+                "INSERT INTO ledger_health (run_id, started_ms, updated_ms, written, dropped_full, dropped_failed)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6)
+                 ON CONFLICT (run_id) DO UPDATE SET updated_ms = ?3, written = ?4, dropped_full = ?5, dropped_failed = ?6",
+            )?;
+            let requests = entries.iter().filter(|e| matches!(e, Entry::Request(_))).count() as u64;
+            // This run's counters, as they will be once this batch commits: a report reading the
+            // ledger sees what was lost, once the disk takes writes again.
+            health.execute(params![
+                self.run_id,
+                self.started_ms,
+                unix_ms(SystemTime::now()),
+                int(Some(self.counters.written.load(Ordering::Relaxed) + requests)),
+                int(Some(self.counters.dropped_full.load(Ordering::Relaxed))),
+                int(Some(self.counters.dropped_failed.load(Ordering::Relaxed))),
+            ])?;
             let mut insert_identity = tx.prepare_cached(
                 "INSERT INTO identities (ts_ms, backend, health, engine, artifact, verification, served_model,
                     model_path, slots, n_ctx, chat_template, note)

@@ -1,0 +1,314 @@
+//! `switchyard report`: what the ledger says, per public model × backend × variant, with cold and
+//! warm always apart.
+//!
+//! It reads the SQLite file directly (read-only, WAL lets it run beside a live server) and prints
+//! Markdown, TSV or JSON. Percentiles are nearest-rank over the rows in the window; engine-reported
+//! and proxy-measured token rates are kept in separate columns, never mixed.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::path::Path;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use rusqlite::Connection;
+use serde_json::{json, Value};
+
+use crate::ledger::{open_read_only, LedgerError};
+
+/// Output format.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Format {
+    Markdown,
+    Tsv,
+    Json,
+}
+
+/// One group's key.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+struct Key {
+    model: String,
+    backend: String,
+    variant: String,
+    /// `warm`, `cold`, or `-` for requests never forwarded (refused before an engine saw them).
+    warmth: String,
+}
+
+#[derive(Debug, Default)]
+struct Group {
+    requests: u64,
+    errors: BTreeMap<String, u64>,
+    disconnected: u64,
+    ttft: Vec<f64>,
+    total: Vec<f64>,
+    queue: Vec<f64>,
+    prefill_tps_engine: Vec<f64>,
+    decode_tps_engine: Vec<f64>,
+    prefill_tps_measured: Vec<f64>,
+    decode_tps_measured: Vec<f64>,
+}
+
+/// Nearest-rank percentile of sorted values.
+fn percentile(sorted: &[f64], p: f64) -> Option<f64> {
+    if sorted.is_empty() {
+        return None;
+    }
+    let rank = ((p / 100.0) * sorted.len() as f64).ceil().max(1.0) as usize;
+    sorted.get(rank.min(sorted.len()) - 1).copied()
+}
+
+fn stats(values: &mut [f64]) -> Value {
+    values.sort_by(f64::total_cmp);
+    let r = |v: Option<f64>| v.map(|x| (x * 1000.0).round() / 1000.0);
+    json!({
+        "n": values.len(),
+        "p50": r(percentile(values, 50.0)),
+        "p95": r(percentile(values, 95.0)),
+        "p99": r(percentile(values, 99.0)),
+    })
+}
+
+/// Parses `90s`, `30m`, `24h`, `7d`.
+pub fn parse_window(text: &str) -> Result<Duration, String> {
+    let (number, unit) = text.split_at(text.find(|c: char| !c.is_ascii_digit()).unwrap_or(text.len()));
+    let n: u64 = number.parse().map_err(|_| format!("`{text}`: expected a number and a unit (s, m, h, d)"))?;
+    let secs = match unit {
+        "s" => n,
+        "m" => n * 60,
+        "h" => n * 3600,
+        "d" => n * 86_400,
+        _ => return Err(format!("`{text}`: the unit must be s, m, h or d")),
+    };
+    Ok(Duration::from_secs(secs))
+}
+
+/// The report as JSON (the other formats are rendered from it).
+pub fn build(path: &Path, since: Option<Duration>) -> Result<Value, LedgerError> {
+    let conn = open_read_only(path)?;
+    let sqlite = |source| LedgerError::Sqlite {
+        path: path.display().to_string(),
+        source,
+    };
+    let now_ms = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as i64);
+    let from_ms = since.map_or(0, |d| now_ms - d.as_millis() as i64);
+    let groups = read_groups(&conn, from_ms).map_err(sqlite)?;
+    let health = read_health(&conn).map_err(sqlite)?;
+    let rows: Vec<Value> = groups
+        .into_iter()
+        .map(|(key, mut g)| {
+            json!({
+                "model": key.model,
+                "backend": key.backend,
+                "variant": key.variant,
+                "warmth": key.warmth,
+                "requests": g.requests,
+                "errors": g.errors,
+                "client_disconnected": g.disconnected,
+                "ttft_ms": stats(&mut g.ttft),
+                "total_ms": stats(&mut g.total),
+                "queue_ms": stats(&mut g.queue),
+                "prefill_tok_s_engine": stats(&mut g.prefill_tps_engine),
+                "decode_tok_s_engine": stats(&mut g.decode_tps_engine),
+                "prefill_tok_s_measured": stats(&mut g.prefill_tps_measured),
+                "decode_tok_s_measured": stats(&mut g.decode_tps_measured),
+            })
+        })
+        .collect();
+    Ok(json!({
+        "ledger": path.display().to_string(),
+        "window": {"from_ms": from_ms, "to_ms": now_ms},
+        "records": health,
+        "groups": rows,
+    }))
+}
+
+fn read_groups(conn: &Connection, from_ms: i64) -> rusqlite::Result<BTreeMap<Key, Group>> {
+    let mut stmt = conn.prepare(
+        "SELECT model, backend, variant, warm, status, error_class, client_disconnected, ttft_ms, total_ms, queue_ms,
+                prefill_ms, prefill_tokens, prefill_source, decode_ms, decode_tokens, decode_source
+         FROM requests WHERE ts_ms >= ?1",
+    )?;
+    let mut groups: BTreeMap<Key, Group> = BTreeMap::new();
+    let mut rows = stmt.query([from_ms])?;
+    while let Some(row) = rows.next()? {
+        let warm: Option<bool> = row.get(3)?;
+        let key = Key {
+            model: row.get::<_, Option<String>>(0)?.unwrap_or_else(|| "-".to_owned()),
+            backend: row.get::<_, Option<String>>(1)?.unwrap_or_else(|| "-".to_owned()),
+            variant: row.get(2)?,
+            warmth: match warm {
+                Some(true) => "warm",
+                Some(false) => "cold",
+                None => "-",
+            }
+            .to_owned(),
+        };
+        let g = groups.entry(key).or_default();
+        g.requests += 1;
+        if let Some(class) = row.get::<_, Option<String>>(5)? {
+            *g.errors.entry(class).or_default() += 1;
+        }
+        if row.get::<_, bool>(6)? {
+            g.disconnected += 1;
+        }
+        let status: i64 = row.get(4)?;
+        let ok = (200..300).contains(&status);
+        for (i, target) in [(7, &mut g.ttft), (8, &mut g.total), (9, &mut g.queue)] {
+            if let Some(v) = row.get::<_, Option<f64>>(i)? {
+                // Latencies of failed requests would mix two populations; errors are counted apart.
+                if ok || i == 9 {
+                    target.push(v);
+                }
+            }
+        }
+        if ok {
+            for (ms_i, tok_i, src_i, engine, measured) in [
+                (10, 11, 12, &mut g.prefill_tps_engine, &mut g.prefill_tps_measured),
+                (13, 14, 15, &mut g.decode_tps_engine, &mut g.decode_tps_measured),
+            ] {
+                let ms: Option<f64> = row.get(ms_i)?;
+                let tokens: Option<i64> = row.get(tok_i)?;
+                let source: Option<String> = row.get(src_i)?;
+                if let (Some(ms), Some(tokens)) = (ms, tokens) {
+                    if ms > 0.0 {
+                        let rate = tokens as f64 * 1000.0 / ms;
+                        match source.as_deref() {
+                            Some("measured") => measured.push(rate),
+                            _ => engine.push(rate),
+                        }
+                    }
+                }
+            }
+        }
+    }
+    Ok(groups)
+}
+
+fn read_health(conn: &Connection) -> rusqlite::Result<Value> {
+    let (rows, written, full, failed): (i64, i64, i64, i64) = conn.query_row(
+        "SELECT (SELECT COUNT(*) FROM requests),
+                COALESCE(SUM(written), 0), COALESCE(SUM(dropped_full), 0), COALESCE(SUM(dropped_failed), 0)
+         FROM ledger_health",
+        [],
+        |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)),
+    )?;
+    Ok(json!({"rows": rows, "written": written, "dropped_queue_full": full, "dropped_write_failed": failed}))
+}
+
+const COLUMNS: &[(&str, &str)] = &[
+    ("ttft_ms", "ttft ms"),
+    ("total_ms", "total ms"),
+    ("queue_ms", "queue ms"),
+    ("prefill_tok_s_engine", "prefill tok/s (engine)"),
+    ("decode_tok_s_engine", "decode tok/s (engine)"),
+    ("decode_tok_s_measured", "decode tok/s (measured)"),
+];
+
+fn cell(v: &Value) -> String {
+    match v.as_f64() {
+        Some(x) => format!("{x:.1}"),
+        None => "-".to_owned(),
+    }
+}
+
+fn errors_cell(v: &Value) -> String {
+    let Some(map) = v.as_object().filter(|m| !m.is_empty()) else {
+        return "0".to_owned();
+    };
+    map.iter().map(|(k, n)| format!("{k}:{n}")).collect::<Vec<_>>().join(" ")
+}
+
+/// Renders the report.
+pub fn render(report: &Value, format: Format) -> String {
+    let groups = report["groups"].as_array().cloned().unwrap_or_default();
+    match format {
+        Format::Json => serde_json::to_string_pretty(report).unwrap_or_default() + "\n",
+        Format::Tsv => {
+            let mut out = String::from("model\tbackend\tvariant\twarmth\trequests\terrors\tclient_disconnected");
+            for (key, _) in COLUMNS {
+                for p in ["p50", "p95", "p99"] {
+                    let _ = write!(out, "\t{key}_{p}");
+                }
+            }
+            out.push('\n');
+            for g in &groups {
+                let _ = write!(
+                    out,
+                    "{}\t{}\t{}\t{}\t{}\t{}\t{}",
+                    g["model"].as_str().unwrap_or(""),
+                    g["backend"].as_str().unwrap_or(""),
+                    g["variant"].as_str().unwrap_or(""),
+                    g["warmth"].as_str().unwrap_or(""),
+                    g["requests"],
+                    errors_cell(&g["errors"]),
+                    g["client_disconnected"]
+                );
+                for (key, _) in COLUMNS {
+                    for p in ["p50", "p95", "p99"] {
+                        let _ = write!(out, "\t{}", cell(&g[*key][p]));
+                    }
+                }
+                out.push('\n');
+            }
+            out
+        }
+        Format::Markdown => {
+            let rec = &report["records"];
+            let mut out = format!(
+                "# Switchyard report\n\nLedger `{}`: {} rows; records dropped: {} (queue full) + {} (write failed).\n\n",
+                report["ledger"].as_str().unwrap_or(""),
+                rec["rows"],
+                rec["dropped_queue_full"],
+                rec["dropped_write_failed"]
+            );
+            out.push_str("| model | backend | variant | warmth | requests | errors | disconnected |");
+            for (_, title) in COLUMNS {
+                let _ = write!(out, " {title} p50 / p95 / p99 |");
+            }
+            out.push_str("\n|---|---|---|---|---:|---|---:|");
+            out.push_str(&"---:|".repeat(COLUMNS.len()));
+            out.push('\n');
+            for g in &groups {
+                let _ = write!(
+                    out,
+                    "| {} | {} | {} | {} | {} | {} | {} |",
+                    g["model"].as_str().unwrap_or(""),
+                    g["backend"].as_str().unwrap_or(""),
+                    g["variant"].as_str().unwrap_or(""),
+                    g["warmth"].as_str().unwrap_or(""),
+                    g["requests"],
+                    errors_cell(&g["errors"]),
+                    g["client_disconnected"]
+                );
+                for (key, _) in COLUMNS {
+                    let s = &g[*key];
+                    let _ = write!(out, " {} / {} / {} |", cell(&s["p50"]), cell(&s["p95"]), cell(&s["p99"]));
+                }
+                out.push('\n');
+            }
+            out
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn nearest_rank_percentiles() {
+        let v: Vec<f64> = (1..=100).map(f64::from).collect();
+        assert_eq!(percentile(&v, 50.0), Some(50.0));
+        assert_eq!(percentile(&v, 95.0), Some(95.0));
+        assert_eq!(percentile(&v, 99.0), Some(99.0));
+        assert_eq!(percentile(&[7.0], 99.0), Some(7.0));
+        assert_eq!(percentile(&[], 50.0), None);
+    }
+
+    #[test]
+    fn windows_parse() {
+        assert_eq!(parse_window("90s").unwrap(), Duration::from_secs(90));
+        assert_eq!(parse_window("2h").unwrap(), Duration::from_secs(7200));
+        assert!(parse_window("2w").is_err());
+        assert!(parse_window("h").is_err());
+    }
+}

@@ -1,0 +1,129 @@
+//! The ledger: one row per request with the numbers the response carried, the disconnect flag,
+//! cold and warm; `switchyard report` over it; and serving goes on when the disk stops taking
+//! writes, with the lost records counted.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)] // a failed unwrap is a failed test
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+use serde_json::{json, Value};
+use switchyard_tests::fake_engine::FakeEngine;
+use switchyard_tests::harness::{config_for, start_switchyard, switchyard_comment, timing, wait_ready, TestClient};
+
+fn ledger_config(engine_url: &str, path: &Path) -> String {
+    config_for(engine_url, &format!("\n[ledger]\npath = \"{}\"\nbatch = 8\n", path.display()))
+}
+
+/// Every request row as JSON.
+fn rows(path: &Path) -> Vec<Value> {
+    let conn = switchyard::ledger::open_read_only(path).unwrap();
+    let mut stmt = conn.prepare("SELECT * FROM requests ORDER BY id").unwrap();
+    let names: Vec<String> = stmt.column_names().map(str::to_owned).collect();
+    let mut out = Vec::new();
+    let mut q = stmt.query([]).unwrap();
+    while let Some(row) = q.next().unwrap() {
+        let mut obj = serde_json::Map::new();
+        for (i, name) in names.iter().enumerate() {
+            let v = match row.get::<_, rusqlite::types::Value>(i).unwrap() {
+                rusqlite::types::Value::Null => Value::Null,
+                rusqlite::types::Value::Integer(n) => json!(n),
+                rusqlite::types::Value::Real(f) => json!(f),
+                rusqlite::types::Value::Text(t) => json!(t),
+                rusqlite::types::Value::Blob(_) => Value::Null,
+            };
+            obj.insert(name.clone(), v);
+        }
+        out.push(Value::Object(obj));
+    }
+    out
+}
+
+fn switchyard_bin() -> PathBuf {
+    // The binary next to this test's deps: target/<profile>/switchyard.
+    let mut p = std::env::current_exe().unwrap();
+    p.pop();
+    if p.ends_with("deps") {
+        p.pop();
+    }
+    p.join("switchyard")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_request_is_on_the_record() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("ledger.db");
+    let engine = FakeEngine::llama_cpp().tokens(5).token_ms(2).spawn().await.unwrap();
+    let proxy = start_switchyard(&ledger_config(&engine.url(), &db)).await.unwrap();
+    let base = format!("http://{}", proxy.addr());
+    wait_ready(&base, Duration::from_secs(5), |v| v["ready"] == true).await.unwrap();
+    let client = TestClient::new();
+    let url = format!("{base}/v1/chat/completions");
+    let mut seen = Vec::new();
+    for i in 0..4 {
+        let body = json!({"model": "smollm2", "messages": [{"role": "user", "content": format!("q{i}")}], "stream": i % 2 == 1});
+        let r = client.post_json(&url, &body).await.unwrap();
+        assert_eq!(r.status, 200);
+        let total = if i % 2 == 1 {
+            switchyard_comment(std::str::from_utf8(&r.body).unwrap()).unwrap()["server_timing"]["total"].as_f64().unwrap()
+        } else {
+            timing(r.header("server-timing"), "total").unwrap()
+        };
+        seen.push((r.header("x-request-id").to_owned(), r.header("x-switchyard-engine").to_owned(), r.header("x-switchyard-workload").to_owned(), total));
+    }
+    let r = client.post_json(&url, &json!({"model": "nope"})).await.unwrap();
+    assert_eq!(r.status, 404);
+    proxy.shutdown().await; // flushes the ledger
+
+    let rows = rows(&db);
+    assert_eq!(rows.len(), 5, "{rows:#?}");
+    for (i, (id, engine_header, workload, total)) in seen.iter().enumerate() {
+        let row = rows.iter().find(|r| r["request_id"] == id.as_str()).expect("a row per request");
+        assert_eq!(row["engine"], engine_header.as_str());
+        assert_eq!(row["workload"], workload.as_str());
+        assert_eq!(row["backend"], "fake");
+        assert_eq!(row["status"], 200);
+        assert_eq!(row["streamed"], i64::from(i % 2 == 1));
+        // The header carries three decimals of the same number.
+        assert!((row["total_ms"].as_f64().unwrap() - total).abs() < 0.001, "{row} vs {total}");
+        assert_eq!(row["warm"], i64::from(i > 0), "only the first request meets a cold engine");
+    }
+    let refused = rows.iter().find(|r| r["status"] == 404).unwrap();
+    assert_eq!(refused["error_class"], "client");
+    assert!(refused["warm"].is_null());
+
+    // The report over that ledger, in all three formats.
+    let out = Command::new(switchyard_bin()).args(["report", "--format", "json", "--ledger"]).arg(&db).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let report: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(report["records"]["rows"], 5);
+    assert_eq!(report["records"]["dropped_queue_full"], 0);
+    let groups = report["groups"].as_array().unwrap();
+    let warm = groups.iter().find(|g| g["backend"] == "fake" && g["warmth"] == "warm").unwrap();
+    let cold = groups.iter().find(|g| g["backend"] == "fake" && g["warmth"] == "cold").unwrap();
+    assert_eq!(warm["requests"], 3);
+    assert_eq!(cold["requests"], 1);
+    for g in [warm, cold] {
+        let t = &g["total_ms"];
+        assert!(t["p50"].as_f64().unwrap() <= t["p95"].as_f64().unwrap());
+        assert!(t["p95"].as_f64().unwrap() <= t["p99"].as_f64().unwrap());
+    }
+    let out = Command::new(switchyard_bin()).args(["report", "--format", "tsv", "--ledger"]).arg(&db).output().unwrap();
+    let tsv = String::from_utf8(out.stdout).unwrap();
+    let lines: Vec<Vec<&str>> = tsv.lines().map(|l| l.split('\t').collect()).collect();
+    let header = &lines[0];
+    let col = |name: &str| header.iter().position(|h| *h == name).unwrap();
+    let total_requests: u64 = lines[1..].iter().map(|l| l[col("requests")].parse::<u64>().unwrap()).sum();
+    assert_eq!(total_requests, 5);
+    for l in &lines[1..] {
+        let (p50, p95, p99) = (l[col("total_ms_p50")], l[col("total_ms_p95")], l[col("total_ms_p99")]);
+        if p50 != "-" {
+            let (a, b, c): (f64, f64, f64) = (p50.parse().unwrap(), p95.parse().unwrap(), p99.parse().unwrap());
+            assert!(a <= b && b <= c, "{l:?}");
+        }
+    }
+    let out = Command::new(switchyard_bin()).args(["report", "--ledger"]).arg(&db).output().unwrap();
+    let md = String::from_utf8(out.stdout).unwrap();
+    assert!(md.contains("| smollm2 | fake | primary | warm | 3 |"), "{md}");
+}
