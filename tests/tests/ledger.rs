@@ -127,3 +127,101 @@ async fn every_request_is_on_the_record() {
     let md = String::from_utf8(out.stdout).unwrap();
     assert!(md.contains("| smollm2 | fake | primary | warm | 3 |"), "{md}");
 }
+
+/// A small tmpfs mounted for one test, unmounted on drop. Needs root (CI and these machines run
+/// as root); without it the test fails and says why.
+struct SmallDisk {
+    dir: PathBuf,
+}
+
+impl SmallDisk {
+    fn mount(parent: &Path, size: &str) -> Self {
+        let dir = parent.join("disk");
+        std::fs::create_dir_all(&dir).unwrap();
+        let out = Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
+            .arg(&dir)
+            .output()
+            .expect("run mount");
+        assert!(
+            out.status.success(),
+            "this test mounts a small tmpfs to fill it up, which needs root: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        Self { dir }
+    }
+
+    /// Writes a filler file until the disk is full.
+    fn fill(&self) -> PathBuf {
+        use std::io::Write;
+        let path = self.dir.join("filler");
+        let mut f = std::fs::File::create(&path).unwrap();
+        let block = vec![0u8; 16 * 1024];
+        while f.write_all(&block).is_ok() {}
+        path
+    }
+}
+
+impl Drop for SmallDisk {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg("-l").arg(&self.dir).status();
+    }
+}
+
+async fn flush(proxy: &switchyard::Running) {
+    let state = proxy.state().clone();
+    tokio::task::spawn_blocking(move || {
+        let ledger = state.recorder.ledger.as_ref().expect("a ledger");
+        assert!(ledger.flush(Duration::from_secs(10)), "ledger flush timed out");
+    })
+    .await
+    .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_disk_loses_records_not_requests_and_says_so() {
+    let tmp = tempfile::tempdir().unwrap();
+    let disk = SmallDisk::mount(tmp.path(), "2m");
+    let db = disk.dir.join("ledger.db");
+    let engine = FakeEngine::llama_cpp().tokens(3).spawn().await.unwrap();
+    let proxy = start_switchyard(&ledger_config(&engine.url(), &db)).await.unwrap();
+    let base = format!("http://{}", proxy.addr());
+    wait_ready(&base, Duration::from_secs(5), |v| v["ready"] == true).await.unwrap();
+    let client = TestClient::new();
+    let url = format!("{base}/v1/chat/completions");
+    let big = "x".repeat(4000);
+    let send = |i: usize| {
+        let client = client.clone();
+        let url = url.clone();
+        let big = big.clone();
+        async move {
+            let body = json!({"model": "smollm2", "messages": [{"role": "user", "content": format!("{i} {big}")}]});
+            client.post_json(&url, &body).await.unwrap().status
+        }
+    };
+    assert_eq!(send(0).await, 200);
+    flush(&proxy).await;
+    let counters = proxy.state().recorder.ledger.as_ref().unwrap().counters.clone();
+    assert_eq!(counters.written.load(std::sync::atomic::Ordering::Relaxed), 1);
+
+    // The disk fills up: requests are still served, records are lost and counted.
+    let filler = disk.fill();
+    for i in 1..=40 {
+        assert_eq!(send(i).await, 200, "serving must not depend on the ledger's disk");
+    }
+    flush(&proxy).await;
+    let lost = counters.dropped_failed.load(std::sync::atomic::Ordering::Relaxed);
+    let written = counters.written.load(std::sync::atomic::Ordering::Relaxed);
+    assert!(lost > 0, "a full disk must show as lost records (written {written})");
+    assert_eq!(lost + written, 41, "every record is either written or counted as lost");
+
+    // Space again: recording resumes, and the ledger itself now says what was lost.
+    std::fs::remove_file(filler).unwrap();
+    assert_eq!(send(41).await, 200);
+    proxy.shutdown().await;
+    let out = Command::new(switchyard_bin()).args(["report", "--format", "json", "--ledger"]).arg(&db).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let report: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(report["records"]["dropped_write_failed"], lost);
+    assert_eq!(report["records"]["rows"], written + 1);
+}
