@@ -370,3 +370,80 @@ primary = "lenient"
         with pytest.raises(openai.APIStatusError) as err:
             p.client().chat.completions.create(model="strict", messages=PROMPT, max_tokens=4)
         assert err.value.status_code == 503
+
+
+def server_timing(value: str) -> dict[str, float]:
+    out = {}
+    for part in value.split(","):
+        name, *params = part.strip().split(";")
+        for p in params:
+            if p.startswith("dur="):
+                out[name] = float(p[4:])
+    return out
+
+
+def test_the_ledger_records_what_the_responses_carried(engines: Engines, tmp_path: Path) -> None:
+    import sqlite3
+    import subprocess
+
+    db = tmp_path / "ledger.db"
+    config = base_config(engines) + f'\n[ledger]\npath = "{db}"\n'
+    seen: dict[str, dict] = {}
+    with start_switchyard(tmp_path, config, identities_known) as p:
+        with httpx.Client(timeout=REQUEST_TIMEOUT_S) as http:
+            for model in ("smollm2", "smollm2-mlx"):
+                for stream in (False, True):
+                    body = {"model": model, "messages": PROMPT, "temperature": 0, "max_tokens": 6, "stream": stream}
+                    r = http.post(f"{p.url}/v1/chat/completions", json=body)
+                    assert r.status_code == 200
+                    if stream:
+                        comment = next(l for l in r.text.splitlines() if l.startswith(": switchyard "))
+                        total = json.loads(comment[len(": switchyard "):])["server_timing"]["total"]
+                    else:
+                        total = server_timing(r.headers["server-timing"])["total"]
+                    seen[r.headers["x-request-id"]] = {
+                        "model": model,
+                        "stream": stream,
+                        "engine": r.headers["x-switchyard-engine"],
+                        "artifact": r.headers["x-switchyard-artifact"],
+                        "workload": r.headers["x-switchyard-workload"],
+                        "total": total,
+                    }
+            # A client that leaves mid-stream.
+            body = {"model": "smollm2", "messages": PROMPT, "temperature": 0, "max_tokens": 200, "stream": True}
+            with http.stream("POST", f"{p.url}/v1/chat/completions", json=body) as r:
+                dropped_id = r.headers["x-request-id"]
+                next(r.iter_raw())
+    # Switchyard has stopped (SIGTERM drains and flushes the ledger).
+    conn = sqlite3.connect(db)
+    conn.row_factory = sqlite3.Row
+    rows = {r["request_id"]: r for r in conn.execute("SELECT * FROM requests")}
+    assert len(rows) == len(seen) + 1
+    first_per_model: dict[str, str] = {}
+    for rid, want in seen.items():
+        row = rows[rid]
+        assert row["engine"] == want["engine"]
+        assert row["artifact"] == want["artifact"]
+        assert row["workload"] == want["workload"]
+        assert abs(row["total_ms"] - want["total"]) < 0.001
+        assert row["streamed"] == int(want["stream"])
+        assert row["client_disconnected"] == 0
+        first_per_model.setdefault(want["model"], rid)
+    for model, rid in first_per_model.items():
+        assert rows[rid]["warm"] == 0, f"the first {model} request met a cold engine"
+    assert sum(1 for r in rows.values() if r["warm"] == 1) == len(rows) - 2
+    assert rows[dropped_id]["client_disconnected"] == 1
+    assert conn.execute("SELECT COUNT(*) FROM identities WHERE backend = 'mlx' AND engine LIKE 'mlx/0.%'").fetchone()[0] >= 1
+
+    bin_ = str(binary("SWITCHYARD_BIN", "switchyard"))
+    report = json.loads(subprocess.run([bin_, "report", "--format", "json", "--ledger", str(db)], check=True, capture_output=True, text=True).stdout)
+    assert sum(g["requests"] for g in report["groups"]) == len(rows)
+    for g in report["groups"]:
+        t = g["total_ms"]
+        if t["n"]:
+            assert t["p50"] <= t["p95"] <= t["p99"]
+    tsv = subprocess.run([bin_, "report", "--format", "tsv", "--ledger", str(db)], check=True, capture_output=True, text=True).stdout
+    header, *lines = [l.split("\t") for l in tsv.strip().splitlines()]
+    assert sum(int(l[header.index("requests")]) for l in lines) == len(rows)
+    md = subprocess.run([bin_, "report", "--ledger", str(db)], check=True, capture_output=True, text=True).stdout
+    assert "| smollm2-mlx | mlx | primary | cold | 1 |" in md
