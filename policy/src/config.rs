@@ -20,6 +20,10 @@ pub struct Config {
     /// The run ledger (SQLite). Absent: no ledger, and the log says so at start-up.
     #[serde(default)]
     pub ledger: Option<LedgerConfig>,
+    /// OpenTelemetry traces. Absent (and no `OTEL_EXPORTER_OTLP_ENDPOINT` or
+    /// `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT` in the environment): no traces, at no cost.
+    #[serde(default)]
+    pub telemetry: Option<TelemetryConfig>,
     /// Running engines, by the name the models refer to them with.
     #[serde(default)]
     pub backends: BTreeMap<String, BackendConfig>,
@@ -49,6 +53,10 @@ pub struct ServerConfig {
     pub drain_timeout_ms: u64,
     /// Log format: `text` for people, `json` for collectors.
     pub log_format: LogFormat,
+    /// A second listener that serves only `GET /metrics` (Prometheus), e.g. on another port or
+    /// interface than the API. None (the default): `/metrics` is served on `listen` only; when
+    /// set, it is served on both.
+    pub metrics_listen: Option<SocketAddr>,
 }
 
 impl Default for ServerConfig {
@@ -62,6 +70,7 @@ impl Default for ServerConfig {
             probe_interval_ms: 5_000,
             drain_timeout_ms: 30_000,
             log_format: LogFormat::Text,
+            metrics_listen: None,
         }
     }
 }
@@ -92,6 +101,50 @@ fn default_ledger_queue() -> usize {
 
 fn default_ledger_batch() -> usize {
     256
+}
+
+/// OpenTelemetry traces: one span per proxied request, exported over OTLP/HTTP (protobuf) in
+/// batches, off the request path.
+///
+/// Traces are on when `otlp_endpoint` is set, or when the standard `OTEL_EXPORTER_OTLP_ENDPOINT`
+/// (a base URL) or `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT` (the full URL) is; `otlp_endpoint` wins
+/// over both. The other standard variables (`OTEL_EXPORTER_OTLP_HEADERS`, `…_TIMEOUT`) apply too.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct TelemetryConfig {
+    /// Base URL of an OTLP/HTTP collector, `http://host:port[/path]`; spans are sent to
+    /// `{otlp_endpoint}/v1/traces`. None: the environment decides (see above).
+    #[serde(default)]
+    pub otlp_endpoint: Option<String>,
+    /// The `service.name` of the spans. None: `OTEL_SERVICE_NAME` when set, else `switchyard`.
+    #[serde(default)]
+    pub service_name: Option<String>,
+    /// Longest time a finished span waits to be exported with others, in milliseconds.
+    #[serde(default = "default_batch_delay_ms")]
+    pub batch_delay_ms: u64,
+    /// Finished spans waiting for export, at most; when full, new spans are dropped (counted and
+    /// logged) and requests never wait.
+    #[serde(default = "default_telemetry_queue")]
+    pub queue: usize,
+}
+
+impl Default for TelemetryConfig {
+    fn default() -> Self {
+        Self {
+            otlp_endpoint: None,
+            service_name: None,
+            batch_delay_ms: default_batch_delay_ms(),
+            queue: default_telemetry_queue(),
+        }
+    }
+}
+
+fn default_batch_delay_ms() -> u64 {
+    5_000
+}
+
+fn default_telemetry_queue() -> usize {
+    2048
 }
 
 /// How log lines are written.

@@ -9,6 +9,7 @@ pub mod validate;
 
 pub use config::{
     BackendConfig, Config, EngineKind, LedgerConfig, LogFormat, ModelConfig, ServerConfig,
+    TelemetryConfig,
 };
 pub use routing::{Route, RoutingTable};
 pub use validate::{validate, Problem};

@@ -66,6 +66,29 @@ pub fn validate(config: &Config) -> Vec<Problem> {
         }
     }
 
+    if let Some(telemetry) = &config.telemetry {
+        if let Some(endpoint) = &telemetry.otlp_endpoint {
+            if let Err(why) = check_otlp_endpoint(endpoint) {
+                problems.push(Problem::new("telemetry.otlp_endpoint", why));
+            }
+        }
+        if telemetry.service_name.as_deref().is_some_and(str::is_empty) {
+            problems.push(Problem::new(
+                "telemetry.service_name",
+                "must not be empty (leave it out for the default)",
+            ));
+        }
+        if telemetry.batch_delay_ms == 0 {
+            problems.push(Problem::new(
+                "telemetry.batch_delay_ms",
+                "must be at least 1 millisecond",
+            ));
+        }
+        if telemetry.queue == 0 {
+            problems.push(Problem::new("telemetry.queue", "must be at least 1"));
+        }
+    }
+
     if config.backends.is_empty() {
         problems.push(Problem::new("backends", "no backend is configured"));
     }
@@ -189,6 +212,39 @@ fn check_url(url: &str) -> Result<(), String> {
     }
 }
 
+/// An OTLP/HTTP collector's base URL: `http://host:port`, optionally with a path prefix; the
+/// signal path (`/v1/traces`) is appended, so it must not be there already.
+fn check_otlp_endpoint(url: &str) -> Result<(), String> {
+    let Some(rest) = url.strip_prefix("http://") else {
+        return Err(format!(
+            "\"{url}\" must start with http:// (OTLP over plain HTTP; TLS is not supported)"
+        ));
+    };
+    let (authority, path) = rest.split_at(rest.find('/').unwrap_or(rest.len()));
+    if url.contains(['?', '#']) || authority.contains('@') {
+        return Err(format!(
+            "\"{url}\" must be http://host:port[/path], with no query, fragment or credentials"
+        ));
+    }
+    let Some((host, port)) = authority.rsplit_once(':') else {
+        return Err(format!(
+            "\"{url}\" must name a port, e.g. http://127.0.0.1:4318"
+        ));
+    };
+    if host.is_empty() {
+        return Err(format!("\"{url}\" has no host"));
+    }
+    if !matches!(port.parse::<u16>(), Ok(p) if p > 0) {
+        return Err(format!("\"{url}\" has an invalid port \"{port}\""));
+    }
+    if path.trim_end_matches('/').ends_with("/v1/traces") {
+        return Err(format!(
+            "\"{url}\" is a base URL: leave out /v1/traces, which is appended"
+        ));
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -244,6 +300,44 @@ mod tests {
                 "models.b.fallback[1]",
             ]
         );
+    }
+
+    #[test]
+    fn telemetry_is_checked() {
+        let config = parse(
+            r#"
+            [telemetry]
+            otlp_endpoint = "https://collector:4318"
+            service_name = ""
+            batch_delay_ms = 0
+            queue = 0
+            [backends.llama]
+            engine = "llama.cpp"
+            url = "http://127.0.0.1:8081"
+            [models.smollm2]
+            primary = "llama"
+        "#,
+        );
+        let paths: Vec<String> = validate(&config).into_iter().map(|p| p.path).collect();
+        assert_eq!(
+            paths,
+            vec![
+                "telemetry.otlp_endpoint",
+                "telemetry.service_name",
+                "telemetry.batch_delay_ms",
+                "telemetry.queue",
+            ]
+        );
+        assert!(check_otlp_endpoint("http://127.0.0.1:4318").is_ok());
+        assert!(check_otlp_endpoint("http://collector:4318/").is_ok());
+        assert!(check_otlp_endpoint("http://collector:4318/otlp").is_ok());
+        assert!(check_otlp_endpoint("http://collector:4318/v1/traces").is_err());
+        assert!(check_otlp_endpoint("http://collector").is_err());
+        assert!(check_otlp_endpoint("http://collector:0").is_err());
+        assert!(check_otlp_endpoint("http://:4318").is_err());
+        assert!(check_otlp_endpoint("http://u:p@collector:4318").is_err());
+        assert!(check_otlp_endpoint("http://collector:4318/?x=1").is_err());
+        assert!(check_otlp_endpoint("127.0.0.1:4318").is_err());
     }
 
     #[test]

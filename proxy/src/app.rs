@@ -27,6 +27,7 @@ use crate::error::error_body;
 use crate::handler;
 use crate::ledger::{IdentitySnapshot, Ledger};
 use crate::record::Recorder;
+use crate::telemetry::Telemetry;
 use crate::upstream::Upstream;
 
 /// When the request head arrived: the start of every phase.
@@ -41,6 +42,8 @@ pub struct AppState {
     pub backends: HashMap<Arc<str>, Arc<Backend>>,
     pub upstream: Upstream,
     pub recorder: Arc<Recorder>,
+    /// OpenTelemetry traces; `None` when they are off.
+    pub telemetry: Option<Telemetry>,
     pub digests: DigestCache,
     /// The `/v1/models` body, built once.
     pub models_body: Bytes,
@@ -86,6 +89,7 @@ impl App {
                 None
             }
         };
+        let telemetry = Telemetry::from_config(config.telemetry.as_ref())?;
         let upstream = Upstream::new(
             Duration::from_millis(config.server.connect_timeout_ms),
             Duration::from_millis(config.server.first_byte_timeout_ms),
@@ -97,6 +101,7 @@ impl App {
                 backends,
                 upstream,
                 recorder: Arc::new(Recorder::with_ledger(ledger)),
+                telemetry,
                 digests: DigestCache::new(),
                 models_body,
                 started,

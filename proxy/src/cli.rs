@@ -89,7 +89,11 @@ pub async fn run(cli: Cli) -> anyhow::Result<i32> {
                     Ok(c) => match c.ledger {
                         Some(l) => l.path,
                         None => {
-                            let _ = writeln!(std::io::stderr().lock(), "{}: no [ledger] is configured", config.display());
+                            let _ = writeln!(
+                                std::io::stderr().lock(),
+                                "{}: no [ledger] is configured",
+                                config.display()
+                            );
                             return Ok(EX_USAGE);
                         }
                     },
@@ -97,7 +101,11 @@ pub async fn run(cli: Cli) -> anyhow::Result<i32> {
                 },
                 (None, None) => return Ok(EX_USAGE),
             };
-            let window = match since.as_deref().map(crate::report::parse_window).transpose() {
+            let window = match since
+                .as_deref()
+                .map(crate::report::parse_window)
+                .transpose()
+            {
                 Ok(w) => w,
                 Err(e) => {
                     let _ = writeln!(std::io::stderr().lock(), "--since {e}");
@@ -105,7 +113,9 @@ pub async fn run(cli: Cli) -> anyhow::Result<i32> {
                 }
             };
             let report = crate::report::build(&path, window)?;
-            std::io::stdout().lock().write_all(crate::report::render(&report, format).as_bytes())?;
+            std::io::stdout()
+                .lock()
+                .write_all(crate::report::render(&report, format).as_bytes())?;
             Ok(0)
         }
         Command::Serve { config } => {

@@ -18,14 +18,13 @@ use serde_json::value::RawValue;
 use serde_json::{Map, Value};
 use switchyard_adapters::fingerprint::fingerprint_request;
 use switchyard_adapters::inspect_response;
-use tokio::sync::OwnedSemaphorePermit;
 
 use crate::app::{AppState, Received};
 use crate::backend::{header_value, Backend, IdentityHeaders, Verification};
 use crate::body::ProxyBody;
 use crate::error::ProxyError;
 use crate::record::RequestRecord;
-use crate::stream::ObservedStream;
+use crate::stream::{Held, ObservedStream};
 use crate::timing::between;
 use crate::upstream::Upstream;
 
@@ -39,7 +38,7 @@ pub const X_FALLBACK_FROM: HeaderName = HeaderName::from_static("x-switchyard-fa
 pub const SERVER_TIMING: HeaderName = HeaderName::from_static("server-timing");
 
 const PROXIED: &[&str] = &["/v1/chat/completions", "/v1/completions", "/v1/embeddings"];
-const LOCAL: &[&str] = &["/healthz", "/readyz", "/v1/models"];
+const LOCAL: &[&str] = &["/healthz", "/readyz", "/v1/models", "/metrics"];
 
 /// Headers that describe one connection, not the message; never forwarded in either direction.
 fn is_hop_by_hop(name: &HeaderName) -> bool {
@@ -73,6 +72,7 @@ pub async fn handle(state: Arc<AppState>, req: Request<Incoming>) -> Response<Pr
             "/healthz" => json_response(StatusCode::OK, Bytes::from_static(br#"{"status":"ok"}"#)),
             "/readyz" => readyz(&state),
             "/v1/models" => json_response(StatusCode::OK, state.models_body.clone()),
+            "/metrics" => metrics(&state),
             p if p.starts_with("/v1/models/") => model_object(&state, &p["/v1/models/".len()..]),
             p if PROXIED.contains(&p) => method_not_allowed(req.method(), p, "POST"),
             p => ProxyError::NotFound(p.to_owned()).into_response(),
@@ -123,6 +123,26 @@ fn json_response(status: StatusCode, body: Bytes) -> Response<ProxyBody> {
         HeaderValue::from_static("application/json"),
     );
     response
+}
+
+/// `GET /metrics`: the Prometheus text exposition.
+fn metrics(state: &AppState) -> Response<ProxyBody> {
+    let mut response = Response::new(ProxyBody::full(state.recorder.render_metrics()));
+    response.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static(crate::metrics::CONTENT_TYPE),
+    );
+    response
+}
+
+/// Answers a request on the separate metrics listener (`server.metrics_listen`), which serves
+/// `GET /metrics` and nothing else.
+pub fn metrics_only(state: &AppState, method: &Method, path: &str) -> Response<ProxyBody> {
+    match (method, path) {
+        (&Method::GET, "/metrics") => metrics(state),
+        (m, "/metrics") => method_not_allowed(m, "/metrics", "GET"),
+        (_, p) => ProxyError::NotFound(p.to_owned()).into_response(),
+    }
 }
 
 fn method_not_allowed(method: &Method, path: &str, allow: &'static str) -> Response<ProxyBody> {
@@ -260,13 +280,19 @@ async fn forward(
     received: Instant,
     id: &HeaderValue,
 ) -> Response<ProxyBody> {
-    let record = RequestRecord::new(
+    let mut record = RequestRecord::new(
         state.recorder.clone(),
         id.to_str().unwrap_or("").to_owned(),
         req.method().clone(),
         req.uri().path().to_owned(),
         received,
     );
+    // The request's span (when traces are on) exists from here, dated from `received`, so that
+    // its context is there to forward.
+    record.trace = state
+        .telemetry
+        .as_ref()
+        .map(|t| t.start_request(req.headers(), req.uri().path(), received));
     let mut record = Some(record);
     let mut stamp = Stamp::default();
     match forward_inner(&state, req, &mut record, &mut stamp, id).await {
@@ -457,10 +483,20 @@ async fn forward_inner(
             record.phases.queue = Some(between(queued, forwarded));
         }
 
-        let request = upstream_request(&backend, &parts, upstream_body, id)?;
+        let mut request = upstream_request(&backend, &parts, upstream_body, id)?;
         if let Some(record) = record_slot.as_mut() {
             record.warm = Some(backend.mark_served());
+            if let Some(trace) = record.trace.as_mut() {
+                // The engine continues this request's trace (the client's context is replaced).
+                trace.forwarding(forwarded, request.headers_mut());
+            }
         }
+        // In flight from here until the engine's answer is complete (or the client leaves): the
+        // guard travels with the admission permit, into the stream for streamed answers.
+        let held = Held {
+            permit,
+            in_flight: state.recorder.metrics.in_flight(&backend.name),
+        };
         match state.upstream.send(&backend, request).await {
             Ok(response) => {
                 if let Some(record) = record_slot.as_mut() {
@@ -472,7 +508,7 @@ async fn forward_inner(
                     response,
                     record_slot,
                     stamp,
-                    permit,
+                    held,
                     want_trailers,
                 )
                 .await;
@@ -592,7 +628,7 @@ async fn respond(
     response: Response<Incoming>,
     record_slot: &mut Option<RequestRecord>,
     stamp: &Stamp,
-    permit: Option<OwnedSemaphorePermit>,
+    held: Held,
     want_trailers: bool,
 ) -> Result<Response<ProxyBody>, ProxyError> {
     let (parts, body) = response.into_parts();
@@ -624,7 +660,7 @@ async fn respond(
             out.headers_mut()
                 .insert(header::TRAILER, HeaderValue::from_static("server-timing"));
         }
-        let stream = ObservedStream::new(body, record, backend, want_trailers).holding(permit);
+        let stream = ObservedStream::new(body, record, backend, want_trailers).holding(held);
         *out.body_mut() = ProxyBody::stream(stream);
         return Ok(out);
     }
@@ -647,7 +683,7 @@ async fn respond(
             }
         })?
         .to_bytes();
-    drop(permit);
+    drop(held);
 
     let mut status = parts.status;
     let mut out_body = bytes;

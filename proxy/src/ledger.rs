@@ -109,7 +109,7 @@ pub struct IdentitySnapshot {
 #[derive(Debug)]
 enum Entry {
     Request(Box<Row>),
-    Identity(SystemTime, IdentitySnapshot),
+    Identity(SystemTime, Box<IdentitySnapshot>),
     /// Answered once everything queued before it is written (or lost).
     Flush(std::sync::mpsc::SyncSender<()>),
 }
@@ -334,7 +334,7 @@ impl Ledger {
 
     /// Queues an identity snapshot.
     pub fn identity(&self, snapshot: IdentitySnapshot) {
-        self.submit(Entry::Identity(SystemTime::now(), snapshot));
+        self.submit(Entry::Identity(SystemTime::now(), Box::new(snapshot)));
     }
 
     /// Waits (up to `timeout`) until every record queued so far is written; for shutdown.
@@ -427,14 +427,19 @@ impl Writer {
                  VALUES (?1, ?2, ?3, ?4, ?5, ?6)
                  ON CONFLICT (run_id) DO UPDATE SET updated_ms = ?3, written = ?4, dropped_full = ?5, dropped_failed = ?6",
             )?;
-            let requests = entries.iter().filter(|e| matches!(e, Entry::Request(_))).count() as u64;
+            let requests = entries
+                .iter()
+                .filter(|e| matches!(e, Entry::Request(_)))
+                .count() as u64;
             // This run's counters, as they will be once this batch commits: a report reading the
             // ledger sees what was lost, once the disk takes writes again.
             health.execute(params![
                 self.run_id,
                 self.started_ms,
                 unix_ms(SystemTime::now()),
-                int(Some(self.counters.written.load(Ordering::Relaxed) + requests)),
+                int(Some(
+                    self.counters.written.load(Ordering::Relaxed) + requests
+                )),
                 int(Some(self.counters.dropped_full.load(Ordering::Relaxed))),
                 int(Some(self.counters.dropped_failed.load(Ordering::Relaxed))),
             ])?;

@@ -2,8 +2,9 @@
 //!
 //! The request path, top to bottom: [`server`] accepts connections; [`app`] builds the tower
 //! stack; [`handler`] routes by `model`, admits, forwards and stamps identity; [`stream`] watches
-//! streaming bodies; [`record`] writes one record per request. [`backend`] keeps each engine's
-//! health and identity current off the request path. [`config`] loads and validates the file.
+//! streaming bodies; [`record`] writes one record per request (and [`telemetry`] its span, when
+//! traces are on). [`backend`] keeps each engine's health and identity current off the request
+//! path. [`config`] loads and validates the file.
 
 pub mod app;
 pub mod backend;
@@ -18,6 +19,7 @@ pub mod record;
 pub mod report;
 pub mod server;
 pub mod stream;
+pub mod telemetry;
 pub mod timing;
 pub mod upstream;
 

@@ -40,7 +40,7 @@ use std::sync::Arc;
 use arc_swap::ArcSwap;
 
 use crate::record::RequestRecord;
-use crate::timing::{Source, TokenPhase};
+use crate::timing::Source;
 
 /// The `Content-Type` of the text exposition format.
 pub const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
@@ -107,6 +107,11 @@ impl Series {
     }
 }
 
+/// Chooses one of a series' histograms when rendering a family.
+type PickOne = fn(&Series) -> &Histogram;
+/// Chooses one of a series' per-`source` histogram pairs.
+type PickBySource = fn(&Series) -> &[Histogram; SOURCES.len()];
+
 /// Per-backend gauge and counter.
 #[derive(Debug, Default)]
 struct BackendSeries {
@@ -165,8 +170,8 @@ impl Metrics {
             }
         }
         for (histograms, phase) in [(&series.prefill, p.prefill), (&series.decode, p.decode)] {
-            if let Some(rate) = phase.as_ref().and_then(TokenPhase::tokens_per_sec) {
-                if let Some(phase) = phase {
+            if let Some(phase) = phase {
+                if let Some(rate) = phase.tokens_per_sec() {
                     histograms[source_index(phase.source)].observe(rate);
                 }
             }
@@ -204,7 +209,7 @@ impl Metrics {
             ]
         };
 
-        let latency: [(&str, &str, fn(&Series) -> &Histogram); 3] = [
+        let latency: [(&str, &str, PickOne); 3] = [
             (
                 "gen_ai_server_request_duration_seconds",
                 "Time from the request's arrival at Switchyard to its last response byte (or the client leaving).",
@@ -229,7 +234,7 @@ impl Metrics {
             }
         }
 
-        let rates: [(&str, &str, fn(&Series) -> &[Histogram; 2]); 2] = [
+        let rates: [(&str, &str, PickBySource); 2] = [
             (
                 "switchyard_prefill_tokens_per_second",
                 "Prompt tokens processed per second, as the engine reported it (source=engine) or as measured by Switchyard (source=measured).",
@@ -246,7 +251,11 @@ impl Metrics {
             for (key, s) in &series {
                 for (i, h) in pick(s).iter().enumerate() {
                     let [m, b, v] = base(key);
-                    h.render(&mut out, name, &[m, b, v, ("source", SOURCES[i].to_owned())]);
+                    h.render(
+                        &mut out,
+                        name,
+                        &[m, b, v, ("source", SOURCES[i].to_owned())],
+                    );
                 }
             }
         }
@@ -326,7 +335,12 @@ impl Metrics {
     }
 
     fn backend(&self, name: &str) -> Arc<BackendSeries> {
-        get_or_insert(&self.backends, name, || Arc::from(name), BackendSeries::default)
+        get_or_insert(
+            &self.backends,
+            name,
+            || Arc::from(name),
+            BackendSeries::default,
+        )
     }
 }
 
@@ -347,7 +361,10 @@ where
     let mut inserted = None;
     map.rcu(|current| {
         let mut next = HashMap::clone(current);
-        let v = next.entry(owned()).or_insert_with(|| Arc::new(make())).clone();
+        let v = next
+            .entry(owned())
+            .or_insert_with(|| Arc::new(make()))
+            .clone();
         inserted = Some(v);
         next
     });
@@ -406,6 +423,7 @@ impl Histogram {
             });
     }
 
+    #[cfg(test)]
     fn count(&self) -> u64 {
         self.counts.iter().map(|c| c.load(Ordering::Relaxed)).sum()
     }
@@ -427,7 +445,10 @@ impl Histogram {
         let mut cumulative = 0;
         for (i, count) in counts.iter().enumerate() {
             cumulative += count;
-            let le = self.bounds.get(i).map_or_else(|| "+Inf".to_owned(), |b| float(*b));
+            let le = self
+                .bounds
+                .get(i)
+                .map_or_else(|| "+Inf".to_owned(), |b| float(*b));
             if let Some(last) = with_le.last_mut() {
                 last.1 = le;
             }
@@ -506,7 +527,7 @@ mod tests {
 
     use super::*;
     use crate::record::Recorder;
-    use crate::timing::Phases;
+    use crate::timing::{Phases, TokenPhase};
 
     /// The value of the sample whose line starts with `prefix` (name and labels).
     fn value(text: &str, prefix: &str) -> Option<f64> {
@@ -636,15 +657,21 @@ mod tests {
         let unrouted = "model=\"\",backend=\"\",variant=\"\"";
         let v = |p: &str| value(&text, p);
         assert_eq!(
-            v(&format!("switchyard_requests_total{{{routed},status_class=\"2xx\"}}")),
+            v(&format!(
+                "switchyard_requests_total{{{routed},status_class=\"2xx\"}}"
+            )),
             Some(1.0)
         );
         assert_eq!(
-            v(&format!("switchyard_requests_total{{{routed},status_class=\"none\"}}")),
+            v(&format!(
+                "switchyard_requests_total{{{routed},status_class=\"none\"}}"
+            )),
             Some(1.0)
         );
         assert_eq!(
-            v(&format!("switchyard_requests_total{{{unrouted},status_class=\"4xx\"}}")),
+            v(&format!(
+                "switchyard_requests_total{{{unrouted},status_class=\"4xx\"}}"
+            )),
             Some(1.0)
         );
         assert_eq!(
@@ -652,28 +679,40 @@ mod tests {
             Some(1.0)
         );
         assert_eq!(
-            v(&format!("gen_ai_server_request_duration_seconds_count{{{routed}}}")),
+            v(&format!(
+                "gen_ai_server_request_duration_seconds_count{{{routed}}}"
+            )),
             Some(2.0)
         );
         assert_eq!(
-            v(&format!("gen_ai_server_time_to_first_token_seconds_bucket{{{routed},le=\"0.025\"}}")),
+            v(&format!(
+                "gen_ai_server_time_to_first_token_seconds_bucket{{{routed},le=\"0.025\"}}"
+            )),
             Some(0.0)
         );
         assert_eq!(
-            v(&format!("gen_ai_server_time_to_first_token_seconds_bucket{{{routed},le=\"0.05\"}}")),
+            v(&format!(
+                "gen_ai_server_time_to_first_token_seconds_bucket{{{routed},le=\"0.05\"}}"
+            )),
             Some(1.0)
         );
         assert_eq!(
-            v(&format!("gen_ai_server_time_to_first_token_seconds_sum{{{routed}}}")),
+            v(&format!(
+                "gen_ai_server_time_to_first_token_seconds_sum{{{routed}}}"
+            )),
             Some(0.04)
         );
         assert_eq!(
-            v(&format!("switchyard_queue_seconds_bucket{{{routed},le=\"0.001\"}}")),
+            v(&format!(
+                "switchyard_queue_seconds_bucket{{{routed},le=\"0.001\"}}"
+            )),
             Some(1.0)
         );
         // 100 tokens in 10 ms = 10000 tok/s; 5 in 50 ms = 100 tok/s.
         assert_eq!(
-            v(&format!("switchyard_prefill_tokens_per_second_sum{{{routed},source=\"engine\"}}")),
+            v(&format!(
+                "switchyard_prefill_tokens_per_second_sum{{{routed},source=\"engine\"}}"
+            )),
             Some(10000.0)
         );
         assert_eq!(
@@ -681,14 +720,13 @@ mod tests {
             Some(1.0)
         );
         assert_eq!(
-            v(&format!("switchyard_decode_tokens_per_second_count{{{routed},source=\"engine\"}}")),
+            v(&format!(
+                "switchyard_decode_tokens_per_second_count{{{routed},source=\"engine\"}}"
+            )),
             None,
             "empty children are not rendered"
         );
-        assert_eq!(
-            v("switchyard_ledger_records_dropped_total"),
-            Some(0.0)
-        );
+        assert_eq!(v("switchyard_ledger_records_dropped_total"), Some(0.0));
     }
 
     #[test]
@@ -700,7 +738,10 @@ mod tests {
         r.status = 200;
         r.phases.ttft = Some(1.0);
         r.finish();
-        recorder.metrics.ledger_written.fetch_add(3, Ordering::Relaxed);
+        recorder
+            .metrics
+            .ledger_written
+            .fetch_add(3, Ordering::Relaxed);
         let text = recorder.metrics.render();
         let mut declared: Vec<(String, String)> = Vec::new();
         let mut seen_help = Vec::new();

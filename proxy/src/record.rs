@@ -14,7 +14,7 @@ use switchyard_adapters::ResponseFacts;
 
 use crate::timing::{between, Phases};
 
-/// Counters kept for every request, readable while serving (tests, `/readyz`, later `/metrics`).
+/// Counters kept for every request, readable while serving (tests and the log).
 #[derive(Debug, Default)]
 pub struct Stats {
     pub requests: AtomicU64,
@@ -27,6 +27,8 @@ pub struct Stats {
 pub struct Recorder {
     pub stats: Stats,
     pub ledger: Option<crate::ledger::Ledger>,
+    /// Prometheus metrics (`GET /metrics`); every written record is observed once.
+    pub metrics: crate::metrics::Metrics,
 }
 
 impl Recorder {
@@ -37,9 +39,25 @@ impl Recorder {
         }
     }
 
+    /// The Prometheus exposition, with the ledger's counters as of now.
+    pub fn render_metrics(&self) -> String {
+        if let Some(ledger) = &self.ledger {
+            let c = &ledger.counters;
+            self.metrics
+                .ledger_written
+                .store(c.written.load(Ordering::Relaxed), Ordering::Relaxed);
+            self.metrics.ledger_dropped.store(c.dropped(), Ordering::Relaxed);
+        }
+        self.metrics.render()
+    }
+
     fn write(&self, r: &RequestRecord) {
         if let Some(ledger) = &self.ledger {
             ledger.record(r);
+        }
+        self.metrics.observe(r);
+        if let Some(trace) = &r.trace {
+            trace.finish(r);
         }
         self.stats.requests.fetch_add(1, Ordering::Relaxed);
         if r.client_disconnected {
@@ -54,6 +72,7 @@ impl Recorder {
         tracing::info!(
             target: "switchyard::request",
             request_id = %r.id,
+            trace_id = r.trace.as_ref().map(|t| tracing::field::display(t.trace_id())),
             method = %r.method,
             path = %r.path,
             model = r.model.as_deref().unwrap_or("-"),
@@ -106,6 +125,8 @@ pub struct RequestRecord {
     pub phases: Phases,
     pub facts: Option<ResponseFacts>,
     pub client_disconnected: bool,
+    /// The request's OpenTelemetry span when traces are on; it ends when the record is written.
+    pub trace: Option<crate::telemetry::RequestSpan>,
     written: bool,
 }
 
@@ -140,6 +161,7 @@ impl RequestRecord {
             phases: Phases::default(),
             facts: None,
             client_disconnected: false,
+            trace: None,
             written: false,
         }
     }

@@ -69,8 +69,13 @@ fn stats(values: &mut [f64]) -> Value {
 
 /// Parses `90s`, `30m`, `24h`, `7d`.
 pub fn parse_window(text: &str) -> Result<Duration, String> {
-    let (number, unit) = text.split_at(text.find(|c: char| !c.is_ascii_digit()).unwrap_or(text.len()));
-    let n: u64 = number.parse().map_err(|_| format!("`{text}`: expected a number and a unit (s, m, h, d)"))?;
+    let (number, unit) = text.split_at(
+        text.find(|c: char| !c.is_ascii_digit())
+            .unwrap_or(text.len()),
+    );
+    let n: u64 = number
+        .parse()
+        .map_err(|_| format!("`{text}`: expected a number and a unit (s, m, h, d)"))?;
     let secs = match unit {
         "s" => n,
         "m" => n * 60,
@@ -88,7 +93,9 @@ pub fn build(path: &Path, since: Option<Duration>) -> Result<Value, LedgerError>
         path: path.display().to_string(),
         source,
     };
-    let now_ms = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as i64);
+    let now_ms = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as i64);
     let from_ms = since.map_or(0, |d| now_ms - d.as_millis() as i64);
     let groups = read_groups(&conn, from_ms).map_err(sqlite)?;
     let health = read_health(&conn).map_err(sqlite)?;
@@ -132,8 +139,12 @@ fn read_groups(conn: &Connection, from_ms: i64) -> rusqlite::Result<BTreeMap<Key
     while let Some(row) = rows.next()? {
         let warm: Option<bool> = row.get(3)?;
         let key = Key {
-            model: row.get::<_, Option<String>>(0)?.unwrap_or_else(|| "-".to_owned()),
-            backend: row.get::<_, Option<String>>(1)?.unwrap_or_else(|| "-".to_owned()),
+            model: row
+                .get::<_, Option<String>>(0)?
+                .unwrap_or_else(|| "-".to_owned()),
+            backend: row
+                .get::<_, Option<String>>(1)?
+                .unwrap_or_else(|| "-".to_owned()),
             variant: row.get(2)?,
             warmth: match warm {
                 Some(true) => "warm",
@@ -162,8 +173,20 @@ fn read_groups(conn: &Connection, from_ms: i64) -> rusqlite::Result<BTreeMap<Key
         }
         if ok {
             for (ms_i, tok_i, src_i, engine, measured) in [
-                (10, 11, 12, &mut g.prefill_tps_engine, &mut g.prefill_tps_measured),
-                (13, 14, 15, &mut g.decode_tps_engine, &mut g.decode_tps_measured),
+                (
+                    10,
+                    11,
+                    12,
+                    &mut g.prefill_tps_engine,
+                    &mut g.prefill_tps_measured,
+                ),
+                (
+                    13,
+                    14,
+                    15,
+                    &mut g.decode_tps_engine,
+                    &mut g.decode_tps_measured,
+                ),
             ] {
                 let ms: Option<f64> = row.get(ms_i)?;
                 let tokens: Option<i64> = row.get(tok_i)?;
@@ -191,7 +214,9 @@ fn read_health(conn: &Connection) -> rusqlite::Result<Value> {
         [],
         |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)),
     )?;
-    Ok(json!({"rows": rows, "written": written, "dropped_queue_full": full, "dropped_write_failed": failed}))
+    Ok(
+        json!({"rows": rows, "written": written, "dropped_queue_full": full, "dropped_write_failed": failed}),
+    )
 }
 
 const COLUMNS: &[(&str, &str)] = &[
@@ -214,7 +239,10 @@ fn errors_cell(v: &Value) -> String {
     let Some(map) = v.as_object().filter(|m| !m.is_empty()) else {
         return "0".to_owned();
     };
-    map.iter().map(|(k, n)| format!("{k}:{n}")).collect::<Vec<_>>().join(" ")
+    map.iter()
+        .map(|(k, n)| format!("{k}:{n}"))
+        .collect::<Vec<_>>()
+        .join(" ")
 }
 
 /// Renders the report.
@@ -223,7 +251,9 @@ pub fn render(report: &Value, format: Format) -> String {
     match format {
         Format::Json => serde_json::to_string_pretty(report).unwrap_or_default() + "\n",
         Format::Tsv => {
-            let mut out = String::from("model\tbackend\tvariant\twarmth\trequests\terrors\tclient_disconnected");
+            let mut out = String::from(
+                "model\tbackend\tvariant\twarmth\trequests\terrors\tclient_disconnected",
+            );
             for (key, _) in COLUMNS {
                 for p in ["p50", "p95", "p99"] {
                     let _ = write!(out, "\t{key}_{p}");
@@ -260,7 +290,9 @@ pub fn render(report: &Value, format: Format) -> String {
                 rec["dropped_queue_full"],
                 rec["dropped_write_failed"]
             );
-            out.push_str("| model | backend | variant | warmth | requests | errors | disconnected |");
+            out.push_str(
+                "| model | backend | variant | warmth | requests | errors | disconnected |",
+            );
             for (_, title) in COLUMNS {
                 let _ = write!(out, " {title} p50 / p95 / p99 |");
             }
@@ -281,7 +313,13 @@ pub fn render(report: &Value, format: Format) -> String {
                 );
                 for (key, _) in COLUMNS {
                     let s = &g[*key];
-                    let _ = write!(out, " {} / {} / {} |", cell(&s["p50"]), cell(&s["p95"]), cell(&s["p99"]));
+                    let _ = write!(
+                        out,
+                        " {} / {} / {} |",
+                        cell(&s["p50"]),
+                        cell(&s["p95"]),
+                        cell(&s["p99"])
+                    );
                 }
                 out.push('\n');
             }

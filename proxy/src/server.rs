@@ -1,23 +1,28 @@
 //! The listener: accepts connections, serves each with hyper, and drains on shutdown.
 
+use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
+use http::Request;
+use hyper::body::Incoming;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
 use hyper_util::server::graceful::GracefulShutdown;
 use hyper_util::service::TowerToHyperService;
-use tokio::net::TcpListener;
+use tokio::net::{TcpListener, TcpSocket};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::app::{App, AppState};
+use crate::handler;
 
 /// A Switchyard serving on a bound socket.
 #[derive(Debug)]
 pub struct Running {
     addr: SocketAddr,
+    metrics_addr: Option<SocketAddr>,
     app: App,
     stop: CancellationToken,
     done: tokio::task::JoinHandle<()>,
@@ -26,6 +31,11 @@ pub struct Running {
 impl Running {
     pub fn addr(&self) -> SocketAddr {
         self.addr
+    }
+
+    /// Where the separate metrics listener (`server.metrics_listen`) is bound, when configured.
+    pub fn metrics_addr(&self) -> Option<SocketAddr> {
+        self.metrics_addr
     }
 
     pub fn state(&self) -> &Arc<AppState> {
@@ -46,16 +56,40 @@ pub async fn start(app: App) -> std::io::Result<Running> {
     start_on(app, listener)
 }
 
-/// Serves `app` on an already-bound listener in the background.
+/// Serves `app` on an already-bound listener in the background, and `GET /metrics` alone on
+/// `server.metrics_listen` too when that is set (bound here).
 pub fn start_on(app: App, listener: TcpListener) -> std::io::Result<Running> {
     let addr = listener.local_addr()?;
+    let metrics_listener = match app.state().config.server.metrics_listen {
+        Some(at) => Some(bind_now(at).map_err(|e| {
+            std::io::Error::new(e.kind(), format!("server.metrics_listen {at}: {e}"))
+        })?),
+        None => None,
+    };
+    let metrics_addr = match &metrics_listener {
+        Some(l) => Some(l.local_addr()?),
+        None => None,
+    };
+    // Per-backend gauges exist (as 0) from the start; the request path never creates them.
+    for name in app.state().backends.keys() {
+        app.state().recorder.metrics.register_backend(name);
+    }
     let stop = CancellationToken::new();
     let drain = Duration::from_millis(app.state().config.server.drain_timeout_ms);
     let serving = serve(app.clone(), listener, stop.clone(), drain);
+    let metrics = metrics_listener.map(|l| serve_metrics(app.clone(), l, stop.clone()));
     #[allow(clippy::disallowed_methods)] // the server's own root task, awaited by `shutdown`
-    let done = tokio::spawn(serving);
+    let done = tokio::spawn(async move {
+        match metrics {
+            Some(metrics) => {
+                tokio::join!(serving, metrics);
+            }
+            None => serving.await,
+        }
+    });
     Ok(Running {
         addr,
+        metrics_addr,
         app,
         stop,
         done,
@@ -108,8 +142,66 @@ pub async fn serve(app: App, listener: TcpListener, stop: CancellationToken, dra
                 tracing::warn!("the ledger did not finish writing within 5 s of shutdown");
             }
         }
+        if let Some(telemetry) = &app.state().telemetry {
+            // Every drained request's span has ended: export them all before returning.
+            tokio::task::block_in_place(|| telemetry.shutdown(Duration::from_secs(5)));
+        }
         tasks.close();
         // Background loops watch `stop`; connection tasks were drained or are cut here.
         let _ = tokio::time::timeout(Duration::from_secs(1), tasks.wait()).await;
     }
+}
+
+/// Binds `addr` now (from synchronous code, inside the runtime), as `TcpListener::bind` would.
+fn bind_now(addr: SocketAddr) -> std::io::Result<TcpListener> {
+    let socket = if addr.is_ipv4() {
+        TcpSocket::new_v4()?
+    } else {
+        TcpSocket::new_v6()?
+    };
+    socket.set_reuseaddr(true)?;
+    socket.bind(addr)?;
+    socket.listen(1024)
+}
+
+/// Serves `GET /metrics` alone on `listener` (HTTP/1) until `stop` is cancelled. Connections are
+/// tracked and drained like the main listener's, for at most a second: a scrape is quick.
+async fn serve_metrics(app: App, listener: TcpListener, stop: CancellationToken) {
+    if let Ok(addr) = listener.local_addr() {
+        tracing::info!(%addr, "serving /metrics on the metrics listener");
+    }
+    let tasks = TaskTracker::new();
+    let graceful = GracefulShutdown::new();
+    let mut builder = hyper::server::conn::http1::Builder::new();
+    builder
+        .timer(TokioTimer::new())
+        .header_read_timeout(Duration::from_secs(30));
+    loop {
+        let (stream, peer) = tokio::select! {
+            _ = stop.cancelled() => break,
+            accepted = listener.accept() => match accepted {
+                Ok(pair) => pair,
+                Err(e) => {
+                    tracing::warn!(error = %e, "metrics listener: accept failed");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+        };
+        let state = app.state().clone();
+        let service = hyper::service::service_fn(move |req: Request<Incoming>| {
+            let response = handler::metrics_only(&state, req.method(), req.uri().path());
+            std::future::ready(Ok::<_, Infallible>(response))
+        });
+        let connection = graceful.watch(builder.serve_connection(TokioIo::new(stream), service));
+        tasks.spawn(async move {
+            if let Err(e) = connection.await {
+                tracing::debug!(%peer, error = %e, "metrics connection ended with an error");
+            }
+        });
+    }
+    drop(listener);
+    let _ = tokio::time::timeout(Duration::from_secs(1), graceful.shutdown()).await;
+    tasks.close();
+    let _ = tokio::time::timeout(Duration::from_secs(1), tasks.wait()).await;
 }

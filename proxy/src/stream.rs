@@ -29,6 +29,7 @@ use tokio::sync::OwnedSemaphorePermit;
 use crate::backend::{header_value, Backend};
 use crate::body::BoxError;
 use crate::error::error_body;
+use crate::metrics::InFlightGuard;
 use crate::record::RequestRecord;
 use crate::timing::{between, Source, TokenPhase};
 
@@ -58,8 +59,18 @@ pub struct ObservedStream {
     upstream_error: Option<String>,
     fix_state: StreamFixState,
     observed_unchanged: Option<EventKind>,
-    /// The admission slot, held until the engine's stream ends or the client leaves.
-    permit: Option<OwnedSemaphorePermit>,
+    /// The admission slot and the in-flight mark, held until the engine's stream ends or the
+    /// client leaves.
+    holding: Option<Held>,
+}
+
+/// What a request forwarded to a backend holds while the engine works on it: its admission slot
+/// (when the backend limits concurrency) and its place in `switchyard_in_flight_requests`. Both
+/// are released together, when the engine's answer is complete or the client leaves.
+#[derive(Debug)]
+pub struct Held {
+    pub permit: Option<OwnedSemaphorePermit>,
+    pub in_flight: InFlightGuard,
 }
 
 impl ObservedStream {
@@ -82,15 +93,15 @@ impl ObservedStream {
             last_token: None,
             comment_sent: false,
             upstream_error: None,
-            permit: None,
+            holding: None,
             fix_state: StreamFixState::default(),
             observed_unchanged: None,
         }
     }
 
-    /// Keeps the admission slot until the stream is over.
-    pub fn holding(mut self, permit: Option<OwnedSemaphorePermit>) -> Self {
-        self.permit = permit;
+    /// Keeps the admission slot and the in-flight mark until the stream is over.
+    pub fn holding(mut self, held: Held) -> Self {
+        self.holding = Some(held);
         self
     }
 
@@ -242,7 +253,7 @@ impl ObservedStream {
     fn on_end(&mut self, error: Option<String>) {
         self.state = State::Ended;
         self.inner = None;
-        self.permit = None;
+        self.holding = None;
         if !self.held.is_empty() {
             let held = self.held.split().freeze();
             self.scan_lines(held);
@@ -291,9 +302,11 @@ impl ObservedStream {
 
 impl Drop for ObservedStream {
     fn drop(&mut self) {
-        // Write the record (as client-disconnected, if unfinished) before the engine's body is
-        // dropped and its connection closed: whoever sees the close can rely on the record.
+        // Write the record (as client-disconnected, if unfinished) and release the slot and the
+        // in-flight mark before the engine's body is dropped and its connection closed: whoever
+        // sees the close can rely on the record and the metrics.
         drop(self.record.take());
+        drop(self.holding.take());
     }
 }
 

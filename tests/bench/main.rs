@@ -119,6 +119,54 @@ async fn run_load(
     })
 }
 
+/// Starts a `switchyard serve` in front of `engine_url`, with `extra` appended to its config.
+fn start_switchyard(
+    bin_dir: &std::path::Path,
+    dir: &std::path::Path,
+    name: &str,
+    engine_url: &str,
+    extra: &str,
+) -> anyhow::Result<(Proc, String)> {
+    let config = dir.join(format!("{name}.toml"));
+    std::fs::write(
+        &config,
+        format!("[server]\nlisten = \"127.0.0.1:0\"\n[backends.fake]\nengine = \"llama.cpp\"\nurl = \"{engine_url}\"\nmax_concurrency = 64\n[models.smollm2]\nprimary = \"fake\"\n{extra}"),
+    )?;
+    let mut c = Command::new(bin_dir.join("switchyard"));
+    c.arg("serve")
+        .arg("--config")
+        .arg(&config)
+        .env("SWITCHYARD_LOG", "warn");
+    launch(c)
+}
+
+/// An OTLP/HTTP endpoint that accepts and discards trace exports, so the recording Switchyard
+/// pays the full cost of exporting.
+async fn otlp_sink() -> anyhow::Result<String> {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let url = format!("http://{}", listener.local_addr()?);
+    #[allow(clippy::disallowed_methods)] // the sink lives as long as the benchmark process
+    tokio::spawn(async move {
+        while let Ok((stream, _)) = listener.accept().await {
+            #[allow(clippy::disallowed_methods)] // one task per sink connection
+            tokio::spawn(async move {
+                let service = hyper::service::service_fn(
+                    |req: http::Request<hyper::body::Incoming>| async move {
+                        let _ = req.into_body().collect().await;
+                        Ok::<_, std::convert::Infallible>(http::Response::new(Full::new(
+                            Bytes::new(),
+                        )))
+                    },
+                );
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(hyper_util::rt::TokioIo::new(stream), service)
+                    .await;
+            });
+        }
+    });
+    Ok(url)
+}
+
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
@@ -128,19 +176,21 @@ async fn main() -> anyhow::Result<()> {
         c
     })?;
     let dir = tempfile::tempdir()?;
-    let config = dir.path().join("bench.toml");
-    std::fs::write(
-        &config,
-        format!("[server]\nlisten = \"127.0.0.1:0\"\n[backends.fake]\nengine = \"llama.cpp\"\nurl = \"{engine_url}\"\nmax_concurrency = 64\n[models.smollm2]\nprimary = \"fake\"\n"),
+    // Two Switchyards side by side: bare (no ledger, no traces), and recording everything
+    // (ledger, and traces exported to a sink in this process). Metrics are always on.
+    let bare = start_switchyard(&args.bin_dir, dir.path(), "bare", &engine_url, "")?;
+    let sink = otlp_sink().await?;
+    let recording_extra = format!(
+        "[ledger]\npath = \"{}\"\n[telemetry]\notlp_endpoint = \"{sink}\"\n",
+        dir.path().join("bench-ledger.db").display()
+    );
+    let recording = start_switchyard(
+        &args.bin_dir,
+        dir.path(),
+        "recording",
+        &engine_url,
+        &recording_extra,
     )?;
-    let (_proxy, proxy_url) = launch({
-        let mut c = Command::new(args.bin_dir.join("switchyard"));
-        c.arg("serve")
-            .arg("--config")
-            .arg(&config)
-            .env("SWITCHYARD_LOG", "warn");
-        c
-    })?;
 
     let mut connector = HttpConnector::new();
     connector.set_nodelay(true);
@@ -150,7 +200,11 @@ async fn main() -> anyhow::Result<()> {
     let body = Bytes::from(json!({"model": "smollm2", "messages": [{"role": "user", "content": "benchmark"}], "temperature": 0}).to_string());
     let targets = [
         ("direct", format!("{engine_url}/v1/chat/completions")),
-        ("switchyard", format!("{proxy_url}/v1/chat/completions")),
+        ("switchyard", format!("{}/v1/chat/completions", bare.1)),
+        (
+            "switchyard+ledger+traces",
+            format!("{}/v1/chat/completions", recording.1),
+        ),
     ];
 
     // Warm both paths (connections, caches).
@@ -164,7 +218,7 @@ async fn main() -> anyhow::Result<()> {
         } else {
             args.requests * 4
         };
-        let mut merged: Vec<Sample> = vec![Sample::default(), Sample::default()];
+        let mut merged: Vec<Sample> = vec![Sample::default(); targets.len()];
         for _ in 0..args.rounds {
             for (i, (_, url)) in targets.iter().enumerate() {
                 let s = run_load(&client, url, &body, total, concurrency).await?;
@@ -203,13 +257,26 @@ async fn main() -> anyhow::Result<()> {
         )?;
     }
     let mut summary = Vec::new();
-    for pair in rows.chunks(2) {
-        let (d, s) = (&pair[0], &pair[1]);
-        let f = |r: &serde_json::Value, k: &str| r[k].as_f64().unwrap_or(f64::NAN);
-        let added_p50 = f(s, "p50_us") - f(d, "p50_us");
-        let ratio_rps = f(s, "rps") / f(d, "rps");
-        writeln!(out, "\nconcurrency {}: added p50 {:.0} µs, added p99 {:.0} µs, throughput switchyard/direct {:.2}", d["concurrency"], added_p50, f(s, "p99_us") - f(d, "p99_us"), ratio_rps)?;
-        summary.push(json!({"concurrency": d["concurrency"], "added_p50_us": added_p50, "added_p99_us": f(s, "p99_us") - f(d, "p99_us"), "throughput_ratio": ratio_rps}));
+    let f = |r: &serde_json::Value, k: &str| r[k].as_f64().unwrap_or(f64::NAN);
+    for group in rows.chunks(targets.len()) {
+        let (d, bare, rec) = (&group[0], &group[1], &group[2]);
+        let added_p50 = f(bare, "p50_us") - f(d, "p50_us");
+        let added_p99 = f(bare, "p99_us") - f(d, "p99_us");
+        let ratio_rps = f(bare, "rps") / f(d, "rps");
+        let recording_ratio = f(rec, "rps") / f(bare, "rps");
+        writeln!(
+            out,
+            "\nconcurrency {}: added p50 {:.0} µs, added p99 {:.0} µs, throughput switchyard/direct {:.2}; \
+             with ledger+traces: added p50 {:.0} µs, throughput recording/bare {:.2}",
+            d["concurrency"],
+            added_p50,
+            added_p99,
+            ratio_rps,
+            f(rec, "p50_us") - f(d, "p50_us"),
+            recording_ratio
+        )?;
+        summary.push(json!({"concurrency": d["concurrency"], "added_p50_us": added_p50, "added_p99_us": added_p99,
+            "throughput_ratio": ratio_rps, "recording_throughput_ratio": recording_ratio}));
     }
     if let Some(path) = args.json {
         std::fs::write(

@@ -51,10 +51,12 @@ pub enum Fault {
 /// Something the fake engine did, with when it did it.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Event {
-    /// A completion request arrived (path and parsed body).
+    /// A completion request arrived (path, parsed body and headers, e.g. the `traceparent` it
+    /// was sent).
     Request {
         path: String,
         body: Value,
+        headers: http::HeaderMap,
         at: Instant,
     },
     /// Stream chunk `index` (0-based, counting every `data:` event) was handed to the socket.
@@ -417,6 +419,7 @@ async fn route(shared: Arc<Shared>, req: Request<Incoming>) -> Response<FakeBody
                 events: shared.events.clone(),
                 done: false,
             };
+            let headers = req.headers().clone();
             let body = match req.into_body().collect().await {
                 Ok(b) => b.to_bytes(),
                 Err(_) => {
@@ -438,6 +441,7 @@ async fn route(shared: Arc<Shared>, req: Request<Incoming>) -> Response<FakeBody
             let _ = shared.events.send(Event::Request {
                 path: path.clone(),
                 body: body.clone(),
+                headers,
                 at: Instant::now(),
             });
             *shared.requests.lock().await += 1;

@@ -10,10 +10,15 @@ use std::time::Duration;
 
 use serde_json::{json, Value};
 use switchyard_tests::fake_engine::FakeEngine;
-use switchyard_tests::harness::{config_for, start_switchyard, switchyard_comment, timing, wait_ready, TestClient};
+use switchyard_tests::harness::{
+    config_for, start_switchyard, switchyard_comment, timing, wait_ready, TestClient,
+};
 
 fn ledger_config(engine_url: &str, path: &Path) -> String {
-    config_for(engine_url, &format!("\n[ledger]\npath = \"{}\"\nbatch = 8\n", path.display()))
+    config_for(
+        engine_url,
+        &format!("\n[ledger]\npath = \"{}\"\nbatch = 8\n", path.display()),
+    )
 }
 
 /// Every request row as JSON.
@@ -54,10 +59,19 @@ fn switchyard_bin() -> PathBuf {
 async fn every_request_is_on_the_record() {
     let dir = tempfile::tempdir().unwrap();
     let db = dir.path().join("ledger.db");
-    let engine = FakeEngine::llama_cpp().tokens(5).token_ms(2).spawn().await.unwrap();
-    let proxy = start_switchyard(&ledger_config(&engine.url(), &db)).await.unwrap();
+    let engine = FakeEngine::llama_cpp()
+        .tokens(5)
+        .token_ms(2)
+        .spawn()
+        .await
+        .unwrap();
+    let proxy = start_switchyard(&ledger_config(&engine.url(), &db))
+        .await
+        .unwrap();
     let base = format!("http://{}", proxy.addr());
-    wait_ready(&base, Duration::from_secs(5), |v| v["ready"] == true).await.unwrap();
+    wait_ready(&base, Duration::from_secs(5), |v| v["ready"] == true)
+        .await
+        .unwrap();
     let client = TestClient::new();
     let url = format!("{base}/v1/chat/completions");
     let mut seen = Vec::new();
@@ -66,42 +80,77 @@ async fn every_request_is_on_the_record() {
         let r = client.post_json(&url, &body).await.unwrap();
         assert_eq!(r.status, 200);
         let total = if i % 2 == 1 {
-            switchyard_comment(std::str::from_utf8(&r.body).unwrap()).unwrap()["server_timing"]["total"].as_f64().unwrap()
+            switchyard_comment(std::str::from_utf8(&r.body).unwrap()).unwrap()["server_timing"]
+                ["total"]
+                .as_f64()
+                .unwrap()
         } else {
             timing(r.header("server-timing"), "total").unwrap()
         };
-        seen.push((r.header("x-request-id").to_owned(), r.header("x-switchyard-engine").to_owned(), r.header("x-switchyard-workload").to_owned(), total));
+        seen.push((
+            r.header("x-request-id").to_owned(),
+            r.header("x-switchyard-engine").to_owned(),
+            r.header("x-switchyard-workload").to_owned(),
+            total,
+        ));
     }
-    let r = client.post_json(&url, &json!({"model": "nope"})).await.unwrap();
+    let r = client
+        .post_json(&url, &json!({"model": "nope"}))
+        .await
+        .unwrap();
     assert_eq!(r.status, 404);
     proxy.shutdown().await; // flushes the ledger
 
     let rows = rows(&db);
     assert_eq!(rows.len(), 5, "{rows:#?}");
     for (i, (id, engine_header, workload, total)) in seen.iter().enumerate() {
-        let row = rows.iter().find(|r| r["request_id"] == id.as_str()).expect("a row per request");
+        let row = rows
+            .iter()
+            .find(|r| r["request_id"] == id.as_str())
+            .expect("a row per request");
         assert_eq!(row["engine"], engine_header.as_str());
         assert_eq!(row["workload"], workload.as_str());
         assert_eq!(row["backend"], "fake");
         assert_eq!(row["status"], 200);
         assert_eq!(row["streamed"], i64::from(i % 2 == 1));
         // The header carries three decimals of the same number.
-        assert!((row["total_ms"].as_f64().unwrap() - total).abs() < 0.001, "{row} vs {total}");
-        assert_eq!(row["warm"], i64::from(i > 0), "only the first request meets a cold engine");
+        assert!(
+            (row["total_ms"].as_f64().unwrap() - total).abs() < 0.001,
+            "{row} vs {total}"
+        );
+        assert_eq!(
+            row["warm"],
+            i64::from(i > 0),
+            "only the first request meets a cold engine"
+        );
     }
     let refused = rows.iter().find(|r| r["status"] == 404).unwrap();
     assert_eq!(refused["error_class"], "client");
     assert!(refused["warm"].is_null());
 
     // The report over that ledger, in all three formats.
-    let out = Command::new(switchyard_bin()).args(["report", "--format", "json", "--ledger"]).arg(&db).output().unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let out = Command::new(switchyard_bin())
+        .args(["report", "--format", "json", "--ledger"])
+        .arg(&db)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let report: Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(report["records"]["rows"], 5);
     assert_eq!(report["records"]["dropped_queue_full"], 0);
     let groups = report["groups"].as_array().unwrap();
-    let warm = groups.iter().find(|g| g["backend"] == "fake" && g["warmth"] == "warm").unwrap();
-    let cold = groups.iter().find(|g| g["backend"] == "fake" && g["warmth"] == "cold").unwrap();
+    let warm = groups
+        .iter()
+        .find(|g| g["backend"] == "fake" && g["warmth"] == "warm")
+        .unwrap();
+    let cold = groups
+        .iter()
+        .find(|g| g["backend"] == "fake" && g["warmth"] == "cold")
+        .unwrap();
     assert_eq!(warm["requests"], 3);
     assert_eq!(cold["requests"], 1);
     for g in [warm, cold] {
@@ -109,23 +158,45 @@ async fn every_request_is_on_the_record() {
         assert!(t["p50"].as_f64().unwrap() <= t["p95"].as_f64().unwrap());
         assert!(t["p95"].as_f64().unwrap() <= t["p99"].as_f64().unwrap());
     }
-    let out = Command::new(switchyard_bin()).args(["report", "--format", "tsv", "--ledger"]).arg(&db).output().unwrap();
+    let out = Command::new(switchyard_bin())
+        .args(["report", "--format", "tsv", "--ledger"])
+        .arg(&db)
+        .output()
+        .unwrap();
     let tsv = String::from_utf8(out.stdout).unwrap();
     let lines: Vec<Vec<&str>> = tsv.lines().map(|l| l.split('\t').collect()).collect();
     let header = &lines[0];
     let col = |name: &str| header.iter().position(|h| *h == name).unwrap();
-    let total_requests: u64 = lines[1..].iter().map(|l| l[col("requests")].parse::<u64>().unwrap()).sum();
+    let total_requests: u64 = lines[1..]
+        .iter()
+        .map(|l| l[col("requests")].parse::<u64>().unwrap())
+        .sum();
     assert_eq!(total_requests, 5);
     for l in &lines[1..] {
-        let (p50, p95, p99) = (l[col("total_ms_p50")], l[col("total_ms_p95")], l[col("total_ms_p99")]);
+        let (p50, p95, p99) = (
+            l[col("total_ms_p50")],
+            l[col("total_ms_p95")],
+            l[col("total_ms_p99")],
+        );
         if p50 != "-" {
-            let (a, b, c): (f64, f64, f64) = (p50.parse().unwrap(), p95.parse().unwrap(), p99.parse().unwrap());
+            let (a, b, c): (f64, f64, f64) = (
+                p50.parse().unwrap(),
+                p95.parse().unwrap(),
+                p99.parse().unwrap(),
+            );
             assert!(a <= b && b <= c, "{l:?}");
         }
     }
-    let out = Command::new(switchyard_bin()).args(["report", "--ledger"]).arg(&db).output().unwrap();
+    let out = Command::new(switchyard_bin())
+        .args(["report", "--ledger"])
+        .arg(&db)
+        .output()
+        .unwrap();
     let md = String::from_utf8(out.stdout).unwrap();
-    assert!(md.contains("| smollm2 | fake | primary | warm | 3 |"), "{md}");
+    assert!(
+        md.contains("| smollm2 | fake | primary | warm | 3 |"),
+        "{md}"
+    );
 }
 
 /// A small tmpfs mounted for one test, unmounted on drop. Needs root (CI and these machines run
@@ -172,7 +243,10 @@ async fn flush(proxy: &switchyard::Running) {
     let state = proxy.state().clone();
     tokio::task::spawn_blocking(move || {
         let ledger = state.recorder.ledger.as_ref().expect("a ledger");
-        assert!(ledger.flush(Duration::from_secs(10)), "ledger flush timed out");
+        assert!(
+            ledger.flush(Duration::from_secs(10)),
+            "ledger flush timed out"
+        );
     })
     .await
     .unwrap();
@@ -184,9 +258,13 @@ async fn a_full_disk_loses_records_not_requests_and_says_so() {
     let disk = SmallDisk::mount(tmp.path(), "2m");
     let db = disk.dir.join("ledger.db");
     let engine = FakeEngine::llama_cpp().tokens(3).spawn().await.unwrap();
-    let proxy = start_switchyard(&ledger_config(&engine.url(), &db)).await.unwrap();
+    let proxy = start_switchyard(&ledger_config(&engine.url(), &db))
+        .await
+        .unwrap();
     let base = format!("http://{}", proxy.addr());
-    wait_ready(&base, Duration::from_secs(5), |v| v["ready"] == true).await.unwrap();
+    wait_ready(&base, Duration::from_secs(5), |v| v["ready"] == true)
+        .await
+        .unwrap();
     let client = TestClient::new();
     let url = format!("{base}/v1/chat/completions");
     let big = "x".repeat(4000);
@@ -201,26 +279,57 @@ async fn a_full_disk_loses_records_not_requests_and_says_so() {
     };
     assert_eq!(send(0).await, 200);
     flush(&proxy).await;
-    let counters = proxy.state().recorder.ledger.as_ref().unwrap().counters.clone();
-    assert_eq!(counters.written.load(std::sync::atomic::Ordering::Relaxed), 1);
+    let counters = proxy
+        .state()
+        .recorder
+        .ledger
+        .as_ref()
+        .unwrap()
+        .counters
+        .clone();
+    assert_eq!(
+        counters.written.load(std::sync::atomic::Ordering::Relaxed),
+        1
+    );
 
     // The disk fills up: requests are still served, records are lost and counted.
     let filler = disk.fill();
     for i in 1..=40 {
-        assert_eq!(send(i).await, 200, "serving must not depend on the ledger's disk");
+        assert_eq!(
+            send(i).await,
+            200,
+            "serving must not depend on the ledger's disk"
+        );
     }
     flush(&proxy).await;
-    let lost = counters.dropped_failed.load(std::sync::atomic::Ordering::Relaxed);
+    let lost = counters
+        .dropped_failed
+        .load(std::sync::atomic::Ordering::Relaxed);
     let written = counters.written.load(std::sync::atomic::Ordering::Relaxed);
-    assert!(lost > 0, "a full disk must show as lost records (written {written})");
-    assert_eq!(lost + written, 41, "every record is either written or counted as lost");
+    assert!(
+        lost > 0,
+        "a full disk must show as lost records (written {written})"
+    );
+    assert_eq!(
+        lost + written,
+        41,
+        "every record is either written or counted as lost"
+    );
 
     // Space again: recording resumes, and the ledger itself now says what was lost.
     std::fs::remove_file(filler).unwrap();
     assert_eq!(send(41).await, 200);
     proxy.shutdown().await;
-    let out = Command::new(switchyard_bin()).args(["report", "--format", "json", "--ledger"]).arg(&db).output().unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let out = Command::new(switchyard_bin())
+        .args(["report", "--format", "json", "--ledger"])
+        .arg(&db)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let report: Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(report["records"]["dropped_write_failed"], lost);
     assert_eq!(report["records"]["rows"], written + 1);

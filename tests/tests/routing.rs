@@ -118,13 +118,15 @@ async fn a_loading_engine_is_not_ready_then_becomes_ready() {
         .await
         .unwrap();
     let base = format!("http://{}", proxy.addr());
+    // Before the first probe the state is also "loading" (reason "not probed yet"): wait for
+    // the engine's own word.
     let v = wait_ready(&base, Duration::from_secs(5), |v| {
-        v["backends"]["fake"]["state"] == "loading"
+        v["backends"]["fake"]["reason"] == "Loading model"
     })
     .await
     .unwrap();
     assert_eq!(v["ready"], false);
-    assert_eq!(v["backends"]["fake"]["reason"], "Loading model");
+    assert_eq!(v["backends"]["fake"]["state"], "loading");
     let r = TestClient::new()
         .get(&format!("{base}/readyz"))
         .await

@@ -1,0 +1,497 @@
+//! OpenTelemetry traces: one span per proxied request, exported over OTLP/HTTP (protobuf).
+//!
+//! Off unless configured (`[telemetry] otlp_endpoint`, or the standard
+//! `OTEL_EXPORTER_OTLP_ENDPOINT` / `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`); off, a request pays one
+//! `Option` check and nothing else.
+//!
+//! **The span.** [`Telemetry::start_request`] opens it when the request record is created, dated
+//! back to the moment the request head arrived: a child of the client's W3C `traceparent` (and
+//! `tracestate`) when those are valid, else the root of a new trace. Before the request is
+//! forwarded, [`RequestSpan::forwarding`] writes its context into the engine's request headers,
+//! replacing the client's. Kind SERVER, named like the GenAI conventions (`chat smollm2`). Its
+//! attributes are set, and it ends, when the record is written ([`RequestSpan::finish`], called
+//! by [`crate::record::Recorder`]), at `received + total`: the same clock and the same numbers as
+//! `server-timing`, the log line and the ledger.
+//!
+//! **Phases.** The ones measured on the proxy's clock are child spans placed exactly: `queue`
+//! (ending when the request was forwarded), `ttfb` (forwarded → the engine's response head),
+//! `ttft` (received → first token forwarded) and a stream's measured `decode` (first → last
+//! token). The engine's own `prefill` and `decode` are durations on the engine's clock, which
+//! does not say when they began on ours (network and scheduling lie between): they are span
+//! *events* named `prefill` and `decode`, stamped when the proxy learned them (the span's end),
+//! with the duration in `switchyard.duration_ms` — a number, never a guessed position.
+//!
+//! **Export.** The SDK's batch processor gathers finished spans on its own thread and exports
+//! them from there; the HTTP request itself runs on the server's tokio runtime, which hyper needs
+//! (`export.rs`). At most `telemetry.queue` spans wait; one more is dropped, counted in
+//! [`TelemetryStats`] and logged: a request never waits for telemetry. [`Telemetry::shutdown`]
+//! flushes what is left, after the server has drained.
+//!
+//! `tracing-opentelemetry` is not used: it dates a span by the `tracing` span's own life (opened
+//! now, closed now), which cannot express a span that began when the request head arrived, nor
+//! phases measured before their span exists; and it would tie traces to the global log
+//! subscriber, which in-process users (the tests) do not install.
+
+use std::fmt;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime};
+
+use http::{HeaderMap, HeaderName, HeaderValue};
+use opentelemetry::propagation::{Injector, TextMapPropagator};
+use opentelemetry::trace::{
+    Span as _, SpanKind, Status, TraceContextExt, TraceId, Tracer as _, TracerProvider as _,
+};
+use opentelemetry::{Context, InstrumentationScope, KeyValue};
+use opentelemetry_http::HeaderExtractor;
+use opentelemetry_sdk::propagation::TraceContextPropagator;
+use opentelemetry_sdk::trace::{SdkTracer, SdkTracerProvider};
+use opentelemetry_sdk::Resource;
+use switchyard_policy::TelemetryConfig;
+
+use crate::record::RequestRecord;
+use crate::timing::Source;
+
+mod export;
+
+const TRACEPARENT: HeaderName = HeaderName::from_static("traceparent");
+const TRACESTATE: HeaderName = HeaderName::from_static("tracestate");
+
+/// What happened to finished spans, readable while serving.
+#[derive(Debug, Default)]
+pub struct TelemetryStats {
+    /// Spans in batches the collector accepted.
+    pub spans_exported: AtomicU64,
+    /// Spans dropped because the export queue was full.
+    pub spans_dropped: AtomicU64,
+    /// Spans in batches whose export failed (after the exporter's own retries).
+    pub spans_failed: AtomicU64,
+}
+
+/// The tracer and its export pipeline; cheap to clone.
+#[derive(Debug, Clone)]
+pub struct Telemetry {
+    inner: Arc<Inner>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    provider: SdkTracerProvider,
+    tracer: SdkTracer,
+    stats: Arc<TelemetryStats>,
+}
+
+impl Telemetry {
+    /// The telemetry `config` (or the environment) asks for; `None` when traces are off. Must be
+    /// called inside a tokio runtime: exports run on it.
+    pub fn from_config(config: Option<&TelemetryConfig>) -> Result<Option<Self>, String> {
+        let defaults = TelemetryConfig::default();
+        let config = config.unwrap_or(&defaults);
+        let Some(endpoint) = traces_endpoint(config, env) else {
+            return Ok(None);
+        };
+        let runtime = tokio::runtime::Handle::try_current()
+            .map_err(|e| format!("telemetry: traces are exported from a tokio runtime: {e}"))?;
+        let stats = Arc::new(TelemetryStats::default());
+        let processor = export::processor(config, &endpoint, runtime, stats.clone())?;
+
+        let service_name = config
+            .service_name
+            .clone()
+            .or_else(|| env("OTEL_SERVICE_NAME"))
+            .unwrap_or_else(|| "switchyard".to_owned());
+        let resource = Resource::builder()
+            .with_service_name(service_name.clone())
+            .with_attribute(KeyValue::new("service.version", env!("CARGO_PKG_VERSION")))
+            .build();
+        let provider = SdkTracerProvider::builder()
+            .with_span_processor(processor)
+            .with_resource(resource)
+            .build();
+        let tracer = provider.tracer_with_scope(
+            InstrumentationScope::builder("switchyard")
+                .with_version(env!("CARGO_PKG_VERSION"))
+                .build(),
+        );
+        tracing::info!(%endpoint, service = %service_name, "exporting traces (OTLP/HTTP)");
+        Ok(Some(Self {
+            inner: Arc::new(Inner {
+                provider,
+                tracer,
+                stats,
+            }),
+        }))
+    }
+
+    pub fn stats(&self) -> &TelemetryStats {
+        &self.inner.stats
+    }
+
+    /// Opens the span of a proxied request whose head arrived at `received`, as a child of the
+    /// client's trace context in `headers` when that is valid.
+    pub fn start_request(&self, headers: &HeaderMap, path: &str, received: Instant) -> RequestSpan {
+        let now = SystemTime::now();
+        let start = now.checked_sub(received.elapsed()).unwrap_or(now);
+        let parent = TraceContextPropagator::new()
+            .extract_with_context(&Context::new(), &HeaderExtractor(headers));
+        let operation = operation_name(path);
+        let tracer = &self.inner.tracer;
+        let span = tracer
+            .span_builder(operation)
+            .with_kind(SpanKind::Server)
+            .with_start_time(start)
+            .start_with_context(tracer, &parent);
+        RequestSpan {
+            cx: parent.with_span(span),
+            tracer: tracer.clone(),
+            start,
+            received,
+            forwarded: None,
+            operation,
+        }
+    }
+
+    /// Exports every finished span and stops the pipeline, waiting at most `timeout`. Blocks
+    /// the calling thread: call it from `block_in_place` or a blocking task, and only on a
+    /// multi-threaded runtime (the export itself runs on the runtime). `false` when something
+    /// was left unexported.
+    pub fn shutdown(&self, timeout: Duration) -> bool {
+        let result = self.inner.provider.shutdown_with_timeout(timeout);
+        let stats = &self.inner.stats;
+        let (exported, dropped, failed) = (
+            stats.spans_exported.load(Ordering::Relaxed),
+            stats.spans_dropped.load(Ordering::Relaxed),
+            stats.spans_failed.load(Ordering::Relaxed),
+        );
+        match result {
+            Ok(()) if dropped == 0 && failed == 0 => {
+                tracing::info!(exported, "traces flushed");
+                true
+            }
+            Ok(()) => {
+                tracing::warn!(exported, dropped, failed, "traces flushed; some were lost");
+                true
+            }
+            Err(e) => {
+                tracing::warn!(exported, dropped, failed, error = %e, "traces were not all flushed");
+                false
+            }
+        }
+    }
+}
+
+/// `gen_ai.operation.name` of a proxied path.
+fn operation_name(path: &str) -> &'static str {
+    match path {
+        "/v1/chat/completions" => "chat",
+        "/v1/completions" => "text_completion",
+        "/v1/embeddings" => "embeddings",
+        _ => "http",
+    }
+}
+
+/// A non-empty environment variable.
+fn env(name: &str) -> Option<String> {
+    std::env::var(name).ok().filter(|v| !v.is_empty())
+}
+
+/// Where spans go, or `None` when traces are off: `otlp_endpoint` + `/v1/traces`, else
+/// `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT` as it is, else `OTEL_EXPORTER_OTLP_ENDPOINT` +
+/// `/v1/traces` (the OTLP exporter specification's rules).
+fn traces_endpoint(
+    config: &TelemetryConfig,
+    env: impl Fn(&str) -> Option<String>,
+) -> Option<String> {
+    let signal = |base: &str| format!("{}/v1/traces", base.trim_end_matches('/'));
+    if let Some(base) = &config.otlp_endpoint {
+        return Some(signal(base));
+    }
+    env("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
+        .or_else(|| env("OTEL_EXPORTER_OTLP_ENDPOINT").map(|base| signal(&base)))
+}
+
+/// The span of one proxied request. Lives in its [`RequestRecord`] and ends when that is
+/// written.
+pub struct RequestSpan {
+    /// The client's context (if any) with this request's span active in it.
+    cx: Context,
+    tracer: SdkTracer,
+    /// Wall-clock time of `received`: every phase is placed from this anchor.
+    start: SystemTime,
+    received: Instant,
+    /// When the request was last forwarded to an engine.
+    forwarded: Option<Instant>,
+    operation: &'static str,
+}
+
+impl fmt::Debug for RequestSpan {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let span = self.cx.span();
+        let context = span.span_context();
+        f.debug_struct("RequestSpan")
+            .field("trace_id", &context.trace_id())
+            .field("span_id", &context.span_id())
+            .field("sampled", &context.is_sampled())
+            .finish()
+    }
+}
+
+impl RequestSpan {
+    pub fn trace_id(&self) -> TraceId {
+        self.cx.span().span_context().trace_id()
+    }
+
+    /// The request is being forwarded now (`at`, the end of `queue` and the start of `ttfb`):
+    /// puts this span's context into the engine's request `headers`, replacing whatever trace
+    /// context the client sent, so the engine continues this trace.
+    pub fn forwarding(&mut self, at: Instant, headers: &mut HeaderMap) {
+        self.forwarded = Some(at);
+        headers.remove(TRACEPARENT);
+        headers.remove(TRACESTATE);
+        TraceContextPropagator::new().inject_context(&self.cx, &mut HeaderInjector(headers));
+    }
+
+    /// Sets the span's attributes from the finished record `r`, adds its phases, and ends it.
+    pub fn finish(&self, r: &RequestRecord) {
+        let span = self.cx.span();
+        if !span.is_recording() {
+            // The client's trace is not sampled: nothing is exported for it.
+            return;
+        }
+        let end = r
+            .phases
+            .total
+            .map_or_else(SystemTime::now, |total| self.at_ms(total));
+        span.set_attributes(attributes(self.operation, r));
+        if let Some(model) = &r.model {
+            span.update_name(format!("{} {model}", self.operation));
+        }
+        // HTTP server conventions: a 4xx is the client's error, not this span's.
+        let error_type = if r.status >= 500 {
+            Some(r.status.to_string())
+        } else if r.client_disconnected {
+            Some("client_disconnected".to_owned())
+        } else if r.error.is_some() && r.status < 400 {
+            // The head said success, then the answer broke (a stream cut mid-way).
+            Some(r.error_class.unwrap_or("upstream").to_owned())
+        } else {
+            None
+        };
+        if let Some(error_type) = error_type {
+            span.set_attribute(KeyValue::new("error.type", error_type));
+            if !r.client_disconnected || r.status >= 500 {
+                // A client that left is not Switchyard failing; everything else here is.
+                let description = r.error.clone().unwrap_or_default();
+                span.set_status(Status::error(description));
+            }
+        }
+        self.add_phases(r, end);
+        span.end_with_timestamp(end);
+    }
+
+    /// Child spans for the phases measured on the proxy's clock, events for the engine's.
+    fn add_phases(&self, r: &RequestRecord, end: SystemTime) {
+        let p = &r.phases;
+        if let Some(forwarded) = self.forwarded.map(|at| self.at(at)) {
+            if let Some(queue) = p.queue {
+                let from = forwarded.checked_sub(ms(queue)).unwrap_or(forwarded);
+                self.child("queue", from, forwarded, Vec::new());
+            }
+            if let Some(ttfb) = p.ttfb {
+                self.child("ttfb", forwarded, forwarded + ms(ttfb), Vec::new());
+            }
+        }
+        if let Some(ttft) = p.ttft {
+            self.child("ttft", self.start, self.at_ms(ttft), Vec::new());
+        }
+        let span = self.cx.span();
+        for (name, phase) in [("prefill", p.prefill), ("decode", p.decode)] {
+            let Some(phase) = phase else { continue };
+            let mut attributes = vec![KeyValue::new(
+                "switchyard.source",
+                match phase.source {
+                    Source::Engine => "engine",
+                    Source::Measured => "measured",
+                },
+            )];
+            if let Some(tokens) = phase.tokens {
+                attributes.push(KeyValue::new("switchyard.tokens", int(tokens)));
+            }
+            match (name, phase.source, p.ttft) {
+                // Measured from the stream: first token (the end of ttft) → last token.
+                ("decode", Source::Measured, Some(ttft)) => {
+                    let from = self.at_ms(ttft);
+                    self.child("decode", from, from + ms(phase.ms), attributes);
+                }
+                _ => {
+                    attributes.push(KeyValue::new("switchyard.duration_ms", phase.ms));
+                    span.add_event_with_timestamp(name, end, attributes);
+                }
+            }
+        }
+    }
+
+    fn child(&self, name: &'static str, from: SystemTime, to: SystemTime, attrs: Vec<KeyValue>) {
+        let mut span = self
+            .tracer
+            .span_builder(name)
+            .with_kind(SpanKind::Internal)
+            .with_start_time(from)
+            .with_attributes(attrs)
+            .start_with_context(&self.tracer, &self.cx);
+        span.end_with_timestamp(to.max(from));
+    }
+
+    /// The wall-clock time `phase_ms` milliseconds after the request head arrived.
+    fn at_ms(&self, phase_ms: f64) -> SystemTime {
+        self.start + ms(phase_ms)
+    }
+
+    /// The wall-clock time of `instant`, on the request's clock.
+    fn at(&self, instant: Instant) -> SystemTime {
+        self.start + instant.saturating_duration_since(self.received)
+    }
+}
+
+/// The request span's attributes: GenAI and HTTP conventions, then Switchyard's identity.
+fn attributes(operation: &'static str, r: &RequestRecord) -> Vec<KeyValue> {
+    let mut a = Vec::with_capacity(20);
+    a.push(KeyValue::new("gen_ai.operation.name", operation));
+    if let Some(model) = &r.model {
+        a.push(KeyValue::new("gen_ai.request.model", model.to_string()));
+    }
+    if let Some(engine) = &r.engine {
+        // `kind/build`: the kind is the provider (`llama.cpp`, `mlx`, `openai`).
+        let kind = engine.split('/').next().unwrap_or(engine);
+        a.push(KeyValue::new("gen_ai.provider.name", kind.to_owned()));
+        a.push(KeyValue::new("switchyard.engine", engine.clone()));
+    }
+    if let Some(facts) = &r.facts {
+        if let Some(model) = &facts.model {
+            a.push(KeyValue::new("gen_ai.response.model", model.clone()));
+        }
+        if let Some(n) = facts.usage.prompt_tokens {
+            a.push(KeyValue::new("gen_ai.usage.input_tokens", int(n)));
+        }
+        if let Some(n) = facts.usage.completion_tokens {
+            a.push(KeyValue::new("gen_ai.usage.output_tokens", int(n)));
+        }
+    }
+    a.push(KeyValue::new(
+        "http.request.method",
+        r.method.as_str().to_owned(),
+    ));
+    a.push(KeyValue::new("url.path", r.path.clone()));
+    if r.status != 0 {
+        a.push(KeyValue::new(
+            "http.response.status_code",
+            i64::from(r.status),
+        ));
+    }
+    a.push(KeyValue::new("switchyard.request_id", r.id.clone()));
+    if let Some(backend) = &r.backend {
+        a.push(KeyValue::new("switchyard.backend", backend.to_string()));
+        a.push(KeyValue::new("switchyard.variant", r.variant));
+    }
+    if let Some(artifact) = &r.artifact {
+        a.push(KeyValue::new("switchyard.artifact", artifact.clone()));
+    }
+    if let Some(workload) = &r.workload {
+        a.push(KeyValue::new("switchyard.workload", workload.clone()));
+    }
+    if let Some(warm) = r.warm {
+        a.push(KeyValue::new("switchyard.warm", warm));
+    }
+    a.push(KeyValue::new("switchyard.streamed", r.streamed));
+    a.push(KeyValue::new(
+        "switchyard.client_disconnected",
+        r.client_disconnected,
+    ));
+    a
+}
+
+fn ms(phase_ms: f64) -> Duration {
+    Duration::try_from_secs_f64(phase_ms / 1000.0).unwrap_or_default()
+}
+
+fn int(n: u64) -> i64 {
+    i64::try_from(n).unwrap_or(i64::MAX)
+}
+
+/// Writes trace context into request headers; an empty `tracestate` is left out.
+struct HeaderInjector<'a>(&'a mut HeaderMap);
+
+impl Injector for HeaderInjector<'_> {
+    fn set(&mut self, key: &str, value: String) {
+        if value.is_empty() {
+            return;
+        }
+        if let (Ok(name), Ok(value)) = (
+            HeaderName::from_bytes(key.as_bytes()),
+            HeaderValue::from_str(&value),
+        ) {
+            self.0.insert(name, value);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn vars<'a>(pairs: &'a [(&'a str, &'a str)]) -> impl Fn(&str) -> Option<String> + 'a {
+        move |name| {
+            pairs
+                .iter()
+                .find(|(k, _)| *k == name)
+                .map(|(_, v)| (*v).to_owned())
+        }
+    }
+
+    #[test]
+    fn the_endpoint_comes_from_the_config_then_the_environment() {
+        let off = TelemetryConfig::default();
+        assert_eq!(traces_endpoint(&off, vars(&[])), None);
+        let on = TelemetryConfig {
+            otlp_endpoint: Some("http://127.0.0.1:4318/".to_owned()),
+            ..TelemetryConfig::default()
+        };
+        let env = [
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://collector:4318/otlp"),
+            ("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "http://traces:4318/x"),
+        ];
+        assert_eq!(
+            traces_endpoint(&on, vars(&env)).as_deref(),
+            Some("http://127.0.0.1:4318/v1/traces")
+        );
+        assert_eq!(
+            traces_endpoint(&off, vars(&env)).as_deref(),
+            Some("http://traces:4318/x"),
+            "the signal's own variable is a full URL"
+        );
+        assert_eq!(
+            traces_endpoint(&off, vars(&env[..1])).as_deref(),
+            Some("http://collector:4318/otlp/v1/traces")
+        );
+    }
+
+    #[test]
+    fn operations_are_named_like_the_genai_conventions() {
+        assert_eq!(operation_name("/v1/chat/completions"), "chat");
+        assert_eq!(operation_name("/v1/completions"), "text_completion");
+        assert_eq!(operation_name("/v1/embeddings"), "embeddings");
+    }
+
+    #[test]
+    fn injection_replaces_the_clients_context_and_skips_an_empty_tracestate() {
+        let mut headers = HeaderMap::new();
+        headers.append(TRACEPARENT, HeaderValue::from_static("00-aa-bb-01"));
+        headers.append(TRACEPARENT, HeaderValue::from_static("00-cc-dd-01"));
+        let mut injector = HeaderInjector(&mut headers);
+        injector.set("traceparent", "00-new-01".to_owned());
+        injector.set("tracestate", String::new());
+        assert_eq!(headers.get_all(TRACEPARENT).iter().count(), 1);
+        assert_eq!(headers[TRACEPARENT], "00-new-01");
+        assert!(!headers.contains_key(TRACESTATE));
+    }
+}
