@@ -758,6 +758,34 @@ mod tests {
         );
     }
 
+    proptest::proptest! {
+        /// Any bytes: an answer or an error, never a panic.
+        #[test]
+        fn arbitrary_bodies_never_panic(bytes in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..256)) {
+            let _ = parse_body(&bytes);
+        }
+
+        /// For any object, splicing `model` changes only `model`.
+        #[test]
+        fn splicing_keeps_every_other_field(
+            fields in proptest::collection::btree_map("[a-z_]{1,8}", proptest::prelude::any::<i64>(), 0..6),
+            model in "\\PC{0,20}",
+            name in "\\PC{0,20}",
+        ) {
+            let mut object = serde_json::Map::new();
+            for (k, v) in &fields {
+                object.insert(k.clone(), Value::from(*v));
+            }
+            object.insert("model".into(), Value::String(model));
+            let body = Bytes::from(Value::Object(object.clone()).to_string());
+            let parsed = parse_body(&body).unwrap();
+            let spliced = splice_model(&body, parsed.fields["model"], &name).unwrap();
+            let mut expected = object;
+            expected.insert("model".into(), Value::String(name));
+            proptest::prop_assert_eq!(serde_json::from_slice::<Value>(&spliced).unwrap(), Value::Object(expected));
+        }
+    }
+
     #[test]
     fn body_errors_are_classified() {
         assert!(matches!(
