@@ -127,7 +127,11 @@ fn json_response(status: StatusCode, body: Bytes) -> Response<ProxyBody> {
 
 /// `GET /metrics`: the Prometheus text exposition.
 fn metrics(state: &AppState) -> Response<ProxyBody> {
-    let mut response = Response::new(ProxyBody::full(state.recorder.render_metrics()));
+    let mut text = state.recorder.render_metrics();
+    if let Some(telemetry) = &state.telemetry {
+        telemetry.render_metrics(&mut text);
+    }
+    let mut response = Response::new(ProxyBody::full(text));
     response.headers_mut().insert(
         header::CONTENT_TYPE,
         HeaderValue::from_static(crate::metrics::CONTENT_TYPE),

@@ -46,7 +46,9 @@ impl Recorder {
             self.metrics
                 .ledger_written
                 .store(c.written.load(Ordering::Relaxed), Ordering::Relaxed);
-            self.metrics.ledger_dropped.store(c.dropped(), Ordering::Relaxed);
+            self.metrics
+                .ledger_dropped
+                .store(c.dropped(), Ordering::Relaxed);
         }
         self.metrics.render()
     }

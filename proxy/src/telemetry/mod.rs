@@ -123,6 +123,35 @@ impl Telemetry {
         }))
     }
 
+    /// Appends the span export counters to a Prometheus exposition.
+    pub fn render_metrics(&self, out: &mut String) {
+        use std::fmt::Write as _;
+        let stats = self.stats();
+        for (name, help, value) in [
+            (
+                "switchyard_trace_spans_exported_total",
+                "Request spans the OTLP collector accepted.",
+                &stats.spans_exported,
+            ),
+            (
+                "switchyard_trace_spans_dropped_total",
+                "Request spans dropped because the export queue was full.",
+                &stats.spans_dropped,
+            ),
+            (
+                "switchyard_trace_spans_failed_total",
+                "Request spans in exports that failed.",
+                &stats.spans_failed,
+            ),
+        ] {
+            let _ = write!(
+                out,
+                "# HELP {name} {help}\n# TYPE {name} counter\n{name} {}\n",
+                value.load(std::sync::atomic::Ordering::Relaxed)
+            );
+        }
+    }
+
     pub fn stats(&self) -> &TelemetryStats {
         &self.inner.stats
     }
