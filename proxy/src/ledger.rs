@@ -20,6 +20,10 @@ use tokio::sync::mpsc;
 use crate::record::RequestRecord;
 use crate::timing::{Source, TokenPhase};
 
+/// How long the writer waits for more records before committing a partial batch. Records reach
+/// the disk at most this much later; nothing on the request path waits for it.
+const LINGER: Duration = Duration::from_millis(20);
+
 /// Migrations, in order; `user_version` is the number applied.
 const MIGRATIONS: &[&str] = &[
     // 1: requests and engine identity snapshots.
@@ -374,12 +378,14 @@ impl Writer {
     fn run(mut self) {
         let mut entries = Vec::with_capacity(self.batch);
         while let Some(first) = self.rx.blocking_recv() {
+            let flushing = matches!(first, Entry::Flush(_));
             entries.push(first);
-            while entries.len() < self.batch {
-                match self.rx.try_recv() {
-                    Ok(entry) => entries.push(entry),
-                    Err(_) => break,
-                }
+            self.drain_into(&mut entries);
+            if entries.len() < self.batch && !flushing {
+                // Under load, records arrive one by one: committing each alone would write the
+                // same pages to the WAL again and again. Linger briefly so a batch forms.
+                std::thread::sleep(LINGER);
+                self.drain_into(&mut entries);
             }
             let requests = entries
                 .iter()
@@ -407,6 +413,15 @@ impl Writer {
                 }
             }
             self.prune_if_due();
+        }
+    }
+
+    fn drain_into(&mut self, entries: &mut Vec<Entry>) {
+        while entries.len() < self.batch {
+            match self.rx.try_recv() {
+                Ok(entry) => entries.push(entry),
+                Err(_) => break,
+            }
         }
     }
 

@@ -180,10 +180,17 @@ async fn main() -> anyhow::Result<()> {
     // (ledger, and traces exported to a sink in this process). Metrics are always on.
     let bare = start_switchyard(&args.bin_dir, dir.path(), "bare", &engine_url, "")?;
     let sink = otlp_sink().await?;
-    let recording_extra = format!(
-        "[ledger]\npath = \"{}\"\n[telemetry]\notlp_endpoint = \"{sink}\"\n",
-        dir.path().join("bench-ledger.db").display()
-    );
+    let recording_extra = match std::env::var("BENCH_RECORDING").as_deref() {
+        Ok("ledger") => format!(
+            "[ledger]\npath = \"{}\"\n",
+            dir.path().join("bench-ledger.db").display()
+        ),
+        Ok("traces") => format!("[telemetry]\notlp_endpoint = \"{sink}\"\n"),
+        _ => format!(
+            "[ledger]\npath = \"{}\"\n[telemetry]\notlp_endpoint = \"{sink}\"\n",
+            dir.path().join("bench-ledger.db").display()
+        ),
+    };
     let recording = start_switchyard(
         &args.bin_dir,
         dir.path(),
