@@ -48,6 +48,16 @@ pub struct AppState {
     /// The `/v1/models` body, built once.
     pub models_body: Bytes,
     pub started: SystemTime,
+    /// Bumped whenever a backend's health or identity changes.
+    revision: Arc<tokio::sync::watch::Sender<u64>>,
+}
+
+impl AppState {
+    /// A receiver that wakes when any backend's health or identity changes (e.g. for tests
+    /// waiting on readiness without polling).
+    pub fn state_changes(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.revision.subscribe()
+    }
 }
 
 /// A configured Switchyard, ready to serve.
@@ -59,9 +69,11 @@ pub struct App {
 impl App {
     /// Builds the application from a validated configuration.
     pub fn new(config: Config) -> Result<Self, String> {
+        let revision = Arc::new(tokio::sync::watch::Sender::new(0u64));
         let mut backends = HashMap::new();
         for (name, backend) in &config.backends {
-            let backend = Backend::new(name, backend.clone())?;
+            let mut backend = Backend::new(name, backend.clone())?;
+            backend.revision = Some(revision.clone());
             backends.insert(backend.name.clone(), Arc::new(backend));
         }
         let routes = RoutingTable::new(&config);
@@ -105,6 +117,7 @@ impl App {
                 digests: DigestCache::new(),
                 models_body,
                 started,
+                revision,
             }),
         })
     }

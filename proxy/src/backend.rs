@@ -76,6 +76,8 @@ pub struct Backend {
     state: ArcSwap<BackendState>,
     headers: ArcSwap<IdentityHeaders>,
     admission: ArcSwapOption<Semaphore>,
+    /// Bumped on every state change, for whoever waits for one (`App::state_changes`).
+    pub(crate) revision: Option<Arc<tokio::sync::watch::Sender<u64>>>,
     /// Requests forwarded since the engine last became ready; the first one meets cold caches.
     served: std::sync::atomic::AtomicU64,
 }
@@ -117,6 +119,7 @@ impl Backend {
             state: ArcSwap::from_pointee(state),
             headers: ArcSwap::from_pointee(headers),
             admission: ArcSwapOption::new(admission),
+            revision: None,
             served: std::sync::atomic::AtomicU64::new(0),
         })
     }
@@ -148,6 +151,9 @@ impl Backend {
             self.adapter.as_ref(),
             &state,
         )));
+        if let Some(revision) = &self.revision {
+            revision.send_modify(|n| *n += 1);
+        }
     }
 
     /// Records a probe round; returns the previous health when it changed.

@@ -56,26 +56,30 @@ pub mod figment_shim {
     }
 }
 
-/// Waits until `until` accepts `/readyz`'s JSON (e.g. `|v| v["ready"] == true`), polling every
-/// 20 ms.
+/// Waits until `until` accepts `/readyz`'s JSON (e.g. `|v| v["ready"] == true`), checking again
+/// each time a backend's health or identity changes.
 pub async fn wait_ready(
-    base: &str,
+    proxy: &Running,
     timeout: Duration,
     until: impl Fn(&Value) -> bool,
 ) -> anyhow::Result<Value> {
-    let deadline = Instant::now() + timeout;
+    let base = format!("http://{}", proxy.addr());
+    let mut changes = proxy.state().state_changes();
+    let deadline = tokio::time::Instant::now() + timeout;
     let client = TestClient::new();
     loop {
+        changes.mark_unchanged();
         let r = client.get(&format!("{base}/readyz")).await?;
         let v: Value = serde_json::from_slice(&r.body)?;
         if until(&v) {
             return Ok(v);
         }
-        if Instant::now() > deadline {
+        if tokio::time::timeout_at(deadline, changes.changed())
+            .await
+            .is_err()
+        {
             anyhow::bail!("not ready within {timeout:?}: {v}");
         }
-        // Polling a readiness endpoint: there is no signal to await across the process boundary.
-        tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
 

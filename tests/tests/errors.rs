@@ -49,7 +49,7 @@ primary = "bad"
     );
     let proxy = start_switchyard(&toml).await.unwrap();
     let base = format!("http://{}", proxy.addr());
-    wait_ready(&base, Duration::from_secs(5), |v| {
+    wait_ready(&proxy, Duration::from_secs(5), |v| {
         v["models"]["smollm2"]["ready"] == true
     })
     .await

@@ -69,7 +69,7 @@ async fn every_request_is_on_the_record() {
         .await
         .unwrap();
     let base = format!("http://{}", proxy.addr());
-    wait_ready(&base, Duration::from_secs(5), |v| v["ready"] == true)
+    wait_ready(&proxy, Duration::from_secs(5), |v| v["ready"] == true)
         .await
         .unwrap();
     let client = TestClient::new();
@@ -262,7 +262,7 @@ async fn a_full_disk_loses_records_not_requests_and_says_so() {
         .await
         .unwrap();
     let base = format!("http://{}", proxy.addr());
-    wait_ready(&base, Duration::from_secs(5), |v| v["ready"] == true)
+    wait_ready(&proxy, Duration::from_secs(5), |v| v["ready"] == true)
         .await
         .unwrap();
     let client = TestClient::new();

@@ -243,7 +243,7 @@ primary = "fake"
     );
     let proxy = start_switchyard(&toml).await.unwrap();
     let base = format!("http://{}", proxy.addr());
-    wait_ready(&base, Duration::from_secs(5), |v| v["ready"] == true)
+    wait_ready(&proxy, Duration::from_secs(5), |v| v["ready"] == true)
         .await
         .unwrap();
     (engine, proxy, base)

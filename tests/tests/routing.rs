@@ -16,7 +16,7 @@ async fn only_model_is_replaced_and_unknown_fields_pass_through() {
         .replace("url = \"", "upstream_model = \"served-name\"\nurl = \"");
     let proxy = start_switchyard(&toml).await.unwrap();
     let base = format!("http://{}", proxy.addr());
-    wait_ready(&base, Duration::from_secs(5), |v| v["ready"] == true)
+    wait_ready(&proxy, Duration::from_secs(5), |v| v["ready"] == true)
         .await
         .unwrap();
 
@@ -120,7 +120,7 @@ async fn a_loading_engine_is_not_ready_then_becomes_ready() {
     let base = format!("http://{}", proxy.addr());
     // Before the first probe the state is also "loading" (reason "not probed yet"): wait for
     // the engine's own word.
-    let v = wait_ready(&base, Duration::from_secs(5), |v| {
+    let v = wait_ready(&proxy, Duration::from_secs(5), |v| {
         v["backends"]["fake"]["reason"] == "Loading model"
     })
     .await
@@ -132,7 +132,7 @@ async fn a_loading_engine_is_not_ready_then_becomes_ready() {
         .await
         .unwrap();
     assert_eq!(r.status.as_u16(), 503);
-    let v = wait_ready(&base, Duration::from_secs(5), |v| v["ready"] == true)
+    let v = wait_ready(&proxy, Duration::from_secs(5), |v| v["ready"] == true)
         .await
         .unwrap();
     assert_eq!(v["backends"]["fake"]["state"], "ready");
@@ -149,7 +149,7 @@ async fn a_dead_engine_makes_readyz_503() {
         .await
         .unwrap();
     let base = format!("http://{}", proxy.addr());
-    let v = wait_ready(&base, Duration::from_secs(5), |v| {
+    let v = wait_ready(&proxy, Duration::from_secs(5), |v| {
         v["backends"]["fake"]["state"] == "down"
     })
     .await
@@ -194,7 +194,7 @@ async fn artifact_identity_is_verified_against_the_engine() {
         .await
         .unwrap();
     let base = format!("http://{}", proxy.addr());
-    wait_ready(&base, Duration::from_secs(5), |v| {
+    wait_ready(&proxy, Duration::from_secs(5), |v| {
         v["backends"]["fake"]["identity"] == "verified"
     })
     .await
@@ -233,7 +233,7 @@ async fn a_different_artifact_is_unverified_and_refused_when_required() {
         .await
         .unwrap();
     let base = format!("http://{}", proxy.addr());
-    let v = wait_ready(&base, Duration::from_secs(5), |v| {
+    let v = wait_ready(&proxy, Duration::from_secs(5), |v| {
         v["backends"]["fake"]["identity"] == "unverified"
     })
     .await
@@ -261,7 +261,7 @@ async fn a_different_artifact_is_unverified_and_refused_when_required() {
         .await
         .unwrap();
     let base2 = format!("http://{}", proxy2.addr());
-    wait_ready(&base2, Duration::from_secs(5), |v| {
+    wait_ready(&proxy2, Duration::from_secs(5), |v| {
         v["backends"]["fake"]["identity"] == "unverified"
     })
     .await

@@ -18,7 +18,7 @@ async fn setup(engine: FakeEngine) -> (FakeEngineHandle, switchyard::Running, St
         .await
         .unwrap();
     let base = format!("http://{}", proxy.addr());
-    wait_ready(&base, Duration::from_secs(5), |v| v["ready"] == true)
+    wait_ready(&proxy, Duration::from_secs(5), |v| v["ready"] == true)
         .await
         .unwrap();
     (engine, proxy, base)

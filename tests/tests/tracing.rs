@@ -236,7 +236,7 @@ async fn a_request_span_continues_the_clients_trace_and_reaches_the_engine() {
         .await
         .unwrap();
     let base = format!("http://{}", proxy.addr());
-    wait_ready(&base, Duration::from_secs(5), |v| v["ready"] == true)
+    wait_ready(&proxy, Duration::from_secs(5), |v| v["ready"] == true)
         .await
         .unwrap();
 
@@ -395,7 +395,7 @@ async fn with_telemetry_off_the_clients_trace_context_passes_through() {
         .unwrap();
     assert!(proxy.state().telemetry.is_none());
     let base = format!("http://{}", proxy.addr());
-    wait_ready(&base, Duration::from_secs(5), |v| v["ready"] == true)
+    wait_ready(&proxy, Duration::from_secs(5), |v| v["ready"] == true)
         .await
         .unwrap();
     let body = json!({"model": "smollm2", "messages": [{"role": "user", "content": "hi"}]});
@@ -432,7 +432,7 @@ async fn shutdown_flushes_the_spans_still_waiting() {
         .await
         .unwrap();
     let base = format!("http://{}", proxy.addr());
-    wait_ready(&base, Duration::from_secs(5), |v| v["ready"] == true)
+    wait_ready(&proxy, Duration::from_secs(5), |v| v["ready"] == true)
         .await
         .unwrap();
     let body = json!({"model": "smollm2", "messages": [{"role": "user", "content": "stream it"}], "stream": true, "stream_options": {"include_usage": true}});
@@ -497,7 +497,7 @@ async fn failures_are_marked_like_http_server_spans() {
         .await
         .unwrap();
     let base = format!("http://{}", proxy.addr());
-    wait_ready(&base, Duration::from_secs(5), |v| v["ready"] == true)
+    wait_ready(&proxy, Duration::from_secs(5), |v| v["ready"] == true)
         .await
         .unwrap();
     let client = TestClient::new();
