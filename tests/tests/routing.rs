@@ -148,7 +148,6 @@ async fn a_dead_engine_makes_readyz_503() {
     let proxy = start_switchyard(&config_for(&engine.url(), ""))
         .await
         .unwrap();
-    let base = format!("http://{}", proxy.addr());
     let v = wait_ready(&proxy, Duration::from_secs(5), |v| {
         v["backends"]["fake"]["state"] == "down"
     })
