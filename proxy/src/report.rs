@@ -245,6 +245,20 @@ fn errors_cell(v: &Value) -> String {
         .join(" ")
 }
 
+/// The cells before the percentiles: the group's key, its request, error and disconnect counts.
+fn key_cells(g: &Value) -> [String; 7] {
+    let text = |k: &str| g[k].as_str().unwrap_or("").to_owned();
+    [
+        text("model"),
+        text("backend"),
+        text("variant"),
+        text("warmth"),
+        g["requests"].to_string(),
+        errors_cell(&g["errors"]),
+        g["client_disconnected"].to_string(),
+    ]
+}
+
 /// Renders the report.
 pub fn render(report: &Value, format: Format) -> String {
     let groups = report["groups"].as_array().cloned().unwrap_or_default();
@@ -261,17 +275,7 @@ pub fn render(report: &Value, format: Format) -> String {
             }
             out.push('\n');
             for g in &groups {
-                let _ = write!(
-                    out,
-                    "{}\t{}\t{}\t{}\t{}\t{}\t{}",
-                    g["model"].as_str().unwrap_or(""),
-                    g["backend"].as_str().unwrap_or(""),
-                    g["variant"].as_str().unwrap_or(""),
-                    g["warmth"].as_str().unwrap_or(""),
-                    g["requests"],
-                    errors_cell(&g["errors"]),
-                    g["client_disconnected"]
-                );
+                out.push_str(&key_cells(g).join("\t"));
                 for (key, _) in COLUMNS {
                     for p in ["p50", "p95", "p99"] {
                         let _ = write!(out, "\t{}", cell(&g[*key][p]));
@@ -300,17 +304,7 @@ pub fn render(report: &Value, format: Format) -> String {
             out.push_str(&"---:|".repeat(COLUMNS.len()));
             out.push('\n');
             for g in &groups {
-                let _ = write!(
-                    out,
-                    "| {} | {} | {} | {} | {} | {} | {} |",
-                    g["model"].as_str().unwrap_or(""),
-                    g["backend"].as_str().unwrap_or(""),
-                    g["variant"].as_str().unwrap_or(""),
-                    g["warmth"].as_str().unwrap_or(""),
-                    g["requests"],
-                    errors_cell(&g["errors"]),
-                    g["client_disconnected"]
-                );
+                let _ = write!(out, "| {} |", key_cells(g).join(" | "));
                 for (key, _) in COLUMNS {
                     let s = &g[*key];
                     let _ = write!(

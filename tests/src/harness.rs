@@ -34,6 +34,19 @@ primary = "fake"
     )
 }
 
+/// Spawns `engine`, starts Switchyard in front of it (`config_for(url, extra)`), and waits until
+/// it is ready. Returns the engine, the proxy and the proxy's base URL.
+pub async fn fake_stack(
+    engine: crate::fake_engine::FakeEngine,
+    extra: &str,
+) -> anyhow::Result<(crate::fake_engine::FakeEngineHandle, Running, String)> {
+    let engine = engine.spawn().await?;
+    let proxy = start_switchyard(&config_for(&engine.url(), extra)).await?;
+    let base = format!("http://{}", proxy.addr());
+    wait_ready(&proxy, Duration::from_secs(5), |v| v["ready"] == true).await?;
+    Ok((engine, proxy, base))
+}
+
 /// Starts Switchyard in-process from TOML text.
 pub async fn start_switchyard(toml: &str) -> anyhow::Result<Running> {
     let figment = figment_from(toml);

@@ -3,38 +3,20 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // a failed unwrap is a failed test
 
-use std::time::Duration;
-
 use serde_json::json;
-use switchyard_tests::fake_engine::FakeEngine;
-use switchyard_tests::harness::{
-    config_for, start_switchyard, switchyard_comment, timing, wait_ready, TestClient,
-};
+use switchyard_tests::fake_engine::{FakeEngine, FakeEngineHandle};
+use switchyard_tests::harness::{fake_stack, switchyard_comment, timing, TestClient};
 
 const PREFILL_MS: f64 = 200.0;
 const TOKEN_MS: f64 = 20.0;
 const TOKENS: usize = 10;
 
-async fn setup() -> (
-    switchyard_tests::fake_engine::FakeEngineHandle,
-    switchyard::Running,
-    String,
-) {
+async fn setup() -> (FakeEngineHandle, switchyard::Running, String) {
     let engine = FakeEngine::llama_cpp()
         .prefill_ms(PREFILL_MS as u64)
         .token_ms(TOKEN_MS as u64)
-        .tokens(TOKENS)
-        .spawn()
-        .await
-        .unwrap();
-    let proxy = start_switchyard(&config_for(&engine.url(), ""))
-        .await
-        .unwrap();
-    let base = format!("http://{}", proxy.addr());
-    wait_ready(&proxy, Duration::from_secs(5), |v| v["ready"] == true)
-        .await
-        .unwrap();
-    (engine, proxy, base)
+        .tokens(TOKENS);
+    fake_stack(engine, "").await.unwrap()
 }
 
 fn request(stream: bool) -> serde_json::Value {

@@ -8,20 +8,12 @@ use std::time::{Duration, Instant};
 
 use serde_json::json;
 use switchyard_tests::fake_engine::{Event, FakeEngine, FakeEngineHandle};
-use switchyard_tests::harness::{config_for, read_timed, start_switchyard, wait_ready, TestClient};
+use switchyard_tests::harness::{fake_stack, read_timed, TestClient};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
 async fn setup(engine: FakeEngine) -> (FakeEngineHandle, switchyard::Running, String) {
-    let engine = engine.spawn().await.unwrap();
-    let proxy = start_switchyard(&config_for(&engine.url(), ""))
-        .await
-        .unwrap();
-    let base = format!("http://{}", proxy.addr());
-    wait_ready(&proxy, Duration::from_secs(5), |v| v["ready"] == true)
-        .await
-        .unwrap();
-    (engine, proxy, base)
+    fake_stack(engine, "").await.unwrap()
 }
 
 fn stream_request() -> serde_json::Value {
