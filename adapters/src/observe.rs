@@ -67,6 +67,21 @@ pub struct ResponseFacts {
 }
 
 impl ResponseFacts {
+    /// Token counts from the engine's timings when it sent no `usage` (llama.cpp streams without
+    /// `stream_options.include_usage`): the same engine's own counts, not an estimate.
+    fn usage_from_timings(&mut self) {
+        if self.usage_raw.is_some() {
+            return;
+        }
+        if let Some(t) = &self.timings {
+            self.usage = Usage {
+                prompt_tokens: t.prompt_n.map(|n| n + t.cache_n.unwrap_or(0)),
+                completion_tokens: t.predicted_n,
+                cached_tokens: t.cache_n,
+            };
+        }
+    }
+
     fn absorb(&mut self, v: &Value) {
         if let Some(usage) = v.get("usage").filter(|u| u.is_object()) {
             self.usage = Usage::from_value(usage);
@@ -95,6 +110,7 @@ pub fn inspect_response(body: &[u8]) -> ResponseFacts {
         return facts;
     };
     facts.absorb(&value);
+    facts.usage_from_timings();
     if value.get("choices").is_some() {
         let mut output = OutputHasher::new();
         output.add_response(&value);
@@ -162,6 +178,7 @@ impl StreamObserver {
     /// The facts gathered so far, with the output hash of what was seen.
     pub fn facts(&self) -> ResponseFacts {
         let mut facts = self.facts.clone();
+        facts.usage_from_timings();
         facts.output = self.output.finish();
         facts
     }
@@ -263,5 +280,25 @@ mod tests {
         assert_eq!(facts.timings.unwrap().prompt_ms, Some(1.5));
         assert_eq!(obs.content(0), Some("The"));
         assert_eq!(obs.token_events, 1);
+    }
+
+    #[test]
+    fn without_usage_the_engine_timings_give_the_token_counts() {
+        let mut obs = StreamObserver::new();
+        obs.observe(br#"{"choices":[{"index":0,"delta":{"content":"Hi"}}]}"#);
+        obs.observe(br#"{"choices":[{"index":0,"delta":{},"finish_reason":"stop"}],"timings":{"cache_n":3,"prompt_n":5,"prompt_ms":1.0,"predicted_n":2,"predicted_ms":2.0}}"#);
+        let facts = obs.facts();
+        assert_eq!(
+            facts.usage_raw, None,
+            "the comment's usage stays what the engine sent"
+        );
+        assert_eq!(
+            facts.usage,
+            Usage {
+                prompt_tokens: Some(8),
+                completion_tokens: Some(2),
+                cached_tokens: Some(3)
+            }
+        );
     }
 }
