@@ -98,57 +98,64 @@ pub fn start_on(app: App, listener: TcpListener) -> std::io::Result<Running> {
 
 /// Accepts until `stop` is cancelled, then drains.
 pub async fn serve(app: App, listener: TcpListener, stop: CancellationToken, drain: Duration) {
-    {
-        let tasks = TaskTracker::new();
-        app.start_background(&tasks, stop.clone());
-        let graceful = GracefulShutdown::new();
-        let mut builder = auto::Builder::new(TokioExecutor::new());
-        builder
-            .http1()
-            .timer(TokioTimer::new())
-            .header_read_timeout(Duration::from_secs(30));
-        loop {
-            let (stream, peer) = tokio::select! {
-                _ = stop.cancelled() => break,
-                accepted = listener.accept() => match accepted {
-                    Ok(pair) => pair,
-                    Err(e) => {
-                        // EMFILE and friends: back off briefly instead of spinning.
-                        tracing::warn!(error = %e, "accept failed");
-                        tokio::time::sleep(Duration::from_millis(50)).await;
-                        continue;
-                    }
-                },
-            };
-            let _ = stream.set_nodelay(true);
-            let service = TowerToHyperService::new(app.service());
-            let connection = builder.serve_connection_with_upgrades(TokioIo::new(stream), service);
-            let connection = graceful.watch(connection.into_owned());
-            tasks.spawn(async move {
-                if let Err(e) = connection.await {
-                    tracing::debug!(%peer, error = %e, "connection ended with an error");
-                }
-            });
-        }
-        drop(listener);
-        tracing::info!("shutting down: draining in-flight requests");
-        tokio::select! {
-            _ = graceful.shutdown() => tracing::info!("all connections drained"),
-            _ = tokio::time::sleep(drain) => tracing::warn!(drain_ms = drain.as_millis() as u64, "drain timeout reached; cutting remaining connections"),
-        }
-        if let Some(ledger) = &app.state().recorder.ledger {
-            let flushed = tokio::task::block_in_place(|| ledger.flush(Duration::from_secs(5)));
-            if !flushed {
-                tracing::warn!("the ledger did not finish writing within 5 s of shutdown");
+    let tasks = TaskTracker::new();
+    app.start_background(&tasks, stop.clone());
+    let graceful = GracefulShutdown::new();
+    let mut builder = auto::Builder::new(TokioExecutor::new());
+    builder
+        .http1()
+        .timer(TokioTimer::new())
+        .header_read_timeout(Duration::from_secs(30));
+    while let Some((stream, peer)) = accept(&listener, &stop, "main listener").await {
+        let _ = stream.set_nodelay(true);
+        let service = TowerToHyperService::new(app.service());
+        let connection = builder.serve_connection_with_upgrades(TokioIo::new(stream), service);
+        let connection = graceful.watch(connection.into_owned());
+        tasks.spawn(async move {
+            if let Err(e) = connection.await {
+                tracing::debug!(%peer, error = %e, "connection ended with an error");
             }
+        });
+    }
+    drop(listener);
+    tracing::info!("shutting down: draining in-flight requests");
+    tokio::select! {
+        _ = graceful.shutdown() => tracing::info!("all connections drained"),
+        _ = tokio::time::sleep(drain) => tracing::warn!(drain_ms = drain.as_millis() as u64, "drain timeout reached; cutting remaining connections"),
+    }
+    if let Some(ledger) = &app.state().recorder.ledger {
+        let flushed = tokio::task::block_in_place(|| ledger.flush(Duration::from_secs(5)));
+        if !flushed {
+            tracing::warn!("the ledger did not finish writing within 5 s of shutdown");
         }
-        if let Some(telemetry) = &app.state().telemetry {
-            // Every drained request's span has ended: export them all before returning.
-            tokio::task::block_in_place(|| telemetry.shutdown(Duration::from_secs(5)));
+    }
+    if let Some(telemetry) = &app.state().telemetry {
+        // Every drained request's span has ended: export them all before returning.
+        tokio::task::block_in_place(|| telemetry.shutdown(Duration::from_secs(5)));
+    }
+    tasks.close();
+    // Background loops watch `stop`; connection tasks were drained or are cut here.
+    let _ = tokio::time::timeout(Duration::from_secs(1), tasks.wait()).await;
+}
+
+/// The next connection, or `None` once `stop` is cancelled. Accept errors (EMFILE and friends)
+/// are logged and retried after a short pause instead of spinning.
+async fn accept(
+    listener: &TcpListener,
+    stop: &CancellationToken,
+    which: &str,
+) -> Option<(tokio::net::TcpStream, SocketAddr)> {
+    loop {
+        tokio::select! {
+            _ = stop.cancelled() => return None,
+            accepted = listener.accept() => match accepted {
+                Ok(pair) => return Some(pair),
+                Err(e) => {
+                    tracing::warn!(listener = which, error = %e, "accept failed");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+            },
         }
-        tasks.close();
-        // Background loops watch `stop`; connection tasks were drained or are cut here.
-        let _ = tokio::time::timeout(Duration::from_secs(1), tasks.wait()).await;
     }
 }
 
@@ -176,18 +183,7 @@ async fn serve_metrics(app: App, listener: TcpListener, stop: CancellationToken)
     builder
         .timer(TokioTimer::new())
         .header_read_timeout(Duration::from_secs(30));
-    loop {
-        let (stream, peer) = tokio::select! {
-            _ = stop.cancelled() => break,
-            accepted = listener.accept() => match accepted {
-                Ok(pair) => pair,
-                Err(e) => {
-                    tracing::warn!(error = %e, "metrics listener: accept failed");
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                    continue;
-                }
-            },
-        };
+    while let Some((stream, peer)) = accept(&listener, &stop, "metrics listener").await {
         let state = app.state().clone();
         let service = hyper::service::service_fn(move |req: Request<Incoming>| {
             let response = handler::metrics_only(&state, req.method(), req.uri().path());
