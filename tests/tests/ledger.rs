@@ -45,6 +45,21 @@ fn rows(path: &Path) -> Vec<Value> {
     out
 }
 
+/// `switchyard report --format FORMAT --ledger DB`'s output; the command must succeed.
+fn run_report(db: &Path, format: &str) -> String {
+    let out = Command::new(switchyard_bin())
+        .args(["report", "--format", format, "--ledger"])
+        .arg(db)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap()
+}
+
 fn switchyard_bin() -> PathBuf {
     // The binary next to this test's deps: target/<profile>/switchyard.
     let mut p = std::env::current_exe().unwrap();
@@ -129,17 +144,7 @@ async fn every_request_is_on_the_record() {
     assert!(refused["warm"].is_null());
 
     // The report over that ledger, in all three formats.
-    let out = Command::new(switchyard_bin())
-        .args(["report", "--format", "json", "--ledger"])
-        .arg(&db)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let report: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let report: Value = serde_json::from_str(&run_report(&db, "json")).unwrap();
     assert_eq!(report["records"]["rows"], 5);
     assert_eq!(report["records"]["dropped_queue_full"], 0);
     let groups = report["groups"].as_array().unwrap();
@@ -158,12 +163,7 @@ async fn every_request_is_on_the_record() {
         assert!(t["p50"].as_f64().unwrap() <= t["p95"].as_f64().unwrap());
         assert!(t["p95"].as_f64().unwrap() <= t["p99"].as_f64().unwrap());
     }
-    let out = Command::new(switchyard_bin())
-        .args(["report", "--format", "tsv", "--ledger"])
-        .arg(&db)
-        .output()
-        .unwrap();
-    let tsv = String::from_utf8(out.stdout).unwrap();
+    let tsv = run_report(&db, "tsv");
     let lines: Vec<Vec<&str>> = tsv.lines().map(|l| l.split('\t').collect()).collect();
     let header = &lines[0];
     let col = |name: &str| header.iter().position(|h| *h == name).unwrap();
@@ -320,17 +320,7 @@ async fn a_full_disk_loses_records_not_requests_and_says_so() {
     std::fs::remove_file(filler).unwrap();
     assert_eq!(send(41).await, 200);
     proxy.shutdown().await;
-    let out = Command::new(switchyard_bin())
-        .args(["report", "--format", "json", "--ledger"])
-        .arg(&db)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let report: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let report: Value = serde_json::from_str(&run_report(&db, "json")).unwrap();
     assert_eq!(report["records"]["dropped_write_failed"], lost);
     assert_eq!(report["records"]["rows"], written + 1);
 }

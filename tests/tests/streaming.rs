@@ -16,6 +16,36 @@ async fn setup(engine: FakeEngine) -> (FakeEngineHandle, switchyard::Running, St
     fake_stack(engine, "").await.unwrap()
 }
 
+/// The engine saw its request end within 100 ms of the client leaving at `left`, and the proxy
+/// recorded one client disconnect.
+async fn assert_engine_saw_the_client_leave(
+    engine: &mut FakeEngineHandle,
+    proxy: &switchyard::Running,
+    left: Instant,
+) {
+    let aborted = engine
+        .wait_for(Duration::from_secs(2), |e| match e {
+            Event::Aborted { at } => Some(*at),
+            _ => None,
+        })
+        .await
+        .expect("the engine saw the request end");
+    let delay = aborted.saturating_duration_since(left);
+    assert!(
+        delay <= Duration::from_millis(100),
+        "engine saw the close after {delay:?}"
+    );
+    assert_eq!(
+        proxy
+            .state()
+            .recorder
+            .stats
+            .client_disconnects
+            .load(Ordering::Relaxed),
+        1
+    );
+}
+
 fn stream_request() -> serde_json::Value {
     json!({"model": "smollm2", "messages": [{"role": "user", "content": "hello"}], "stream": true, "stream_options": {"include_usage": true}})
 }
@@ -113,27 +143,7 @@ async fn client_leaving_mid_stream_closes_the_engine_request() {
     assert!(first.is_data());
     let left = Instant::now();
     drop(body);
-    let aborted = engine
-        .wait_for(Duration::from_secs(2), |e| match e {
-            Event::Aborted { at } => Some(*at),
-            _ => None,
-        })
-        .await
-        .expect("the engine saw the request end");
-    let delay = aborted.saturating_duration_since(left);
-    assert!(
-        delay <= Duration::from_millis(100),
-        "engine saw the close after {delay:?}"
-    );
-    assert_eq!(
-        proxy
-            .state()
-            .recorder
-            .stats
-            .client_disconnects
-            .load(Ordering::Relaxed),
-        1
-    );
+    assert_engine_saw_the_client_leave(&mut engine, &proxy, left).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -156,27 +166,7 @@ async fn client_leaving_during_prefill_closes_the_engine_request() {
         .expect("engine received the request");
     let left = Instant::now();
     drop(socket);
-    let aborted = engine
-        .wait_for(Duration::from_secs(2), |e| match e {
-            Event::Aborted { at } => Some(*at),
-            _ => None,
-        })
-        .await
-        .expect("the engine saw the request end");
-    let delay = aborted.saturating_duration_since(left);
-    assert!(
-        delay <= Duration::from_millis(100),
-        "engine saw the close after {delay:?}"
-    );
-    assert_eq!(
-        proxy
-            .state()
-            .recorder
-            .stats
-            .client_disconnects
-            .load(Ordering::Relaxed),
-        1
-    );
+    assert_engine_saw_the_client_leave(&mut engine, &proxy, left).await;
 
     // And the proxy still serves.
     let mut ok = TcpStream::connect(&addr).await.unwrap();
