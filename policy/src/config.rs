@@ -220,6 +220,57 @@ pub struct ModelConfig {
     /// silent fallback. Each use is stamped `x-switchyard-variant: fallback`.
     #[serde(default)]
     pub fallback: Vec<String>,
+    /// A candidate backend that receives a sampled copy of this model's requests, to compare its
+    /// answers and speed with the primary's. None (the default): no shadowing.
+    #[serde(default)]
+    pub shadow: Option<ShadowConfig>,
+}
+
+/// Shadow traffic for one model: `shadow = { backend, sample, max_in_flight, when }`.
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct ShadowConfig {
+    /// The candidate backend.
+    pub backend: String,
+    /// Fraction of requests copied to the candidate, 0 to 1.
+    #[serde(default = "default_shadow_sample")]
+    pub sample: f64,
+    /// Shadow requests running at once, at most; a sampled request that finds the pool full is
+    /// skipped, and the skip is recorded and counted.
+    #[serde(default = "default_shadow_in_flight")]
+    pub max_in_flight: u32,
+    /// When the copy is sent.
+    #[serde(default)]
+    pub when: ShadowWhen,
+}
+
+fn default_shadow_sample() -> f64 {
+    1.0
+}
+
+fn default_shadow_in_flight() -> u32 {
+    1
+}
+
+/// When a shadow request starts.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Deserialize, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum ShadowWhen {
+    /// Once the primary's answer is complete: the engines never compete for the same hardware,
+    /// so the candidate's phases are not distorted by contention (the default).
+    #[default]
+    AfterPrimary,
+    /// At once, alongside the primary (both engines loaded at the same time).
+    Concurrent,
+}
+
+impl ShadowWhen {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::AfterPrimary => "after-primary",
+            Self::Concurrent => "concurrent",
+        }
+    }
 }
 
 #[cfg(test)]
@@ -246,6 +297,30 @@ mod tests {
         assert_eq!(config.server.max_body_bytes, 8 * 1024 * 1024);
         assert_eq!(config.backends["llama"].engine, EngineKind::LlamaCpp);
         assert!(config.models["smollm2"].fallback.is_empty());
+        assert!(config.models["smollm2"].shadow.is_none());
+    }
+
+    #[test]
+    fn shadow_defaults_and_modes() {
+        let text = r#"
+            [models.a]
+            primary = "llama"
+            shadow = { backend = "mlx" }
+            [models.b]
+            primary = "llama"
+            shadow = { backend = "mlx", sample = 0.25, max_in_flight = 2, when = "concurrent" }
+        "#;
+        let config: Config = toml::from_str(text).unwrap();
+        let a = config.models["a"].shadow.as_ref().unwrap();
+        assert_eq!((a.sample, a.max_in_flight, a.when), (1.0, 1, ShadowWhen::AfterPrimary));
+        let b = config.models["b"].shadow.as_ref().unwrap();
+        assert_eq!((b.sample, b.max_in_flight, b.when), (0.25, 2, ShadowWhen::Concurrent));
+        let err = toml::from_str::<Config>(
+            "[models.a]\nprimary = \"x\"\nshadow = { backend = \"y\", when = \"later\" }",
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(err.contains("later"), "{err}");
     }
 
     #[test]

@@ -3,13 +3,14 @@
 //! Nothing here does I/O or needs an async runtime, so every decision can be unit-tested with
 //! plain values. The proxy loads configuration (files, environment) and acts on the decisions.
 
+pub mod compare;
 pub mod config;
 pub mod routing;
 pub mod validate;
 
 pub use config::{
     BackendConfig, Config, EngineKind, LedgerConfig, LogFormat, ModelConfig, ServerConfig,
-    TelemetryConfig,
+    ShadowConfig, ShadowWhen, TelemetryConfig,
 };
-pub use routing::{Route, RoutingTable};
+pub use routing::{Route, RoutingTable, ShadowRoute};
 pub use validate::{validate, Problem};

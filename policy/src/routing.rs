@@ -6,10 +6,10 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use crate::config::Config;
+use crate::config::{Config, ShadowWhen};
 
 /// What a public model name resolves to.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct Route {
     /// The public name the model is configured under (an alias resolves to it).
     pub model: Arc<str>,
@@ -17,6 +17,32 @@ pub struct Route {
     pub primary: Arc<str>,
     /// Backends tried in order when the primary cannot be reached; empty means none.
     pub fallback: Arc<[Arc<str>]>,
+    /// Where a sampled copy of the model's requests goes, if anywhere.
+    pub shadow: Option<ShadowRoute>,
+}
+
+/// A model's shadow, resolved.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ShadowRoute {
+    pub backend: Arc<str>,
+    pub sample: f64,
+    pub max_in_flight: u32,
+    pub when: ShadowWhen,
+}
+
+impl ShadowRoute {
+    /// Whether a request is copied, given a uniformly random 64-bit `draw`: true for a fraction
+    /// `sample` of all draws (every draw at 1, none at 0).
+    pub fn sampled(&self, draw: u64) -> bool {
+        if self.sample >= 1.0 {
+            return true;
+        }
+        if self.sample <= 0.0 || self.sample.is_nan() {
+            return false;
+        }
+        // Compare in the unit interval with 53 bits, the precision of an f64.
+        ((draw >> 11) as f64) < self.sample * (1u64 << 53) as f64
+    }
 }
 
 /// Public names and aliases to routes.
@@ -41,6 +67,12 @@ impl RoutingTable {
                     .iter()
                     .map(|b| Arc::from(b.as_str()))
                     .collect(),
+                shadow: model.shadow.as_ref().map(|s| ShadowRoute {
+                    backend: Arc::from(s.backend.as_str()),
+                    sample: s.sample,
+                    max_in_flight: s.max_in_flight,
+                    when: s.when,
+                }),
             });
             names.push(route.model.clone());
             for alias in &model.aliases {
@@ -91,5 +123,26 @@ mod tests {
         assert!(Arc::ptr_eq(route, table.resolve("smollm2").unwrap()));
         assert!(table.resolve("SmolLM2").is_none());
         assert_eq!(table.public_names().len(), 1);
+        assert!(route.shadow.is_none());
+    }
+
+    #[test]
+    fn sampling_takes_the_configured_fraction() {
+        let route = |sample| ShadowRoute {
+            backend: Arc::from("mlx"),
+            sample,
+            max_in_flight: 1,
+            when: ShadowWhen::AfterPrimary,
+        };
+        assert!(route(1.0).sampled(u64::MAX));
+        assert!(!route(0.0).sampled(0));
+        // Evenly spread draws (the middle of each thousandth): the fraction taken is the
+        // configured one.
+        let quarter = route(0.25);
+        let step = u64::MAX / 1000;
+        let taken = (0..1000u64)
+            .filter(|i| quarter.sampled(i * step + step / 2))
+            .count();
+        assert_eq!(taken, 250);
     }
 }

@@ -174,6 +174,32 @@ pub fn validate(config: &Config) -> Vec<Problem> {
                 ));
             }
         }
+        if let Some(shadow) = &model.shadow {
+            let sh_at = format!("{at}.shadow");
+            if !config.backends.contains_key(&shadow.backend) {
+                problems.push(Problem::new(
+                    format!("{sh_at}.backend"),
+                    format!("no backend named \"{}\"", shadow.backend),
+                ));
+            } else if shadow.backend == model.primary {
+                problems.push(Problem::new(
+                    format!("{sh_at}.backend"),
+                    "the primary cannot shadow itself (a comparison needs two backends)",
+                ));
+            }
+            if !(0.0..=1.0).contains(&shadow.sample) {
+                problems.push(Problem::new(
+                    format!("{sh_at}.sample"),
+                    format!("{} is not a fraction between 0 and 1", shadow.sample),
+                ));
+            }
+            if shadow.max_in_flight == 0 {
+                problems.push(Problem::new(
+                    format!("{sh_at}.max_in_flight"),
+                    "must be at least 1",
+                ));
+            }
+        }
     }
     problems
 }
@@ -266,6 +292,34 @@ mod tests {
         "#,
         );
         assert_eq!(validate(&config), vec![]);
+    }
+
+    #[test]
+    fn shadow_problems_are_reported() {
+        let config = parse(
+            r#"
+            [backends.llama]
+            engine = "llama.cpp"
+            url = "http://127.0.0.1:8081"
+            [models.a]
+            primary = "llama"
+            shadow = { backend = "llama", sample = 1.5, max_in_flight = 0 }
+            [models.b]
+            primary = "llama"
+            shadow = { backend = "mlx", sample = nan }
+        "#,
+        );
+        let paths: Vec<String> = validate(&config).into_iter().map(|p| p.path).collect();
+        assert_eq!(
+            paths,
+            vec![
+                "models.a.shadow.backend",
+                "models.a.shadow.sample",
+                "models.a.shadow.max_in_flight",
+                "models.b.shadow.backend",
+                "models.b.shadow.sample",
+            ]
+        );
     }
 
     #[test]
