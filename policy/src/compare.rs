@@ -138,10 +138,16 @@ pub fn judge(
     skipped: Option<&str>,
 ) -> (Verdict, Option<String>) {
     if let Some(why) = skipped {
-        return (Verdict::Incomparable, Some(format!("shadow skipped: {why}")));
+        return (
+            Verdict::Incomparable,
+            Some(format!("shadow skipped: {why}")),
+        );
     }
     if let Some(why) = primary.failure() {
-        return (Verdict::Incomparable, Some(format!("primary failed: {why}")));
+        return (
+            Verdict::Incomparable,
+            Some(format!("primary failed: {why}")),
+        );
     }
     let Some(candidate) = candidate else {
         return (
@@ -194,10 +200,7 @@ impl Pair {
     /// Warm only when both sides were warm; a pair with a cold side is cold.
     pub fn warm(&self) -> bool {
         self.primary.warm == Some(true)
-            && self
-                .candidate
-                .as_ref()
-                .is_none_or(|c| c.warm == Some(true))
+            && self.candidate.as_ref().is_none_or(|c| c.warm == Some(true))
     }
 }
 
@@ -214,6 +217,9 @@ pub struct GroupKey {
     pub workload: String,
     pub sampling: String,
     pub warm: bool,
+    /// How the pair ran (`after-primary`, `concurrent`, `sequential`): contention differs, so
+    /// modes never mix.
+    pub mode: String,
 }
 
 impl GroupKey {
@@ -231,6 +237,7 @@ impl GroupKey {
             workload: pair.workload.clone(),
             sampling: pair.sampling.clone(),
             warm: pair.warm(),
+            mode: pair.mode.clone(),
         }
     }
 
@@ -283,6 +290,20 @@ pub enum Status {
     TooFewRepetitions,
     /// Nothing could be judged (every pair skipped or the primary failed).
     NothingJudged,
+}
+
+impl Status {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Ratios => "ratios",
+            Self::CorrectnessFailed => "correctness-failed",
+            Self::CandidateFailed => "candidate-failed",
+            Self::IdentityIncomplete => "identity-incomplete",
+            Self::NotDeterministic => "not-deterministic",
+            Self::TooFewRepetitions => "too-few-repetitions",
+            Self::NothingJudged => "nothing-judged",
+        }
+    }
 }
 
 /// candidate / primary for one metric over a group's pairs.
@@ -364,7 +385,10 @@ pub fn compare(pairs: &[Pair], include_cold: bool) -> Comparison {
 
     let mut by_summary: BTreeMap<GroupKey, Vec<&Group>> = BTreeMap::new();
     for group in &groups {
-        by_summary.entry(group.key.summary()).or_default().push(group);
+        by_summary
+            .entry(group.key.summary())
+            .or_default()
+            .push(group);
     }
     let summaries = by_summary
         .into_iter()
@@ -454,10 +478,7 @@ fn judge_group(key: GroupKey, pairs: &[&Pair]) -> Group {
             ),
         )
     } else {
-        (
-            Status::Ratios,
-            format!("all {} matched", counts.matched),
-        )
+        (Status::Ratios, format!("all {} matched", counts.matched))
     };
     let ratios = (status == Status::Ratios).then(|| {
         let matched: Vec<&Pair> = pairs
@@ -682,10 +703,19 @@ mod tests {
             output: None,
             ..c.clone()
         };
-        assert_eq!(judge(&p, Some(&failed), true, None).0, Verdict::CandidateError);
-        assert_eq!(judge(&failed, Some(&c), true, None).0, Verdict::Incomparable);
+        assert_eq!(
+            judge(&p, Some(&failed), true, None).0,
+            Verdict::CandidateError
+        );
+        assert_eq!(
+            judge(&failed, Some(&c), true, None).0,
+            Verdict::Incomparable
+        );
         let (v, why) = judge(&p, None, true, Some("pool full"));
-        assert_eq!((v, why.as_deref()), (Verdict::Incomparable, Some("shadow skipped: pool full")));
+        assert_eq!(
+            (v, why.as_deref()),
+            (Verdict::Incomparable, Some("shadow skipped: pool full"))
+        );
         let unknown = Side {
             engine: Some("llama.cpp/unknown".to_owned()),
             artifact: Some("unverified:sha256:bb".to_owned()),
@@ -710,7 +740,10 @@ mod tests {
         assert_eq!(group.status, Status::Ratios);
         let ratios = group.ratios.as_ref().unwrap();
         let ttft = ratios.ttft.as_ref().unwrap();
-        assert_eq!((ttft.median, ttft.min, ttft.max, ttft.n), (0.5, 0.4, 0.6, 3));
+        assert_eq!(
+            (ttft.median, ttft.min, ttft.max, ttft.n),
+            (0.5, 0.4, 0.6, 3)
+        );
         // No engine timings: decode on the proxy's clock, 10 tokens after the first.
         let decode = ratios.decode_tps.as_ref().unwrap();
         assert_eq!(decode.basis, "proxy");
@@ -724,7 +757,10 @@ mod tests {
         let mut pairs: Vec<Pair> = (0..5)
             .map(|_| pair(side("a", "o", 10.0, 20.0), side("b", "o", 1.0, 2.0)))
             .collect();
-        pairs.push(pair(side("a", "o", 10.0, 20.0), side("b", "wrong", 1.0, 2.0)));
+        pairs.push(pair(
+            side("a", "o", 10.0, 20.0),
+            side("b", "wrong", 1.0, 2.0),
+        ));
         let result = compare(&pairs, false);
         let group = &result.groups[0];
         assert_eq!(group.status, Status::CorrectnessFailed);
@@ -745,7 +781,10 @@ mod tests {
         assert_eq!(result.groups[0].status, Status::TooFewRepetitions);
         let all = compare(&pairs, true);
         assert_eq!(all.groups.len(), 2);
-        assert!(all.groups.iter().any(|g| !g.key.warm && g.counts.pairs == 1));
+        assert!(all
+            .groups
+            .iter()
+            .any(|g| !g.key.warm && g.counts.pairs == 1));
     }
 
     #[test]

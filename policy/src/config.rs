@@ -312,9 +312,15 @@ mod tests {
         "#;
         let config: Config = toml::from_str(text).unwrap();
         let a = config.models["a"].shadow.as_ref().unwrap();
-        assert_eq!((a.sample, a.max_in_flight, a.when), (1.0, 1, ShadowWhen::AfterPrimary));
+        assert_eq!(
+            (a.sample, a.max_in_flight, a.when),
+            (1.0, 1, ShadowWhen::AfterPrimary)
+        );
         let b = config.models["b"].shadow.as_ref().unwrap();
-        assert_eq!((b.sample, b.max_in_flight, b.when), (0.25, 2, ShadowWhen::Concurrent));
+        assert_eq!(
+            (b.sample, b.max_in_flight, b.when),
+            (0.25, 2, ShadowWhen::Concurrent)
+        );
         let err = toml::from_str::<Config>(
             "[models.a]\nprimary = \"x\"\nshadow = { backend = \"y\", when = \"later\" }",
         )

@@ -23,10 +23,11 @@ use tower_http::catch_panic::{CatchPanic, CatchPanicLayer};
 
 use crate::backend::{Backend, Digest};
 use crate::body::ProxyBody;
-use crate::error::error_body;
+use crate::error::{error_body, ProxyError};
 use crate::handler;
 use crate::ledger::{IdentitySnapshot, Ledger};
 use crate::record::Recorder;
+use crate::shadow::Shadowing;
 use crate::telemetry::Telemetry;
 use crate::upstream::Upstream;
 
@@ -50,6 +51,8 @@ pub struct AppState {
     pub started: SystemTime,
     /// Bumped whenever a backend's health or identity changes.
     revision: Arc<tokio::sync::watch::Sender<u64>>,
+    /// Shadow pools and their running comparisons.
+    pub shadowing: Shadowing,
 }
 
 impl AppState {
@@ -57,6 +60,14 @@ impl AppState {
     /// waiting on readiness without polling).
     pub fn state_changes(&self) -> tokio::sync::watch::Receiver<u64> {
         self.revision.subscribe()
+    }
+
+    /// The backend configured under `name` (routes only name configured backends).
+    pub fn backend(&self, name: &str) -> Result<Arc<Backend>, ProxyError> {
+        self.backends
+            .get(name)
+            .cloned()
+            .ok_or_else(|| ProxyError::Internal(format!("route names unknown backend {name}")))
     }
 }
 
@@ -77,6 +88,7 @@ impl App {
             backends.insert(backend.name.clone(), Arc::new(backend));
         }
         let routes = RoutingTable::new(&config);
+        let shadowing = Shadowing::new(&routes);
         let started = SystemTime::now();
         let created = started
             .duration_since(SystemTime::UNIX_EPOCH)
@@ -118,6 +130,7 @@ impl App {
                 models_body,
                 started,
                 revision,
+                shadowing,
             }),
         })
     }

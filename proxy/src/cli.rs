@@ -49,6 +49,40 @@ pub enum Command {
         since: Option<String>,
         #[arg(long, value_enum, default_value = "markdown")]
         format: crate::report::Format,
+        /// Judge the recorded comparisons (shadow traffic and `compare` runs) instead.
+        #[arg(long)]
+        comparisons: bool,
+        /// With --comparisons: show cold pairs too (in groups of their own).
+        #[arg(long, requires = "comparisons")]
+        include_cold: bool,
+    },
+    /// Run a JSONL suite of OpenAI requests on two configured backends in turn (one cold run,
+    /// then --repeat warm runs each) and judge the answers and speed.
+    Compare {
+        /// The configuration that defines both backends (and the ledger the runs go to, if any).
+        #[arg(long, short)]
+        config: PathBuf,
+        /// One OpenAI request object per line, each with `model` and `messages` or `prompt`.
+        #[arg(long)]
+        suite: PathBuf,
+        #[arg(long)]
+        primary: String,
+        #[arg(long)]
+        candidate: String,
+        /// Warm runs of each request on each backend, after its cold run.
+        #[arg(long, default_value_t = 3)]
+        repeat: usize,
+        #[arg(long, value_enum, default_value = "markdown")]
+        format: crate::report::Format,
+        /// Show cold pairs too (in groups of their own).
+        #[arg(long)]
+        include_cold: bool,
+        /// Also write the report in all three formats to this folder (comparison.md, .tsv, .json).
+        #[arg(long)]
+        save: Option<PathBuf>,
+        /// How long to wait for both backends to be ready.
+        #[arg(long, default_value_t = 300)]
+        ready_timeout_s: u64,
     },
 }
 
@@ -77,11 +111,122 @@ pub async fn run(cli: Cli) -> anyhow::Result<i32> {
             writeln!(std::io::stdout().lock(), "{digest}")?;
             Ok(0)
         }
+        Command::Compare {
+            config,
+            suite,
+            primary,
+            candidate,
+            repeat,
+            format,
+            include_cold,
+            save,
+            ready_timeout_s,
+        } => {
+            let config = match config::load(&config) {
+                Ok(c) => c,
+                Err(e) => return Ok(report_invalid(&e)),
+            };
+            init_logging(config.server.log_format);
+            let mut unknown = Vec::new();
+            for name in [&primary, &candidate] {
+                if !config.backends.contains_key(name.as_str()) {
+                    unknown.push(format!("no backend named \"{name}\""));
+                }
+            }
+            if primary == candidate {
+                unknown.push("--primary and --candidate must differ".to_owned());
+            }
+            if !unknown.is_empty() {
+                let _ = writeln!(std::io::stderr().lock(), "{}", unknown.join("\n"));
+                return Ok(EX_USAGE);
+            }
+            let suite = match crate::compare::read_suite(&suite) {
+                Ok(s) => s,
+                Err(e) => {
+                    let _ = writeln!(std::io::stderr().lock(), "{e}");
+                    return Ok(EX_USAGE);
+                }
+            };
+            if repeat < switchyard_policy::compare::MIN_REPETITIONS {
+                tracing::warn!(
+                    repeat,
+                    needed = switchyard_policy::compare::MIN_REPETITIONS,
+                    "fewer warm repetitions than the comparator needs: no group will have ratios"
+                );
+            }
+            let app = App::new(config).map_err(anyhow::Error::msg)?;
+            let tasks = tokio_util::task::TaskTracker::new();
+            let stop = tokio_util::sync::CancellationToken::new();
+            app.start_background(&tasks, stop.clone());
+            let state = app.state().clone();
+            let result = async {
+                crate::compare::wait_ready(
+                    &state,
+                    &[&primary, &candidate],
+                    std::time::Duration::from_secs(ready_timeout_s),
+                )
+                .await?;
+                let total = suite.len() * (repeat + 1);
+                let mut done = 0;
+                crate::compare::run_suite(
+                    &state,
+                    &primary,
+                    &candidate,
+                    &suite,
+                    repeat,
+                    |request, run, pair| {
+                        done += 1;
+                        tracing::info!(
+                            line = request.line,
+                            run = if run == 0 { "cold".to_owned() } else { format!("warm {run}") },
+                            verdict = pair.verdict.as_str(),
+                            reason = pair.reason.as_deref().unwrap_or("-"),
+                            progress = %format!("{done}/{total}"),
+                            "compared"
+                        );
+                    },
+                )
+                .await
+            }
+            .await;
+            stop.cancel();
+            if let Some(ledger) = &state.recorder.ledger {
+                let flushed =
+                    tokio::task::block_in_place(|| ledger.flush(std::time::Duration::from_secs(5)));
+                if !flushed {
+                    tracing::warn!("the ledger did not finish writing within 5 s");
+                }
+            }
+            let pairs = match result {
+                Ok(p) => p,
+                Err(e) => {
+                    let _ = writeln!(std::io::stderr().lock(), "switchyard compare: {e}");
+                    return Ok(1);
+                }
+            };
+            let comparison = switchyard_policy::compare::compare(&pairs, include_cold);
+            if let Some(dir) = save {
+                std::fs::create_dir_all(&dir)?;
+                for (name, f) in [
+                    ("comparison.md", crate::report::Format::Markdown),
+                    ("comparison.tsv", crate::report::Format::Tsv),
+                    ("comparison.json", crate::report::Format::Json),
+                ] {
+                    std::fs::write(dir.join(name), crate::compare::render(&comparison, f))?;
+                }
+            }
+            std::io::stdout()
+                .lock()
+                .write_all(crate::compare::render(&comparison, format).as_bytes())?;
+            Ok(0)
+        }
         Command::Report {
             ledger,
             config,
             since,
             format,
+            comparisons,
+            include_cold,
         } => {
             let path = match (ledger, config) {
                 (Some(path), _) => path,
@@ -112,6 +257,14 @@ pub async fn run(cli: Cli) -> anyhow::Result<i32> {
                     return Ok(EX_USAGE);
                 }
             };
+            if comparisons {
+                let pairs = crate::report::read_comparisons(&path, window)?;
+                let comparison = switchyard_policy::compare::compare(&pairs, include_cold);
+                std::io::stdout()
+                    .lock()
+                    .write_all(crate::compare::render(&comparison, format).as_bytes())?;
+                return Ok(0);
+            }
             let report = crate::report::build(&path, window)?;
             std::io::stdout()
                 .lock()

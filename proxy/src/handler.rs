@@ -6,6 +6,7 @@
 //! forwarded unchanged; streams pass through `ObservedStream`.
 
 use std::collections::BTreeMap;
+use std::ops::Range;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -16,7 +17,7 @@ use http_body_util::{BodyExt, Full, LengthLimitError, Limited};
 use hyper::body::Incoming;
 use serde_json::value::RawValue;
 use serde_json::{Map, Value};
-use switchyard_adapters::fingerprint::fingerprint_request;
+use switchyard_adapters::fingerprint::{fingerprint_request, WorkloadFingerprint};
 use switchyard_adapters::inspect_response;
 
 use crate::app::{AppState, Received};
@@ -252,7 +253,7 @@ fn readyz(state: &AppState) -> Response<ProxyBody> {
 
 /// The identity known so far for a request, stamped on whatever response it gets.
 #[derive(Debug, Default)]
-struct Stamp {
+pub(crate) struct Stamp {
     identity: Option<Arc<IdentityHeaders>>,
     variant: Option<&'static str>,
     workload: Option<HeaderValue>,
@@ -306,7 +307,11 @@ async fn forward(
 }
 
 /// Turns an error into the client's response, stamped and recorded.
-fn fail(error: ProxyError, record: Option<RequestRecord>, stamp: &Stamp) -> Response<ProxyBody> {
+pub(crate) fn fail(
+    error: ProxyError,
+    record: Option<RequestRecord>,
+    stamp: &Stamp,
+) -> Response<ProxyBody> {
     let detail = error.to_string();
     let (status, class) = (error.status(), error.class());
     match &error {
@@ -343,8 +348,8 @@ fn parse_body(bytes: &[u8]) -> Result<ParsedBody<'_>, ProxyError> {
     Ok(ParsedBody { fields })
 }
 
-/// The request body with `model`'s value replaced by `name`, every other byte untouched.
-fn splice_model(body: &Bytes, raw: &RawValue, name: &str) -> Result<Bytes, ProxyError> {
+/// Where `raw` (a value parsed out of `body`) lies in `body`.
+fn value_range(body: &Bytes, raw: &RawValue) -> Result<Range<usize>, ProxyError> {
     let start = (raw.get().as_ptr() as usize)
         .checked_sub(body.as_ptr() as usize)
         .ok_or_else(|| ProxyError::Internal("model value outside the body".to_owned()))?;
@@ -354,11 +359,22 @@ fn splice_model(body: &Bytes, raw: &RawValue, name: &str) -> Result<Bytes, Proxy
             "model value outside the body".to_owned(),
         ));
     }
+    Ok(start..end)
+}
+
+/// The request body with the value at `range` (`model`'s) replaced by `name`, every other byte
+/// untouched.
+fn splice_model(body: &Bytes, range: Range<usize>, name: &str) -> Result<Bytes, ProxyError> {
+    if range.end > body.len() || range.start > range.end {
+        return Err(ProxyError::Internal(
+            "model value outside the body".to_owned(),
+        ));
+    }
     let quoted = serde_json::to_string(name).map_err(|e| ProxyError::Internal(e.to_string()))?;
-    let mut out = BytesMut::with_capacity(body.len() - (end - start) + quoted.len());
-    out.extend_from_slice(&body[..start]);
+    let mut out = BytesMut::with_capacity(body.len() - range.len() + quoted.len());
+    out.extend_from_slice(&body[..range.start]);
     out.extend_from_slice(quoted.as_bytes());
-    out.extend_from_slice(&body[end..]);
+    out.extend_from_slice(&body[range.end..]);
     Ok(out.freeze())
 }
 
@@ -409,115 +425,56 @@ async fn forward_inner(
         .fields
         .get("stream")
         .is_some_and(|v| v.get().trim() == "true");
-
-    // The workload fingerprint: only the fields that define the work are parsed into values.
-    let mut relevant = Map::new();
-    for (key, raw) in &parsed.fields {
-        if key != "model" && key != "stream" && key != "stream_options" && key != "user" {
-            if let Ok(v) = serde_json::from_str::<Value>(raw.get()) {
-                relevant.insert(key.clone(), v);
-            }
-        }
-    }
-    let fingerprint = fingerprint_request(&route.model, &relevant);
+    let fingerprint = fingerprint_fields(&route.model, &parsed);
     stamp.workload = Some(header_value(&fingerprint.workload));
-    if let Some(record) = record_slot.as_mut() {
-        record.model = Some(route.model.clone());
-        record.workload = Some(fingerprint.workload.clone());
-        record.sampling = Some(fingerprint.sampling.clone());
-        record.sampling_json = Some(fingerprint.sampling_json.clone());
-        record.streamed = streamed;
-    }
-
     let want_trailers = parts.headers.get_all(header::TE).iter().any(|v| {
         v.to_str().is_ok_and(|s| {
             s.split(',')
                 .any(|t| t.trim().eq_ignore_ascii_case("trailers"))
         })
     });
+    let outgoing = Outgoing {
+        head: Head {
+            method: parts.method,
+            uri: parts.uri,
+            headers: parts.headers,
+        },
+        model_range: value_range(&body, raw_model)?,
+        body,
+        want_trailers,
+    };
+    if let Some(record) = record_slot.as_mut() {
+        record.describe(&route.model, &fingerprint, streamed);
+        if let Some(shadow) = &route.shadow {
+            record.hook =
+                state
+                    .shadowing
+                    .plan(state, &route, shadow, &outgoing, streamed, &fingerprint);
+        }
+    }
 
     let candidates = std::iter::once(&route.primary).chain(route.fallback.iter());
     let mut last_error = None;
-    for (attempt, name) in candidates.enumerate() {
-        let backend = state
-            .backends
-            .get(name)
-            .ok_or_else(|| ProxyError::Internal(format!("route names unknown backend {name}")))?
-            .clone();
-        let variant = if attempt == 0 { "primary" } else { "fallback" };
-        let identity = backend.identity_headers();
-        stamp.identity = Some(identity.clone());
-        stamp.variant = Some(variant);
-        if let Some(record) = record_slot.as_mut() {
-            record.backend = Some(backend.name.clone());
-            record.variant = variant;
-            record.engine = identity.engine.to_str().ok().map(str::to_owned);
-            record.artifact = identity.artifact.to_str().ok().map(str::to_owned);
-        }
-
-        if backend.config.require_verified_identity
-            && identity.verification != Verification::Verified
+    for (attempt_no, name) in candidates.enumerate() {
+        let backend = state.backend(name)?;
+        let variant = if attempt_no == 0 {
+            "primary"
+        } else {
+            "fallback"
+        };
+        match attempt(
+            state,
+            backend.clone(),
+            variant,
+            &outgoing,
+            record_slot,
+            stamp,
+            id,
+        )
+        .await
         {
-            let why = match &identity.verification {
-                Verification::Unverified(w) | Verification::Unknown(w) => w.clone(),
-                Verification::Verified => String::new(),
-            };
-            return Err(ProxyError::IdentityUnverified {
-                backend: backend.name.to_string(),
-                why,
-            });
-        }
-
-        let upstream_body = upstream_body(&backend, &body, raw_model)?;
-
-        // Admission: wait for a slot. A client that leaves while waiting drops this future and
-        // with it its place in the queue.
-        let queued = Instant::now();
-        let permit = match backend.admission() {
-            Some(semaphore) => Some(
-                semaphore
-                    .acquire_owned()
-                    .await
-                    .map_err(|e| ProxyError::Internal(e.to_string()))?,
-            ),
-            None => None,
-        };
-        let forwarded = Instant::now();
-        if let Some(record) = record_slot.as_mut() {
-            record.phases.queue = Some(between(queued, forwarded));
-        }
-
-        let mut request = upstream_request(&backend, &parts, upstream_body, id)?;
-        if let Some(record) = record_slot.as_mut() {
-            record.warm = Some(backend.mark_served());
-            if let Some(trace) = record.trace.as_mut() {
-                // The engine continues this request's trace (the client's context is replaced).
-                trace.forwarding(forwarded, request.headers_mut());
-            }
-        }
-        // In flight from here until the engine's answer is complete (or the client leaves): the
-        // guard travels with the admission permit, into the stream for streamed answers.
-        let held = Held {
-            permit,
-            in_flight: state.recorder.metrics.in_flight(&backend.name),
-        };
-        match state.upstream.send(&backend, request).await {
-            Ok(response) => {
-                if let Some(record) = record_slot.as_mut() {
-                    record.phases.ttfb = Some(between(forwarded, Instant::now()));
-                }
-                return respond(
-                    state,
-                    backend,
-                    response,
-                    record_slot,
-                    stamp,
-                    held,
-                    want_trailers,
-                )
-                .await;
-            }
-            Err(error) if Upstream::is_retryable(&error) && attempt < route.fallback.len() => {
+            Ok(response) => return Ok(response),
+            Err(error) if Upstream::is_retryable(&error) && attempt_no < route.fallback.len() => {
                 tracing::warn!(backend = %backend.name, error = %error, "backend unreachable; trying the next configured fallback");
                 stamp.fallback_from = Some(header_value(&format!(
                     "{}; code={}",
@@ -530,6 +487,164 @@ async fn forward_inner(
         }
     }
     Err(last_error.unwrap_or_else(|| ProxyError::Internal("no backend to try".to_owned())))
+}
+
+/// The workload and sampling fingerprints of a parsed body: only the fields that define the work
+/// are parsed into values.
+fn fingerprint_fields(model: &str, parsed: &ParsedBody<'_>) -> WorkloadFingerprint {
+    let mut relevant = Map::new();
+    for (key, raw) in &parsed.fields {
+        if key != "model" && key != "stream" && key != "stream_options" && key != "user" {
+            if let Ok(v) = serde_json::from_str::<Value>(raw.get()) {
+                relevant.insert(key.clone(), v);
+            }
+        }
+    }
+    fingerprint_request(model, &relevant)
+}
+
+/// The request line and headers as the client sent them, kept to build engine requests from.
+#[derive(Debug, Clone)]
+pub struct Head {
+    pub method: Method,
+    pub uri: http::Uri,
+    pub headers: HeaderMap,
+}
+
+/// What is sent to a backend, whichever it is: the client's head and body, with where `model`'s
+/// value lies in the body (for backends that need another name spliced in).
+#[derive(Debug, Clone)]
+pub struct Outgoing {
+    pub head: Head,
+    pub body: Bytes,
+    pub model_range: Range<usize>,
+    /// The client asked for trailers (`TE: trailers`).
+    pub want_trailers: bool,
+}
+
+impl Outgoing {
+    /// A chat or completions request built from a JSON `body` (for `switchyard compare`): `model`
+    /// must be a string field of it.
+    pub fn from_json(
+        path: &str,
+        body: Bytes,
+        streamed: bool,
+    ) -> Result<(Self, String, WorkloadFingerprint), ProxyError> {
+        let parsed = parse_body(&body)?;
+        let raw_model = parsed.fields.get("model").ok_or(ProxyError::MissingModel)?;
+        let model = match serde_json::from_str::<Value>(raw_model.get()) {
+            Ok(Value::String(s)) => s,
+            _ => return Err(ProxyError::ModelNotString),
+        };
+        let fingerprint = fingerprint_fields(&model, &parsed);
+        let model_range = value_range(&body, raw_model)?;
+        let mut headers = HeaderMap::new();
+        headers.insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/json"),
+        );
+        if streamed {
+            headers.insert(
+                header::ACCEPT,
+                HeaderValue::from_static("text/event-stream"),
+            );
+        }
+        let uri = http::Uri::try_from(path).map_err(|e| ProxyError::Internal(e.to_string()))?;
+        let outgoing = Self {
+            head: Head {
+                method: Method::POST,
+                uri,
+                headers,
+            },
+            body,
+            model_range,
+            want_trailers: false,
+        };
+        Ok((outgoing, model, fingerprint))
+    }
+}
+
+/// Forwards `outgoing` to one backend and answers with what it returns. The record and stamp
+/// say which backend and variant served it. Errors before a response (identity refused,
+/// unreachable, timeouts) are returned for the caller to fall back on or answer with.
+pub(crate) async fn attempt(
+    state: &Arc<AppState>,
+    backend: Arc<Backend>,
+    variant: &'static str,
+    outgoing: &Outgoing,
+    record_slot: &mut Option<RequestRecord>,
+    stamp: &mut Stamp,
+    id: &HeaderValue,
+) -> Result<Response<ProxyBody>, ProxyError> {
+    let identity = backend.identity_headers();
+    stamp.identity = Some(identity.clone());
+    stamp.variant = Some(variant);
+    if let Some(record) = record_slot.as_mut() {
+        record.backend = Some(backend.name.clone());
+        record.variant = variant;
+        record.engine = identity.engine.to_str().ok().map(str::to_owned);
+        record.artifact = identity.artifact.to_str().ok().map(str::to_owned);
+    }
+
+    if backend.config.require_verified_identity && identity.verification != Verification::Verified {
+        let why = match &identity.verification {
+            Verification::Unverified(w) | Verification::Unknown(w) => w.clone(),
+            Verification::Verified => String::new(),
+        };
+        return Err(ProxyError::IdentityUnverified {
+            backend: backend.name.to_string(),
+            why,
+        });
+    }
+
+    let upstream_body = upstream_body(&backend, outgoing)?;
+
+    // Admission: wait for a slot. A client that leaves while waiting drops this future and with
+    // it its place in the queue.
+    let queued = Instant::now();
+    let permit = match backend.admission() {
+        Some(semaphore) => Some(
+            semaphore
+                .acquire_owned()
+                .await
+                .map_err(|e| ProxyError::Internal(e.to_string()))?,
+        ),
+        None => None,
+    };
+    let forwarded = Instant::now();
+    if let Some(record) = record_slot.as_mut() {
+        record.phases.queue = Some(between(queued, forwarded));
+    }
+
+    let mut request = upstream_request(&backend, &outgoing.head, upstream_body, id)?;
+    if let Some(record) = record_slot.as_mut() {
+        let warm = backend.mark_served();
+        record.warm = Some(record.warm_override.unwrap_or(warm));
+        if let Some(trace) = record.trace.as_mut() {
+            // The engine continues this request's trace (the client's context is replaced).
+            trace.forwarding(forwarded, request.headers_mut());
+        }
+    }
+    // In flight from here until the engine's answer is complete (or the client leaves): the
+    // guard travels with the admission permit, into the stream for streamed answers.
+    let held = Held {
+        permit,
+        in_flight: state.recorder.metrics.in_flight(&backend.name),
+    };
+    let response = state.upstream.send(&backend, request).await?;
+    if let Some(record) = record_slot.as_mut() {
+        record.phases.ttfb = Some(between(forwarded, Instant::now()));
+    }
+    respond(
+        state,
+        backend,
+        response,
+        record_slot,
+        stamp,
+        held,
+        outgoing.want_trailers,
+    )
+    .await
 }
 
 /// How much of an oversized body is read and discarded before answering 413, so that the client
@@ -568,11 +683,7 @@ async fn read_body(
 }
 
 /// The body the engine receives: the client's, with `model` replaced only when needed.
-fn upstream_body(
-    backend: &Backend,
-    body: &Bytes,
-    raw_model: &RawValue,
-) -> Result<Bytes, ProxyError> {
+fn upstream_body(backend: &Backend, outgoing: &Outgoing) -> Result<Bytes, ProxyError> {
     let served = backend
         .state()
         .report
@@ -587,18 +698,18 @@ fn upstream_body(
         (None, false) => None,
     };
     match name {
-        Some(name) => splice_model(body, raw_model, &name),
-        None => Ok(body.clone()),
+        Some(name) => splice_model(&outgoing.body, outgoing.model_range.clone(), &name),
+        None => Ok(outgoing.body.clone()),
     }
 }
 
 fn upstream_request(
     backend: &Backend,
-    parts: &http::request::Parts,
+    head: &Head,
     body: Bytes,
     id: &HeaderValue,
 ) -> Result<Request<Full<Bytes>>, ProxyError> {
-    let path_and_query = parts.uri.path_and_query().map_or("/", |pq| pq.as_str());
+    let path_and_query = head.uri.path_and_query().map_or("/", |pq| pq.as_str());
     let uri = http::Uri::builder()
         .scheme("http")
         .authority(backend.authority.clone())
@@ -606,10 +717,10 @@ fn upstream_request(
         .build()
         .map_err(|e| ProxyError::Internal(e.to_string()))?;
     let mut request = Request::new(Full::new(body));
-    *request.method_mut() = parts.method.clone();
+    *request.method_mut() = head.method.clone();
     *request.uri_mut() = uri;
     let headers = request.headers_mut();
-    for (name, value) in &parts.headers {
+    for (name, value) in &head.headers {
         if !is_hop_by_hop(name) {
             headers.append(name.clone(), value.clone());
         }
@@ -755,7 +866,8 @@ mod tests {
     fn splice_replaces_only_the_model_value() {
         let body = Bytes::from_static(br#"{"messages":[{"role":"user","content":"\"model\": x"}], "model" : "default","x":{"model":"keep"}}"#);
         let parsed = parse_body(&body).unwrap();
-        let spliced = splice_model(&body, parsed.fields["model"], "/models/a \"b\".gguf").unwrap();
+        let range = value_range(&body, parsed.fields["model"]).unwrap();
+        let spliced = splice_model(&body, range, "/models/a \"b\".gguf").unwrap();
         assert_eq!(
             std::str::from_utf8(&spliced).unwrap(),
             r#"{"messages":[{"role":"user","content":"\"model\": x"}], "model" : "/models/a \"b\".gguf","x":{"model":"keep"}}"#
@@ -783,7 +895,8 @@ mod tests {
             object.insert("model".into(), Value::String(model));
             let body = Bytes::from(Value::Object(object.clone()).to_string());
             let parsed = parse_body(&body).unwrap();
-            let spliced = splice_model(&body, parsed.fields["model"], &name).unwrap();
+            let range = value_range(&body, parsed.fields["model"]).unwrap();
+            let spliced = splice_model(&body, range, &name).unwrap();
             let mut expected = object;
             expected.insert("model".into(), Value::String(name));
             proptest::prop_assert_eq!(serde_json::from_slice::<Value>(&spliced).unwrap(), Value::Object(expected));

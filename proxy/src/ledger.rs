@@ -13,7 +13,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use rusqlite::{params, Connection};
+use rusqlite::types::Value as SqlValue;
+use rusqlite::{params, params_from_iter, Connection};
+use switchyard_policy::compare::{Pair, Side, TokenTiming, Verdict};
 use switchyard_policy::LedgerConfig;
 use tokio::sync::mpsc;
 
@@ -91,6 +93,66 @@ const MIGRATIONS: &[&str] = &[
         dropped_failed INTEGER NOT NULL
     );
     "#,
+    // 2: comparisons between a primary and a candidate (shadow traffic, `switchyard compare`).
+    r#"
+    CREATE TABLE comparisons (
+        id INTEGER PRIMARY KEY,
+        ts_ms INTEGER NOT NULL,
+        source TEXT NOT NULL,
+        mode TEXT NOT NULL,
+        model TEXT NOT NULL,
+        workload TEXT NOT NULL,
+        sampling TEXT NOT NULL,
+        sampling_json TEXT,
+        streamed INTEGER NOT NULL,
+        verdict TEXT NOT NULL,
+        reason TEXT,
+        candidate_ran INTEGER NOT NULL,
+        primary_request_id TEXT,
+        primary_backend TEXT,
+        primary_engine TEXT,
+        primary_artifact TEXT,
+        primary_status INTEGER,
+        primary_error TEXT,
+        primary_output TEXT,
+        primary_prompt_tokens INTEGER,
+        primary_completion_tokens INTEGER,
+        primary_queue_ms REAL,
+        primary_ttft_ms REAL,
+        primary_total_ms REAL,
+        primary_prefill_ms REAL,
+        primary_prefill_tokens INTEGER,
+        primary_prefill_source TEXT,
+        primary_decode_ms REAL,
+        primary_decode_tokens INTEGER,
+        primary_decode_source TEXT,
+        primary_warm INTEGER,
+        primary_in_flight INTEGER,
+        primary_client_disconnected INTEGER,
+        candidate_request_id TEXT,
+        candidate_backend TEXT,
+        candidate_engine TEXT,
+        candidate_artifact TEXT,
+        candidate_status INTEGER,
+        candidate_error TEXT,
+        candidate_output TEXT,
+        candidate_prompt_tokens INTEGER,
+        candidate_completion_tokens INTEGER,
+        candidate_queue_ms REAL,
+        candidate_ttft_ms REAL,
+        candidate_total_ms REAL,
+        candidate_prefill_ms REAL,
+        candidate_prefill_tokens INTEGER,
+        candidate_prefill_source TEXT,
+        candidate_decode_ms REAL,
+        candidate_decode_tokens INTEGER,
+        candidate_decode_source TEXT,
+        candidate_warm INTEGER,
+        candidate_in_flight INTEGER,
+        candidate_client_disconnected INTEGER
+    );
+    CREATE INDEX comparisons_ts ON comparisons (ts_ms);
+    "#,
 ];
 
 /// A snapshot of one engine's identity, recorded when it changes.
@@ -109,10 +171,182 @@ pub struct IdentitySnapshot {
     pub note: Option<String>,
 }
 
+/// The columns of one side of a comparison, after the `primary_` or `candidate_` prefix, in the
+/// order [`side_values`] gives them.
+const SIDE_COLUMNS: [&str; 21] = [
+    "request_id",
+    "backend",
+    "engine",
+    "artifact",
+    "status",
+    "error",
+    "output",
+    "prompt_tokens",
+    "completion_tokens",
+    "queue_ms",
+    "ttft_ms",
+    "total_ms",
+    "prefill_ms",
+    "prefill_tokens",
+    "prefill_source",
+    "decode_ms",
+    "decode_tokens",
+    "decode_source",
+    "warm",
+    "in_flight",
+    "client_disconnected",
+];
+
+/// A comparison, copied for the writer.
+#[derive(Debug)]
+struct ComparisonRow {
+    ts_ms: i64,
+    source: &'static str,
+    sampling_json: String,
+    pair: Pair,
+}
+
+/// SQLite values of one side, in [`SIDE_COLUMNS`] order (all NULL when the side did not run).
+fn side_values(side: Option<&Side>) -> Vec<SqlValue> {
+    let Some(s) = side else {
+        return vec![SqlValue::Null; SIDE_COLUMNS.len()];
+    };
+    let text = |v: &Option<String>| v.clone().map_or(SqlValue::Null, SqlValue::Text);
+    let integer = |v: Option<u64>| int(v).map_or(SqlValue::Null, SqlValue::Integer);
+    let real = |v: Option<f64>| v.map_or(SqlValue::Null, SqlValue::Real);
+    let timing_source = |t: Option<TokenTiming>| {
+        t.map_or(SqlValue::Null, |t| {
+            SqlValue::Text(if t.engine { "engine" } else { "measured" }.to_owned())
+        })
+    };
+    vec![
+        text(&s.request_id),
+        SqlValue::Text(s.backend.clone()),
+        text(&s.engine),
+        text(&s.artifact),
+        SqlValue::Integer(i64::from(s.status)),
+        text(&s.error),
+        text(&s.output),
+        integer(s.prompt_tokens),
+        integer(s.completion_tokens),
+        real(s.queue_ms),
+        real(s.ttft_ms),
+        real(s.total_ms),
+        real(s.prefill.map(|t| t.ms)),
+        integer(s.prefill.and_then(|t| t.tokens)),
+        timing_source(s.prefill),
+        real(s.decode.map(|t| t.ms)),
+        integer(s.decode.and_then(|t| t.tokens)),
+        timing_source(s.decode),
+        s.warm
+            .map_or(SqlValue::Null, |w| SqlValue::Integer(i64::from(w))),
+        integer(s.in_flight),
+        SqlValue::Integer(i64::from(s.client_disconnected)),
+    ]
+}
+
+/// The insert statement for `comparisons`.
+fn insert_comparison_sql() -> String {
+    let mut columns = vec![
+        "ts_ms".to_owned(),
+        "source".to_owned(),
+        "mode".to_owned(),
+        "model".to_owned(),
+        "workload".to_owned(),
+        "sampling".to_owned(),
+        "sampling_json".to_owned(),
+        "streamed".to_owned(),
+        "verdict".to_owned(),
+        "reason".to_owned(),
+        "candidate_ran".to_owned(),
+    ];
+    for side in ["primary", "candidate"] {
+        columns.extend(SIDE_COLUMNS.iter().map(|c| format!("{side}_{c}")));
+    }
+    let placeholders = (1..=columns.len())
+        .map(|i| format!("?{i}"))
+        .collect::<Vec<_>>()
+        .join(", ");
+    format!(
+        "INSERT INTO comparisons ({}) VALUES ({placeholders})",
+        columns.join(", ")
+    )
+}
+
+/// Comparisons recorded since `since_ms` (all when None), oldest first.
+pub fn read_comparisons(conn: &Connection, since_ms: Option<i64>) -> rusqlite::Result<Vec<Pair>> {
+    let mut statement = conn.prepare("SELECT * FROM comparisons WHERE ts_ms >= ?1 ORDER BY id")?;
+    let rows = statement.query_map([since_ms.unwrap_or(i64::MIN)], |row| {
+        let side = |prefix: &str| -> rusqlite::Result<Side> {
+            let col = |c: &str| format!("{prefix}_{c}");
+            let timing = |name: &str| -> rusqlite::Result<Option<TokenTiming>> {
+                let ms: Option<f64> = row.get(col(&format!("{name}_ms")).as_str())?;
+                let tokens: Option<i64> = row.get(col(&format!("{name}_tokens")).as_str())?;
+                let source: Option<String> = row.get(col(&format!("{name}_source")).as_str())?;
+                Ok(ms.map(|ms| TokenTiming {
+                    ms,
+                    tokens: tokens.map(|t| t.max(0) as u64),
+                    engine: source.as_deref() == Some("engine"),
+                }))
+            };
+            let unsigned = |c: &str| -> rusqlite::Result<Option<u64>> {
+                Ok(row
+                    .get::<_, Option<i64>>(col(c).as_str())?
+                    .map(|v| v.max(0) as u64))
+            };
+            Ok(Side {
+                request_id: row.get(col("request_id").as_str())?,
+                backend: row
+                    .get::<_, Option<String>>(col("backend").as_str())?
+                    .unwrap_or_default(),
+                engine: row.get(col("engine").as_str())?,
+                artifact: row.get(col("artifact").as_str())?,
+                status: row
+                    .get::<_, Option<i64>>(col("status").as_str())?
+                    .and_then(|s| u16::try_from(s).ok())
+                    .unwrap_or(0),
+                error: row.get(col("error").as_str())?,
+                output: row.get(col("output").as_str())?,
+                prompt_tokens: unsigned("prompt_tokens")?,
+                completion_tokens: unsigned("completion_tokens")?,
+                queue_ms: row.get(col("queue_ms").as_str())?,
+                ttft_ms: row.get(col("ttft_ms").as_str())?,
+                total_ms: row.get(col("total_ms").as_str())?,
+                prefill: timing("prefill")?,
+                decode: timing("decode")?,
+                warm: row.get(col("warm").as_str())?,
+                in_flight: unsigned("in_flight")?,
+                client_disconnected: row
+                    .get::<_, Option<bool>>(col("client_disconnected").as_str())?
+                    .unwrap_or(false),
+            })
+        };
+        let verdict: String = row.get("verdict")?;
+        let candidate_ran: bool = row.get("candidate_ran")?;
+        Ok(Pair {
+            model: row.get("model")?,
+            workload: row.get("workload")?,
+            sampling: row.get("sampling")?,
+            streamed: row.get("streamed")?,
+            mode: row.get("mode")?,
+            primary: side("primary")?,
+            candidate: if candidate_ran {
+                Some(side("candidate")?)
+            } else {
+                None
+            },
+            verdict: Verdict::parse(&verdict).unwrap_or(Verdict::Incomparable),
+            reason: row.get("reason")?,
+        })
+    })?;
+    rows.collect()
+}
+
 /// What goes through the channel.
 #[derive(Debug)]
 enum Entry {
     Request(Box<Row>),
+    Comparison(Box<ComparisonRow>),
     Identity(SystemTime, Box<IdentitySnapshot>),
     /// Answered once everything queued before it is written (or lost).
     Flush(std::sync::mpsc::SyncSender<()>),
@@ -313,6 +547,7 @@ impl Ledger {
             failures_logged: 0,
             run_id: ulid::Ulid::new().to_string(),
             started_ms: unix_ms(SystemTime::now()),
+            insert_comparison: insert_comparison_sql(),
         };
         let handle = std::thread::Builder::new()
             .name("switchyard-ledger".to_owned())
@@ -334,6 +569,16 @@ impl Ledger {
     /// Queues a finished request. Never blocks; a full queue drops and counts the record.
     pub fn record(&self, r: &RequestRecord) {
         self.submit(Entry::Request(Box::new(Row::from_record(r))));
+    }
+
+    /// Queues a comparison. Never blocks; a full queue drops and counts it.
+    pub fn comparison(&self, pair: &Pair, sampling_json: &str, source: &'static str) {
+        self.submit(Entry::Comparison(Box::new(ComparisonRow {
+            ts_ms: unix_ms(SystemTime::now()),
+            source,
+            sampling_json: sampling_json.to_owned(),
+            pair: pair.clone(),
+        })));
     }
 
     /// Queues an identity snapshot.
@@ -372,6 +617,7 @@ struct Writer {
     failures_logged: u64,
     run_id: String,
     started_ms: i64,
+    insert_comparison: String,
 }
 
 impl Writer {
@@ -458,6 +704,7 @@ impl Writer {
                 int(Some(self.counters.dropped_full.load(Ordering::Relaxed))),
                 int(Some(self.counters.dropped_failed.load(Ordering::Relaxed))),
             ])?;
+            let mut insert_comparison = tx.prepare_cached(&self.insert_comparison)?;
             let mut insert_identity = tx.prepare_cached(
                 "INSERT INTO identities (ts_ms, backend, health, engine, artifact, verification, served_model,
                     model_path, slots, n_ctx, chat_template, note)
@@ -503,6 +750,25 @@ impl Writer {
                         ])?;
                     }
                     Entry::Flush(_) => {}
+                    Entry::Comparison(c) => {
+                        let p = &c.pair;
+                        let mut values = vec![
+                            SqlValue::Integer(c.ts_ms),
+                            SqlValue::Text(c.source.to_owned()),
+                            SqlValue::Text(p.mode.clone()),
+                            SqlValue::Text(p.model.clone()),
+                            SqlValue::Text(p.workload.clone()),
+                            SqlValue::Text(p.sampling.clone()),
+                            SqlValue::Text(c.sampling_json.clone()),
+                            SqlValue::Integer(i64::from(p.streamed)),
+                            SqlValue::Text(p.verdict.as_str().to_owned()),
+                            p.reason.clone().map_or(SqlValue::Null, SqlValue::Text),
+                            SqlValue::Integer(i64::from(p.candidate.is_some())),
+                        ];
+                        values.extend(side_values(Some(&p.primary)));
+                        values.extend(side_values(p.candidate.as_ref()));
+                        insert_comparison.execute(params_from_iter(values))?;
+                    }
                     Entry::Identity(at, s) => {
                         insert_identity.execute(params![
                             unix_ms(*at),
@@ -547,6 +813,9 @@ impl Writer {
                 deleted += self
                     .conn
                     .execute("DELETE FROM identities WHERE ts_ms < ?1", [cutoff])?;
+                deleted += self
+                    .conn
+                    .execute("DELETE FROM comparisons WHERE ts_ms < ?1", [cutoff])?;
             }
             if let Some(max) = self.max_rows {
                 deleted += self.conn.execute(

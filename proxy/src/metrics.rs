@@ -20,6 +20,8 @@
 //! | `switchyard_in_flight_requests` | gauge | `backend` |
 //! | `switchyard_ledger_records_written_total` | counter | none |
 //! | `switchyard_ledger_records_dropped_total` | counter | none |
+//! | `switchyard_shadow_comparisons_total` | counter | `model`, `candidate`, `verdict` |
+//! | `switchyard_shadow_skipped_total` | counter | `model`, `candidate` |
 //!
 //! Label values come from configuration (public model names, backend names), never from what a
 //! client sent: a request that was not routed (unknown model, malformed body) is counted with
@@ -38,6 +40,8 @@ use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::Arc;
 
 use arc_swap::ArcSwap;
+
+use switchyard_policy::compare::Verdict;
 
 use crate::record::RequestRecord;
 use crate::timing::Source;
@@ -73,7 +77,28 @@ pub struct Metrics {
     /// Hook for the run ledger: records it dropped (queue full, write failed). The ledger
     /// increments it; rendered as `switchyard_ledger_records_dropped_total`.
     pub ledger_dropped: AtomicU64,
+    shadows: ArcSwap<HashMap<ShadowKey, Arc<ShadowSeries>>>,
 }
+
+/// (public model, candidate backend).
+type ShadowKey = (Arc<str>, Arc<str>);
+
+/// Shadow comparisons of one (model, candidate backend).
+#[derive(Debug, Default)]
+struct ShadowSeries {
+    /// By verdict, in [`VERDICTS`] order.
+    verdicts: [AtomicU64; VERDICTS.len()],
+    /// Sampled requests not shadowed because the pool was full.
+    skipped: AtomicU64,
+}
+
+/// `verdict` label values.
+const VERDICTS: [Verdict; 4] = [
+    Verdict::Match,
+    Verdict::Mismatch,
+    Verdict::CandidateError,
+    Verdict::Incomparable,
+];
 
 /// The labels shared by the per-request families. `None` renders as `""` (not routed).
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -148,6 +173,32 @@ impl Metrics {
         let backend = self.backend(backend);
         backend.in_flight.fetch_add(1, Ordering::Relaxed);
         InFlightGuard { backend }
+    }
+
+    /// Requests in flight at `backend` right now.
+    pub fn in_flight_now(&self, backend: &str) -> u64 {
+        self.backends
+            .load()
+            .get(backend)
+            .map_or(0, |b| b.in_flight.load(Ordering::Relaxed).max(0) as u64)
+    }
+
+    /// Counts one recorded shadow comparison; `skipped` when the pool was full.
+    pub fn observe_comparison(
+        &self,
+        model: &Arc<str>,
+        candidate: &Arc<str>,
+        verdict: Verdict,
+        skipped: bool,
+    ) {
+        let key = (model.clone(), candidate.clone());
+        let series = get_or_insert(&self.shadows, &key, || key.clone(), ShadowSeries::default);
+        if let Some(i) = VERDICTS.iter().position(|v| *v == verdict) {
+            series.verdicts[i].fetch_add(1, Ordering::Relaxed);
+        }
+        if skipped {
+            series.skipped.fetch_add(1, Ordering::Relaxed);
+        }
     }
 
     /// Counts one finished request. Called exactly once per request, when its record is written.
@@ -331,7 +382,54 @@ impl Metrics {
             header(&mut out, name, help, "counter");
             sample(&mut out, name, &[], counter.load(Ordering::Relaxed) as f64);
         }
+        self.render_shadows(&mut out);
         out
+    }
+
+    fn render_shadows(&self, out: &mut String) {
+        let mut shadows: Vec<(ShadowKey, Arc<ShadowSeries>)> = self
+            .shadows
+            .load()
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
+        shadows.sort_by(|a, b| a.0.cmp(&b.0));
+        let name = "switchyard_shadow_comparisons_total";
+        header(
+            out,
+            name,
+            "Shadow comparisons recorded, by verdict (incomparable includes skipped shadows).",
+            "counter",
+        );
+        for ((model, candidate), s) in &shadows {
+            for (i, verdict) in VERDICTS.iter().enumerate() {
+                let labels = [
+                    ("model", model.to_string()),
+                    ("candidate", candidate.to_string()),
+                    ("verdict", verdict.as_str().to_owned()),
+                ];
+                sample(
+                    out,
+                    name,
+                    &labels,
+                    s.verdicts[i].load(Ordering::Relaxed) as f64,
+                );
+            }
+        }
+        let name = "switchyard_shadow_skipped_total";
+        header(
+            out,
+            name,
+            "Sampled requests not shadowed because the shadow pool (max_in_flight) was full.",
+            "counter",
+        );
+        for ((model, candidate), s) in &shadows {
+            let labels = [
+                ("model", model.to_string()),
+                ("candidate", candidate.to_string()),
+            ];
+            sample(out, name, &labels, s.skipped.load(Ordering::Relaxed) as f64);
+        }
     }
 
     fn backend(&self, name: &str) -> Arc<BackendSeries> {

@@ -10,9 +10,12 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
+use switchyard_adapters::fingerprint::WorkloadFingerprint;
 use switchyard_adapters::ResponseFacts;
+use switchyard_policy::compare::{Pair, Side, TokenTiming};
 
-use crate::timing::{between, Phases};
+use crate::shadow::RecordHook;
+use crate::timing::{between, Phases, Source, TokenPhase};
 
 /// Counters kept for every request, readable while serving (tests and the log).
 #[derive(Debug, Default)]
@@ -51,6 +54,30 @@ impl Recorder {
                 .store(c.dropped(), Ordering::Relaxed);
         }
         self.metrics.render()
+    }
+
+    /// Records one comparison (`source`: `shadow` or `compare`) in the ledger and the log.
+    pub fn comparison(&self, pair: &Pair, sampling_json: &str, source: &'static str) {
+        if let Some(ledger) = &self.ledger {
+            ledger.comparison(pair, sampling_json, source);
+        }
+        let c = pair.candidate.as_ref();
+        tracing::info!(
+            target: "switchyard::comparison",
+            source,
+            mode = %pair.mode,
+            model = %pair.model,
+            workload = %pair.workload,
+            primary = %pair.primary.backend,
+            primary_request_id = pair.primary.request_id.as_deref().unwrap_or("-"),
+            candidate = c.map_or("-", |c| c.backend.as_str()),
+            candidate_request_id = c.and_then(|c| c.request_id.as_deref()).unwrap_or("-"),
+            verdict = pair.verdict.as_str(),
+            reason = pair.reason.as_deref().unwrap_or("-"),
+            primary_output = pair.primary.output.as_deref().unwrap_or("-"),
+            candidate_output = c.and_then(|c| c.output.as_deref()).unwrap_or("-"),
+            "comparison"
+        );
     }
 
     fn write(&self, r: &RequestRecord) {
@@ -129,6 +156,11 @@ pub struct RequestRecord {
     pub client_disconnected: bool,
     /// The request's OpenTelemetry span when traces are on; it ends when the record is written.
     pub trace: Option<crate::telemetry::RequestSpan>,
+    /// Set by callers that know better than the backend's first-request rule whether this run is
+    /// warm (`switchyard compare` marks each request's first run cold).
+    pub warm_override: Option<bool>,
+    /// Told the outcome once the record is written (shadow comparisons).
+    pub hook: Option<RecordHook>,
     written: bool,
 }
 
@@ -164,7 +196,54 @@ impl RequestRecord {
             facts: None,
             client_disconnected: false,
             trace: None,
+            warm_override: None,
+            hook: None,
             written: false,
+        }
+    }
+
+    /// What the request asks for: its public model, fingerprints and transport.
+    pub fn describe(
+        &mut self,
+        model: &Arc<str>,
+        fingerprint: &WorkloadFingerprint,
+        streamed: bool,
+    ) {
+        self.model = Some(model.clone());
+        self.workload = Some(fingerprint.workload.clone());
+        self.sampling = Some(fingerprint.sampling.clone());
+        self.sampling_json = Some(fingerprint.sampling_json.clone());
+        self.streamed = streamed;
+    }
+
+    /// This request as one side of a comparison.
+    pub fn side(&self) -> Side {
+        let facts = self.facts.as_ref();
+        let timing = |p: Option<TokenPhase>| {
+            p.map(|p| TokenTiming {
+                ms: p.ms,
+                tokens: p.tokens,
+                engine: p.source == Source::Engine,
+            })
+        };
+        Side {
+            request_id: Some(self.id.clone()),
+            backend: self.backend.as_deref().unwrap_or("").to_owned(),
+            engine: self.engine.clone(),
+            artifact: self.artifact.clone(),
+            status: self.status,
+            error: self.error.clone(),
+            output: facts.and_then(|f| f.output.clone()),
+            prompt_tokens: facts.and_then(|f| f.usage.prompt_tokens),
+            completion_tokens: facts.and_then(|f| f.usage.completion_tokens),
+            queue_ms: self.phases.queue,
+            ttft_ms: self.phases.ttft,
+            total_ms: self.phases.total,
+            prefill: timing(self.phases.prefill),
+            decode: timing(self.phases.decode),
+            warm: self.warm,
+            in_flight: None,
+            client_disconnected: self.client_disconnected,
         }
     }
 
@@ -182,6 +261,9 @@ impl RequestRecord {
             self.phases.total = Some(between(self.received, Instant::now()));
         }
         self.recorder.write(self);
+        if let Some(hook) = self.hook.take() {
+            hook.fire(self.side());
+        }
     }
 }
 

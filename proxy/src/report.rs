@@ -87,6 +87,22 @@ pub fn parse_window(text: &str) -> Result<Duration, String> {
 }
 
 /// The report as JSON (the other formats are rendered from it).
+/// The comparisons recorded in the ledger at `path` within the window.
+pub fn read_comparisons(
+    path: &Path,
+    since: Option<Duration>,
+) -> Result<Vec<switchyard_policy::compare::Pair>, LedgerError> {
+    let conn = open_read_only(path)?;
+    let now_ms = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as i64);
+    let from_ms = since.map(|d| now_ms - d.as_millis() as i64);
+    crate::ledger::read_comparisons(&conn, from_ms).map_err(|source| LedgerError::Sqlite {
+        path: path.display().to_string(),
+        source,
+    })
+}
+
 pub fn build(path: &Path, since: Option<Duration>) -> Result<Value, LedgerError> {
     let conn = open_read_only(path)?;
     let sqlite = |source| LedgerError::Sqlite {

@@ -123,6 +123,9 @@ pub async fn serve(app: App, listener: TcpListener, stop: CancellationToken, dra
         _ = graceful.shutdown() => tracing::info!("all connections drained"),
         _ = tokio::time::sleep(drain) => tracing::warn!(drain_ms = drain.as_millis() as u64, "drain timeout reached; cutting remaining connections"),
     }
+    // Shadows of drained requests are recorded (or cancelled and recorded as skipped) before
+    // the ledger's last flush.
+    app.state().shadowing.shutdown(Duration::from_secs(2)).await;
     if let Some(ledger) = &app.state().recorder.ledger {
         let flushed = tokio::task::block_in_place(|| ledger.flush(Duration::from_secs(5)));
         if !flushed {

@@ -1,0 +1,440 @@
+//! Comparisons for people and scripts: `switchyard compare` (the offline harness) and
+//! `switchyard report --comparisons` (shadow records from live traffic). Both judge with the one
+//! comparator in `switchyard_policy::compare` and print it here as Markdown, TSV or JSON.
+//!
+//! The harness runs each request of a JSONL suite on the primary, then the candidate, in turn
+//! (never both at once): one cold run first (recorded as cold), then `--repeat` warm runs. Every
+//! run is a recorded request (variant `compare`) and every pair a recorded comparison (source
+//! `compare`) when a ledger is configured; nothing is discarded silently.
+
+use std::fmt::Write as _;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use serde_json::{json, Value};
+use switchyard_policy::compare::{
+    judge, Comparison, Group, GroupKey, Pair, Ratio, Ratios, Summary,
+};
+
+use crate::app::AppState;
+use crate::handler::Outgoing;
+use crate::report::Format;
+use crate::shadow::run_on;
+
+/// One request of a suite, as read from its JSONL file.
+#[derive(Debug, Clone)]
+pub struct SuiteRequest {
+    /// 1-based line number, for messages.
+    pub line: usize,
+    pub body: Bytes,
+    pub streamed: bool,
+    /// `/v1/chat/completions` when the body has `messages`, else `/v1/completions`.
+    pub path: &'static str,
+}
+
+/// Reads a JSONL suite: one OpenAI request object per non-empty line. Every bad line is reported,
+/// not just the first.
+pub fn read_suite(path: &Path) -> Result<Vec<SuiteRequest>, String> {
+    let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let mut requests = Vec::new();
+    let mut problems = Vec::new();
+    for (i, line) in text.lines().enumerate() {
+        let line_no = i + 1;
+        if line.trim().is_empty() {
+            continue;
+        }
+        match serde_json::from_str::<Value>(line) {
+            Ok(Value::Object(object)) => {
+                if !object.get("model").is_some_and(Value::is_string) {
+                    problems.push(format!("line {line_no}: `model` must be a string"));
+                    continue;
+                }
+                let path = if object.contains_key("messages") {
+                    "/v1/chat/completions"
+                } else if object.contains_key("prompt") {
+                    "/v1/completions"
+                } else {
+                    problems.push(format!("line {line_no}: needs `messages` or `prompt`"));
+                    continue;
+                };
+                requests.push(SuiteRequest {
+                    line: line_no,
+                    body: Bytes::from(line.trim().to_owned()),
+                    streamed: object.get("stream") == Some(&Value::Bool(true)),
+                    path,
+                });
+            }
+            Ok(_) => problems.push(format!("line {line_no}: not a JSON object")),
+            Err(e) => problems.push(format!("line {line_no}: {e}")),
+        }
+    }
+    if !problems.is_empty() {
+        return Err(format!("{}:\n  {}", path.display(), problems.join("\n  ")));
+    }
+    if requests.is_empty() {
+        return Err(format!("{}: no requests", path.display()));
+    }
+    Ok(requests)
+}
+
+/// Runs every request of `suite` on `primary` then `candidate`, once cold and `repeat` times
+/// warm, and returns every pair, judged. `progress` is told about each pair.
+pub async fn run_suite(
+    state: &Arc<AppState>,
+    primary: &str,
+    candidate: &str,
+    suite: &[SuiteRequest],
+    repeat: usize,
+    mut progress: impl FnMut(&SuiteRequest, usize, &Pair),
+) -> Result<Vec<Pair>, String> {
+    let primary = state.backend(primary).map_err(|e| e.to_string())?;
+    let candidate = state.backend(candidate).map_err(|e| e.to_string())?;
+    let mut pairs = Vec::with_capacity(suite.len() * (repeat + 1));
+    for request in suite {
+        let (outgoing, model, fingerprint) =
+            Outgoing::from_json(request.path, request.body.clone(), request.streamed)
+                .map_err(|e| format!("line {}: {e}", request.line))?;
+        let model: Arc<str> = Arc::from(model.as_str());
+        for run in 0..=repeat {
+            let warm = Some(run > 0);
+            let mut sides = Vec::with_capacity(2);
+            for backend in [&primary, &candidate] {
+                let side = run_on(
+                    state,
+                    backend.clone(),
+                    "compare",
+                    &outgoing,
+                    &model,
+                    &fingerprint,
+                    request.streamed,
+                    warm,
+                )
+                .await;
+                sides.push(side);
+            }
+            let candidate_side = sides.pop();
+            let Some(primary_side) = sides.pop() else {
+                return Err("internal: a run lost its primary side".to_owned());
+            };
+            let (verdict, reason) = judge(
+                &primary_side,
+                candidate_side.as_ref(),
+                fingerprint.deterministic,
+                None,
+            );
+            let pair = Pair {
+                model: model.to_string(),
+                workload: fingerprint.workload.clone(),
+                sampling: fingerprint.sampling.clone(),
+                streamed: request.streamed,
+                mode: "sequential".to_owned(),
+                primary: primary_side,
+                candidate: candidate_side,
+                verdict,
+                reason,
+            };
+            state
+                .recorder
+                .comparison(&pair, &fingerprint.sampling_json, "compare");
+            progress(request, run, &pair);
+            pairs.push(pair);
+        }
+    }
+    Ok(pairs)
+}
+
+/// Waits until both backends are ready (probed healthy), up to `timeout`.
+pub async fn wait_ready(
+    state: &Arc<AppState>,
+    names: &[&str],
+    timeout: Duration,
+) -> Result<(), String> {
+    let mut changes = state.state_changes();
+    let deadline = tokio::time::Instant::now() + timeout;
+    loop {
+        let mut waiting = Vec::new();
+        for name in names {
+            let backend = state.backend(name).map_err(|e| e.to_string())?;
+            let s = backend.state();
+            let health = s.health();
+            if !health.is_ready() {
+                waiting.push(format!(
+                    "{name}: {}",
+                    health.reason().unwrap_or(health.state())
+                ));
+            }
+        }
+        if waiting.is_empty() {
+            return Ok(());
+        }
+        match tokio::time::timeout_at(deadline, changes.changed()).await {
+            Ok(Ok(())) => {}
+            _ => {
+                return Err(format!(
+                    "backends not ready after {} s: {}",
+                    timeout.as_secs(),
+                    waiting.join("; ")
+                ))
+            }
+        }
+    }
+}
+
+/// Rounds for output that is meant to be diffed between runs.
+fn round(v: f64) -> f64 {
+    (v * 1000.0).round() / 1000.0
+}
+
+fn ratio_json(r: &Option<Ratio>) -> Value {
+    match r {
+        Some(r) => json!({
+            "median": round(r.median),
+            "min": round(r.min),
+            "max": round(r.max),
+            "n": r.n,
+            "basis": r.basis,
+        }),
+        None => Value::Null,
+    }
+}
+
+fn ratios_json(r: &Option<Ratios>) -> Value {
+    match r {
+        Some(r) => json!({
+            "ttft": ratio_json(&r.ttft),
+            "prefill_tok_s": ratio_json(&r.prefill_tps),
+            "decode_tok_s": ratio_json(&r.decode_tps),
+            "total": ratio_json(&r.total),
+        }),
+        None => Value::Null,
+    }
+}
+
+fn key_json(k: &GroupKey) -> Value {
+    json!({
+        "model": k.model,
+        "primary": {"backend": k.primary_backend, "engine": k.primary_engine, "artifact": k.primary_artifact},
+        "candidate": {"backend": k.candidate_backend, "engine": k.candidate_engine, "artifact": k.candidate_artifact},
+        "warm": k.warm,
+        "mode": k.mode,
+    })
+}
+
+/// The comparison as JSON: fixed key order, sorted groups, rounded ratios and no timestamps, so
+/// two runs can be diffed.
+pub fn to_json(c: &Comparison) -> Value {
+    let summary = |s: &Summary| {
+        let mut v = key_json(&s.key);
+        v["groups"] = json!(s.groups);
+        v["groups_with_ratios"] = json!(s.groups_with_ratios);
+        v["counts"] = json!(s.counts);
+        v["status"] = json!(s.status);
+        v["detail"] = json!(s.detail);
+        v["ratios"] = ratios_json(&s.ratios);
+        v
+    };
+    let group = |g: &Group| {
+        let mut v = key_json(&g.key);
+        v["workload"] = json!(g.key.workload);
+        v["sampling"] = json!(g.key.sampling);
+        v["counts"] = json!(g.counts);
+        v["status"] = json!(g.status);
+        v["detail"] = json!(g.detail);
+        v["ratios"] = ratios_json(&g.ratios);
+        v
+    };
+    json!({
+        "min_repetitions": c.min_repetitions,
+        "cold_pairs_excluded": c.cold_pairs_excluded,
+        "summaries": c.summaries.iter().map(summary).collect::<Vec<_>>(),
+        "groups": c.groups.iter().map(group).collect::<Vec<_>>(),
+    })
+}
+
+fn short(digest: &str) -> String {
+    // `llama.cpp/sha256:0123…` → `llama.cpp/sha256:0123456789ab`
+    match digest.find("sha256:") {
+        Some(i) if digest.len() > i + 7 + 12 => digest[..i + 7 + 12].to_owned(),
+        _ => digest.to_owned(),
+    }
+}
+
+fn ratio_cell(r: &Option<Ratio>) -> String {
+    match r {
+        Some(r) => format!(
+            "{:.2} ({:.2}–{:.2}, n={}, {})",
+            r.median, r.min, r.max, r.n, r.basis
+        ),
+        None => "-".to_owned(),
+    }
+}
+
+fn ratio_cells(r: &Option<Ratios>) -> [String; 4] {
+    match r {
+        Some(r) => [
+            ratio_cell(&r.ttft),
+            ratio_cell(&r.prefill_tps),
+            ratio_cell(&r.decode_tps),
+            ratio_cell(&r.total),
+        ],
+        None => [
+            "-".to_owned(),
+            "-".to_owned(),
+            "-".to_owned(),
+            "-".to_owned(),
+        ],
+    }
+}
+
+fn tsv_ratio(r: &Option<Ratio>) -> [String; 3] {
+    match r {
+        Some(r) => [
+            format!("{:.4}", r.median),
+            format!("{:.4}", r.min),
+            format!("{:.4}", r.max),
+        ],
+        None => ["".to_owned(), "".to_owned(), "".to_owned()],
+    }
+}
+
+/// Renders the comparator's conclusions.
+pub fn render(c: &Comparison, format: Format) -> String {
+    match format {
+        Format::Json => serde_json::to_string_pretty(&to_json(c)).unwrap_or_default() + "\n",
+        Format::Tsv => render_tsv(c),
+        Format::Markdown => render_markdown(c),
+    }
+}
+
+fn render_tsv(c: &Comparison) -> String {
+    let mut out = String::from(
+        "level\tmode\tmodel\tprimary_backend\tprimary_engine\tprimary_artifact\tcandidate_backend\tcandidate_engine\tcandidate_artifact\twarm\tworkload\tsampling\tpairs\tmatch\tmismatch\tcandidate_error\tincomparable\tstatus\tdetail",
+    );
+    for metric in ["ttft", "prefill_tok_s", "decode_tok_s", "total"] {
+        for part in ["median", "min", "max"] {
+            let _ = write!(out, "\t{metric}_{part}");
+        }
+    }
+    out.push('\n');
+    let mut row = |level: &str,
+                   k: &GroupKey,
+                   counts: &switchyard_policy::compare::Counts,
+                   status: &str,
+                   detail: &str,
+                   ratios: &Option<Ratios>| {
+        let _ = write!(
+            out,
+            "{level}\t{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}\t{status}\t{}",
+            k.mode,
+            k.model,
+            k.primary_backend,
+            k.primary_engine,
+            k.primary_artifact,
+            k.candidate_backend,
+            k.candidate_engine,
+            k.candidate_artifact,
+            if k.warm { "warm" } else { "cold" },
+            k.workload,
+            k.sampling,
+            counts.pairs,
+            counts.matched,
+            counts.mismatch,
+            counts.candidate_error,
+            counts.incomparable,
+            detail.replace(['\t', '\n'], " "),
+        );
+        let empty = Ratios::default();
+        let r = ratios.as_ref().unwrap_or(&empty);
+        for metric in [&r.ttft, &r.prefill_tps, &r.decode_tps, &r.total] {
+            for v in tsv_ratio(metric) {
+                let _ = write!(out, "\t{v}");
+            }
+        }
+        out.push('\n');
+    };
+    for s in &c.summaries {
+        row(
+            "summary",
+            &s.key,
+            &s.counts,
+            s.status.as_str(),
+            &s.detail,
+            &s.ratios,
+        );
+    }
+    for g in &c.groups {
+        row(
+            "group",
+            &g.key,
+            &g.counts,
+            g.status.as_str(),
+            &g.detail,
+            &g.ratios,
+        );
+    }
+    out
+}
+
+fn render_markdown(c: &Comparison) -> String {
+    let mut out = String::from("# Switchyard comparison\n\n");
+    let _ = writeln!(
+        out,
+        "Ratios are candidate / primary: below 1 is faster for ttft and total, above 1 is faster for tokens per second. Median (min–max) over at least {} matched repetitions; a group with any mismatch, candidate failure or missing identity has no performance numbers.\n",
+        c.min_repetitions
+    );
+    if c.cold_pairs_excluded > 0 {
+        let _ = writeln!(
+            out,
+            "{} cold pairs are not shown (cold and warm never mix; ask for them with --include-cold).\n",
+            c.cold_pairs_excluded
+        );
+    }
+    let header = "| mode | model | primary | candidate | warmth | {unit} | pairs | match | mismatch | candidate error | incomparable | conclusion | ttft × | prefill tok/s × | decode tok/s × | total × |\n|---|---|---|---|---|---|---:|---:|---:|---:|---:|---|---|---|---|---|\n";
+    let identity = |backend: &str, engine: &str, artifact: &str| {
+        format!("{backend} ({}, {})", short(engine), short(artifact))
+    };
+    let line = |out: &mut String,
+                k: &GroupKey,
+                unit: String,
+                counts: &switchyard_policy::compare::Counts,
+                detail: &str,
+                ratios: &Option<Ratios>| {
+        let [ttft, prefill, decode, total] = ratio_cells(ratios);
+        let _ = writeln!(
+            out,
+            "| {} | {} | {} | {} | {} | {unit} | {} | {} | {} | {} | {} | {} | {ttft} | {prefill} | {decode} | {total} |",
+            k.mode,
+            k.model,
+            identity(&k.primary_backend, &k.primary_engine, &k.primary_artifact),
+            identity(&k.candidate_backend, &k.candidate_engine, &k.candidate_artifact),
+            if k.warm { "warm" } else { "cold" },
+            counts.pairs,
+            counts.matched,
+            counts.mismatch,
+            counts.candidate_error,
+            counts.incomparable,
+            detail.replace('|', "\\|"),
+        );
+    };
+    out.push_str("## Summary\n\n");
+    out.push_str(&header.replace("{unit}", "groups"));
+    for s in &c.summaries {
+        line(
+            &mut out,
+            &s.key,
+            format!("{} ({} with ratios)", s.groups, s.groups_with_ratios),
+            &s.counts,
+            &s.detail,
+            &s.ratios,
+        );
+    }
+    out.push_str("\n## By workload\n\n");
+    out.push_str(&header.replace("{unit}", "workload"));
+    for g in &c.groups {
+        let workload: String = g.key.workload.chars().take(15).collect();
+        line(&mut out, &g.key, workload, &g.counts, &g.detail, &g.ratios);
+    }
+    out
+}
