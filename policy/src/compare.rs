@@ -220,6 +220,8 @@ pub struct GroupKey {
     /// How the pair ran (`after-primary`, `concurrent`, `sequential`): contention differs, so
     /// modes never mix.
     pub mode: String,
+    /// Streamed and non-streamed runs measure different phases (only streams have ttft).
+    pub streamed: bool,
 }
 
 impl GroupKey {
@@ -238,6 +240,7 @@ impl GroupKey {
             sampling: pair.sampling.clone(),
             warm: pair.warm(),
             mode: pair.mode.clone(),
+            streamed: pair.streamed,
         }
     }
 

@@ -219,6 +219,7 @@ fn key_json(k: &GroupKey) -> Value {
         "candidate": {"backend": k.candidate_backend, "engine": k.candidate_engine, "artifact": k.candidate_artifact},
         "warm": k.warm,
         "mode": k.mode,
+        "streamed": k.streamed,
     })
 }
 

@@ -41,6 +41,8 @@ pub struct Shadowing {
     stop: CancellationToken,
     draws: AtomicU64,
     seed: RandomState,
+    /// Comparisons recorded so far (for whoever waits for shadows to settle, e.g. tests).
+    recorded: tokio::sync::watch::Sender<u64>,
 }
 
 impl Shadowing {
@@ -60,7 +62,13 @@ impl Shadowing {
             stop: CancellationToken::new(),
             draws: AtomicU64::new(0),
             seed: RandomState::new(),
+            recorded: tokio::sync::watch::Sender::new(0),
         }
+    }
+
+    /// A receiver of the number of comparisons recorded so far; it changes with each one.
+    pub fn recorded(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.recorded.subscribe()
     }
 
     /// A uniformly distributed 64-bit number, different for every call (keyed SipHash of a
@@ -322,6 +330,10 @@ impl ShadowJob {
         self.state
             .recorder
             .comparison(&pair, &self.fingerprint.sampling_json, "shadow");
+        self.state
+            .shadowing
+            .recorded
+            .send_modify(|n| *n += 1);
     }
 }
 

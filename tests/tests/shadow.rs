@@ -1,0 +1,425 @@
+//! Shadow traffic against fake engines: comparisons recorded with the right verdicts, the
+//! comparator's fail-closed report, and clients that never notice the shadow.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)] // a failed unwrap is a failed test
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+use serde_json::{json, Value};
+use switchyard::Running;
+use switchyard_tests::fake_engine::{Event, Fault, FakeEngine, FakeEngineHandle};
+use switchyard_tests::harness::{start_switchyard, wait_ready, TestClient};
+
+/// Two llama.cpp backends on one (fake) artifact: `main` serves `smollm2`, `cand` shadows it.
+fn shadow_config(main: &str, cand: &str, artifact: &Path, shadow: &str, ledger: &Path) -> String {
+    let artifact = artifact.display();
+    format!(
+        r#"
+[server]
+listen = "127.0.0.1:0"
+probe_interval_ms = 100
+connect_timeout_ms = 500
+first_byte_timeout_ms = 5000
+
+[ledger]
+path = "{}"
+
+[backends.main]
+engine = "llama.cpp"
+url = "{main}"
+artifact = "{artifact}"
+
+[backends.cand]
+engine = "llama.cpp"
+url = "{cand}"
+artifact = "{artifact}"
+
+[models.smollm2]
+primary = "main"
+shadow = {shadow}
+"#,
+        ledger.display()
+    )
+}
+
+struct Stack {
+    _dir: tempfile::TempDir,
+    model: PathBuf,
+    ledger: PathBuf,
+    main: FakeEngineHandle,
+    cand: FakeEngineHandle,
+    proxy: Running,
+    base: String,
+}
+
+/// Starts both engines (the same artifact file, different builds) and Switchyard, and waits
+/// until both identities are verified (or, for a candidate that is down, until the primary is).
+async fn stack(main: FakeEngine, cand: FakeEngine, shadow: &str) -> Stack {
+    let dir = tempfile::tempdir().unwrap();
+    let model = dir.path().join("model.gguf");
+    std::fs::write(&model, b"GGUF shadow test weights").unwrap();
+    let ledger = dir.path().join("ledger.db");
+    let path = model.display().to_string();
+    let main = main
+        .model_path(path.clone())
+        .build_info("b100-main")
+        .spawn()
+        .await
+        .unwrap();
+    let cand = cand
+        .model_path(path)
+        .build_info("b200-cand")
+        .spawn()
+        .await
+        .unwrap();
+    let proxy = start_switchyard(&shadow_config(
+        &main.url(),
+        &cand.url(),
+        &model,
+        shadow,
+        &ledger,
+    ))
+    .await
+    .unwrap();
+    let base = format!("http://{}", proxy.addr());
+    wait_ready(&proxy, Duration::from_secs(5), |v| {
+        let verified = |b: &str| v["backends"][b]["identity"] == "verified";
+        verified("main") && (verified("cand") || v["backends"]["cand"]["state"] == "down")
+    })
+    .await
+    .unwrap();
+    Stack {
+        _dir: dir,
+        model,
+        ledger,
+        main,
+        cand,
+        proxy,
+        base,
+    }
+}
+
+impl Stack {
+    /// Waits until `n` comparisons have been recorded, then until the ledger has written them.
+    async fn settle(&self, n: u64) {
+        let mut recorded = self.proxy.state().shadowing.recorded();
+        tokio::time::timeout(Duration::from_secs(10), recorded.wait_for(|c| *c >= n))
+            .await
+            .expect("comparisons recorded in time")
+            .unwrap();
+        let ledger = self.proxy.state().recorder.ledger.as_ref().unwrap();
+        assert!(tokio::task::block_in_place(|| ledger.flush(Duration::from_secs(5))));
+    }
+
+    fn comparisons(&self) -> Vec<Value> {
+        let conn = rusqlite::Connection::open(&self.ledger).unwrap();
+        let mut stmt = conn
+            .prepare("SELECT verdict, reason, mode, streamed, candidate_ran, primary_output, candidate_output, candidate_in_flight, primary_backend, candidate_backend FROM comparisons ORDER BY id")
+            .unwrap();
+        let rows = stmt
+            .query_map([], |r| {
+                Ok(json!({
+                    "verdict": r.get::<_, String>(0)?,
+                    "reason": r.get::<_, Option<String>>(1)?,
+                    "mode": r.get::<_, String>(2)?,
+                    "streamed": r.get::<_, bool>(3)?,
+                    "candidate_ran": r.get::<_, bool>(4)?,
+                    "primary_output": r.get::<_, Option<String>>(5)?,
+                    "candidate_output": r.get::<_, Option<String>>(6)?,
+                    "candidate_in_flight": r.get::<_, Option<i64>>(7)?,
+                    "primary_backend": r.get::<_, Option<String>>(8)?,
+                    "candidate_backend": r.get::<_, Option<String>>(9)?,
+                }))
+            })
+            .unwrap();
+        rows.map(Result::unwrap).collect()
+    }
+
+    fn report(&self, format: &str) -> String {
+        let out = Command::new(switchyard_bin())
+            .args(["report", "--comparisons", "--format", format, "--ledger"])
+            .arg(&self.ledger)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8(out.stdout).unwrap()
+    }
+
+    async fn chat(&self, content: &str, extra: Value) -> switchyard_tests::harness::TestResponse {
+        let mut body = json!({"model": "smollm2", "temperature": 0,
+                              "messages": [{"role": "user", "content": content}]});
+        for (k, v) in extra.as_object().unwrap() {
+            body[k] = v.clone();
+        }
+        TestClient::new()
+            .post_json(&format!("{}/v1/chat/completions", self.base), &body)
+            .await
+            .unwrap()
+    }
+}
+
+fn switchyard_bin() -> PathBuf {
+    let mut p = std::env::current_exe().unwrap();
+    p.pop();
+    if p.ends_with("deps") {
+        p.pop();
+    }
+    p.join("switchyard")
+}
+
+/// A response body without what differs between any two answers (`id`, `created`, `timings`).
+fn stable_body(body: &[u8]) -> Value {
+    let mut v: Value = serde_json::from_slice(body).unwrap();
+    if let Some(o) = v.as_object_mut() {
+        for key in ["id", "created", "timings"] {
+            o.remove(key);
+        }
+    }
+    v
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_identical_candidate_matches_and_gets_ratios_with_spread() {
+    let s = stack(
+        FakeEngine::llama_cpp().token_ms(2),
+        FakeEngine::llama_cpp().token_ms(1),
+        r#"{ backend = "cand", sample = 1.0, max_in_flight = 1 }"#,
+    )
+    .await;
+    // One cold and three warm streamed runs of one workload, and one that cannot be judged.
+    for _ in 0..4 {
+        let r = s
+            .chat("The capital of France is", json!({"stream": true}))
+            .await;
+        assert_eq!(r.status, 200);
+        assert_eq!(r.header("x-switchyard-backend"), "main");
+    }
+    let r = s.chat("Tell me a story", json!({"temperature": 0.7})).await;
+    assert_eq!(r.status, 200);
+    s.settle(5).await;
+
+    let rows = s.comparisons();
+    assert_eq!(rows.len(), 5, "{rows:#?}");
+    for row in &rows[..4] {
+        assert_eq!(row["verdict"], "match", "{row}");
+        assert_eq!(row["mode"], "after-primary");
+        assert_eq!(row["streamed"], true);
+        assert_eq!(row["primary_output"], row["candidate_output"]);
+        assert!(row["primary_output"].as_str().unwrap().starts_with("sha256:"));
+        // After the primary finished, nothing else was running on the candidate.
+        assert_eq!(row["candidate_in_flight"], 0);
+    }
+    assert_eq!(rows[4]["verdict"], "incomparable");
+    assert!(rows[4]["reason"]
+        .as_str()
+        .unwrap()
+        .starts_with("sampling not deterministic"));
+
+    // Each shadow is a request of its own in the ledger.
+    let conn = rusqlite::Connection::open(&s.ledger).unwrap();
+    let shadows: i64 = conn
+        .query_row(
+            "SELECT count(*) FROM requests WHERE variant = 'shadow' AND backend = 'cand'",
+            [],
+            |r| r.get(0),
+        )
+        .unwrap();
+    assert_eq!(shadows, 5);
+
+    let report: Value = serde_json::from_str(&s.report("json")).unwrap();
+    let groups = report["groups"].as_array().unwrap();
+    let streamed = groups
+        .iter()
+        .find(|g| g["streamed"] == true)
+        .expect("the streamed group");
+    assert_eq!(streamed["status"], "ratios", "{streamed:#}");
+    assert_eq!(streamed["counts"]["match"], 3);
+    for metric in ["ttft", "total"] {
+        let r = &streamed["ratios"][metric];
+        assert_eq!(r["n"], 3, "{metric}: {r}");
+        let (min, median, max) = (
+            r["min"].as_f64().unwrap(),
+            r["median"].as_f64().unwrap(),
+            r["max"].as_f64().unwrap(),
+        );
+        assert!(0.0 < min && min <= median && median <= max, "{metric}: {r}");
+    }
+    assert_eq!(report["cold_pairs_excluded"], 1);
+    let not_deterministic = groups
+        .iter()
+        .find(|g| g["streamed"] == false)
+        .expect("the non-deterministic group");
+    assert_eq!(not_deterministic["status"], "not-deterministic");
+    assert!(not_deterministic["ratios"].is_null());
+
+    let tsv = s.report("tsv");
+    let header: Vec<&str> = tsv.lines().next().unwrap().split('\t').collect();
+    assert_eq!(header[..3], ["level", "mode", "model"]);
+    assert!(tsv.lines().skip(1).all(|l| l.split('\t').count() == header.len()));
+    assert!(s.report("markdown").contains("| after-primary | smollm2 |"));
+
+    // The metrics count the same comparisons.
+    let metrics = TestClient::new()
+        .get(&format!("{}/metrics", s.base))
+        .await
+        .unwrap();
+    let text = String::from_utf8(metrics.body.to_vec()).unwrap();
+    assert!(text.contains(
+        "switchyard_shadow_comparisons_total{model=\"smollm2\",candidate=\"cand\",verdict=\"match\"} 4\n"
+    ), "{text}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_faster_wrong_candidate_is_a_correctness_failure_never_faster() {
+    let s = stack(
+        FakeEngine::llama_cpp().prefill_ms(30).token_ms(5),
+        FakeEngine::llama_cpp().fixed_text("Paris is not the capital."),
+        r#"{ backend = "cand" }"#,
+    )
+    .await;
+    for _ in 0..5 {
+        let r = s
+            .chat("The capital of France is", json!({"stream": true}))
+            .await;
+        assert_eq!(r.status, 200);
+    }
+    s.settle(5).await;
+    let rows = s.comparisons();
+    assert!(
+        rows.iter().all(|r| r["verdict"] == "mismatch"),
+        "{rows:#?}"
+    );
+    let report: Value = serde_json::from_str(&s.report("json")).unwrap();
+    let group = &report["groups"][0];
+    assert_eq!(group["status"], "correctness-failed", "{group:#}");
+    assert!(group["ratios"].is_null());
+    assert!(group["detail"]
+        .as_str()
+        .unwrap()
+        .contains("4 of 4 differ — no performance conclusion"));
+    assert!(report["summaries"][0]["ratios"].is_null());
+    let markdown = s.report("markdown");
+    assert!(markdown.contains("correctness failed"), "{markdown}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_candidate_that_is_down_changes_nothing_for_the_client() {
+    // The same requests through Switchyard shadowing to a dead engine, and through one without
+    // shadowing in front of an identical primary.
+    let s = stack(
+        FakeEngine::llama_cpp(),
+        FakeEngine::llama_cpp().fault(Fault::Refuse),
+        r#"{ backend = "cand" }"#,
+    )
+    .await;
+    let plain_engine = FakeEngine::llama_cpp()
+        .model_path(s.model.display().to_string())
+        .build_info("b100-main")
+        .spawn()
+        .await
+        .unwrap();
+    let plain = start_switchyard(&switchyard_tests::harness::config_for(
+        &plain_engine.url(),
+        "",
+    ))
+    .await
+    .unwrap();
+    wait_ready(&plain, Duration::from_secs(5), |v| v["ready"] == true)
+        .await
+        .unwrap();
+    let requests = [
+        r#"{"model": "smollm2", "temperature": 0, "messages": [{"role": "user", "content": "One"}]}"#,
+        r#"{"model": "smollm2", "temperature": 0, "max_tokens": 3, "messages": [{"role": "user", "content": "Two"}]}"#,
+        // The engine refuses this one (1e400 is out of range for it): the primary fails.
+        r#"{"model": "smollm2", "temperature": 0, "messages": [], "x": 1e400}"#,
+    ];
+    let client = TestClient::new();
+    for body in requests {
+        let mut answers = Vec::new();
+        for base in [format!("http://{}", plain.addr()), s.base.clone()] {
+            let r = client
+                .post_raw(
+                    &format!("{base}/v1/chat/completions"),
+                    "application/json",
+                    body.as_bytes().to_vec(),
+                    &[],
+                )
+                .await
+                .unwrap();
+            answers.push(r);
+        }
+        assert_eq!(answers[0].status, answers[1].status, "{body}");
+        assert_eq!(
+            stable_body(&answers[0].body),
+            stable_body(&answers[1].body),
+            "{body}"
+        );
+    }
+    s.settle(3).await;
+    let rows = s.comparisons();
+    assert_eq!(rows[0]["verdict"], "candidate-error", "{rows:#?}");
+    assert_eq!(rows[1]["verdict"], "candidate-error");
+    assert!(rows[0]["reason"].as_str().unwrap().contains("status 502"));
+    // The engine refused the malformed request: the primary failed, the candidate never ran.
+    assert_eq!(rows[2]["verdict"], "incomparable");
+    assert!(rows[2]["reason"]
+        .as_str()
+        .unwrap()
+        .starts_with("primary failed"));
+    assert_eq!(rows[2]["candidate_ran"], false);
+    drop(plain_engine);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_candidate_is_never_waited_for_and_a_full_pool_skips() {
+    let mut s = stack(
+        FakeEngine::llama_cpp(),
+        FakeEngine::llama_cpp().prefill_ms(400),
+        r#"{ backend = "cand", max_in_flight = 1, when = "concurrent" }"#,
+    )
+    .await;
+    // Three at once: the first takes the only shadow slot, the other two find the pool full.
+    let (a, b, c) = tokio::join!(
+        s.chat("first", json!({})),
+        s.chat("second", json!({})),
+        s.chat("third", json!({}))
+    );
+    for r in [&a, &b, &c] {
+        assert_eq!(r.status, 200);
+        assert_eq!(r.header("x-switchyard-backend"), "main");
+    }
+    // Every client has its answer while the candidate is still in its 400 ms prefill: nothing
+    // has been compared yet, and the candidate has not completed a response.
+    assert_eq!(*s.proxy.state().shadowing.recorded().borrow(), 2);
+    while let Some(event) = s.cand.next_event(Duration::from_millis(0)).await {
+        assert!(!matches!(event, Event::Completed { .. }), "{event:?}");
+    }
+    s.settle(3).await;
+    let rows = s.comparisons();
+    let skipped: Vec<&Value> = rows
+        .iter()
+        .filter(|r| r["reason"] == "shadow skipped: pool full (max_in_flight = 1)")
+        .collect();
+    assert_eq!(skipped.len(), 2, "{rows:#?}");
+    assert!(skipped.iter().all(|r| r["candidate_ran"] == false));
+    let ran: Vec<&Value> = rows.iter().filter(|r| r["candidate_ran"] == true).collect();
+    assert_eq!(ran.len(), 1);
+    assert_eq!(ran[0]["mode"], "concurrent");
+    assert_eq!(ran[0]["verdict"], "match");
+    let metrics = TestClient::new()
+        .get(&format!("{}/metrics", s.base))
+        .await
+        .unwrap();
+    let text = String::from_utf8(metrics.body.to_vec()).unwrap();
+    assert!(
+        text.contains("switchyard_shadow_skipped_total{model=\"smollm2\",candidate=\"cand\"} 2\n"),
+        "{text}"
+    );
+    let _ = &mut s.main;
+}
