@@ -423,3 +423,92 @@ async fn a_slow_candidate_is_never_waited_for_and_a_full_pool_skips() {
     );
     let _ = &mut s.main;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn compare_runs_the_suite_on_both_backends_and_writes_three_formats() {
+    let s = stack(
+        FakeEngine::llama_cpp().token_ms(1),
+        FakeEngine::llama_cpp(),
+        r#"{ backend = "cand", sample = 0.0 }"#,
+    )
+    .await;
+    let config = s.ledger.with_file_name("switchyard.toml");
+    std::fs::write(
+        &config,
+        shadow_config(
+            &s.main.url(),
+            &s.cand.url(),
+            &s.model,
+            r#"{ backend = "cand", sample = 0.0 }"#,
+            &s.ledger.with_file_name("compare.db"),
+        ),
+    )
+    .unwrap();
+    let suite = Path::new(env!("CARGO_MANIFEST_DIR")).join("prompts/suite.jsonl");
+    let lines = std::fs::read_to_string(&suite).unwrap().lines().count();
+    let saved = s.ledger.with_file_name("saved");
+    let out = tokio::task::spawn_blocking({
+        let (config, suite, saved) = (config.clone(), suite.clone(), saved.clone());
+        move || {
+            Command::new(switchyard_bin())
+                .arg("compare")
+                .arg("--config")
+                .arg(&config)
+                .arg("--suite")
+                .arg(&suite)
+                .args(["--primary", "main", "--candidate", "cand", "--repeat", "3"])
+                .args(["--format", "json", "--save"])
+                .arg(&saved)
+                .output()
+                .unwrap()
+        }
+    })
+    .await
+    .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let report: Value = serde_json::from_slice(&out.stdout).unwrap();
+    // Every suite line is a workload of its own; its cold run is kept apart.
+    let groups = report["groups"].as_array().unwrap();
+    assert_eq!(groups.len(), lines, "{report:#}");
+    assert_eq!(report["cold_pairs_excluded"], lines);
+    for g in groups {
+        assert_eq!(g["counts"]["pairs"], 3, "{g:#}");
+        assert_eq!(g["status"], "ratios", "{g:#}");
+        assert_eq!(g["mode"], "sequential");
+        assert_eq!(g["warm"], true);
+        let total = &g["ratios"]["total"];
+        assert!(total["min"].as_f64().unwrap() <= total["median"].as_f64().unwrap());
+        assert!(total["median"].as_f64().unwrap() <= total["max"].as_f64().unwrap());
+    }
+    // The saved JSON is the printed one; the TSV has one row per summary and group.
+    let saved_json: Value =
+        serde_json::from_str(&std::fs::read_to_string(saved.join("comparison.json")).unwrap())
+            .unwrap();
+    assert_eq!(saved_json, report);
+    let tsv = std::fs::read_to_string(saved.join("comparison.tsv")).unwrap();
+    let summaries = report["summaries"].as_array().unwrap().len();
+    assert_eq!(tsv.lines().count(), 1 + summaries + lines);
+    let markdown = std::fs::read_to_string(saved.join("comparison.md")).unwrap();
+    assert!(markdown.contains("## By workload"), "{markdown}");
+
+    // Every run is on the record: (1 cold + 3 warm) × 2 backends per line.
+    let conn = rusqlite::Connection::open(s.ledger.with_file_name("compare.db")).unwrap();
+    let count = |sql: &str| -> i64 { conn.query_row(sql, [], |r| r.get(0)).unwrap() };
+    let lines = lines as i64;
+    assert_eq!(
+        count("SELECT count(*) FROM comparisons WHERE source = 'compare'"),
+        lines * 4
+    );
+    assert_eq!(
+        count("SELECT count(*) FROM requests WHERE variant = 'compare'"),
+        lines * 8
+    );
+    assert_eq!(
+        count("SELECT count(*) FROM requests WHERE variant = 'compare' AND warm = 0"),
+        lines * 2
+    );
+}
