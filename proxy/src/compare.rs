@@ -19,6 +19,7 @@ use switchyard_policy::compare::{
 };
 
 use crate::app::AppState;
+use crate::backend::Verification;
 use crate::handler::Outgoing;
 use crate::report::Format;
 use crate::shadow::run_on;
@@ -145,7 +146,34 @@ pub async fn run_suite(
     Ok(pairs)
 }
 
-/// Waits until both backends are ready (probed healthy), up to `timeout`.
+/// How long to wait, once a backend is ready, for an engine build that is still `unknown` (MLX
+/// names its build in its first answer, which Switchyard asks for right after it is ready).
+const BUILD_GRACE: Duration = Duration::from_secs(30);
+
+/// What a backend still lacks before a comparison can start: readiness and a decided artifact
+/// verification (hashing done, engine probed). An unknown engine build is waited for separately.
+fn not_settled(state: &AppState, name: &str) -> Result<Option<String>, String> {
+    let backend = state.backend(name).map_err(|e| e.to_string())?;
+    let s = backend.state();
+    let health = s.health();
+    if !health.is_ready() {
+        return Ok(Some(format!(
+            "{name}: {}",
+            health.reason().unwrap_or(health.state())
+        )));
+    }
+    let identity = backend.identity_headers();
+    if backend.config.artifact.is_some() {
+        if let Verification::Unknown(why) = &identity.verification {
+            return Ok(Some(format!("{name}: artifact {why}")));
+        }
+    }
+    Ok(None)
+}
+
+/// Waits until both backends are ready with their identity settled, up to `timeout`; then, for
+/// at most [`BUILD_GRACE`], until their engine builds are known. A build that stays unknown is
+/// logged: the comparisons will say their identity is incomplete.
 pub async fn wait_ready(
     state: &Arc<AppState>,
     names: &[&str],
@@ -154,30 +182,51 @@ pub async fn wait_ready(
     let mut changes = state.state_changes();
     let deadline = tokio::time::Instant::now() + timeout;
     loop {
+        changes.mark_unchanged();
         let mut waiting = Vec::new();
         for name in names {
-            let backend = state.backend(name).map_err(|e| e.to_string())?;
-            let s = backend.state();
-            let health = s.health();
-            if !health.is_ready() {
-                waiting.push(format!(
-                    "{name}: {}",
-                    health.reason().unwrap_or(health.state())
-                ));
+            if let Some(why) = not_settled(state, name)? {
+                waiting.push(why);
             }
         }
         if waiting.is_empty() {
+            break;
+        }
+        if !matches!(
+            tokio::time::timeout_at(deadline, changes.changed()).await,
+            Ok(Ok(()))
+        ) {
+            return Err(format!(
+                "backends not ready after {} s: {}",
+                timeout.as_secs(),
+                waiting.join("; ")
+            ));
+        }
+    }
+    let grace = tokio::time::Instant::now() + BUILD_GRACE;
+    loop {
+        changes.mark_unchanged();
+        let unknown: Vec<String> = names
+            .iter()
+            .filter_map(|name| state.backend(name).ok())
+            .map(|b| {
+                b.identity_headers()
+                    .engine
+                    .to_str()
+                    .unwrap_or("")
+                    .to_owned()
+            })
+            .filter(|engine| engine.ends_with("/unknown"))
+            .collect();
+        if unknown.is_empty() {
             return Ok(());
         }
-        match tokio::time::timeout_at(deadline, changes.changed()).await {
-            Ok(Ok(())) => {}
-            _ => {
-                return Err(format!(
-                    "backends not ready after {} s: {}",
-                    timeout.as_secs(),
-                    waiting.join("; ")
-                ))
-            }
+        if !matches!(
+            tokio::time::timeout_at(grace, changes.changed()).await,
+            Ok(Ok(()))
+        ) {
+            tracing::warn!(engines = ?unknown, "engine build still unknown: comparisons will be incomparable (identity incomplete)");
+            return Ok(());
         }
     }
 }
@@ -311,7 +360,7 @@ pub fn render(c: &Comparison, format: Format) -> String {
 
 fn render_tsv(c: &Comparison) -> String {
     let mut out = String::from(
-        "level\tmode\tmodel\tprimary_backend\tprimary_engine\tprimary_artifact\tcandidate_backend\tcandidate_engine\tcandidate_artifact\twarm\tworkload\tsampling\tpairs\tmatch\tmismatch\tcandidate_error\tincomparable\tstatus\tdetail",
+        "level\tmode\tmodel\tprimary_backend\tprimary_engine\tprimary_artifact\tcandidate_backend\tcandidate_engine\tcandidate_artifact\twarm\tstreamed\tworkload\tsampling\tpairs\tmatch\tmismatch\tcandidate_error\tincomparable\tstatus\tdetail",
     );
     for metric in ["ttft", "prefill_tok_s", "decode_tok_s", "total"] {
         for part in ["median", "min", "max"] {
@@ -327,7 +376,7 @@ fn render_tsv(c: &Comparison) -> String {
                    ratios: &Option<Ratios>| {
         let _ = write!(
             out,
-            "{level}\t{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}\t{status}\t{}",
+            "{level}\t{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}\t{status}\t{}",
             k.mode,
             k.model,
             k.primary_backend,
@@ -337,6 +386,7 @@ fn render_tsv(c: &Comparison) -> String {
             k.candidate_engine,
             k.candidate_artifact,
             if k.warm { "warm" } else { "cold" },
+            k.streamed,
             k.workload,
             k.sampling,
             counts.pairs,
@@ -392,7 +442,7 @@ fn render_markdown(c: &Comparison) -> String {
             c.cold_pairs_excluded
         );
     }
-    let header = "| mode | model | primary | candidate | warmth | {unit} | pairs | match | mismatch | candidate error | incomparable | conclusion | ttft × | prefill tok/s × | decode tok/s × | total × |\n|---|---|---|---|---|---|---:|---:|---:|---:|---:|---|---|---|---|---|\n";
+    let header = "| mode | model | primary | candidate | stream | warmth | {unit} | pairs | match | mismatch | candidate error | incomparable | conclusion | ttft × | prefill tok/s × | decode tok/s × | total × |\n|---|---|---|---|---|---|---|---:|---:|---:|---:|---:|---|---|---|---|---|\n";
     let identity = |backend: &str, engine: &str, artifact: &str| {
         format!("{backend} ({}, {})", short(engine), short(artifact))
     };
@@ -405,11 +455,12 @@ fn render_markdown(c: &Comparison) -> String {
         let [ttft, prefill, decode, total] = ratio_cells(ratios);
         let _ = writeln!(
             out,
-            "| {} | {} | {} | {} | {} | {unit} | {} | {} | {} | {} | {} | {} | {ttft} | {prefill} | {decode} | {total} |",
+            "| {} | {} | {} | {} | {} | {} | {unit} | {} | {} | {} | {} | {} | {} | {ttft} | {prefill} | {decode} | {total} |",
             k.mode,
             k.model,
             identity(&k.primary_backend, &k.primary_engine, &k.primary_artifact),
             identity(&k.candidate_backend, &k.candidate_engine, &k.candidate_artifact),
+            if k.streamed { "stream" } else { "whole" },
             if k.warm { "warm" } else { "cold" },
             counts.pairs,
             counts.matched,

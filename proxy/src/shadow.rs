@@ -330,10 +330,7 @@ impl ShadowJob {
         self.state
             .recorder
             .comparison(&pair, &self.fingerprint.sampling_json, "shadow");
-        self.state
-            .shadowing
-            .recorded
-            .send_modify(|n| *n += 1);
+        self.state.shadowing.recorded.send_modify(|n| *n += 1);
     }
 }
 

@@ -447,3 +447,162 @@ def test_the_ledger_records_what_the_responses_carried(engines: Engines, tmp_pat
     assert sum(int(l[header.index("requests")]) for l in lines) == len(rows)
     md = subprocess.run([bin_, "report", "--ledger", str(db)], check=True, capture_output=True, text=True).stdout
     assert "| smollm2-mlx | mlx | primary | cold | 1 |" in md
+
+
+# --- Shadow traffic and `switchyard compare` on the real engines --------------------------------
+
+SUITE = Path(__file__).resolve().parents[1] / "prompts" / "suite.jsonl"
+
+
+@contextlib.contextmanager
+def second_llama_server(e: Engines, workdir: Path) -> Iterator[str]:
+    """Another llama-server on the same GGUF: a candidate that must give the same answers."""
+    port = free_port()
+    proc = Proc(
+        "llama-server-2",
+        [str(e.llama_bin), "-m", str(e.gguf), "-c", "2048", "--host", "127.0.0.1", "--port", str(port)],
+        workdir / "llama-server-2.log",
+    )
+    try:
+        url = f"http://127.0.0.1:{port}"
+        with httpx.Client(timeout=5.0) as http:
+            poll("llama-server-2", lambda: http.get(f"{url}/health").status_code == 200, proc)
+        yield url
+    finally:
+        proc.stop()
+
+
+def shadow_config(e: Engines, db: Path, candidate: str, candidate_url: str | None = None) -> str:
+    extra = ""
+    if candidate_url:
+        extra = f"""
+[backends.{candidate}]
+engine = "llama.cpp"
+url = "{candidate_url}"
+artifact = "{e.gguf}"
+binary = "{e.llama_bin}"
+"""
+    config = base_config(e).replace(
+        '[models.smollm2]\nprimary = "llama"\n',
+        f'[models.smollm2]\nprimary = "llama"\nshadow = {{ backend = "{candidate}", sample = 1.0, max_in_flight = 1 }}\n',
+    )
+    return config + extra + f'\n[ledger]\npath = "{db}"\n'
+
+
+def wait_comparisons(proxy: Proxy, n: int) -> None:
+    """Polls /metrics (no signal crosses the process boundary) until `n` comparisons are recorded."""
+    def recorded() -> bool:
+        with httpx.Client(timeout=5.0) as http:
+            text = http.get(f"{proxy.url}/metrics").text
+        total = sum(
+            float(line.rsplit(" ", 1)[1])
+            for line in text.splitlines()
+            if line.startswith("switchyard_shadow_comparisons_total{")
+        )
+        return total >= n
+
+    poll("shadow comparisons", recorded, proxy.proc, timeout=REQUEST_TIMEOUT_S)
+
+
+def run_switchyard(*args: str) -> str:
+    import subprocess
+
+    done = subprocess.run([str(binary("SWITCHYARD_BIN", "switchyard")), *args], capture_output=True, text=True, timeout=1800)
+    assert done.returncode == 0, done.stderr[-4000:]
+    return done.stdout
+
+
+def shadowed_requests(proxy: Proxy, prompts: list[str], repeats: int, max_tokens: int) -> int:
+    """Sends each request after the previous one's shadow is recorded: one pool slot is then
+    always free, and no pair is measured while another request runs on either engine."""
+    client = proxy.client()
+    sent = 0
+    for prompt in prompts:
+        messages = [{"role": "user", "content": prompt}]
+        for _ in range(repeats):
+            for stream in (False, True):
+                raw = client.chat.completions.with_raw_response.create(
+                    model="smollm2", messages=messages, temperature=0, max_tokens=max_tokens, stream=stream
+                )
+                assert raw.headers["x-switchyard-backend"] == "llama"
+                parsed = raw.parse()
+                if stream:
+                    "".join(c.choices[0].delta.content or "" for c in parsed if c.choices)
+                sent += 1
+                wait_comparisons(proxy, sent)
+    return sent
+
+
+def test_shadowing_a_second_llama_server_matches_every_time(engines: Engines, tmp_path: Path) -> None:
+    import sqlite3
+
+    db = tmp_path / "ledger.db"
+    with second_llama_server(engines, tmp_path) as url2:
+        config = shadow_config(engines, db, "llama2", url2)
+        with start_switchyard(tmp_path, config, lambda r: identities_known(r) and r["backends"]["llama2"]["identity"] == "verified") as p:
+            sent = shadowed_requests(p, ["What is the capital of France? Answer in one sentence."], 4, MAX_TOKENS)
+            report = json.loads(run_switchyard("report", "--comparisons", "--format", "json", "--ledger", str(db)))
+    rows = sqlite3.connect(db).execute("SELECT verdict, reason, primary_output, candidate_output FROM comparisons").fetchall()
+    assert len(rows) == sent
+    assert all(r[0] == "match" and r[2] == r[3] and r[2].startswith("sha256:") for r in rows), rows
+    # The first request met both engines cold; the warm ones form one group per transport, and
+    # both get ratios with their spread.
+    assert report["cold_pairs_excluded"] == 1
+    assert len(report["groups"]) == 2
+    assert sum(g["counts"]["pairs"] for g in report["groups"]) == sent - 1
+    for g in report["groups"]:
+        assert g["status"] == "ratios", g
+        for metric in ("ttft", "total") if g["streamed"] else ("total",):
+            r = g["ratios"][metric]
+            assert r["n"] == g["counts"]["match"] >= 3 and 0 < r["min"] <= r["median"] <= r["max"], (metric, r)
+    assert report["summaries"][0]["ratios"] is not None
+
+
+def test_shadowing_mlx_records_whatever_is_true(engines: Engines, tmp_path: Path) -> None:
+    import sqlite3
+
+    db = tmp_path / "ledger.db"
+    with start_switchyard(tmp_path, shadow_config(engines, db, "mlx"), identities_known) as p:
+        prompts = ["What is the capital of France? Answer in one sentence.", "Name three primary colors."]
+        sent = shadowed_requests(p, prompts, 4, 8)
+    report = json.loads(run_switchyard("report", "--comparisons", "--format", "json", "--ledger", str(db)))
+    rows = sqlite3.connect(db).execute("SELECT verdict, primary_output, candidate_output FROM comparisons").fetchall()
+    assert len(rows) == sent
+    for verdict, primary, candidate in rows:
+        assert primary.startswith("sha256:") and candidate.startswith("sha256:")
+        assert verdict == ("match" if primary == candidate else "mismatch")
+    for g in report["groups"]:
+        if g["counts"]["mismatch"]:
+            assert g["status"] == "correctness-failed" and g["ratios"] is None, g
+        else:
+            assert g["status"] == "ratios", g
+    for s in report["summaries"]:
+        if any(g["counts"]["mismatch"] for g in report["groups"] if g["streamed"] == s["streamed"]):
+            assert s["ratios"] is None
+
+
+def test_compare_runs_the_suite_on_both_engines_cold_and_warm_apart(engines: Engines, tmp_path: Path) -> None:
+    config = tmp_path / "switchyard.toml"
+    config.write_text(base_config(engines) + f'\n[ledger]\npath = "{tmp_path / "ledger.db"}"\n')
+    out = tmp_path / "report"
+    printed = run_switchyard(
+        "compare", "--config", str(config), "--suite", str(SUITE), "--primary", "llama", "--candidate", "mlx",
+        "--repeat", "3", "--include-cold", "--format", "json", "--save", str(out),
+    )
+    report = json.loads(printed)
+    lines = len(SUITE.read_text().splitlines())
+    groups = report["groups"]
+    # Each suite line makes one warm group (3 pairs) and one cold group (1 pair).
+    assert sorted((g["warm"], g["counts"]["pairs"]) for g in groups) == [(False, 1)] * lines + [(True, 3)] * lines
+    for g in groups:
+        assert g["primary"]["engine"].startswith("llama.cpp/sha256:") and g["candidate"]["engine"].startswith("mlx/")
+        if g["counts"]["mismatch"] or g["counts"]["candidate_error"]:
+            assert g["ratios"] is None, g
+        if g["status"] == "ratios":
+            assert g["warm"] and g["counts"]["match"] == 3
+    assert {s["warm"] for s in report["summaries"]} == {True, False}
+    assert json.loads((out / "comparison.json").read_text()) == report
+    tsv = [l.split("\t") for l in (out / "comparison.tsv").read_text().splitlines()]
+    assert all(len(row) == len(tsv[0]) for row in tsv)
+    assert len(tsv) == 1 + len(report["summaries"]) + len(groups)
+    assert "## By workload" in (out / "comparison.md").read_text()

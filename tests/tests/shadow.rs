@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use serde_json::{json, Value};
 use switchyard::Running;
-use switchyard_tests::fake_engine::{Event, Fault, FakeEngine, FakeEngineHandle};
+use switchyard_tests::fake_engine::{Event, FakeEngine, FakeEngineHandle, Fault};
 use switchyard_tests::harness::{start_switchyard, wait_ready, TestClient};
 
 /// Two llama.cpp backends on one (fake) artifact: `main` serves `smollm2`, `cand` shadows it.
@@ -110,7 +110,9 @@ impl Stack {
             .expect("comparisons recorded in time")
             .unwrap();
         let ledger = self.proxy.state().recorder.ledger.as_ref().unwrap();
-        assert!(tokio::task::block_in_place(|| ledger.flush(Duration::from_secs(5))));
+        assert!(tokio::task::block_in_place(
+            || ledger.flush(Duration::from_secs(5))
+        ));
     }
 
     fn comparisons(&self) -> Vec<Value> {
@@ -211,7 +213,10 @@ async fn an_identical_candidate_matches_and_gets_ratios_with_spread() {
         assert_eq!(row["mode"], "after-primary");
         assert_eq!(row["streamed"], true);
         assert_eq!(row["primary_output"], row["candidate_output"]);
-        assert!(row["primary_output"].as_str().unwrap().starts_with("sha256:"));
+        assert!(row["primary_output"]
+            .as_str()
+            .unwrap()
+            .starts_with("sha256:"));
         // After the primary finished, nothing else was running on the candidate.
         assert_eq!(row["candidate_in_flight"], 0);
     }
@@ -261,7 +266,10 @@ async fn an_identical_candidate_matches_and_gets_ratios_with_spread() {
     let tsv = s.report("tsv");
     let header: Vec<&str> = tsv.lines().next().unwrap().split('\t').collect();
     assert_eq!(header[..3], ["level", "mode", "model"]);
-    assert!(tsv.lines().skip(1).all(|l| l.split('\t').count() == header.len()));
+    assert!(tsv
+        .lines()
+        .skip(1)
+        .all(|l| l.split('\t').count() == header.len()));
     assert!(s.report("markdown").contains("| after-primary | smollm2 |"));
 
     // The metrics count the same comparisons.
@@ -291,10 +299,7 @@ async fn a_faster_wrong_candidate_is_a_correctness_failure_never_faster() {
     }
     s.settle(5).await;
     let rows = s.comparisons();
-    assert!(
-        rows.iter().all(|r| r["verdict"] == "mismatch"),
-        "{rows:#?}"
-    );
+    assert!(rows.iter().all(|r| r["verdict"] == "mismatch"), "{rows:#?}");
     let report: Value = serde_json::from_str(&s.report("json")).unwrap();
     let group = &report["groups"][0];
     assert_eq!(group["status"], "correctness-failed", "{group:#}");
