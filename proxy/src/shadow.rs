@@ -104,6 +104,13 @@ impl Shadowing {
             fingerprint: fingerprint.clone(),
             in_flight: (None, None),
         });
+        if outgoing.head.uri.path() == "/v1/embeddings" {
+            // Outputs are compared as generated text; vectors are not, so nothing is sent.
+            return Some(RecordHook::Shadow(Ticket::Skipped(
+                job,
+                "embeddings are not compared".to_owned(),
+            )));
+        }
         match shadow.when {
             ShadowWhen::AfterPrimary => Some(RecordHook::Shadow(Ticket::AfterPrimary(job))),
             ShadowWhen::Concurrent => Some(RecordHook::Shadow(self.start_concurrent(job))),
