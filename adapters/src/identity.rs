@@ -8,8 +8,11 @@ use switchyard_policy::EngineKind;
 pub enum ProbeResult {
     /// The engine answered with this status and body.
     Response { status: u16, body: Bytes },
-    /// No answer: connection refused, timed out, reset.
+    /// No answer: connection refused, reset, malformed.
     Failed(String),
+    /// The engine accepted the connection but did not answer in time (down, or busy: an engine
+    /// generating may answer nothing else until it is done).
+    TimedOut { ms: u64 },
 }
 
 impl ProbeResult {

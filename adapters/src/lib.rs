@@ -108,5 +108,6 @@ pub(crate) fn describe(result: &ProbeResult, path: &str) -> String {
             format!("GET {path} answered {status}: {text}")
         }
         ProbeResult::Failed(why) => format!("GET {path} failed: {why}"),
+        ProbeResult::TimedOut { ms } => format!("GET {path}: no answer within {ms} ms"),
     }
 }

@@ -14,6 +14,7 @@ use http::{HeaderValue, Request, Response};
 use hyper::body::Incoming;
 use serde_json::json;
 use switchyard_adapters::fingerprint::DigestCache;
+use switchyard_adapters::ProbeResult;
 use switchyard_policy::{Config, RoutingTable};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -289,11 +290,36 @@ async fn probe_loop(state: Arc<AppState>, backend: Arc<Backend>, stop: Cancellat
     let interval = Duration::from_millis(state.config.server.probe_interval_ms);
     let timeout = Backend::probe_timeout(interval);
     let mut last_snapshot: Option<IdentitySnapshot> = None;
+    let mut busy_probes: u64 = 0;
     loop {
         let mut results = Vec::with_capacity(backend.adapter.probes().len());
         for path in backend.adapter.probes() {
             results.push(state.upstream.probe(&backend, path, timeout).await);
         }
+        // An engine working on requests may not answer a probe in time (mlx_lm.server answers
+        // one request at a time; a starved CPU delays any engine). Its identity did not change
+        // because it is busy: keep the last report instead of marking it down and unverified
+        // (which would refuse requests to a healthy engine). A refused connection still counts.
+        let unanswered = results
+            .iter()
+            .any(|r| matches!(r, ProbeResult::TimedOut { .. }));
+        if unanswered
+            && backend.state().health().is_ready()
+            && state.recorder.metrics.in_flight_now(&backend.name) > 0
+        {
+            busy_probes += 1;
+            if busy_probes == 1 {
+                tracing::info!(backend = %backend.name, "probe unanswered while the engine works on requests; keeping its last known health and identity");
+            } else {
+                tracing::debug!(backend = %backend.name, unanswered = busy_probes, "probe unanswered while busy");
+            }
+            tokio::select! {
+                _ = stop.cancelled() => return,
+                _ = tokio::time::sleep(interval) => {}
+            }
+            continue;
+        }
+        busy_probes = 0;
         let report = backend.adapter.interpret(&results);
         let health = report.health.clone();
         let needs_build = health.is_ready()

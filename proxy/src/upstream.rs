@@ -132,7 +132,9 @@ impl Upstream {
         match tokio::time::timeout(timeout, fetch).await {
             Ok(Ok(result)) => result,
             Ok(Err(why)) => ProbeResult::Failed(why),
-            Err(_) => ProbeResult::Failed(format!("no answer within {} ms", timeout.as_millis())),
+            Err(_) => ProbeResult::TimedOut {
+                ms: timeout.as_millis() as u64,
+            },
         }
     }
 }
