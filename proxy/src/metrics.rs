@@ -866,7 +866,7 @@ mod tests {
                 assert!(ok, "{name} after # TYPE {family} {kind}");
             }
         }
-        assert_eq!(declared.len(), 10);
+        assert_eq!(declared.len(), 12);
         assert!(text.contains("switchyard_ledger_records_written_total 3\n"));
     }
 }
