@@ -320,7 +320,17 @@ async fn probe_loop(state: Arc<AppState>, backend: Arc<Backend>, stop: Cancellat
             continue;
         }
         busy_probes = 0;
-        let report = backend.adapter.interpret(&results);
+        let mut report = backend.adapter.interpret(&results);
+        if unanswered
+            && report.identity.model_path.is_none()
+            && report.identity.served_model.is_none()
+        {
+            // Silence is not a new identity: what the engine last said it serves stands until it
+            // answers again (a refused connection, an engine gone, still clears it).
+            if let Some(previous) = backend.state().report.as_ref() {
+                report.identity = previous.identity.clone();
+            }
+        }
         let health = report.health.clone();
         let needs_build = health.is_ready()
             && report.identity.build.is_none()
