@@ -40,9 +40,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
 use http::{HeaderMap, HeaderName, HeaderValue};
-use opentelemetry::propagation::{Injector, TextMapPropagator};
+use opentelemetry::propagation::TextMapPropagator;
 use opentelemetry::trace::{
-    SpanKind, Status, TraceContextExt, TraceId, Tracer as _, TracerProvider as _,
+    SpanContext, SpanKind, Status, TraceContextExt, TraceFlags, TraceId, Tracer as _,
+    TracerProvider as _,
 };
 use opentelemetry::{Context, InstrumentationScope, KeyValue};
 use opentelemetry_http::HeaderExtractor;
@@ -280,7 +281,20 @@ impl RequestSpan {
         self.forwarded = Some(at);
         headers.remove(TRACEPARENT);
         headers.remove(TRACESTATE);
-        TraceContextPropagator::new().inject_context(&self.cx, &mut HeaderInjector(headers));
+        let span = self.cx.span();
+        let context = span.span_context();
+        if !context.is_valid() {
+            return;
+        }
+        if let Ok(value) = HeaderValue::from_bytes(&traceparent(context)) {
+            headers.insert(TRACEPARENT, value);
+        }
+        let state = context.trace_state().header();
+        if !state.is_empty() {
+            if let Ok(value) = HeaderValue::from_str(&state) {
+                headers.insert(TRACESTATE, value);
+            }
+        }
     }
 
     /// Sets the span's attributes from the finished record `r`, adds its phases, and ends it.
@@ -448,21 +462,25 @@ fn int(n: u64) -> i64 {
     i64::try_from(n).unwrap_or(i64::MAX)
 }
 
-/// Writes trace context into request headers; an empty `tracestate` is left out.
-struct HeaderInjector<'a>(&'a mut HeaderMap);
-
-impl Injector for HeaderInjector<'_> {
-    fn set(&mut self, key: &str, value: String) {
-        if value.is_empty() {
-            return;
-        }
-        if let (Ok(name), Ok(value)) = (
-            HeaderName::from_bytes(key.as_bytes()),
-            HeaderValue::from_str(&value),
-        ) {
-            self.0.insert(name, value);
+/// `00-{trace id}-{span id}-{flags}`: what `TraceContextPropagator` injects (only the sampled
+/// flag), written without the formatting machinery, on every forwarded request.
+fn traceparent(context: &SpanContext) -> [u8; 55] {
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    let mut out = [b'-'; 55];
+    let flags = (context.trace_flags() & TraceFlags::SAMPLED).to_u8();
+    let fields: [(usize, &[u8]); 4] = [
+        (0, &[0]),
+        (3, &context.trace_id().to_bytes()),
+        (36, &context.span_id().to_bytes()),
+        (53, &[flags]),
+    ];
+    for (at, bytes) in fields {
+        for (i, byte) in bytes.iter().enumerate() {
+            out[at + 2 * i] = HEX[usize::from(byte >> 4)];
+            out[at + 2 * i + 1] = HEX[usize::from(byte & 0x0f)];
         }
     }
+    out
 }
 
 #[cfg(test)]
@@ -513,15 +531,31 @@ mod tests {
     }
 
     #[test]
-    fn injection_replaces_the_clients_context_and_skips_an_empty_tracestate() {
-        let mut headers = HeaderMap::new();
-        headers.append(TRACEPARENT, HeaderValue::from_static("00-aa-bb-01"));
-        headers.append(TRACEPARENT, HeaderValue::from_static("00-cc-dd-01"));
-        let mut injector = HeaderInjector(&mut headers);
-        injector.set("traceparent", "00-new-01".to_owned());
-        injector.set("tracestate", String::new());
-        assert_eq!(headers.get_all(TRACEPARENT).iter().count(), 1);
-        assert_eq!(headers[TRACEPARENT], "00-new-01");
-        assert!(!headers.contains_key(TRACESTATE));
+    fn traceparent_is_written_like_the_propagator_writes_it() {
+        use std::collections::HashMap;
+
+        use opentelemetry::trace::{SpanId, TraceState};
+        for flags in [
+            TraceFlags::SAMPLED,
+            TraceFlags::default(),
+            TraceFlags::new(0xff),
+        ] {
+            let context = SpanContext::new(
+                TraceId::from_hex("0af7651916cd43dd8448eb211c80319c").unwrap(),
+                SpanId::from_hex("b7ad6b7169203331").unwrap(),
+                flags,
+                false,
+                TraceState::default(),
+            );
+            let mut expected = HashMap::new();
+            TraceContextPropagator::new().inject_context(
+                &Context::new().with_remote_span_context(context.clone()),
+                &mut expected,
+            );
+            assert_eq!(
+                std::str::from_utf8(&traceparent(&context)).unwrap(),
+                expected["traceparent"]
+            );
+        }
     }
 }
