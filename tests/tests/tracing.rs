@@ -1,6 +1,6 @@
 //! OpenTelemetry traces: a small OTLP/HTTP receiver stands in for the collector and decodes what
 //! Switchyard exports. One SERVER span per request continues the client's `traceparent`, carries
-//! the GenAI and identity attributes, has its phases as children and events, and its context
+//! the GenAI and identity attributes, has its phases as timed events, and its context
 //! reaches the engine; with telemetry off the client's trace context passes through untouched;
 //! shutdown flushes what is still waiting.
 
@@ -335,26 +335,39 @@ async fn a_request_span_continues_the_clients_trace_and_reaches_the_engine() {
         "span {span_ms} ms vs total {total_ms} ms"
     );
 
-    // Phases on the proxy's clock are child spans, placed: queue ends where ttfb starts.
-    let children: Vec<Span> = collector
-        .drain()
-        .iter()
-        .filter(|r| r.span.parent_span_id == span.span_id)
-        .map(|r| r.span.clone())
-        .collect();
-    let child = |name: &str| {
-        children
+    // One span per request: the phases are its events, not child spans.
+    assert!(
+        collector
+            .drain()
             .iter()
-            .find(|s| s.name == name)
-            .unwrap_or_else(|| panic!("no {name} child in {children:#?}"))
+            .all(|r| r.span.parent_span_id != span.span_id),
+        "no child spans"
+    );
+    let event = |name: &str| {
+        span.events
+            .iter()
+            .find(|e| e.name == name)
+            .unwrap_or_else(|| panic!("no {name} event in {:#?}", span.events))
     };
-    let (queue, ttfb) = (child("queue"), child("ttfb"));
-    assert_eq!(queue.end_time_unix_nano, ttfb.start_time_unix_nano);
-    assert!(start <= queue.start_time_unix_nano && ttfb.end_time_unix_nano <= end);
-    let ttfb_ms = (ttfb.end_time_unix_nano - ttfb.start_time_unix_nano) as f64 / 1e6;
-    assert!((ttfb_ms - timing(server_timing, "ttfb").unwrap()).abs() < 0.01);
-    assert_eq!(ttfb.kind, SpanKind::Internal as i32);
-    assert_eq!(ttfb.trace_id, span.trace_id);
+    let duration_ms = |e: &opentelemetry_proto::tonic::trace::v1::span::Event| {
+        attributes_of(&e.attributes)["switchyard.duration_ms"]
+            .as_f64()
+            .unwrap()
+    };
+    // Phases on the proxy's clock are placed: each event is stamped where its phase ended, so
+    // queue ends where ttfb starts, and both lie inside the span.
+    let (queue, ttfb) = (event("queue"), event("ttfb"));
+    let ttfb_ms = duration_ms(ttfb);
+    assert!((ttfb_ms - timing(server_timing, "ttfb").unwrap()).abs() < 0.001);
+    assert!((duration_ms(queue) - timing(server_timing, "queue").unwrap()).abs() < 0.001);
+    let ttfb_start = ttfb.time_unix_nano - (ttfb_ms * 1e6).round() as u64;
+    assert!(
+        queue.time_unix_nano.abs_diff(ttfb_start) <= 1_000,
+        "queue ends where ttfb starts: {} vs {ttfb_start}",
+        queue.time_unix_nano
+    );
+    let queue_start = queue.time_unix_nano - (duration_ms(queue) * 1e6).round() as u64;
+    assert!(start <= queue_start + 1_000 && ttfb.time_unix_nano <= end);
 
     // The engine's own prefill and decode are events with their durations.
     let event = |name: &str| {
@@ -469,20 +482,29 @@ async fn shutdown_flushes_the_spans_still_waiting() {
     let a = attributes(span);
     assert_eq!(a["switchyard.streamed"], true);
     assert_eq!(a["gen_ai.usage.output_tokens"], 3, "{a:#}");
-    let children: Vec<&Span> = collector
-        .seen
+    let ttft = span
+        .events
         .iter()
-        .map(|r| &r.span)
-        .filter(|s| s.parent_span_id == span.span_id)
-        .collect();
-    let ttft = children
-        .iter()
-        .find(|s| s.name == "ttft")
-        .expect("a ttft child");
-    assert_eq!(
-        ttft.start_time_unix_nano, span.start_time_unix_nano,
-        "ttft counts from the request's arrival"
+        .find(|e| e.name == "ttft")
+        .expect("a ttft event");
+    let ttft_ms = attributes_of(&ttft.attributes)["switchyard.duration_ms"]
+        .as_f64()
+        .unwrap();
+    let ttft_start = ttft.time_unix_nano - (ttft_ms * 1e6).round() as u64;
+    assert!(
+        ttft_start.abs_diff(span.start_time_unix_nano) <= 1_000,
+        "ttft counts from the request's arrival: {ttft_start} vs {}",
+        span.start_time_unix_nano
     );
+    // The decode phase ends after the first token and within the span.
+    let decode = span
+        .events
+        .iter()
+        .find(|e| e.name == "decode")
+        .expect("a decode event");
+    let d = Value::Object(attributes_of(&decode.attributes));
+    assert!(decode.time_unix_nano >= ttft.time_unix_nano);
+    assert!(decode.time_unix_nano <= span.end_time_unix_nano, "{d}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

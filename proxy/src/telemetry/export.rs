@@ -1,16 +1,17 @@
-//! The export pipeline: the OTLP/HTTP exporter on a hyper client driven by the server's runtime,
-//! behind the SDK's batch processor, with a gate that bounds and counts what waits.
+//! The export pipeline: an OTLP/HTTP (protobuf) exporter on a hyper client driven by the
+//! server's runtime, behind the SDK's batch processor, with a gate that bounds and counts what
+//! waits.
 
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use http::{HeaderMap, HeaderName, HeaderValue};
 use opentelemetry::Context;
 use opentelemetry_http::hyper::HyperClient;
 use opentelemetry_http::{Bytes, HttpClient, HttpError, Request, Response};
-use opentelemetry_otlp::{Protocol, WithExportConfig, WithHttpConfig};
-use opentelemetry_sdk::error::OTelSdkResult;
+use opentelemetry_sdk::error::{OTelSdkError, OTelSdkResult};
 use opentelemetry_sdk::trace::{
     BatchConfigBuilder, BatchSpanProcessor, SpanData, SpanExporter, SpanProcessor,
 };
@@ -19,7 +20,8 @@ use switchyard_policy::TelemetryConfig;
 
 use super::TelemetryStats;
 
-/// Time allowed for one export request to the collector.
+/// Time allowed for one export request to the collector, unless `OTEL_EXPORTER_OTLP_TIMEOUT`
+/// (or its `TRACES_` form) says otherwise, in milliseconds.
 const EXPORT_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// The span processor that exports to `endpoint` (the traces URL) in batches, from the SDK's
@@ -30,19 +32,12 @@ pub(super) fn processor(
     runtime: tokio::runtime::Handle,
     stats: Arc<TelemetryStats>,
 ) -> Result<impl SpanProcessor, String> {
+    let timeout = env_timeout(super::env).unwrap_or(EXPORT_TIMEOUT);
     let client = OnRuntime {
-        client: HyperClient::with_default_connector(EXPORT_TIMEOUT, None),
+        client: HyperClient::with_default_connector(timeout, None),
         runtime,
     };
-    let mut exporter = opentelemetry_otlp::SpanExporter::builder()
-        .with_http()
-        .with_protocol(Protocol::HttpBinary)
-        .with_http_client(client);
-    if config.otlp_endpoint.is_some() {
-        // Else the exporter reads the standard variables itself, by the same rules.
-        exporter = exporter.with_endpoint(endpoint.to_owned());
-    }
-    let exporter = exporter.build().map_err(|e| format!("telemetry: {e}"))?;
+    let exporter = OtlpHttp::new(client, endpoint, env_headers(super::env)?)?;
     let queued = Arc::new(AtomicUsize::new(0));
     let exporter = Counted {
         inner: exporter,
@@ -50,9 +45,12 @@ pub(super) fn processor(
         stats: stats.clone(),
         failing: AtomicBool::new(false),
     };
+    // Export when a quarter of the queue has gathered (or the delay has passed): big batches,
+    // few requests, and room left for spans that end while one is being sent.
     let batch = BatchConfigBuilder::default()
         .with_scheduled_delay(Duration::from_millis(config.batch_delay_ms))
         .with_max_queue_size(config.queue)
+        .with_max_export_batch_size((config.queue / 4).max(1))
         .build();
     Ok(Bounded {
         inner: BatchSpanProcessor::builder(exporter)
@@ -62,6 +60,135 @@ pub(super) fn processor(
         capacity: config.queue,
         stats,
     })
+}
+
+/// `OTEL_EXPORTER_OTLP_TRACES_TIMEOUT`, else `OTEL_EXPORTER_OTLP_TIMEOUT` (milliseconds).
+fn env_timeout(env: impl Fn(&str) -> Option<String>) -> Option<Duration> {
+    env("OTEL_EXPORTER_OTLP_TRACES_TIMEOUT")
+        .or_else(|| env("OTEL_EXPORTER_OTLP_TIMEOUT"))
+        .and_then(|ms| ms.trim().parse().ok())
+        .map(Duration::from_millis)
+}
+
+/// The headers of `OTEL_EXPORTER_OTLP_HEADERS`, then `OTEL_EXPORTER_OTLP_TRACES_HEADERS` (which
+/// wins for a name in both): `name=value` pairs separated by commas, values percent-encoded.
+fn env_headers(env: impl Fn(&str) -> Option<String>) -> Result<HeaderMap, String> {
+    let mut headers = HeaderMap::new();
+    for var in [
+        "OTEL_EXPORTER_OTLP_HEADERS",
+        "OTEL_EXPORTER_OTLP_TRACES_HEADERS",
+    ] {
+        let Some(list) = env(var) else { continue };
+        for pair in list.split(',').filter(|p| !p.trim().is_empty()) {
+            let invalid = || format!("telemetry: {var}: not a `name=value` header: {pair:?}");
+            let (name, value) = pair.split_once('=').ok_or_else(invalid)?;
+            let name = HeaderName::from_bytes(name.trim().as_bytes()).map_err(|_| invalid())?;
+            let value =
+                HeaderValue::from_bytes(&percent_decode(value.trim())).map_err(|_| invalid())?;
+            headers.insert(name, value);
+        }
+    }
+    Ok(headers)
+}
+
+/// `%XX` escapes decoded; anything else kept as it is.
+fn percent_decode(s: &str) -> Vec<u8> {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        let hex = b
+            .get(i + 1..i + 3)
+            .and_then(|h| std::str::from_utf8(h).ok());
+        match (b[i], hex.and_then(|h| u8::from_str_radix(h, 16).ok())) {
+            (b'%', Some(byte)) => {
+                out.push(byte);
+                i += 3;
+            }
+            (byte, _) => {
+                out.push(byte);
+                i += 1;
+            }
+        }
+    }
+    out
+}
+
+/// OTLP/HTTP with protobuf bodies: each batch encoded by [`super::otlp`] on the batch
+/// processor's thread (no per-span allocation), then POSTed to the collector; a 2xx answer is
+/// success, anything else (or no answer) a failed export. No retries: a failed batch is counted
+/// and dropped, like `opentelemetry-otlp` without its experimental retry feature.
+#[derive(Debug)]
+struct OtlpHttp {
+    client: OnRuntime,
+    endpoint: http::Uri,
+    headers: HeaderMap,
+    /// The encoded `Resource` message body, and the resource's schema URL.
+    resource: Vec<u8>,
+    schema_url: Option<String>,
+    /// The size of the last body: the next one is encoded into a buffer that large.
+    last_len: AtomicUsize,
+}
+
+impl OtlpHttp {
+    fn new(client: OnRuntime, endpoint: &str, headers: HeaderMap) -> Result<Self, String> {
+        let endpoint: http::Uri = endpoint
+            .parse()
+            .map_err(|e| format!("telemetry: the traces endpoint {endpoint:?}: {e}"))?;
+        if endpoint.scheme_str() != Some("http") {
+            return Err(format!(
+                "telemetry: the traces endpoint {endpoint} must be http:// (TLS is not built in)"
+            ));
+        }
+        Ok(Self {
+            client,
+            endpoint,
+            headers,
+            resource: Vec::new(),
+            schema_url: None,
+            last_len: AtomicUsize::new(0),
+        })
+    }
+}
+
+impl SpanExporter for OtlpHttp {
+    fn export(&self, batch: Vec<SpanData>) -> impl Future<Output = OTelSdkResult> + Send {
+        let mut body = Vec::with_capacity(self.last_len.load(Ordering::Relaxed));
+        super::otlp::export_request(
+            &mut body,
+            &self.resource,
+            self.schema_url.as_deref(),
+            &batch,
+        );
+        self.last_len.store(body.len(), Ordering::Relaxed);
+        drop(batch);
+        let mut request = Request::new(Bytes::from(body));
+        *request.method_mut() = http::Method::POST;
+        *request.uri_mut() = self.endpoint.clone();
+        let headers = request.headers_mut();
+        headers.clone_from(&self.headers);
+        headers.insert(
+            http::header::CONTENT_TYPE,
+            HeaderValue::from_static("application/x-protobuf"),
+        );
+        async move {
+            match self.client.send_bytes(request).await {
+                Ok(response) if response.status().is_success() => Ok(()),
+                Ok(response) => Err(OTelSdkError::InternalFailure(format!(
+                    "the collector answered {}",
+                    response.status()
+                ))),
+                Err(e) => Err(OTelSdkError::InternalFailure(format!(
+                    "the collector could not be reached: {e}"
+                ))),
+            }
+        }
+    }
+
+    fn set_resource(&mut self, resource: &Resource) {
+        self.resource = super::otlp::resource(resource);
+        self.schema_url = resource.schema_url().map(str::to_owned);
+    }
 }
 
 /// The exporter's HTTP client: hyper, run on the server's tokio runtime.
@@ -198,7 +325,6 @@ mod tests {
     use std::sync::Mutex;
 
     use opentelemetry::trace::{Tracer as _, TracerProvider as _};
-    use opentelemetry_sdk::error::OTelSdkError;
     use opentelemetry_sdk::trace::SdkTracerProvider;
 
     use super::*;
@@ -264,6 +390,22 @@ mod tests {
         assert_eq!(*exporter.names.lock().unwrap(), ["span 0", "span 1"]);
         assert_eq!(stats.spans_exported.load(Ordering::Relaxed), 2);
         assert_eq!(stats.spans_failed.load(Ordering::Relaxed), 0);
+    }
+
+    #[test]
+    fn headers_and_timeout_come_from_the_standard_variables() {
+        let env = |name: &str| match name {
+            "OTEL_EXPORTER_OTLP_HEADERS" => Some("api-key=a%20b, x-tenant=one".to_owned()),
+            "OTEL_EXPORTER_OTLP_TRACES_HEADERS" => Some("x-tenant=two".to_owned()),
+            "OTEL_EXPORTER_OTLP_TIMEOUT" => Some("2500".to_owned()),
+            _ => None,
+        };
+        let headers = env_headers(env).unwrap();
+        assert_eq!(headers["api-key"], "a b");
+        assert_eq!(headers["x-tenant"], "two", "the traces variable wins");
+        assert_eq!(env_timeout(env), Some(Duration::from_millis(2500)));
+        assert!(env_headers(|_| Some("no-equals-sign".to_owned())).is_err());
+        assert_eq!(percent_decode("100%25%2C%zz%"), b"100%,%zz%");
     }
 
     #[test]

@@ -13,19 +13,21 @@
 //! by [`crate::record::Recorder`]), at `received + total`: the same clock and the same numbers as
 //! `server-timing`, the log line and the ledger.
 //!
-//! **Phases.** The ones measured on the proxy's clock are child spans placed exactly: `queue`
-//! (ending when the request was forwarded), `ttfb` (forwarded → the engine's response head),
-//! `ttft` (received → first token forwarded) and a stream's measured `decode` (first → last
-//! token). The engine's own `prefill` and `decode` are durations on the engine's clock, which
-//! does not say when they began on ours (network and scheduling lie between): they are span
-//! *events* named `prefill` and `decode`, stamped when the proxy learned them (the span's end),
-//! with the duration in `switchyard.duration_ms` — a number, never a guessed position.
+//! **Phases** are timed events on the request span, each with its length in
+//! `switchyard.duration_ms`: one span per request to create, queue and export, where child
+//! spans made three or four. The ones measured on the proxy's clock are placed
+//! exactly, stamped at the moment they ended: `queue` (ending when the request was forwarded),
+//! `ttfb` (forwarded → the engine's response head), `ttft` (received → first token forwarded)
+//! and a stream's measured `decode` (first → last token). The engine's own `prefill` and
+//! `decode` are durations on the engine's clock, which does not say when they began on ours
+//! (network and scheduling lie between): they are stamped when the proxy learned them (the
+//! span's end) — a number, never a guessed position.
 //!
-//! **Export.** The SDK's batch processor gathers finished spans on its own thread and exports
-//! them from there; the HTTP request itself runs on the server's tokio runtime, which hyper needs
-//! (`export.rs`). At most `telemetry.queue` spans wait; one more is dropped, counted in
-//! [`TelemetryStats`] and logged: a request never waits for telemetry. [`Telemetry::shutdown`]
-//! flushes what is left, after the server has drained.
+//! **Export.** The SDK's batch processor gathers finished spans on its own thread, which encodes
+//! them straight into OTLP protobuf (`otlp.rs`) and sends them; the HTTP request itself runs on
+//! the server's tokio runtime, which hyper needs (`export.rs`). At most `telemetry.queue` spans
+//! wait; one more is dropped, counted in [`TelemetryStats`] and logged: a request never waits
+//! for telemetry. [`Telemetry::shutdown`] flushes what is left, after the server has drained.
 //!
 //! `tracing-opentelemetry` is not used: it dates a span by the `tracing` span's own life (opened
 //! now, closed now), which cannot express a span that began when the request head arrived, nor
@@ -38,9 +40,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
 use http::{HeaderMap, HeaderName, HeaderValue};
-use opentelemetry::propagation::{Injector, TextMapPropagator};
+use opentelemetry::propagation::TextMapPropagator;
 use opentelemetry::trace::{
-    Span as _, SpanKind, Status, TraceContextExt, TraceId, Tracer as _, TracerProvider as _,
+    SpanContext, SpanKind, Status, TraceContextExt, TraceFlags, TraceId, Tracer as _,
+    TracerProvider as _,
 };
 use opentelemetry::{Context, InstrumentationScope, KeyValue};
 use opentelemetry_http::HeaderExtractor;
@@ -53,9 +56,12 @@ use crate::record::RequestRecord;
 use crate::timing::Source;
 
 mod export;
+mod otlp;
 
 const TRACEPARENT: HeaderName = HeaderName::from_static("traceparent");
 const TRACESTATE: HeaderName = HeaderName::from_static("tracestate");
+/// The length of a phase event, in milliseconds.
+const DURATION_MS: &str = "switchyard.duration_ms";
 
 /// What happened to finished spans, readable while serving.
 #[derive(Debug, Default)]
@@ -172,7 +178,6 @@ impl Telemetry {
             .start_with_context(tracer, &parent);
         RequestSpan {
             cx: parent.with_span(span),
-            tracer: tracer.clone(),
             start,
             received,
             forwarded: None,
@@ -244,7 +249,6 @@ fn traces_endpoint(
 pub struct RequestSpan {
     /// The client's context (if any) with this request's span active in it.
     cx: Context,
-    tracer: SdkTracer,
     /// Wall-clock time of `received`: every phase is placed from this anchor.
     start: SystemTime,
     received: Instant,
@@ -277,7 +281,20 @@ impl RequestSpan {
         self.forwarded = Some(at);
         headers.remove(TRACEPARENT);
         headers.remove(TRACESTATE);
-        TraceContextPropagator::new().inject_context(&self.cx, &mut HeaderInjector(headers));
+        let span = self.cx.span();
+        let context = span.span_context();
+        if !context.is_valid() {
+            return;
+        }
+        if let Ok(value) = HeaderValue::from_bytes(&traceparent(context)) {
+            headers.insert(TRACEPARENT, value);
+        }
+        let state = context.trace_state().header();
+        if !state.is_empty() {
+            if let Ok(value) = HeaderValue::from_str(&state) {
+                headers.insert(TRACESTATE, value);
+            }
+        }
     }
 
     /// Sets the span's attributes from the finished record `r`, adds its phases, and ends it.
@@ -314,61 +331,59 @@ impl RequestSpan {
                 span.set_status(Status::error(description));
             }
         }
-        self.add_phases(r, end);
+        self.add_phases(&span, r, end);
         span.end_with_timestamp(end);
     }
 
-    /// Child spans for the phases measured on the proxy's clock, events for the engine's.
-    fn add_phases(&self, r: &RequestRecord, end: SystemTime) {
+    /// The phases, as timed events on the request span (one span per request to create, queue
+    /// and export, not one per phase).
+    ///
+    /// Those measured on the proxy's clock are placed exactly: stamped at the moment the phase
+    /// ended, with its length in `switchyard.duration_ms`, so it began that long before. The
+    /// engine's own `prefill` and `decode` are stamped at the span's end, when the proxy learned
+    /// them: their lengths are on the engine's clock, which does not say when they began on ours.
+    fn add_phases(
+        &self,
+        span: &opentelemetry::trace::SpanRef<'_>,
+        r: &RequestRecord,
+        end: SystemTime,
+    ) {
         let p = &r.phases;
+        let proxy_clock = |name: &'static str, at: SystemTime, phase_ms: f64| {
+            span.add_event_with_timestamp(name, at, vec![KeyValue::new(DURATION_MS, phase_ms)]);
+        };
         if let Some(forwarded) = self.forwarded.map(|at| self.at(at)) {
             if let Some(queue) = p.queue {
-                let from = forwarded.checked_sub(ms(queue)).unwrap_or(forwarded);
-                self.child("queue", from, forwarded, Vec::new());
+                proxy_clock("queue", forwarded, queue);
             }
             if let Some(ttfb) = p.ttfb {
-                self.child("ttfb", forwarded, forwarded + ms(ttfb), Vec::new());
+                proxy_clock("ttfb", forwarded + ms(ttfb), ttfb);
             }
         }
         if let Some(ttft) = p.ttft {
-            self.child("ttft", self.start, self.at_ms(ttft), Vec::new());
+            proxy_clock("ttft", self.at_ms(ttft), ttft);
         }
-        let span = self.cx.span();
         for (name, phase) in [("prefill", p.prefill), ("decode", p.decode)] {
             let Some(phase) = phase else { continue };
-            let mut attributes = vec![KeyValue::new(
+            let mut attributes = Vec::with_capacity(3);
+            attributes.push(KeyValue::new(DURATION_MS, phase.ms));
+            attributes.push(KeyValue::new(
                 "switchyard.source",
                 match phase.source {
                     Source::Engine => "engine",
                     Source::Measured => "measured",
                 },
-            )];
+            ));
             if let Some(tokens) = phase.tokens {
                 attributes.push(KeyValue::new("switchyard.tokens", int(tokens)));
             }
-            match (name, phase.source, p.ttft) {
+            let at = match (name, phase.source, p.ttft) {
                 // Measured from the stream: first token (the end of ttft) → last token.
-                ("decode", Source::Measured, Some(ttft)) => {
-                    let from = self.at_ms(ttft);
-                    self.child("decode", from, from + ms(phase.ms), attributes);
-                }
-                _ => {
-                    attributes.push(KeyValue::new("switchyard.duration_ms", phase.ms));
-                    span.add_event_with_timestamp(name, end, attributes);
-                }
-            }
+                ("decode", Source::Measured, Some(ttft)) => self.at_ms(ttft) + ms(phase.ms),
+                _ => end,
+            };
+            span.add_event_with_timestamp(name, at, attributes);
         }
-    }
-
-    fn child(&self, name: &'static str, from: SystemTime, to: SystemTime, attrs: Vec<KeyValue>) {
-        let mut span = self
-            .tracer
-            .span_builder(name)
-            .with_kind(SpanKind::Internal)
-            .with_start_time(from)
-            .with_attributes(attrs)
-            .start_with_context(&self.tracer, &self.cx);
-        span.end_with_timestamp(to.max(from));
     }
 
     /// The wall-clock time `phase_ms` milliseconds after the request head arrived.
@@ -387,7 +402,7 @@ fn attributes(operation: &'static str, r: &RequestRecord) -> Vec<KeyValue> {
     let mut a = Vec::with_capacity(20);
     a.push(KeyValue::new("gen_ai.operation.name", operation));
     if let Some(model) = &r.model {
-        a.push(KeyValue::new("gen_ai.request.model", model.to_string()));
+        a.push(KeyValue::new("gen_ai.request.model", model.clone()));
     }
     if let Some(engine) = &r.engine {
         // `kind/build`: the kind is the provider (`llama.cpp`, `mlx`, `openai`).
@@ -419,7 +434,7 @@ fn attributes(operation: &'static str, r: &RequestRecord) -> Vec<KeyValue> {
     }
     a.push(KeyValue::new("switchyard.request_id", r.id.clone()));
     if let Some(backend) = &r.backend {
-        a.push(KeyValue::new("switchyard.backend", backend.to_string()));
+        a.push(KeyValue::new("switchyard.backend", backend.clone()));
         a.push(KeyValue::new("switchyard.variant", r.variant));
     }
     if let Some(artifact) = &r.artifact {
@@ -447,21 +462,25 @@ fn int(n: u64) -> i64 {
     i64::try_from(n).unwrap_or(i64::MAX)
 }
 
-/// Writes trace context into request headers; an empty `tracestate` is left out.
-struct HeaderInjector<'a>(&'a mut HeaderMap);
-
-impl Injector for HeaderInjector<'_> {
-    fn set(&mut self, key: &str, value: String) {
-        if value.is_empty() {
-            return;
-        }
-        if let (Ok(name), Ok(value)) = (
-            HeaderName::from_bytes(key.as_bytes()),
-            HeaderValue::from_str(&value),
-        ) {
-            self.0.insert(name, value);
+/// `00-{trace id}-{span id}-{flags}`: what `TraceContextPropagator` injects (only the sampled
+/// flag), written without the formatting machinery, on every forwarded request.
+fn traceparent(context: &SpanContext) -> [u8; 55] {
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    let mut out = [b'-'; 55];
+    let flags = (context.trace_flags() & TraceFlags::SAMPLED).to_u8();
+    let fields: [(usize, &[u8]); 4] = [
+        (0, &[0]),
+        (3, &context.trace_id().to_bytes()),
+        (36, &context.span_id().to_bytes()),
+        (53, &[flags]),
+    ];
+    for (at, bytes) in fields {
+        for (i, byte) in bytes.iter().enumerate() {
+            out[at + 2 * i] = HEX[usize::from(byte >> 4)];
+            out[at + 2 * i + 1] = HEX[usize::from(byte & 0x0f)];
         }
     }
+    out
 }
 
 #[cfg(test)]
@@ -512,15 +531,31 @@ mod tests {
     }
 
     #[test]
-    fn injection_replaces_the_clients_context_and_skips_an_empty_tracestate() {
-        let mut headers = HeaderMap::new();
-        headers.append(TRACEPARENT, HeaderValue::from_static("00-aa-bb-01"));
-        headers.append(TRACEPARENT, HeaderValue::from_static("00-cc-dd-01"));
-        let mut injector = HeaderInjector(&mut headers);
-        injector.set("traceparent", "00-new-01".to_owned());
-        injector.set("tracestate", String::new());
-        assert_eq!(headers.get_all(TRACEPARENT).iter().count(), 1);
-        assert_eq!(headers[TRACEPARENT], "00-new-01");
-        assert!(!headers.contains_key(TRACESTATE));
+    fn traceparent_is_written_like_the_propagator_writes_it() {
+        use std::collections::HashMap;
+
+        use opentelemetry::trace::{SpanId, TraceState};
+        for flags in [
+            TraceFlags::SAMPLED,
+            TraceFlags::default(),
+            TraceFlags::new(0xff),
+        ] {
+            let context = SpanContext::new(
+                TraceId::from_hex("0af7651916cd43dd8448eb211c80319c").unwrap(),
+                SpanId::from_hex("b7ad6b7169203331").unwrap(),
+                flags,
+                false,
+                TraceState::default(),
+            );
+            let mut expected = HashMap::new();
+            TraceContextPropagator::new().inject_context(
+                &Context::new().with_remote_span_context(context.clone()),
+                &mut expected,
+            );
+            assert_eq!(
+                std::str::from_utf8(&traceparent(&context)).unwrap(),
+                expected["traceparent"]
+            );
+        }
     }
 }
