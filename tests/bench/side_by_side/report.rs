@@ -214,11 +214,14 @@ impl Report {
         md.push_str("\nTargets:\n");
         let mut targets = Vec::new();
         for (what, value, met) in self.targets() {
-            md.push_str(&format!(
-                "- {what}: {value} — {}\n",
-                if met { "met" } else { "MISSED" }
-            ));
-            targets.push(json!({"target": what, "value": value, "met": met}));
+            // NaN compares false: a target whose inputs were not measured (a skipped target).
+            let verdict = match met {
+                _ if value.contains("NaN") => "not measured",
+                true => "met",
+                false => "MISSED",
+            };
+            md.push_str(&format!("- {what}: {value} — {verdict}\n"));
+            targets.push(json!({"target": what, "value": value, "verdict": verdict}));
         }
         let json = json!({"config": config, "rows": rows, "targets": targets});
         (md, json)
