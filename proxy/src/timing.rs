@@ -82,17 +82,12 @@ impl Phases {
     }
 
     /// The `server-timing` header value.
+    ///
+    /// Built on every response (and again for its log line), so it writes straight into one
+    /// buffer: no per-phase strings, and durations printed from whole microseconds rather than
+    /// through float formatting.
     pub fn header_value(&self) -> String {
         let mut out = String::with_capacity(128);
-        let mut push = |name: &str, dur: f64, desc: Option<String>| {
-            if !out.is_empty() {
-                out.push_str(", ");
-            }
-            let _ = write!(out, "{name};dur={dur:.3}");
-            if let Some(desc) = desc {
-                let _ = write!(out, ";desc=\"{desc}\"");
-            }
-        };
         for (name, value) in [
             ("queue", self.queue),
             ("load", self.load),
@@ -100,21 +95,23 @@ impl Phases {
             ("ttft", self.ttft),
         ] {
             if let Some(v) = value {
-                push(name, v, None);
+                push_entry(&mut out, name, v);
             }
         }
         for (name, phase) in [("prefill", self.prefill), ("decode", self.decode)] {
             if let Some(p) = phase {
-                let desc = match (p.source, p.tokens) {
-                    (Source::Measured, _) => Some("measured".to_owned()),
-                    (Source::Engine, Some(n)) => Some(format!("{n} tok")),
-                    (Source::Engine, None) => None,
-                };
-                push(name, p.ms, desc);
+                push_entry(&mut out, name, p.ms);
+                match (p.source, p.tokens) {
+                    (Source::Measured, _) => out.push_str(";desc=\"measured\""),
+                    (Source::Engine, Some(n)) => {
+                        let _ = write!(out, ";desc=\"{n} tok\"");
+                    }
+                    (Source::Engine, None) => {}
+                }
             }
         }
         if let Some(v) = self.total {
-            push("total", v, None);
+            push_entry(&mut out, "total", v);
         }
         out
     }
@@ -140,6 +137,28 @@ impl Phases {
             map.insert("measured".to_owned(), Value::Bool(true));
         }
         Value::Object(map)
+    }
+}
+
+/// Appends `name;dur=MS` (after a comma when `out` is not empty), MS with three decimals.
+fn push_entry(out: &mut String, name: &str, ms: f64) {
+    if !out.is_empty() {
+        out.push_str(", ");
+    }
+    out.push_str(name);
+    out.push_str(";dur=");
+    push_ms(out, ms);
+}
+
+/// Milliseconds with three decimals, rounded to the nearest microsecond like `round3`.
+fn push_ms(out: &mut String, ms: f64) {
+    let micros = (ms * 1000.0).round();
+    if (0.0..9.0e15).contains(&micros) {
+        let micros = micros as u64;
+        let _ = write!(out, "{}.{:03}", micros / 1000, micros % 1000);
+    } else {
+        // Negative (an engine's odd report) or not finite: rare, formatted as floats are.
+        let _ = write!(out, "{ms:.3}");
     }
 }
 
@@ -176,6 +195,29 @@ mod tests {
         assert_eq!(json["prefill"], 4.1);
         assert!(json.get("load").is_none());
         assert!(json.get("measured").is_none());
+    }
+
+    #[test]
+    fn durations_have_three_decimals_whatever_their_size() {
+        let mut out = String::new();
+        for ms in [
+            0.0,
+            0.0004,
+            0.0006,
+            1.5,
+            12.3456,
+            999.9996,
+            123456.789,
+            -2.5,
+            f64::NAN,
+        ] {
+            out.push('|');
+            push_ms(&mut out, ms);
+        }
+        assert_eq!(
+            out,
+            "|0.000|0.000|0.001|1.500|12.346|1000.000|123456.789|-2.500|NaN"
+        );
     }
 
     #[test]

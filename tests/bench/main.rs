@@ -6,20 +6,15 @@
 //! non-streaming chat request directly and through Switchyard, at concurrency 1 and 32,
 //! alternating rounds so drift hits both sides alike. Prints a Markdown table and writes JSON.
 
-use std::io::{BufRead, BufReader, Write as _};
+use std::io::Write as _;
 use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
-use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::process::Command;
 
-use anyhow::Context as _;
 use bytes::Bytes;
 use clap::Parser;
 use http_body_util::{BodyExt, Full};
-use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::client::legacy::Client;
-use hyper_util::rt::TokioExecutor;
 use serde_json::json;
+use switchyard_tests::bench::{client, launch, percentile, run_load, Proc, Sample};
 
 #[derive(Debug, Parser)]
 struct Args {
@@ -35,88 +30,6 @@ struct Args {
     /// Where to write the JSON table.
     #[arg(long)]
     json: Option<PathBuf>,
-}
-
-struct Proc(Child);
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-/// Starts a binary that prints `... listening on http://ADDR` and returns it with the URL.
-fn launch(mut cmd: Command) -> anyhow::Result<(Proc, String)> {
-    let mut child = cmd
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()?;
-    let stdout = child.stdout.take().context("no stdout")?;
-    let mut line = String::new();
-    BufReader::new(stdout).read_line(&mut line)?;
-    let url = line
-        .split_whitespace()
-        .find(|w| w.starts_with("http://"))
-        .with_context(|| format!("no address in {line:?}"))?
-        .to_owned();
-    Ok((Proc(child), url))
-}
-
-#[derive(Debug, Default, Clone)]
-struct Sample {
-    latencies_us: Vec<f64>,
-    elapsed: Duration,
-}
-
-fn percentile(sorted: &[f64], p: f64) -> f64 {
-    if sorted.is_empty() {
-        return f64::NAN;
-    }
-    let rank = ((p / 100.0) * (sorted.len() - 1) as f64).round() as usize;
-    sorted[rank.min(sorted.len() - 1)]
-}
-
-async fn run_load(
-    client: &Client<HttpConnector, Full<Bytes>>,
-    url: &str,
-    body: &Bytes,
-    total: usize,
-    concurrency: usize,
-) -> anyhow::Result<Sample> {
-    let next = Arc::new(std::sync::atomic::AtomicUsize::new(0));
-    let started = Instant::now();
-    let mut workers = Vec::new();
-    for _ in 0..concurrency {
-        let client = client.clone();
-        let url = url.to_owned();
-        let body = body.clone();
-        let next = next.clone();
-        #[allow(clippy::disallowed_methods)] // load-generator workers, all awaited below
-        workers.push(tokio::spawn(async move {
-            let mut lat = Vec::new();
-            while next.fetch_add(1, std::sync::atomic::Ordering::Relaxed) < total {
-                let req = http::Request::post(&url)
-                    .header("content-type", "application/json")
-                    .body(Full::new(body.clone()))?;
-                let t = Instant::now();
-                let resp = client.request(req).await?;
-                let status = resp.status();
-                resp.into_body().collect().await?;
-                anyhow::ensure!(status == 200, "status {status}");
-                lat.push(t.elapsed().as_secs_f64() * 1e6);
-            }
-            Ok::<_, anyhow::Error>(lat)
-        }));
-    }
-    let mut latencies_us = Vec::with_capacity(total);
-    for w in workers {
-        latencies_us.extend(w.await??);
-    }
-    Ok(Sample {
-        latencies_us,
-        elapsed: started.elapsed(),
-    })
 }
 
 /// Starts a `switchyard serve` in front of `engine_url`, with `extra` appended to its config.
@@ -137,7 +50,7 @@ fn start_switchyard(
         .arg("--config")
         .arg(&config)
         .env("SWITCHYARD_LOG", "warn");
-    launch(c)
+    launch(c, name)
 }
 
 /// An OTLP/HTTP endpoint that accepts and discards trace exports, so the recording Switchyard
@@ -170,11 +83,14 @@ async fn otlp_sink() -> anyhow::Result<String> {
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
-    let (_engine, engine_url) = launch({
-        let mut c = Command::new(args.bin_dir.join("fake-engine"));
-        c.args(["--listen", "127.0.0.1:0", "--tokens", "10"]);
-        c
-    })?;
+    let (_engine, engine_url) = launch(
+        {
+            let mut c = Command::new(args.bin_dir.join("fake-engine"));
+            c.args(["--listen", "127.0.0.1:0", "--tokens", "10"]);
+            c
+        },
+        "fake-engine",
+    )?;
     let dir = tempfile::tempdir()?;
     // Two Switchyards side by side: bare (no ledger, no traces), and recording everything
     // (ledger, and traces exported to a sink in this process). Metrics are always on.
@@ -199,11 +115,7 @@ async fn main() -> anyhow::Result<()> {
         &recording_extra,
     )?;
 
-    let mut connector = HttpConnector::new();
-    connector.set_nodelay(true);
-    let client: Client<HttpConnector, Full<Bytes>> = Client::builder(TokioExecutor::new())
-        .pool_max_idle_per_host(64)
-        .build(connector);
+    let client = client(64);
     let body = Bytes::from(json!({"model": "smollm2", "messages": [{"role": "user", "content": "benchmark"}], "temperature": 0}).to_string());
     let targets = [
         ("direct", format!("{engine_url}/v1/chat/completions")),
@@ -228,9 +140,7 @@ async fn main() -> anyhow::Result<()> {
         let mut merged: Vec<Sample> = vec![Sample::default(); targets.len()];
         for _ in 0..args.rounds {
             for (i, (_, url)) in targets.iter().enumerate() {
-                let s = run_load(&client, url, &body, total, concurrency).await?;
-                merged[i].latencies_us.extend(s.latencies_us);
-                merged[i].elapsed += s.elapsed;
+                merged[i].merge(run_load(&client, url, &body, total, concurrency).await?);
             }
         }
         for (i, (name, _)) in targets.iter().enumerate() {

@@ -82,6 +82,10 @@ pub struct FakeEngineConfig {
     pub pause_after_first: Duration,
     /// A fixed answer instead of the prompt-derived one (for "fast but wrong" candidates).
     pub fixed_text: Option<String>,
+    /// Benchmarks: each streamed token's text is `ts=NANOS;`, the Unix time in nanoseconds at
+    /// which the chunk was handed to the connection, so a client in another process can tell
+    /// how long the chunk took to reach it (through a proxy or not).
+    pub stamp_chunks: bool,
 }
 
 impl Default for FakeEngineConfig {
@@ -97,6 +101,7 @@ impl Default for FakeEngineConfig {
             slots: 4,
             pause_after_first: Duration::ZERO,
             fixed_text: None,
+            stamp_chunks: false,
         }
     }
 }
@@ -483,6 +488,12 @@ fn unreachable_response() -> Response<FakeBody> {
     json_response(StatusCode::INTERNAL_SERVER_ERROR, json!({}))
 }
 
+fn unix_nanos() -> u128 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos())
+}
+
 fn now_secs() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
@@ -599,6 +610,7 @@ async fn complete(
     };
     let envelope = move |choices: Value| json!({"choices": choices, "created": now_secs(), "id": id, "model": model, "system_fingerprint": fingerprint, "object": chunk_object});
     let per_token = config.per_token;
+    let stamp_chunks = config.stamp_chunks;
     let pause = config.pause_after_first;
     let fault = config.fault;
     let events = shared.events.clone();
@@ -635,6 +647,13 @@ async fn complete(
                     .await;
                 return;
             }
+            let stamped;
+            let token = if stamp_chunks {
+                stamped = format!("ts={};", unix_nanos());
+                &stamped
+            } else {
+                token
+            };
             let choice = if chat {
                 json!([{"finish_reason": null, "index": 0, "delta": {"content": token}}])
             } else {

@@ -1,5 +1,6 @@
-//! Support for Switchyard's end-to-end tests and benchmarks: the fake engine and helpers to run
-//! Switchyard in-process against it.
+//! Support for Switchyard's end-to-end tests and benchmarks: the fake engine, helpers to run
+//! Switchyard in-process against it, and the benchmarks' load generator.
 
+pub mod bench;
 pub mod fake_engine;
 pub mod harness;

@@ -33,6 +33,10 @@ struct Args {
     /// Answer this text whatever the prompt (a "fast but wrong" engine).
     #[arg(long)]
     fixed_text: Option<String>,
+    /// Benchmarks: each streamed token is `ts=NANOS;`, the Unix time in nanoseconds at which
+    /// its chunk was handed to the connection.
+    #[arg(long)]
+    stamp_chunks: bool,
 }
 
 #[tokio::main]
@@ -49,6 +53,7 @@ async fn main() -> anyhow::Result<()> {
         slots: a.slots,
         pause_after_first: std::time::Duration::from_millis(a.pause_after_first_ms),
         fixed_text: a.fixed_text,
+        stamp_chunks: a.stamp_chunks,
     };
     let engine = FakeEngine::with_config(config).spawn_on(a.listen).await?;
     writeln!(

@@ -1,0 +1,413 @@
+//! `switchyard-perf`: Switchyard side by side with nginx and LiteLLM, in one run on one machine,
+//! every target in front of the same fake engines (this machine is noisy: only ratios from one
+//! run mean anything).
+//!
+//! Targets: direct to the engine, nginx, LiteLLM, Switchyard (each a separate process; nginx and
+//! LiteLLM are skipped when not given). Servers run on `--server-cpus`, this load generator on
+//! whatever CPUs it was started on (`tests/bench/perf` pins it apart). Rounds alternate between
+//! targets so that drift hits all alike. Prints one Markdown table and writes it as JSON.
+
+mod report;
+mod targets;
+
+use std::io::Write as _;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use clap::Parser;
+use http_body_util::BodyExt;
+use serde_json::json;
+use switchyard_tests::bench::{client, run_load, stream_once, vm_rss_kib, BenchClient, Sample};
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use report::Report;
+use targets::{Engine, Engines, Launcher, Target};
+
+#[derive(Debug, Parser)]
+struct Args {
+    /// Directory holding the `switchyard` and `fake-engine` binaries (a release build).
+    #[arg(long)]
+    bin_dir: PathBuf,
+    /// The nginx binary; without it the nginx target is skipped.
+    #[arg(long)]
+    nginx: Option<PathBuf>,
+    /// The `litellm` executable of a venv with `litellm[proxy]`; without it LiteLLM is skipped.
+    #[arg(long)]
+    litellm: Option<PathBuf>,
+    /// CPUs for the servers (fake engines and proxies), as `taskset -c` takes them.
+    #[arg(long)]
+    server_cpus: Option<String>,
+    /// Non-streaming requests per round and target at concurrency 1 (four times as many at 32).
+    #[arg(long, default_value_t = 2000)]
+    requests: usize,
+    /// The same for LiteLLM, which is two orders of magnitude slower.
+    #[arg(long, default_value_t = 100)]
+    litellm_requests: usize,
+    /// Rounds, alternating between targets.
+    #[arg(long, default_value_t = 3)]
+    rounds: usize,
+    /// Streams per round and target (read one at a time).
+    #[arg(long, default_value_t = 30)]
+    streams: usize,
+    /// Tokens per stream, and the engine's pause before each.
+    #[arg(long, default_value_t = 20)]
+    stream_tokens: usize,
+    #[arg(long, default_value_t = 5)]
+    token_ms: u64,
+    /// Requests with a 1 MiB prompt per round and target.
+    #[arg(long, default_value_t = 20)]
+    large_requests: usize,
+    /// Streams held open at once through Switchyard for the memory measurement.
+    #[arg(long, default_value_t = 1000)]
+    open_streams: usize,
+    /// Where to write the JSON.
+    #[arg(long)]
+    json: Option<PathBuf>,
+}
+
+/// A chat completion request for `engine` (the model name routes it in LiteLLM and Switchyard).
+fn chat(engine: Engine, content: &str, stream: bool) -> Bytes {
+    let mut body = json!({"model": engine.name(), "messages": [{"role": "user", "content": content}], "temperature": 0});
+    if stream {
+        body["stream"] = json!(true);
+    }
+    Bytes::from(body.to_string())
+}
+
+/// Runs `round` for every target, `rounds` times in alternation, and merges each target's
+/// results in the order of `targets`.
+async fn alternate<'a, T, F, Fut>(
+    targets: &'a [Target],
+    rounds: usize,
+    mut merge: impl FnMut(&mut T, T),
+    mut round: F,
+) -> anyhow::Result<Vec<T>>
+where
+    T: Default,
+    F: FnMut(&'a Target) -> Fut,
+    Fut: std::future::Future<Output = anyhow::Result<T>>,
+{
+    let mut merged: Vec<T> = targets.iter().map(|_| T::default()).collect();
+    for _ in 0..rounds {
+        for (i, target) in targets.iter().enumerate() {
+            let result = round(target).await?;
+            merge(&mut merged[i], result);
+        }
+    }
+    Ok(merged)
+}
+
+fn is_litellm(target: &Target) -> bool {
+    target.name == "LiteLLM"
+}
+
+/// Streams, one at a time: time to the first token chunk, and each stamped chunk's delay.
+#[derive(Debug, Default)]
+struct Streams {
+    first_chunk_us: Vec<f64>,
+    chunk_delays_us: Vec<f64>,
+}
+
+async fn streams(client: &BenchClient, target: &Target, n: usize) -> anyhow::Result<Streams> {
+    let mut out = Streams::default();
+    let url = target.chat_url(Engine::Paced);
+    for _ in 0..n {
+        let s = stream_once(client, &url, chat(Engine::Paced, "stream", true)).await?;
+        out.first_chunk_us.push(s.first_chunk_us);
+        out.chunk_delays_us.extend(s.chunk_delays_us);
+    }
+    Ok(out)
+}
+
+/// Opens `n` streams through Switchyard at once, waits until each has delivered its first chunk,
+/// reads Switchyard's resident set, then lets them all go.
+async fn rss_with_open_streams(
+    target: &Target,
+    pid: u32,
+    n: usize,
+) -> anyhow::Result<(u64, Duration)> {
+    let client = client(n);
+    let url = target.chat_url(Engine::Hold);
+    let release = CancellationToken::new();
+    let tasks = TaskTracker::new();
+    let (opened_tx, mut opened_rx) = tokio::sync::mpsc::channel::<anyhow::Result<()>>(n);
+    // Streams accumulate as an agent fleet's would: at most 32 are being opened at any moment
+    // (a burst of a thousand connects at once measures the accept queues, not memory).
+    let opening = Arc::new(tokio::sync::Semaphore::new(32));
+    let started = Instant::now();
+    for _ in 0..n {
+        let (client, url, release, opened) = (
+            client.clone(),
+            url.clone(),
+            release.clone(),
+            opened_tx.clone(),
+        );
+        let opening = opening.clone();
+        tasks.spawn(async move {
+            let open = async {
+                let _permit = opening.acquire_owned().await?;
+                let resp = client
+                    .request(switchyard_tests::bench::post_json(
+                        &url,
+                        chat(Engine::Hold, "hold", true),
+                    )?)
+                    .await?;
+                anyhow::ensure!(resp.status() == 200, "status {}", resp.status());
+                let mut body = resp.into_body();
+                body.frame()
+                    .await
+                    .ok_or_else(|| anyhow::anyhow!("stream ended at once"))??;
+                Ok(body)
+            };
+            match open.await {
+                Ok(body) => {
+                    let _ = opened.send(Ok(())).await;
+                    release.cancelled().await;
+                    drop(body);
+                }
+                Err(e) => {
+                    let _ = opened.send(Err(e)).await;
+                }
+            }
+        });
+    }
+    drop(opened_tx);
+    tasks.close();
+    let mut opened = 0;
+    while opened < n {
+        match tokio::time::timeout(Duration::from_secs(60), opened_rx.recv()).await {
+            Ok(Some(Ok(()))) => opened += 1,
+            Ok(Some(Err(e))) => {
+                release.cancel();
+                return Err(anyhow::anyhow!("opening stream {}: {e:#}", opened + 1));
+            }
+            Ok(None) | Err(_) => {
+                release.cancel();
+                anyhow::bail!("only {opened} of {n} streams opened within 60 s");
+            }
+        }
+    }
+    let took = started.elapsed();
+    let rss = vm_rss_kib(pid)?;
+    release.cancel();
+    tasks.wait().await;
+    Ok((rss, took))
+}
+
+/// Waits until Switchyard's `/readyz` says every model is ready (an external process: polled).
+async fn wait_ready(client: &BenchClient, base: &str) -> anyhow::Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let req = http::Request::get(format!("{base}/readyz"))
+            .body(http_body_util::Full::new(Bytes::new()))?;
+        if let Ok(resp) = client.request(req).await {
+            let ok = resp.status() == 200;
+            let _ = resp.into_body().collect().await;
+            if ok {
+                return Ok(());
+            }
+        }
+        anyhow::ensure!(Instant::now() < deadline, "{base} not ready within 20 s");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::main(flavor = "current_thread")]
+async fn main() -> anyhow::Result<()> {
+    let args = Args::parse();
+    let dir = tempfile::tempdir()?;
+    let launcher = Launcher {
+        cpus: args.server_cpus.clone(),
+        dir: dir.path().to_owned(),
+    };
+    let fast = launcher.fake_engine(&args.bin_dir, Engine::Fast, 0, 0)?;
+    let paced = launcher.fake_engine(
+        &args.bin_dir,
+        Engine::Paced,
+        args.stream_tokens,
+        args.token_ms,
+    )?;
+    let hold = launcher.fake_engine(&args.bin_dir, Engine::Hold, 0, 0)?;
+    let engines = Engines {
+        fast: fast.1.clone(),
+        paced: paced.1.clone(),
+        hold: hold.1.clone(),
+    };
+    let _engine_procs = (fast.0, paced.0, hold.0);
+
+    let client = client(64);
+    let mut targets = vec![Target::direct(engines.clone())];
+    if let Some(nginx) = &args.nginx {
+        targets.push(launcher.nginx(nginx, &engines).await?);
+    }
+    if let Some(litellm) = &args.litellm {
+        targets.push(launcher.litellm(litellm, &engines).await?);
+    }
+    let switchyard = launcher.switchyard(&args.bin_dir, &engines)?;
+    wait_ready(&client, switchyard.base().unwrap_or_default()).await?;
+    let switchyard_pid = switchyard.proc.as_ref().map_or(0, |p| p.pid());
+    let rss_idle = vm_rss_kib(switchyard_pid)?;
+    targets.push(switchyard);
+    let mut report = Report::new(targets.iter().map(|t| t.name).collect());
+    note(&format!(
+        "targets: {}; work dir {}",
+        targets
+            .iter()
+            .map(|t| t.name)
+            .collect::<Vec<_>>()
+            .join(", "),
+        dir.path().display()
+    ));
+
+    let fast_body = chat(Engine::Fast, "benchmark", false);
+    let count = |t: &Target, n: usize| {
+        if is_litellm(t) {
+            args.litellm_requests.min(n)
+        } else {
+            n
+        }
+    };
+
+    // Warm every path: connections, pools, caches, LiteLLM's first-request set-up.
+    for t in &targets {
+        run_load(
+            &client,
+            &t.chat_url(Engine::Fast),
+            &fast_body,
+            count(t, 200),
+            4,
+        )
+        .await?;
+        streams(&client, t, 2).await?;
+    }
+
+    note("non-streaming chat, concurrency 1");
+    let c1 = alternate(&targets, args.rounds, Sample::merge, |t| {
+        let url = t.chat_url(Engine::Fast);
+        let n = count(t, args.requests);
+        let (client, body) = (&client, &fast_body);
+        async move { run_load(client, &url, body, n, 1).await }
+    })
+    .await?;
+    let c1: Vec<Sample> = c1.into_iter().map(Sample::sorted).collect();
+    report.latency("chat c=1 p50 µs", c1.iter().map(|s| s.p(50.0)));
+    report.latency("chat c=1 p99 µs", c1.iter().map(|s| s.p(99.0)));
+
+    note("non-streaming chat, concurrency 32");
+    let c32 = alternate(&targets, args.rounds, Sample::merge, |t| {
+        let url = t.chat_url(Engine::Fast);
+        let n = count(t, args.requests * 4);
+        let (client, body) = (&client, &fast_body);
+        async move { run_load(client, &url, body, n, 32).await }
+    })
+    .await?;
+    let c32: Vec<Sample> = c32.into_iter().map(Sample::sorted).collect();
+    report.throughput("chat c=32 req/s", c32.iter().map(Sample::rps));
+    report.latency("chat c=32 p99 µs", c32.iter().map(|s| s.p(99.0)));
+
+    note("streaming, one at a time");
+    let merge_streams = |a: &mut Streams, b: Streams| {
+        a.first_chunk_us.extend(b.first_chunk_us);
+        a.chunk_delays_us.extend(b.chunk_delays_us);
+    };
+    let st = alternate(&targets, args.rounds, merge_streams, |t| {
+        streams(&client, t, args.streams)
+    })
+    .await?;
+    let sorted = |mut v: Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        Sample {
+            latencies_us: v,
+            elapsed: Duration::ZERO,
+        }
+    };
+    let first: Vec<Sample> = st
+        .iter()
+        .map(|s| sorted(s.first_chunk_us.clone()))
+        .collect();
+    let chunk: Vec<Sample> = st
+        .iter()
+        .map(|s| sorted(s.chunk_delays_us.clone()))
+        .collect();
+    report.latency("stream first chunk p50 µs", first.iter().map(|s| s.p(50.0)));
+    report.latency("stream first chunk p99 µs", first.iter().map(|s| s.p(99.0)));
+    report.latency(
+        "stream per-chunk delay p50 µs",
+        chunk.iter().map(|s| s.p(50.0)),
+    );
+    report.latency(
+        "stream per-chunk delay p99 µs",
+        chunk.iter().map(|s| s.p(99.0)),
+    );
+
+    note("1 MiB prompt, concurrency 1");
+    let prompt = "lorem ipsum ".repeat((1 << 20) / 12);
+    let large_body = chat(Engine::Fast, &prompt, false);
+    let large = alternate(&targets, args.rounds, Sample::merge, |t| {
+        let url = t.chat_url(Engine::Fast);
+        let (client, body) = (&client, &large_body);
+        async move { run_load(client, &url, body, args.large_requests, 1).await }
+    })
+    .await?;
+    let large: Vec<Sample> = large.into_iter().map(Sample::sorted).collect();
+    report.latency("1 MiB prompt p50 µs", large.iter().map(|s| s.p(50.0)));
+
+    // SHADOW: shadowing at sample 1.0 (the primary's p99 with and without it) goes here once the
+    // shadow traffic feature lands: a second Switchyard whose config shadows `fast` to another
+    // fake engine, measured in the same alternation as the c=32 rounds above.
+    report.pending(
+        "shadow 1.0: primary p99 with/without",
+        "not measured yet (shadow traffic is being built)",
+    );
+
+    note(&format!(
+        "memory: {} open streams through Switchyard",
+        args.open_streams
+    ));
+    let switchyard = targets.last().ok_or_else(|| anyhow::anyhow!("no target"))?;
+    report.memory("Switchyard RSS idle MiB", rss_idle);
+    let label = format!("Switchyard RSS, {} open streams MiB", args.open_streams);
+    // A failure here is reported in the table rather than losing every other measure.
+    match rss_with_open_streams(switchyard, switchyard_pid, args.open_streams).await {
+        Ok((rss_open, took)) => {
+            report.memory(&label, rss_open);
+            note(&format!(
+                "{} streams opened in {took:.2?}",
+                args.open_streams
+            ));
+        }
+        Err(e) => {
+            note(&format!("memory measurement failed: {e:#}"));
+            report.pending(&label, &format!("failed: {e:#}"));
+        }
+    }
+
+    let (table, json) = report.render(&args_json(&args));
+    std::io::stdout().lock().write_all(table.as_bytes())?;
+    if let Some(path) = &args.json {
+        std::fs::write(path, serde_json::to_string_pretty(&json)?)?;
+    }
+    for t in &mut targets {
+        if let Some(p) = t.proc.as_mut() {
+            p.check_alive()?;
+        }
+    }
+    Ok(())
+}
+
+/// Progress on stderr (the table goes to stdout).
+fn note(text: &str) {
+    let _ = writeln!(std::io::stderr().lock(), "switchyard-perf: {text}");
+}
+
+fn args_json(args: &Args) -> serde_json::Value {
+    json!({
+        "requests": args.requests, "litellm_requests": args.litellm_requests, "rounds": args.rounds,
+        "streams": args.streams, "stream_tokens": args.stream_tokens, "token_ms": args.token_ms,
+        "large_requests": args.large_requests, "open_streams": args.open_streams,
+        "server_cpus": args.server_cpus,
+    })
+}
