@@ -231,12 +231,14 @@ async fn main() -> anyhow::Result<()> {
         args.token_ms,
     )?;
     let hold = launcher.fake_engine(&args.bin_dir, Engine::Hold, 0, 0)?;
+    let slow = launcher.fake_engine(&args.bin_dir, Engine::Slow, 0, 0)?;
     let engines = Engines {
         fast: fast.1.clone(),
         paced: paced.1.clone(),
         hold: hold.1.clone(),
+        slow: slow.1.clone(),
     };
-    let _engine_procs = (fast.0, paced.0, hold.0);
+    let _engine_procs = (fast.0, paced.0, hold.0, slow.0);
 
     let client = client(64);
     let mut targets = vec![Target::direct(engines.clone())];
@@ -355,13 +357,38 @@ async fn main() -> anyhow::Result<()> {
     let large: Vec<Sample> = large.into_iter().map(Sample::sorted).collect();
     report.latency("1 MiB prompt p50 µs", large.iter().map(|s| s.p(50.0)));
 
-    // SHADOW: shadowing at sample 1.0 (the primary's p99 with and without it) goes here once the
-    // shadow traffic feature lands: a second Switchyard whose config shadows `fast` to another
-    // fake engine, measured in the same alternation as the c=32 rounds above.
-    report.pending(
-        "shadow 1.0: primary p99 with/without",
-        "not measured yet (shadow traffic is being built)",
-    );
+    note("shadowing at sample 1.0 to a 50 ms slower candidate, concurrency 1 and 32");
+    // Two fresh Switchyards alike but for the shadow, alternated: the primary's latency with
+    // every request shadowed (after the primary; at most 4 shadows at once, the rest skipped
+    // and recorded) against none.
+    let pair = vec![
+        launcher.switchyard_as("Switchyard no shadow", &args.bin_dir, &engines, None)?,
+        launcher.switchyard_as(
+            "Switchyard+shadow",
+            &args.bin_dir,
+            &engines,
+            Some(Engine::Slow),
+        )?,
+    ];
+    for t in &pair {
+        wait_ready(&client, t.base().unwrap_or_default()).await?;
+        run_load(&client, &t.chat_url(Engine::Fast), &fast_body, 200, 4).await?;
+    }
+    for (concurrency, n) in [(1, args.requests), (32, args.requests * 4)] {
+        let shadowed = alternate(&pair, args.rounds, Sample::merge, |t| {
+            let url = t.chat_url(Engine::Fast);
+            let (client, body) = (&client, &fast_body);
+            async move { run_load(client, &url, body, n, concurrency).await }
+        })
+        .await?;
+        let shadowed: Vec<Sample> = shadowed.into_iter().map(Sample::sorted).collect();
+        report.shadow(
+            &format!("shadow 1.0, chat c={concurrency} p99: with ÷ without"),
+            shadowed[0].p(99.0),
+            shadowed[1].p(99.0),
+        );
+    }
+    drop(pair);
 
     note(&format!(
         "memory: {} open streams through Switchyard",

@@ -17,6 +17,8 @@ pub(crate) enum Measure {
     Memory,
     /// Not measured, with why.
     Pending(String),
+    /// Switchyard's primary p99 without and with shadowing (µs), from one alternation.
+    Shadow { without: f64, with: f64 },
 }
 
 #[derive(Debug)]
@@ -95,6 +97,16 @@ impl Report {
         });
     }
 
+    /// The primary's p99 through a Switchyard shadowing every request, and through one alike
+    /// without shadowing.
+    pub(crate) fn shadow(&mut self, metric: &str, without: f64, with: f64) {
+        self.rows.push(Row {
+            metric: metric.to_owned(),
+            measure: Measure::Shadow { without, with },
+            values: vec![f64::NAN; self.names.len()],
+        });
+    }
+
     pub(crate) fn pending(&mut self, metric: &str, why: &str) {
         self.rows.push(Row {
             metric: metric.to_owned(),
@@ -138,7 +150,21 @@ impl Report {
             .unwrap_or(f64::NAN);
         let a = sw_added / nginx_added;
         let l = litellm_added / sw_added;
-        vec![
+        let mut targets = Vec::new();
+        for row in &self.rows {
+            if let Measure::Shadow { without, with } = row.measure {
+                let r = with / without;
+                targets.push((
+                    format!(
+                        "{}: ≤ 1.05",
+                        row.metric.trim_end_matches(": with ÷ without")
+                    ),
+                    format!("{with:.0} µs with, {without:.0} µs without: {r:.2}×"),
+                    r <= 1.05,
+                ));
+            }
+        }
+        targets.extend([
             (
                 "added p50 at c=1 ≤ 1.5 × nginx's".to_owned(),
                 format!("{sw_added:.0} µs vs nginx {nginx_added:.0} µs: {a:.2}×"),
@@ -164,7 +190,8 @@ impl Report {
                 format!("{rss:.1} MiB"),
                 rss <= 64.0,
             ),
-        ]
+        ]);
+        targets
     }
 
     /// The Markdown table (and the targets under it) and the same as JSON.
@@ -182,6 +209,18 @@ impl Report {
             if let Measure::Pending(why) = &row.measure {
                 md.push_str(&format!(" {why} |{}\n", " |".repeat(self.names.len() + 1)));
                 rows.push(json!({"measure": row.metric, "pending": why}));
+                continue;
+            }
+            if let Measure::Shadow { without, with } = row.measure {
+                let cells = format!(
+                    "{with:.0} µs with ÷ {without:.0} µs without = {:.2}",
+                    with / without
+                );
+                md.push_str(&format!(
+                    " {cells} |{}\n",
+                    " |".repeat(self.names.len() + 1)
+                ));
+                rows.push(json!({"measure": row.metric, "with_us": number(with), "without_us": number(without), "ratio": number(with / without)}));
                 continue;
             }
             for v in &row.values {

@@ -19,6 +19,8 @@ pub(crate) enum Engine {
     Paced,
     /// Streams one token a second: keeps many streams open for the memory measurement.
     Hold,
+    /// A shadow candidate: the fast engine's answers after a 50 ms prefill.
+    Slow,
 }
 
 impl Engine {
@@ -30,16 +32,18 @@ impl Engine {
             Engine::Fast => "fast",
             Engine::Paced => "paced",
             Engine::Hold => "hold",
+            Engine::Slow => "slow",
         }
     }
 }
 
-/// The base URLs of the three fake engines.
+/// The base URLs of the fake engines.
 #[derive(Debug, Clone)]
 pub(crate) struct Engines {
     pub fast: String,
     pub paced: String,
     pub hold: String,
+    pub slow: String,
 }
 
 impl Engines {
@@ -48,6 +52,7 @@ impl Engines {
             Engine::Fast => &self.fast,
             Engine::Paced => &self.paced,
             Engine::Hold => &self.hold,
+            Engine::Slow => &self.slow,
         }
     }
 }
@@ -142,6 +147,8 @@ impl Launcher {
                 "--stamp-chunks",
             ]),
             Engine::Hold => c.args(["--tokens", "3600", "--token-ms", "1000"]),
+            // A candidate slower than the primary by a 50 ms prefill, for shadowing.
+            Engine::Slow => c.args(["--tokens", "10", "--prefill-ms", "50"]),
         };
         c.stderr(self.log(&format!("fake-engine-{}", engine.name()))?);
         launch(c, &format!("fake-engine ({})", engine.name()))
@@ -150,10 +157,29 @@ impl Launcher {
     /// Switchyard as a user runs it: release build, the run ledger on, metrics on (always),
     /// default log level (one line per request), to a log file.
     pub(crate) fn switchyard(&self, bin_dir: &Path, engines: &Engines) -> anyhow::Result<Target> {
+        self.switchyard_as("Switchyard", bin_dir, engines, None)
+    }
+
+    /// A Switchyard of its own (its own ledger and log) named `name`; with `shadow_to` (the slow
+    /// engine), the `fast` model shadows every request to it.
+    pub(crate) fn switchyard_as(
+        &self,
+        name: &'static str,
+        bin_dir: &Path,
+        engines: &Engines,
+        shadow_to: Option<Engine>,
+    ) -> anyhow::Result<Target> {
+        let file = name.replace(['+', ' '], "-").to_lowercase();
         let mut toml = format!(
             "[server]\nlisten = \"127.0.0.1:0\"\n\n[ledger]\npath = \"{}\"\n",
-            self.dir.join("switchyard-ledger.db").display()
+            self.dir.join(format!("{file}-ledger.db")).display()
         );
+        if shadow_to.is_some() {
+            let url = engines.url(Engine::Slow);
+            toml.push_str(&format!(
+                "\n[backends.candidate]\nengine = \"llama.cpp\"\nurl = \"{url}\"\nmax_concurrency = 64\n"
+            ));
+        }
         for engine in Engine::ALL {
             // Admission is not what is measured: room for every stream the benchmark opens.
             let slots = if engine == Engine::Hold { 4096 } else { 64 };
@@ -162,15 +188,20 @@ impl Launcher {
                 name = engine.name(),
                 url = engines.url(engine),
             ));
+            if engine == Engine::Fast && shadow_to.is_some() {
+                toml.push_str(
+                    "shadow = { backend = \"candidate\", sample = 1.0, max_in_flight = 4 }\n",
+                );
+            }
         }
-        let config = self.dir.join("switchyard.toml");
+        let config = self.dir.join(format!("{file}.toml"));
         std::fs::write(&config, toml)?;
         let mut c = self.command(bin_dir.join("switchyard"));
         c.arg("serve").arg("--config").arg(&config);
-        c.stderr(self.log("switchyard")?);
-        let (proc, base) = launch(c, "switchyard")?;
+        c.stderr(self.log(&file)?);
+        let (proc, base) = launch(c, name)?;
         Ok(Target {
-            name: "Switchyard",
+            name,
             routing: Routing::ByModel(base),
             proc: Some(proc),
         })
