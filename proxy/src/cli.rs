@@ -301,8 +301,10 @@ fn report_invalid(e: &ConfigError) -> i32 {
 fn init_logging(format: LogFormat) {
     let filter =
         EnvFilter::try_from_env("SWITCHYARD_LOG").unwrap_or_else(|_| EnvFilter::new("info"));
+    // Colour codes only for a person at a terminal, never into a log file or a collector.
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_writer(std::io::stderr);
     let _ = match format {
         LogFormat::Json => builder.json().flatten_event(true).try_init(),
