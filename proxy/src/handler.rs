@@ -339,6 +339,17 @@ struct ParsedBody<'a> {
     fields: BTreeMap<String, &'a RawValue>,
 }
 
+impl<'a> ParsedBody<'a> {
+    /// The `model` the client asked for, and its raw value (where it lies in the body).
+    fn model(&self) -> Result<(String, &'a RawValue), ProxyError> {
+        let raw = *self.fields.get("model").ok_or(ProxyError::MissingModel)?;
+        match serde_json::from_str::<Value>(raw.get()) {
+            Ok(Value::String(s)) => Ok((s, raw)),
+            _ => Err(ProxyError::ModelNotString),
+        }
+    }
+}
+
 fn parse_body(bytes: &[u8]) -> Result<ParsedBody<'_>, ProxyError> {
     let fields: BTreeMap<String, &RawValue> =
         serde_json::from_slice(bytes).map_err(|e| match e.classify() {
@@ -411,11 +422,7 @@ async fn forward_inner(
     let body = read_body(body, limit, declared).await?;
 
     let parsed = parse_body(&body)?;
-    let raw_model = parsed.fields.get("model").ok_or(ProxyError::MissingModel)?;
-    let model: String = match serde_json::from_str::<Value>(raw_model.get()) {
-        Ok(Value::String(s)) => s,
-        _ => return Err(ProxyError::ModelNotString),
-    };
+    let (model, raw_model) = parsed.model()?;
     let route = state
         .routes
         .resolve(&model)
@@ -531,11 +538,7 @@ impl Outgoing {
         streamed: bool,
     ) -> Result<(Self, String, WorkloadFingerprint), ProxyError> {
         let parsed = parse_body(&body)?;
-        let raw_model = parsed.fields.get("model").ok_or(ProxyError::MissingModel)?;
-        let model = match serde_json::from_str::<Value>(raw_model.get()) {
-            Ok(Value::String(s)) => s,
-            _ => return Err(ProxyError::ModelNotString),
-        };
+        let (model, raw_model) = parsed.model()?;
         let fingerprint = fingerprint_fields(&model, &parsed);
         let model_range = value_range(&body, raw_model)?;
         let mut headers = HeaderMap::new();
