@@ -12,6 +12,33 @@ use hyper_util::rt::TokioExecutor;
 use serde_json::Value;
 use switchyard::{App, Running};
 
+/// The `switchyard` binary cargo built beside the running test (`target/<profile>/switchyard`).
+pub fn switchyard_bin() -> anyhow::Result<std::path::PathBuf> {
+    let mut p = std::env::current_exe()?;
+    p.pop();
+    if p.ends_with("deps") {
+        p.pop();
+    }
+    Ok(p.join("switchyard"))
+}
+
+/// Runs the `switchyard` binary with `args` and returns its stdout; a failure (with its stderr)
+/// is an error.
+pub fn run_switchyard<S: AsRef<std::ffi::OsStr>>(
+    args: impl IntoIterator<Item = S>,
+) -> anyhow::Result<String> {
+    let out = std::process::Command::new(switchyard_bin()?)
+        .args(args)
+        .output()?;
+    anyhow::ensure!(
+        out.status.success(),
+        "switchyard exited with {}: {}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    Ok(String::from_utf8(out.stdout)?)
+}
+
 /// A configuration with one model `smollm2` (alias `default`) served by one llama.cpp backend
 /// named `fake` at `engine_url`, listening on `127.0.0.1:0`. `extra` is appended verbatim.
 pub fn config_for(engine_url: &str, extra: &str) -> String {

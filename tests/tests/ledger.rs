@@ -4,6 +4,7 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // a failed unwrap is a failed test
 
+use std::ffi::OsStr;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
@@ -11,7 +12,8 @@ use std::time::Duration;
 use serde_json::{json, Value};
 use switchyard_tests::fake_engine::FakeEngine;
 use switchyard_tests::harness::{
-    config_for, start_switchyard, switchyard_comment, timing, wait_ready, TestClient,
+    config_for, run_switchyard, start_switchyard, switchyard_comment, timing, wait_ready,
+    TestClient,
 };
 
 fn ledger_config(engine_url: &str, path: &Path) -> String {
@@ -47,27 +49,14 @@ fn rows(path: &Path) -> Vec<Value> {
 
 /// `switchyard report --format FORMAT --ledger DB`'s output; the command must succeed.
 fn run_report(db: &Path, format: &str) -> String {
-    let out = Command::new(switchyard_bin())
-        .args(["report", "--format", format, "--ledger"])
-        .arg(db)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8(out.stdout).unwrap()
-}
-
-fn switchyard_bin() -> PathBuf {
-    // The binary next to this test's deps: target/<profile>/switchyard.
-    let mut p = std::env::current_exe().unwrap();
-    p.pop();
-    if p.ends_with("deps") {
-        p.pop();
-    }
-    p.join("switchyard")
+    run_switchyard([
+        OsStr::new("report"),
+        OsStr::new("--format"),
+        OsStr::new(format),
+        OsStr::new("--ledger"),
+        db.as_os_str(),
+    ])
+    .unwrap()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -187,12 +176,8 @@ async fn every_request_is_on_the_record() {
             assert!(a <= b && b <= c, "{l:?}");
         }
     }
-    let out = Command::new(switchyard_bin())
-        .args(["report", "--ledger"])
-        .arg(&db)
-        .output()
-        .unwrap();
-    let md = String::from_utf8(out.stdout).unwrap();
+    let md =
+        run_switchyard([OsStr::new("report"), OsStr::new("--ledger"), db.as_os_str()]).unwrap();
     assert!(
         md.contains("| smollm2 | fake | primary | warm | 3 |"),
         "{md}"

@@ -3,14 +3,14 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // a failed unwrap is a failed test
 
+use std::ffi::{OsStr, OsString};
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::time::Duration;
 
 use serde_json::{json, Value};
 use switchyard::Running;
 use switchyard_tests::fake_engine::{Event, FakeEngine, FakeEngineHandle, Fault};
-use switchyard_tests::harness::{start_switchyard, wait_ready, TestClient};
+use switchyard_tests::harness::{run_switchyard, start_switchyard, wait_ready, TestClient};
 
 /// Two llama.cpp backends on one (fake) artifact: `main` serves `smollm2`, `cand` shadows it.
 fn shadow_config(main: &str, cand: &str, artifact: &Path, shadow: &str, ledger: &Path) -> String {
@@ -140,17 +140,23 @@ impl Stack {
     }
 
     fn report(&self, format: &str) -> String {
-        let out = Command::new(switchyard_bin())
-            .args(["report", "--comparisons", "--format", format, "--ledger"])
-            .arg(&self.ledger)
-            .output()
+        run_switchyard([
+            OsStr::new("report"),
+            OsStr::new("--comparisons"),
+            OsStr::new("--format"),
+            OsStr::new(format),
+            OsStr::new("--ledger"),
+            self.ledger.as_os_str(),
+        ])
+        .unwrap()
+    }
+
+    async fn metrics(&self) -> String {
+        let r = TestClient::new()
+            .get(&format!("{}/metrics", self.base))
+            .await
             .unwrap();
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        String::from_utf8(out.stdout).unwrap()
+        String::from_utf8(r.body.to_vec()).unwrap()
     }
 
     async fn chat(&self, content: &str, extra: Value) -> switchyard_tests::harness::TestResponse {
@@ -164,15 +170,6 @@ impl Stack {
             .await
             .unwrap()
     }
-}
-
-fn switchyard_bin() -> PathBuf {
-    let mut p = std::env::current_exe().unwrap();
-    p.pop();
-    if p.ends_with("deps") {
-        p.pop();
-    }
-    p.join("switchyard")
 }
 
 /// A response body without what differs between any two answers (`id`, `created`, `timings`).
@@ -273,11 +270,7 @@ async fn an_identical_candidate_matches_and_gets_ratios_with_spread() {
     assert!(s.report("markdown").contains("| after-primary | smollm2 |"));
 
     // The metrics count the same comparisons.
-    let metrics = TestClient::new()
-        .get(&format!("{}/metrics", s.base))
-        .await
-        .unwrap();
-    let text = String::from_utf8(metrics.body.to_vec()).unwrap();
+    let text = s.metrics().await;
     assert!(text.contains(
         "switchyard_shadow_comparisons_total{model=\"smollm2\",candidate=\"cand\",verdict=\"match\"} 4\n"
     ), "{text}");
@@ -417,11 +410,7 @@ async fn a_slow_candidate_is_never_waited_for_and_a_full_pool_skips() {
     assert_eq!(ran.len(), 1);
     assert_eq!(ran[0]["mode"], "concurrent");
     assert_eq!(ran[0]["verdict"], "match");
-    let metrics = TestClient::new()
-        .get(&format!("{}/metrics", s.base))
-        .await
-        .unwrap();
-    let text = String::from_utf8(metrics.body.to_vec()).unwrap();
+    let text = s.metrics().await;
     assert!(
         text.contains("switchyard_shadow_skipped_total{model=\"smollm2\",candidate=\"cand\"} 2\n"),
         "{text}"
@@ -453,29 +442,29 @@ async fn compare_runs_the_suite_on_both_backends_and_writes_three_formats() {
     let lines = std::fs::read_to_string(&suite).unwrap().lines().count();
     let saved = s.ledger.with_file_name("saved");
     let out = tokio::task::spawn_blocking({
-        let (config, suite, saved) = (config.clone(), suite.clone(), saved.clone());
-        move || {
-            Command::new(switchyard_bin())
-                .arg("compare")
-                .arg("--config")
-                .arg(&config)
-                .arg("--suite")
-                .arg(&suite)
-                .args(["--primary", "main", "--candidate", "cand", "--repeat", "3"])
-                .args(["--format", "json", "--save"])
-                .arg(&saved)
-                .output()
-                .unwrap()
-        }
+        let args = [
+            OsString::from("compare"),
+            "--config".into(),
+            config.clone().into(),
+            "--suite".into(),
+            suite.clone().into(),
+            "--primary".into(),
+            "main".into(),
+            "--candidate".into(),
+            "cand".into(),
+            "--repeat".into(),
+            "3".into(),
+            "--format".into(),
+            "json".into(),
+            "--save".into(),
+            saved.clone().into(),
+        ];
+        move || run_switchyard(args)
     })
     .await
+    .unwrap()
     .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let report: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let report: Value = serde_json::from_str(&out).unwrap();
     // Every suite line is a workload of its own; its cold run is kept apart.
     let groups = report["groups"].as_array().unwrap();
     assert_eq!(groups.len(), lines, "{report:#}");
