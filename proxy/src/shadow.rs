@@ -96,6 +96,7 @@ impl Shadowing {
         let job = Box::new(ShadowJob {
             state: state.clone(),
             model: route.model.clone(),
+            primary: route.primary.clone(),
             candidate: shadow.backend.clone(),
             when: shadow.when,
             max_in_flight: shadow.max_in_flight,
@@ -252,6 +253,8 @@ impl Ticket {
 pub struct ShadowJob {
     state: Arc<AppState>,
     model: Arc<str>,
+    /// The route's primary backend (the one that serves unless a fallback was used).
+    primary: Arc<str>,
     candidate: Arc<str>,
     when: ShadowWhen,
     max_in_flight: u32,
@@ -267,17 +270,14 @@ impl ShadowJob {
         format!("pool full (max_in_flight = {})", self.max_in_flight)
     }
 
-    /// In-flight counts on both sides now. `primary` names the primary's backend when known.
+    /// In-flight counts on both sides now. `primary` names the backend that served, when known.
     fn contention(&self, primary: Option<&str>) -> (Option<u64>, Option<u64>) {
         let metrics = &self.state.recorder.metrics;
-        let primary = primary
-            .map(str::to_owned)
-            .or_else(|| {
-                let route = self.state.routes.resolve(&self.model)?;
-                Some(route.primary.to_string())
-            })
-            .map(|b| metrics.in_flight_now(&b));
-        (primary, Some(metrics.in_flight_now(&self.candidate)))
+        let primary = primary.unwrap_or(&self.primary);
+        (
+            Some(metrics.in_flight_now(primary)),
+            Some(metrics.in_flight_now(&self.candidate)),
+        )
     }
 
     /// Sends the copy to the candidate and reads its answer to the end.
