@@ -21,6 +21,7 @@ use switchyard_policy::compare::{
 use crate::app::AppState;
 use crate::backend::Verification;
 use crate::handler::Outgoing;
+use crate::record::Recorder;
 use crate::report::Format;
 use crate::shadow::run_on;
 
@@ -136,9 +137,10 @@ pub async fn run_suite(
                 verdict,
                 reason,
             };
+            Recorder::log_comparison(&pair, "compare");
             state
                 .recorder
-                .comparison(&pair, &fingerprint.sampling_json, "compare");
+                .comparison(pair.clone(), &fingerprint.sampling_json, "compare");
             progress(request, run, &pair);
             pairs.push(pair);
         }

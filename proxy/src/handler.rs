@@ -440,7 +440,7 @@ async fn forward_inner(
                 .any(|t| t.trim().eq_ignore_ascii_case("trailers"))
         })
     });
-    let outgoing = Outgoing {
+    let outgoing = Arc::new(Outgoing {
         head: Head {
             method: parts.method,
             uri: parts.uri,
@@ -449,7 +449,7 @@ async fn forward_inner(
         model_range: value_range(&body, raw_model)?,
         body,
         want_trailers,
-    };
+    });
     if let Some(record) = record_slot.as_mut() {
         record.describe(&route.model, &fingerprint, streamed);
         if let Some(shadow) = &route.shadow {

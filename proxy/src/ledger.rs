@@ -572,12 +572,12 @@ impl Ledger {
     }
 
     /// Queues a comparison. Never blocks; a full queue drops and counts it.
-    pub fn comparison(&self, pair: &Pair, sampling_json: &str, source: &'static str) {
+    pub fn comparison(&self, pair: Pair, sampling_json: &str, source: &'static str) {
         self.submit(Entry::Comparison(Box::new(ComparisonRow {
             ts_ms: unix_ms(SystemTime::now()),
             source,
             sampling_json: sampling_json.to_owned(),
-            pair: pair.clone(),
+            pair,
         })));
     }
 

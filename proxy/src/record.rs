@@ -56,11 +56,15 @@ impl Recorder {
         self.metrics.render()
     }
 
-    /// Records one comparison (`source`: `shadow` or `compare`) in the ledger and the log.
-    pub fn comparison(&self, pair: &Pair, sampling_json: &str, source: &'static str) {
+    /// Records one comparison (`source`: `shadow` or `compare`) in the ledger.
+    pub fn comparison(&self, pair: Pair, sampling_json: &str, source: &'static str) {
         if let Some(ledger) = &self.ledger {
             ledger.comparison(pair, sampling_json, source);
         }
+    }
+
+    /// One log line for a comparison.
+    pub fn log_comparison(pair: &Pair, source: &'static str) {
         let c = pair.candidate.as_ref();
         tracing::info!(
             target: "switchyard::comparison",

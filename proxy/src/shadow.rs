@@ -31,18 +31,28 @@ use tokio_util::task::TaskTracker;
 use crate::app::AppState;
 use crate::backend::Backend;
 use crate::handler::{attempt, fail, Outgoing, Stamp};
-use crate::record::RequestRecord;
+use crate::record::{Recorder, RequestRecord};
 
 /// The shadow pools and their tasks, one pool per shadowed model.
 #[derive(Debug)]
 pub struct Shadowing {
-    pools: HashMap<Arc<str>, Arc<Semaphore>>,
+    pools: HashMap<Arc<str>, Pool>,
     tasks: TaskTracker,
     stop: CancellationToken,
     draws: AtomicU64,
     seed: RandomState,
     /// Comparisons recorded so far (for whoever waits for shadows to settle, e.g. tests).
     recorded: tokio::sync::watch::Sender<u64>,
+}
+
+/// One model's shadow pool.
+#[derive(Debug)]
+struct Pool {
+    permits: Arc<Semaphore>,
+    /// The reason a skip for want of room is recorded with.
+    full: Box<str>,
+    /// Skips for want of room so far.
+    skipped: AtomicU64,
 }
 
 impl Shadowing {
@@ -53,7 +63,12 @@ impl Shadowing {
             .filter_map(|name| {
                 let shadow = routes.resolve(name)?.shadow.as_ref()?;
                 let permits = usize::try_from(shadow.max_in_flight).unwrap_or(usize::MAX);
-                Some((name.clone(), Arc::new(Semaphore::new(permits))))
+                let pool = Pool {
+                    permits: Arc::new(Semaphore::new(permits)),
+                    full: format!("pool full (max_in_flight = {})", shadow.max_in_flight).into(),
+                    skipped: AtomicU64::new(0),
+                };
+                Some((name.clone(), pool))
             })
             .collect();
         Self {
@@ -86,47 +101,52 @@ impl Shadowing {
         state: &Arc<AppState>,
         route: &Route,
         shadow: &ShadowRoute,
-        outgoing: &Outgoing,
+        outgoing: &Arc<Outgoing>,
         streamed: bool,
         fingerprint: &WorkloadFingerprint,
     ) -> Option<RecordHook> {
         if !shadow.sampled(self.draw()) {
             return None;
         }
-        let job = Box::new(ShadowJob {
+        let comparison = Comparison {
             state: state.clone(),
             model: route.model.clone(),
             primary: route.primary.clone(),
             candidate: shadow.backend.clone(),
             when: shadow.when,
-            max_in_flight: shadow.max_in_flight,
-            outgoing: outgoing.clone(),
             streamed,
             fingerprint: fingerprint.clone(),
             in_flight: (None, None),
-        });
-        if outgoing.head.uri.path() == "/v1/embeddings" {
+        };
+        let skip = if outgoing.head.uri.path() == "/v1/embeddings" {
             // Outputs are compared as generated text; vectors are not, so nothing is sent.
-            return Some(RecordHook::Shadow(Ticket::Skipped(
-                job,
-                "embeddings are not compared".to_owned(),
-            )));
+            Some(Skip::Embeddings)
+        } else if self.stop.is_cancelled() {
+            Some(Skip::ShuttingDown)
+        } else {
+            None
+        };
+        if let Some(skip) = skip {
+            return Some(RecordHook::Shadow(Ticket::Skipped(Box::new(comparison), skip)));
         }
+        // The copy shares the primary's request: nothing is copied but a reference count.
+        let job = Box::new(ShadowJob {
+            comparison,
+            outgoing: outgoing.clone(),
+        });
         match shadow.when {
+            // The pool is asked when the primary is done: a client's next request usually
+            // arrives while the previous shadow still runs.
             ShadowWhen::AfterPrimary => Some(RecordHook::Shadow(Ticket::AfterPrimary(job))),
             ShadowWhen::Concurrent => Some(RecordHook::Shadow(self.start_concurrent(job))),
         }
     }
 
     fn start_concurrent(&self, mut job: Box<ShadowJob>) -> Ticket {
-        if self.stop.is_cancelled() {
-            return Ticket::Skipped(job, "shutting down".to_owned());
-        }
-        let Some(permit) = self.permit(&job) else {
-            let why = job.pool_full();
-            return Ticket::Skipped(job, why);
+        let Some(permit) = self.permit(&job.comparison.model) else {
+            return Ticket::Skipped(Box::new(job.comparison), Skip::PoolFull);
         };
-        job.in_flight = job.contention(None);
+        job.comparison.in_flight = job.comparison.contention(None);
         let (tx, rx) = oneshot::channel();
         let stop = self.stop.clone();
         self.tasks.spawn(async move {
@@ -135,14 +155,15 @@ impl Shadowing {
                 side = job.run_candidate() => Some(side),
                 _ = stop.cancelled() => None,
             };
+            let c = &job.comparison;
             match (candidate, rx.await) {
-                (Some(candidate), Ok(primary)) => job.finish(primary, Some(candidate), None),
-                (None, Ok(primary)) => job.finish(primary, None, Some("shutting down".to_owned())),
+                (Some(candidate), Ok(primary)) => c.finish(primary, Some(candidate), None),
+                (None, Ok(primary)) => c.finish(primary, None, Some(Skip::ShuttingDown)),
                 // The primary's record is always written, so its outcome always arrives; if the
                 // process is going down first, nothing remains to compare against.
                 (_, Err(_)) => tracing::warn!(
-                    model = %job.model,
-                    candidate = %job.candidate,
+                    model = %c.model,
+                    candidate = %c.candidate,
                     "shadow comparison lost: the primary's outcome never arrived"
                 ),
             }
@@ -150,8 +171,13 @@ impl Shadowing {
         Ticket::Concurrent(tx)
     }
 
-    fn permit(&self, job: &ShadowJob) -> Option<OwnedSemaphorePermit> {
-        self.pools.get(&job.model)?.clone().try_acquire_owned().ok()
+    fn permit(&self, model: &str) -> Option<OwnedSemaphorePermit> {
+        self.pools
+            .get(model)?
+            .permits
+            .clone()
+            .try_acquire_owned()
+            .ok()
     }
 
     /// Stops starting shadows, cancels the running ones (each recorded as skipped), and waits up
@@ -184,7 +210,7 @@ impl fmt::Debug for RecordHook {
         match self {
             Self::Shadow(Ticket::AfterPrimary(_)) => f.write_str("Shadow(AfterPrimary)"),
             Self::Shadow(Ticket::Concurrent(_)) => f.write_str("Shadow(Concurrent)"),
-            Self::Shadow(Ticket::Skipped(_, why)) => write!(f, "Shadow(Skipped({why}))"),
+            Self::Shadow(Ticket::Skipped(_, why)) => write!(f, "Shadow(Skipped({why:?}))"),
             Self::Outcome(_) => f.write_str("Outcome"),
         }
     }
@@ -208,7 +234,7 @@ pub enum Ticket {
     /// Already running; waits for the primary's outcome.
     Concurrent(oneshot::Sender<Side>),
     /// Sampled but not run: recorded as skipped, with the reason, once the primary is done.
-    Skipped(Box<ShadowJob>, String),
+    Skipped(Box<Comparison>, Skip),
 }
 
 impl Ticket {
@@ -217,31 +243,33 @@ impl Ticket {
             Self::Concurrent(tx) => {
                 let _ = tx.send(primary);
             }
-            Self::Skipped(job, why) => job.finish(primary, None, Some(why)),
+            Self::Skipped(comparison, skip) => comparison.finish(primary, None, Some(skip)),
             Self::AfterPrimary(mut job) => {
+                let c = &job.comparison;
                 if primary.failure().is_some() {
                     // Nothing to compare against: recorded as such, without loading the candidate.
-                    job.finish(primary, None, None);
+                    c.finish(primary, None, None);
                     return;
                 }
-                let shadowing = &job.state.shadowing;
+                let shadowing = &c.state.shadowing;
                 if shadowing.stop.is_cancelled() || tokio::runtime::Handle::try_current().is_err() {
-                    job.finish(primary, None, Some("shutting down".to_owned()));
+                    c.finish(primary, None, Some(Skip::ShuttingDown));
                     return;
                 }
-                let Some(permit) = shadowing.permit(&job) else {
-                    let why = job.pool_full();
-                    job.finish(primary, None, Some(why));
+                let Some(permit) = shadowing.permit(&c.model) else {
+                    c.finish(primary, None, Some(Skip::PoolFull));
                     return;
                 };
-                job.in_flight = job.contention(Some(primary.backend.as_str()));
+                let in_flight = c.contention(Some(primary.backend.as_str()));
                 let stop = shadowing.stop.clone();
                 let tasks = shadowing.tasks.clone();
+                job.comparison.in_flight = in_flight;
                 tasks.spawn(async move {
                     let _permit = permit;
+                    let c = &job.comparison;
                     tokio::select! {
-                        candidate = job.run_candidate() => job.finish(primary, Some(candidate), None),
-                        _ = stop.cancelled() => job.finish(primary, None, Some("shutting down".to_owned())),
+                        candidate = job.run_candidate() => c.finish(primary, Some(candidate), None),
+                        _ = stop.cancelled() => c.finish(primary, None, Some(Skip::ShuttingDown)),
                     }
                 });
             }
@@ -249,27 +277,63 @@ impl Ticket {
     }
 }
 
-/// Everything a shadow needs, copied from the primary request.
-pub struct ShadowJob {
+/// Why a sampled request was not shadowed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Skip {
+    /// The model's pool had no room: when the primary finished (`after-primary`), or when the
+    /// request arrived (`concurrent`).
+    PoolFull,
+    ShuttingDown,
+    /// Embeddings are not compared (outputs are compared as generated text).
+    Embeddings,
+}
+
+/// What judging and recording a comparison needs from the primary request.
+pub struct Comparison {
     state: Arc<AppState>,
     model: Arc<str>,
     /// The route's primary backend (the one that serves unless a fallback was used).
     primary: Arc<str>,
     candidate: Arc<str>,
     when: ShadowWhen,
-    max_in_flight: u32,
-    outgoing: Outgoing,
     streamed: bool,
     fingerprint: WorkloadFingerprint,
     /// Requests in flight at the primary's and the candidate's backend when the shadow started.
     in_flight: (Option<u64>, Option<u64>),
 }
 
-impl ShadowJob {
-    fn pool_full(&self) -> String {
-        format!("pool full (max_in_flight = {})", self.max_in_flight)
-    }
+/// A shadow to run: the comparison, and the copy of the request that goes to the candidate.
+pub struct ShadowJob {
+    comparison: Comparison,
+    outgoing: Arc<Outgoing>,
+}
 
+impl ShadowJob {
+    /// Sends the copy to the candidate and reads its answer to the end.
+    async fn run_candidate(&self) -> Side {
+        let c = &self.comparison;
+        let Some(backend) = c.state.backends.get(&c.candidate).cloned() else {
+            return Side {
+                backend: c.candidate.to_string(),
+                error: Some("no such backend".to_owned()),
+                ..Side::default()
+            };
+        };
+        run_on(
+            &c.state,
+            backend,
+            "shadow",
+            &self.outgoing,
+            &c.model,
+            &c.fingerprint,
+            c.streamed,
+            None,
+        )
+        .await
+    }
+}
+
+impl Comparison {
     /// In-flight counts on both sides now. `primary` names the backend that served, when known.
     fn contention(&self, primary: Option<&str>) -> (Option<u64>, Option<u64>) {
         let metrics = &self.state.recorder.metrics;
@@ -280,39 +344,26 @@ impl ShadowJob {
         )
     }
 
-    /// Sends the copy to the candidate and reads its answer to the end.
-    async fn run_candidate(&self) -> Side {
-        let Some(backend) = self.state.backends.get(&self.candidate).cloned() else {
-            return Side {
-                backend: self.candidate.to_string(),
-                error: Some("no such backend".to_owned()),
-                ..Side::default()
-            };
-        };
-        run_on(
-            &self.state,
-            backend,
-            "shadow",
-            &self.outgoing,
-            &self.model,
-            &self.fingerprint,
-            self.streamed,
-            None,
-        )
-        .await
-    }
-
-    /// Judges and records the comparison.
-    fn finish(&self, mut primary: Side, mut candidate: Option<Side>, skipped: Option<String>) {
+    /// Judges and records the comparison. Skips for a full pool come in bursts as long as the
+    /// candidate is slower than the traffic: each is counted and written to the ledger, and the
+    /// log gets the first and then every power of two, with the count so far.
+    fn finish(&self, mut primary: Side, mut candidate: Option<Side>, skip: Option<Skip>) {
         primary.in_flight = self.in_flight.0;
         if let Some(c) = candidate.as_mut() {
             c.in_flight = self.in_flight.1;
         }
+        let shadowing = &self.state.shadowing;
+        let pool = shadowing.pools.get(&self.model);
+        let reason = skip.map(|skip| match skip {
+            Skip::PoolFull => pool.map_or("pool full", |p| &p.full),
+            Skip::ShuttingDown => "shutting down",
+            Skip::Embeddings => "embeddings are not compared",
+        });
         let (verdict, reason) = judge(
             &primary,
             candidate.as_ref(),
             self.fingerprint.deterministic,
-            skipped.as_deref(),
+            reason,
         );
         let pair = Pair {
             model: self.model.to_string(),
@@ -325,19 +376,29 @@ impl ShadowJob {
             verdict,
             reason,
         };
-        let pool_full = skipped
-            .as_deref()
-            .is_some_and(|s| s.starts_with("pool full"));
-        self.state.recorder.metrics.observe_comparison(
-            &self.model,
-            &self.candidate,
-            pair.verdict,
-            pool_full,
-        );
-        self.state
-            .recorder
-            .comparison(&pair, &self.fingerprint.sampling_json, "shadow");
-        self.state.shadowing.recorded.send_modify(|n| *n += 1);
+        let pool_full = skip == Some(Skip::PoolFull);
+        let recorder = &self.state.recorder;
+        recorder
+            .metrics
+            .observe_comparison(&self.model, &self.candidate, pair.verdict, pool_full);
+        match pool.filter(|_| pool_full) {
+            Some(pool) => {
+                let n = pool.skipped.fetch_add(1, Ordering::Relaxed) + 1;
+                if n.is_power_of_two() {
+                    tracing::info!(
+                        target: "switchyard::comparison",
+                        model = %self.model,
+                        candidate = %self.candidate,
+                        skipped = n,
+                        "shadow skipped: {} (each is in the ledger and in switchyard_shadow_skipped_total)",
+                        pool.full
+                    );
+                }
+            }
+            None => Recorder::log_comparison(&pair, "shadow"),
+        }
+        recorder.comparison(pair, &self.fingerprint.sampling_json, "shadow");
+        shadowing.recorded.send_modify(|n| *n += 1);
     }
 }
 

@@ -419,6 +419,52 @@ async fn a_slow_candidate_is_never_waited_for_and_a_full_pool_skips() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_primary_a_request_that_finds_the_pool_taken_is_skipped_and_counted() {
+    let mut s = stack(
+        FakeEngine::llama_cpp(),
+        FakeEngine::llama_cpp().prefill_ms(400),
+        r#"{ backend = "cand", max_in_flight = 1 }"#,
+    )
+    .await;
+    let first = s.chat("first", json!({})).await;
+    assert_eq!(first.status, 200);
+    // The first request's shadow has reached the candidate and holds the only slot (400 ms).
+    s.cand
+        .wait_for(Duration::from_secs(5), |e| {
+            matches!(e, Event::Request { .. }).then_some(())
+        })
+        .await
+        .expect("the first shadow reached the candidate");
+    for prompt in ["second", "third"] {
+        let r = s.chat(prompt, json!({})).await;
+        assert_eq!(r.status, 200);
+        assert_eq!(r.header("x-switchyard-backend"), "main");
+    }
+    s.settle(3).await;
+    let rows = s.comparisons();
+    let skipped: Vec<&Value> = rows
+        .iter()
+        .filter(|r| r["reason"] == "shadow skipped: pool full (max_in_flight = 1)")
+        .collect();
+    assert_eq!(skipped.len(), 2, "{rows:#?}");
+    assert!(skipped
+        .iter()
+        .all(|r| r["candidate_ran"] == false && r["mode"] == "after-primary"));
+    let ran: Vec<&Value> = rows.iter().filter(|r| r["candidate_ran"] == true).collect();
+    assert_eq!(ran.len(), 1, "{rows:#?}");
+    assert_eq!(ran[0]["verdict"], "match");
+    // The candidate saw exactly one request: the skipped ones were never sent.
+    while let Some(event) = s.cand.next_event(Duration::from_millis(0)).await {
+        assert!(!matches!(event, Event::Request { .. }), "{event:?}");
+    }
+    let text = s.metrics().await;
+    assert!(
+        text.contains("switchyard_shadow_skipped_total{model=\"smollm2\",candidate=\"cand\"} 2\n"),
+        "{text}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn compare_runs_the_suite_on_both_backends_and_writes_three_formats() {
     let s = stack(
         FakeEngine::llama_cpp().token_ms(1),
