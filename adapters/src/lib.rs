@@ -12,6 +12,7 @@ pub mod llama_cpp;
 pub mod mlx;
 pub mod observe;
 pub mod openai;
+mod view;
 
 use std::fmt;
 

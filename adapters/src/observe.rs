@@ -8,6 +8,7 @@ use serde::Deserialize;
 use serde_json::Value;
 
 use crate::fingerprint::OutputHasher;
+use crate::view::{ChunkView, Str};
 
 /// Phase timings an engine reported for one response (llama.cpp's `timings`).
 #[derive(Debug, Clone, Default, PartialEq, Deserialize)]
@@ -82,23 +83,27 @@ impl ResponseFacts {
         }
     }
 
-    fn absorb(&mut self, v: &Value) {
-        if let Some(usage) = v.get("usage").filter(|u| u.is_object()) {
+    fn absorb(&mut self, v: &ChunkView<'_>) {
+        if let Some(usage) = &v.usage.0 {
             self.usage = Usage::from_value(usage);
             self.usage_raw = Some(usage.clone());
         }
-        if let Some(timings) = v.get("timings") {
-            if let Ok(t) = serde_json::from_value::<EngineTimings>(timings.clone()) {
-                self.timings = Some(t);
-            }
+        if let Some(t) = &v.timings.0 {
+            self.timings = Some(EngineTimings {
+                prompt_n: t.prompt_n.0,
+                prompt_ms: t.prompt_ms.0,
+                cache_n: t.cache_n.0,
+                predicted_n: t.predicted_n.0,
+                predicted_ms: t.predicted_ms.0,
+            });
         }
-        if let Some(fp) = v.get("system_fingerprint").and_then(Value::as_str) {
+        if let Some(fp) = v.system_fingerprint.get() {
             if self.system_fingerprint.as_deref() != Some(fp) {
                 self.system_fingerprint = Some(fp.to_owned());
             }
         }
         if self.model.is_none() {
-            self.model = v.get("model").and_then(Value::as_str).map(str::to_owned);
+            self.model = v.model.get().map(str::to_owned);
         }
     }
 }
@@ -106,16 +111,14 @@ impl ResponseFacts {
 /// Reads a complete (non-streaming) response body. Bodies that are not JSON yield empty facts.
 pub fn inspect_response(body: &[u8]) -> ResponseFacts {
     let mut facts = ResponseFacts::default();
-    let Ok(value) = serde_json::from_slice::<Value>(body) else {
+    let Ok(view) = serde_json::from_slice::<ChunkView<'_>>(body) else {
         return facts;
     };
-    facts.absorb(&value);
+    facts.absorb(&view);
     facts.usage_from_timings();
-    if value.get("choices").is_some() {
-        let mut output = OutputHasher::new();
-        output.add_response(&value);
-        facts.output = output.finish();
-    }
+    let mut output = OutputHasher::new();
+    output.add_choices(&view, false);
+    facts.output = output.finish();
     facts
 }
 
@@ -154,20 +157,27 @@ impl StreamObserver {
         if is_done(data) {
             return EventKind::Done;
         }
-        let Ok(value) = serde_json::from_slice::<Value>(data) else {
+        let Ok(view) = serde_json::from_slice::<ChunkView<'_>>(data) else {
             return EventKind::Unparsed;
         };
-        self.observe_value(&value)
+        self.observe_view(&view)
     }
 
     /// Observes one event already parsed (when an adapter rewrote it first).
     pub fn observe_value(&mut self, value: &Value) -> EventKind {
-        if value.get("error").is_some() {
+        match ChunkView::deserialize(value) {
+            Ok(view) => self.observe_view(&view),
+            Err(_) => EventKind::Unparsed,
+        }
+    }
+
+    fn observe_view(&mut self, view: &ChunkView<'_>) -> EventKind {
+        if view.error.is_some() {
             return EventKind::Error;
         }
-        self.facts.absorb(value);
-        self.output.add_chunk(value);
-        if carries_token(value) {
+        self.facts.absorb(view);
+        self.output.add_choices(view, true);
+        if carries_token(view) {
             self.token_events += 1;
             EventKind::Token
         } else {
@@ -194,27 +204,29 @@ pub fn is_done(data: &[u8]) -> bool {
     trim_ascii(data) == b"[DONE]"
 }
 
-fn carries_token(chunk: &Value) -> bool {
-    let Some(choices) = chunk.get("choices").and_then(Value::as_array) else {
-        return false;
-    };
-    choices.iter().any(|c| {
-        let non_empty =
-            |v: Option<&Value>| v.and_then(Value::as_str).is_some_and(|s| !s.is_empty());
-        if non_empty(c.get("text")) {
-            return true;
-        }
-        let Some(delta) = c.get("delta") else {
-            return false;
-        };
-        non_empty(delta.get("content"))
-            || non_empty(delta.get("refusal"))
-            || non_empty(delta.get("reasoning_content"))
-            || delta
-                .get("tool_calls")
-                .and_then(Value::as_array)
-                .is_some_and(|calls| !calls.is_empty())
-    })
+fn carries_token(chunk: &ChunkView<'_>) -> bool {
+    let non_empty = |s: &Str<'_>| s.get().is_some_and(|s| !s.is_empty());
+    chunk
+        .choices
+        .items()
+        .iter()
+        .filter_map(|c| c.0.as_ref())
+        .any(|c| {
+            if non_empty(&c.text) {
+                return true;
+            }
+            let Some(delta) = &c.delta.0 else {
+                return false;
+            };
+            non_empty(&delta.content)
+                || non_empty(&delta.refusal)
+                || non_empty(&delta.reasoning_content)
+                || delta
+                    .tool_calls
+                    .0
+                    .as_ref()
+                    .is_some_and(|calls| !calls.is_empty())
+        })
 }
 
 fn trim_ascii(mut s: &[u8]) -> &[u8] {

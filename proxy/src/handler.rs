@@ -17,7 +17,9 @@ use http_body_util::{BodyExt, Full, LengthLimitError, Limited};
 use hyper::body::Incoming;
 use serde_json::value::RawValue;
 use serde_json::{Map, Value};
-use switchyard_adapters::fingerprint::{fingerprint_request, WorkloadFingerprint};
+use switchyard_adapters::fingerprint::{
+    fingerprint_request, is_fingerprinted, WorkloadFingerprint,
+};
 use switchyard_adapters::inspect_response;
 
 use crate::app::{AppState, Received};
@@ -501,13 +503,13 @@ async fn forward_inner(
 fn fingerprint_fields(model: &str, parsed: &ParsedBody<'_>) -> WorkloadFingerprint {
     let mut relevant = Map::new();
     for (key, raw) in &parsed.fields {
-        if key != "model" && key != "stream" && key != "stream_options" && key != "user" {
+        if is_fingerprinted(key) {
             if let Ok(v) = serde_json::from_str::<Value>(raw.get()) {
                 relevant.insert(key.clone(), v);
             }
         }
     }
-    fingerprint_request(model, &relevant)
+    fingerprint_request(model, relevant)
 }
 
 /// The request line and headers as the client sent them, kept to build engine requests from.

@@ -127,7 +127,10 @@ impl Shadowing {
             None
         };
         if let Some(skip) = skip {
-            return Some(RecordHook::Shadow(Ticket::Skipped(Box::new(comparison), skip)));
+            return Some(RecordHook::Shadow(Ticket::Skipped(
+                Box::new(comparison),
+                skip,
+            )));
         }
         // The copy shares the primary's request: nothing is copied but a reference count.
         let job = Box::new(ShadowJob {

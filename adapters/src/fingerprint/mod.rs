@@ -6,4 +6,4 @@ pub mod workload;
 
 pub use artifact::{hex, ArtifactDigest, DigestCache};
 pub use output::OutputHasher;
-pub use workload::{fingerprint_request, WorkloadFingerprint};
+pub use workload::{fingerprint_request, is_fingerprinted, WorkloadFingerprint};

@@ -6,11 +6,13 @@
 
 use std::collections::BTreeMap;
 
+use serde::Deserialize;
 use serde_json::{json, Value};
 use sha2::{Digest, Sha256};
 
 use super::artifact::hex;
-use crate::canonical::to_canonical_string;
+use crate::canonical::digest_canonical;
+use crate::view::ChunkView;
 
 #[derive(Debug, Default, Clone)]
 struct ToolCall {
@@ -38,59 +40,46 @@ impl OutputHasher {
 
     /// Adds the `choices` of a non-streaming chat or text completion.
     pub fn add_response(&mut self, response: &Value) {
-        self.add_choices(response, false);
+        if let Ok(view) = ChunkView::deserialize(response) {
+            self.add_choices(&view, false);
+        }
     }
 
     /// Adds the `choices` of one stream chunk (chat `delta`s or text completion `text`s).
     pub fn add_chunk(&mut self, chunk: &Value) {
-        self.add_choices(chunk, true);
+        if let Ok(view) = ChunkView::deserialize(chunk) {
+            self.add_choices(&view, true);
+        }
     }
 
-    fn add_choices(&mut self, value: &Value, streamed: bool) {
-        let Some(choices) = value.get("choices").and_then(Value::as_array) else {
-            return;
-        };
-        for (position, c) in choices.iter().enumerate() {
-            let index = c
-                .get("index")
-                .and_then(Value::as_u64)
-                .unwrap_or(position as u64);
+    pub(crate) fn add_choices(&mut self, view: &ChunkView<'_>, streamed: bool) {
+        for (position, c) in view.choices.items().iter().enumerate() {
+            let Some(c) = &c.0 else { continue };
+            let index = c.index.0.unwrap_or(position as u64);
             let entry = self.choices.entry(index).or_default();
-            let message = if streamed {
-                c.get("delta")
-            } else {
-                c.get("message")
-            };
-            if let Some(text) = c.get("text").and_then(Value::as_str) {
+            let message = if streamed { &c.delta } else { &c.message };
+            if let Some(text) = c.text.get() {
                 entry.content.push_str(text);
             }
-            if let Some(message) = message {
-                if let Some(text) = message.get("content").and_then(Value::as_str) {
+            if let Some(message) = &message.0 {
+                if let Some(text) = message.content.get() {
                     entry.content.push_str(text);
                 }
-                if let Some(calls) = message.get("tool_calls").and_then(Value::as_array) {
-                    for (pos, call) in calls.iter().enumerate() {
-                        let call_index = call
-                            .get("index")
-                            .and_then(Value::as_u64)
-                            .unwrap_or(pos as u64);
-                        let slot = entry.tool_calls.entry(call_index).or_default();
-                        let function = call.get("function");
-                        if let Some(name) =
-                            function.and_then(|f| f.get("name")).and_then(Value::as_str)
-                        {
+                for (pos, call) in message.tool_calls.items().iter().enumerate() {
+                    let Some(call) = &call.0 else { continue };
+                    let call_index = call.index.0.unwrap_or(pos as u64);
+                    let slot = entry.tool_calls.entry(call_index).or_default();
+                    if let Some(function) = &call.function.0 {
+                        if let Some(name) = function.name.get() {
                             slot.name.push_str(name);
                         }
-                        if let Some(args) = function
-                            .and_then(|f| f.get("arguments"))
-                            .and_then(Value::as_str)
-                        {
+                        if let Some(args) = function.arguments.get() {
                             slot.arguments.push_str(args);
                         }
                     }
                 }
             }
-            if let Some(reason) = c.get("finish_reason").and_then(Value::as_str) {
+            if let Some(reason) = c.finish_reason.get() {
                 entry.finish_reason = Some(reason.to_owned());
             }
         }
@@ -124,7 +113,7 @@ impl OutputHasher {
                 "tool_calls": tool_calls,
                 "finish_reason": choice.finish_reason,
             });
-            hasher.update(to_canonical_string(line).as_bytes());
+            digest_canonical(&mut hasher, line);
             hasher.update(b"\n");
         }
         Some(format!("sha256:{}", hex(&hasher.finalize())))

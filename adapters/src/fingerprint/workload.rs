@@ -5,7 +5,7 @@ use serde_json::{Map, Value};
 use sha2::{Digest, Sha256};
 
 use super::artifact::hex;
-use crate::canonical::{object, to_canonical_string};
+use crate::canonical::{digest_canonical, object, to_canonical_string};
 
 /// Fields that decide how tokens are picked. Any field not listed that an engine treats as
 /// sampling (e.g. llama.cpp's `mirostat`, `dry_*`, `xtc_*`) is added by [`is_sampling_field`].
@@ -65,7 +65,7 @@ pub struct WorkloadFingerprint {
 }
 
 /// Fingerprints a request `body` (a JSON object) sent for the public model `model`.
-pub fn fingerprint_request(model: &str, body: &Map<String, Value>) -> WorkloadFingerprint {
+pub fn fingerprint_request(model: &str, mut body: Map<String, Value>) -> WorkloadFingerprint {
     let sampling: Map<String, Value> = body
         .iter()
         .filter(|(k, _)| is_sampling_field(k))
@@ -77,11 +77,11 @@ pub fn fingerprint_request(model: &str, body: &Map<String, Value>) -> WorkloadFi
     let content = object(
         CONTENT_FIELDS
             .iter()
-            .map(|&k| (k, body.get(k).cloned()))
+            .map(|&k| (k, body.remove(k)))
             .chain([("model", Some(Value::String(model.to_owned())))]),
     );
     let mut hasher = Sha256::new();
-    hasher.update(to_canonical_string(content).as_bytes());
+    digest_canonical(&mut hasher, content);
     hasher.update(b"\n");
     hasher.update(sampling_json.as_bytes());
     let workload = format!("wl:{}", &hex(&hasher.finalize())[..32]);
@@ -95,6 +95,12 @@ pub fn fingerprint_request(model: &str, body: &Map<String, Value>) -> WorkloadFi
         sampling_json,
         deterministic,
     }
+}
+
+/// Whether the fingerprint reads field `key` of a request body (a sampling or a content field);
+/// callers may leave the others out.
+pub fn is_fingerprinted(key: &str) -> bool {
+    is_sampling_field(key) || CONTENT_FIELDS.contains(&key)
 }
 
 fn is_deterministic(sampling: &Map<String, Value>) -> bool {
@@ -113,7 +119,7 @@ mod tests {
 
     fn fp(v: Value) -> WorkloadFingerprint {
         let Value::Object(map) = v else { panic!() };
-        fingerprint_request("smollm2", &map)
+        fingerprint_request("smollm2", map)
     }
 
     #[test]
