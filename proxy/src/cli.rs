@@ -308,7 +308,7 @@ fn init_logging(format: LogFormat) {
         .with_writer(std::io::stderr);
     let _ = match format {
         LogFormat::Json => builder.json().flatten_event(true).try_init(),
-        LogFormat::Text => builder.try_init(),
+        LogFormat::Text => builder.fmt_fields(crate::logfmt::TextFields).try_init(),
     };
 }
 

@@ -15,6 +15,7 @@ pub mod config;
 pub mod error;
 pub mod handler;
 pub mod ledger;
+pub mod logfmt;
 pub mod metrics;
 pub mod record;
 pub mod report;
