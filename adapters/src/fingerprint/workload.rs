@@ -135,6 +135,20 @@ mod tests {
         assert!(a.deterministic);
     }
 
+    /// The values were computed outside this code (Python's hashlib over the canonical text
+    /// `{"messages":[{"content":"hi","role":"user"}],"model":"smollm2"}` + `\n` +
+    /// `{"temperature":0}`): ledgers written by older builds stay comparable with new ones.
+    #[test]
+    fn the_fingerprints_are_sha256_of_the_canonical_form() {
+        let f = fp(
+            json!({"model": "x", "stream": true, "user": "u", "max_tokens_extra": 1,
+                          "temperature": 0.0, "messages": [{"role": "user", "content": "hi"}]}),
+        );
+        assert_eq!(f.workload, "wl:c5a80a72a15d6213e7ef89043698585b");
+        assert_eq!(f.sampling, "sp:e4ff491169b8a9ea78518a7972422b5a");
+        assert_eq!(f.sampling_json, r#"{"temperature":0}"#);
+    }
+
     #[test]
     fn content_and_sampling_change_identity() {
         let base = fp(json!({"messages": [{"role": "user", "content": "hi"}], "temperature": 0}));
