@@ -11,22 +11,17 @@ use crate::fingerprint::OutputHasher;
 use crate::view::{ChunkView, Str};
 
 /// Phase timings an engine reported for one response (llama.cpp's `timings`).
-#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq)]
 pub struct EngineTimings {
     /// Prompt tokens processed (not taken from the cache).
-    #[serde(default)]
     pub prompt_n: Option<u64>,
     /// Milliseconds spent on prompt processing (prefill).
-    #[serde(default)]
     pub prompt_ms: Option<f64>,
     /// Prompt tokens reused from the cache.
-    #[serde(default)]
     pub cache_n: Option<u64>,
     /// Tokens generated.
-    #[serde(default)]
     pub predicted_n: Option<u64>,
     /// Milliseconds spent generating (decode).
-    #[serde(default)]
     pub predicted_ms: Option<f64>,
 }
 

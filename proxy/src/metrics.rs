@@ -183,21 +183,24 @@ impl Metrics {
             .map_or(0, |b| b.in_flight.load(Ordering::Relaxed).max(0) as u64)
     }
 
-    /// Counts one recorded shadow comparison; `skipped` when the pool was full.
+    /// Counts one recorded shadow comparison; `skipped` when the pool was full. Returns the
+    /// pair's skips so far (this one included).
     pub fn observe_comparison(
         &self,
         model: &Arc<str>,
         candidate: &Arc<str>,
         verdict: Verdict,
         skipped: bool,
-    ) {
+    ) -> u64 {
         let key = (model.clone(), candidate.clone());
         let series = get_or_insert(&self.shadows, &key, || key.clone(), ShadowSeries::default);
         if let Some(i) = VERDICTS.iter().position(|v| *v == verdict) {
             series.verdicts[i].fetch_add(1, Ordering::Relaxed);
         }
         if skipped {
-            series.skipped.fetch_add(1, Ordering::Relaxed);
+            series.skipped.fetch_add(1, Ordering::Relaxed) + 1
+        } else {
+            series.skipped.load(Ordering::Relaxed)
         }
     }
 

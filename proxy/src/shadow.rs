@@ -51,8 +51,6 @@ struct Pool {
     permits: Arc<Semaphore>,
     /// The reason a skip for want of room is recorded with.
     full: Box<str>,
-    /// Skips for want of room so far.
-    skipped: AtomicU64,
 }
 
 impl Shadowing {
@@ -66,7 +64,6 @@ impl Shadowing {
                 let pool = Pool {
                     permits: Arc::new(Semaphore::new(permits)),
                     full: format!("pool full (max_in_flight = {})", shadow.max_in_flight).into(),
-                    skipped: AtomicU64::new(0),
                 };
                 Some((name.clone(), pool))
             })
@@ -381,12 +378,15 @@ impl Comparison {
         };
         let pool_full = skip == Some(Skip::PoolFull);
         let recorder = &self.state.recorder;
-        recorder
-            .metrics
-            .observe_comparison(&self.model, &self.candidate, pair.verdict, pool_full);
+        let skipped_so_far = recorder.metrics.observe_comparison(
+            &self.model,
+            &self.candidate,
+            pair.verdict,
+            pool_full,
+        );
         match pool.filter(|_| pool_full) {
             Some(pool) => {
-                let n = pool.skipped.fetch_add(1, Ordering::Relaxed) + 1;
+                let n = skipped_so_far;
                 if n.is_power_of_two() {
                     tracing::info!(
                         target: "switchyard::comparison",

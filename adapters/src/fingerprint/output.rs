@@ -6,7 +6,6 @@
 
 use std::collections::BTreeMap;
 
-use serde::Deserialize;
 use serde_json::{json, Value};
 use sha2::{Digest, Sha256};
 
@@ -38,20 +37,8 @@ impl OutputHasher {
         Self::default()
     }
 
-    /// Adds the `choices` of a non-streaming chat or text completion.
-    pub fn add_response(&mut self, response: &Value) {
-        if let Ok(view) = ChunkView::deserialize(response) {
-            self.add_choices(&view, false);
-        }
-    }
-
-    /// Adds the `choices` of one stream chunk (chat `delta`s or text completion `text`s).
-    pub fn add_chunk(&mut self, chunk: &Value) {
-        if let Ok(view) = ChunkView::deserialize(chunk) {
-            self.add_choices(&view, true);
-        }
-    }
-
+    /// Adds the `choices` of a response (`streamed`: a stream chunk, read from its `delta`s;
+    /// else a whole answer, read from its `message`s; text completions from `text` either way).
     pub(crate) fn add_choices(&mut self, view: &ChunkView<'_>, streamed: bool) {
         for (position, c) in view.choices.items().iter().enumerate() {
             let Some(c) = &c.0 else { continue };
@@ -122,14 +109,24 @@ impl OutputHasher {
 
 #[cfg(test)]
 mod tests {
+    use serde::Deserialize;
+
     use super::*;
+
+    fn add(h: &mut OutputHasher, v: &Value, streamed: bool) {
+        h.add_choices(&ChunkView::deserialize(v).unwrap(), streamed);
+    }
 
     #[test]
     fn stream_and_whole_forms_hash_the_same() {
         let mut whole = OutputHasher::new();
-        whole.add_response(&json!({"choices": [{"index": 0, "finish_reason": "stop",
+        add(
+            &mut whole,
+            &json!({"choices": [{"index": 0, "finish_reason": "stop",
             "message": {"role": "assistant", "content": "The capital\r\nis Paris.  ",
-                        "tool_calls": [{"function": {"name": "f", "arguments": "{\"a\": 1}"}}]}}]}));
+                        "tool_calls": [{"function": {"name": "f", "arguments": "{\"a\": 1}"}}]}}]}),
+            false,
+        );
         let mut streamed = OutputHasher::new();
         for chunk in [
             json!({"choices": [{"index": 0, "delta": {"role": "assistant", "content": null}}]}),
@@ -140,7 +137,7 @@ mod tests {
             json!({"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]}),
             json!({"choices": [], "usage": {"completion_tokens": 8}}),
         ] {
-            streamed.add_chunk(&chunk);
+            add(&mut streamed, &chunk, true);
         }
         assert_eq!(whole.finish(), streamed.finish());
         assert!(whole.finish().unwrap().starts_with("sha256:"));
@@ -150,8 +147,10 @@ mod tests {
     fn different_text_or_finish_reason_differs() {
         let mk = |text: &str, reason: &str| {
             let mut h = OutputHasher::new();
-            h.add_response(
+            add(
+                &mut h,
                 &json!({"choices": [{"index": 0, "text": text, "finish_reason": reason}]}),
+                false,
             );
             h.finish()
         };
