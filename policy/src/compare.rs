@@ -194,6 +194,14 @@ pub struct Pair {
     pub candidate: Option<Side>,
     pub verdict: Verdict,
     pub reason: Option<String>,
+    /// How many requests this record stands for: 1, except for skipped shadows, which the
+    /// ledger keeps as one row per kind with a count (a slow candidate skips most requests).
+    #[serde(default = "one")]
+    pub count: u64,
+}
+
+fn one() -> u64 {
+    1
 }
 
 impl Pair {
@@ -376,7 +384,7 @@ pub fn compare(pairs: &[Pair], include_cold: bool) -> Comparison {
     for pair in pairs {
         let key = GroupKey::of(pair);
         if !key.warm && !include_cold {
-            cold_pairs_excluded += 1;
+            cold_pairs_excluded += usize::try_from(pair.count).unwrap_or(usize::MAX);
             continue;
         }
         by_key.entry(key).or_default().push(pair);
@@ -406,16 +414,15 @@ pub fn compare(pairs: &[Pair], include_cold: bool) -> Comparison {
 }
 
 fn judge_group(key: GroupKey, pairs: &[&Pair]) -> Group {
-    let mut counts = Counts {
-        pairs: pairs.len(),
-        ..Counts::default()
-    };
+    let mut counts = Counts::default();
     for pair in pairs {
+        let n = usize::try_from(pair.count).unwrap_or(usize::MAX);
+        counts.pairs += n;
         match pair.verdict {
-            Verdict::Match => counts.matched += 1,
-            Verdict::Mismatch => counts.mismatch += 1,
-            Verdict::CandidateError => counts.candidate_error += 1,
-            Verdict::Incomparable => counts.incomparable += 1,
+            Verdict::Match => counts.matched += n,
+            Verdict::Mismatch => counts.mismatch += n,
+            Verdict::CandidateError => counts.candidate_error += n,
+            Verdict::Incomparable => counts.incomparable += n,
         }
     }
     let reasons = |prefix: &str| -> Vec<String> {
@@ -437,7 +444,8 @@ fn judge_group(key: GroupKey, pairs: &[&Pair]) -> Group {
                 .as_deref()
                 .is_some_and(|r| r.starts_with("shadow skipped") || r.starts_with("primary failed"))
         })
-        .count();
+        .map(|p| usize::try_from(p.count).unwrap_or(usize::MAX))
+        .sum::<usize>();
     let judged = counts.pairs - not_judged;
     let (status, detail) = if counts.mismatch > 0 {
         (
@@ -689,6 +697,7 @@ mod tests {
             candidate: Some(candidate),
             verdict,
             reason,
+            count: 1,
         }
     }
 
@@ -804,9 +813,21 @@ mod tests {
             candidate: None,
             verdict,
             reason,
+            count: 1,
         };
-        let result = compare(&[skipped], false);
+        let result = compare(&[skipped.clone()], false);
         assert_eq!(result.groups[0].status, Status::NothingJudged);
         assert!(result.groups[0].detail.contains("pool full"));
+
+        // A row standing for many skips counts as that many, beside a single one.
+        let many = Pair {
+            count: 40,
+            ..skipped.clone()
+        };
+        let result = compare(&[skipped, many], false);
+        assert_eq!(result.groups.len(), 1);
+        assert_eq!(result.groups[0].counts.pairs, 41);
+        assert_eq!(result.groups[0].counts.incomparable, 41);
+        assert_eq!(result.summaries[0].counts.pairs, 41);
     }
 }

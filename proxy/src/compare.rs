@@ -136,6 +136,7 @@ pub async fn run_suite(
                 candidate: candidate_side,
                 verdict,
                 reason,
+                count: 1,
             };
             Recorder::log_comparison(&pair, "compare");
             state

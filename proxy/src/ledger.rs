@@ -159,6 +159,10 @@ const MIGRATIONS: &[&str] = &[
     r#"
     DROP INDEX IF EXISTS requests_group;
     "#,
+    // 4: skipped shadows of one kind are kept as one row with a count (see `SkippedShadow`).
+    r#"
+    ALTER TABLE comparisons ADD COLUMN count INTEGER NOT NULL DEFAULT 1;
+    "#,
 ];
 
 /// A snapshot of one engine's identity, recorded when it changes.
@@ -210,6 +214,42 @@ struct ComparisonRow {
     source: &'static str,
     sampling_json: String,
     pair: Pair,
+}
+
+/// A sampled request whose shadow never ran (pool full, shutting down, embeddings). A candidate
+/// slower than the traffic skips nearly every request, so a skip must cost next to nothing: the
+/// writer keeps the skips of one kind in a batch as one `comparisons` row with their `count`
+/// (verdict `incomparable`, no candidate side, no request id — each primary has its own row in
+/// `requests`). The kind is everything the comparator groups by.
+#[derive(Debug)]
+pub struct SkippedShadow {
+    pub model: Arc<str>,
+    pub mode: &'static str,
+    pub workload: String,
+    pub sampling: String,
+    pub sampling_json: String,
+    pub streamed: bool,
+    /// `shadow skipped: …`
+    pub reason: Arc<str>,
+    pub primary_backend: Option<Arc<str>>,
+    pub primary_engine: Option<String>,
+    pub primary_artifact: Option<String>,
+    pub primary_warm: Option<bool>,
+}
+
+impl SkippedShadow {
+    fn same_kind(&self, other: &Self) -> bool {
+        self.workload == other.workload
+            && self.model == other.model
+            && self.sampling == other.sampling
+            && self.mode == other.mode
+            && self.streamed == other.streamed
+            && self.reason == other.reason
+            && self.primary_backend == other.primary_backend
+            && self.primary_engine == other.primary_engine
+            && self.primary_artifact == other.primary_artifact
+            && self.primary_warm == other.primary_warm
+    }
 }
 
 /// SQLite values of one side, in [`SIDE_COLUMNS`] order (all NULL when the side did not run).
@@ -343,6 +383,7 @@ pub fn read_comparisons(conn: &Connection, since_ms: Option<i64>) -> rusqlite::R
             },
             verdict: Verdict::parse(&verdict).unwrap_or(Verdict::Incomparable),
             reason: row.get("reason")?,
+            count: row.get::<_, i64>("count")?.max(1) as u64,
         })
     })?;
     rows.collect()
@@ -353,6 +394,7 @@ pub fn read_comparisons(conn: &Connection, since_ms: Option<i64>) -> rusqlite::R
 enum Entry {
     Request(Box<Row>),
     Comparison(Box<ComparisonRow>),
+    Skipped(i64, Box<SkippedShadow>),
     Identity(SystemTime, Box<IdentitySnapshot>),
     /// Answered once everything queued before it is written (or lost).
     Flush(std::sync::mpsc::SyncSender<()>),
@@ -538,23 +580,9 @@ impl Ledger {
     pub fn start(
         config: &LedgerConfig,
     ) -> Result<(Self, std::thread::JoinHandle<()>), LedgerError> {
-        let conn = open(&config.path)?;
         let (tx, rx) = mpsc::channel(config.queue);
         let counters = Arc::new(LedgerCounters::default());
-        let writer = Writer {
-            conn,
-            rx,
-            counters: counters.clone(),
-            batch: config.batch,
-            retention_days: config.retention_days,
-            max_rows: config.max_rows,
-            path: config.path.clone(),
-            last_prune: None,
-            failures_logged: 0,
-            run_id: ulid::Ulid::new().to_string(),
-            started_ms: unix_ms(SystemTime::now()),
-            insert_comparison: insert_comparison_sql(),
-        };
+        let writer = Writer::new(open(&config.path)?, rx, counters.clone(), config);
         let handle = std::thread::Builder::new()
             .name("switchyard-ledger".to_owned())
             .spawn(move || writer.run())
@@ -585,6 +613,11 @@ impl Ledger {
             sampling_json: sampling_json.to_owned(),
             pair,
         })));
+    }
+
+    /// Queues a skipped shadow. Never blocks; a full queue drops and counts it.
+    pub fn skipped(&self, skip: SkippedShadow) {
+        self.submit(Entry::Skipped(unix_ms(SystemTime::now()), Box::new(skip)));
     }
 
     /// Queues an identity snapshot.
@@ -627,6 +660,28 @@ struct Writer {
 }
 
 impl Writer {
+    fn new(
+        conn: Connection,
+        rx: mpsc::Receiver<Entry>,
+        counters: Arc<LedgerCounters>,
+        config: &LedgerConfig,
+    ) -> Self {
+        Self {
+            conn,
+            rx,
+            counters,
+            batch: config.batch,
+            retention_days: config.retention_days,
+            max_rows: config.max_rows,
+            path: config.path.clone(),
+            last_prune: None,
+            failures_logged: 0,
+            run_id: ulid::Ulid::new().to_string(),
+            started_ms: unix_ms(SystemTime::now()),
+            insert_comparison: insert_comparison_sql(),
+        }
+    }
+
     fn run(mut self) {
         let mut entries = Vec::with_capacity(self.batch);
         while let Some(first) = self.rx.blocking_recv() {
@@ -716,6 +771,8 @@ impl Writer {
                     model_path, slots, n_ctx, chat_template, note)
                  VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12)",
             )?;
+            // Skips of one kind: the first one's time, the kind, how many.
+            let mut skipped: Vec<(i64, &SkippedShadow, i64)> = Vec::new();
             for entry in entries {
                 match entry {
                     Entry::Request(r) => {
@@ -756,6 +813,12 @@ impl Writer {
                         ])?;
                     }
                     Entry::Flush(_) => {}
+                    Entry::Skipped(at, skip) => {
+                        match skipped.iter_mut().find(|(_, kind, _)| kind.same_kind(skip)) {
+                            Some((_, _, count)) => *count += 1,
+                            None => skipped.push((*at, skip, 1)),
+                        }
+                    }
                     Entry::Comparison(c) => {
                         let p = &c.pair;
                         let mut values = vec![
@@ -791,6 +854,31 @@ impl Writer {
                             s.note,
                         ])?;
                     }
+                }
+            }
+            if !skipped.is_empty() {
+                let mut insert_skipped = tx.prepare_cached(
+                    "INSERT INTO comparisons (ts_ms, source, mode, model, workload, sampling, sampling_json,
+                        streamed, verdict, reason, candidate_ran, primary_backend, primary_engine,
+                        primary_artifact, primary_warm, count)
+                     VALUES (?1, 'shadow', ?2, ?3, ?4, ?5, ?6, ?7, 'incomparable', ?8, 0, ?9, ?10, ?11, ?12, ?13)",
+                )?;
+                for (at, s, count) in skipped {
+                    insert_skipped.execute(params![
+                        at,
+                        s.mode,
+                        &*s.model,
+                        s.workload,
+                        s.sampling,
+                        s.sampling_json,
+                        s.streamed,
+                        &*s.reason,
+                        s.primary_backend.as_deref(),
+                        s.primary_engine,
+                        s.primary_artifact,
+                        s.primary_warm,
+                        count,
+                    ])?;
                 }
             }
         }
@@ -920,5 +1008,70 @@ mod tests {
         // With a row limit, the first batch written prunes the oldest rows.
         write_records(&path, Some(3), 5..6);
         assert_eq!(request_ids(&path), vec!["req-3", "req-4", "req-5"]);
+    }
+
+    #[test]
+    fn skipped_shadows_of_one_kind_are_one_row_with_their_count() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("ledger.db");
+        let (_tx, rx) = mpsc::channel(1);
+        let config = config(path.clone(), None);
+        let mut writer = Writer::new(open(&path).unwrap(), rx, Arc::default(), &config);
+        let skip = |at: i64, workload: &str, warm: bool| {
+            Entry::Skipped(
+                at,
+                Box::new(SkippedShadow {
+                    model: "m".into(),
+                    mode: "after-primary",
+                    workload: workload.to_owned(),
+                    sampling: "sp:1".to_owned(),
+                    sampling_json: "{}".to_owned(),
+                    streamed: false,
+                    reason: "shadow skipped: pool full (max_in_flight = 1)".into(),
+                    primary_backend: Some("main".into()),
+                    primary_engine: Some("llama.cpp/b1".to_owned()),
+                    primary_artifact: Some("sha256:aa".to_owned()),
+                    primary_warm: Some(warm),
+                }),
+            )
+        };
+        let batch = [
+            skip(10, "wl:a", true),
+            skip(11, "wl:b", true),
+            skip(12, "wl:a", true),
+            skip(13, "wl:a", false),
+            skip(14, "wl:a", true),
+        ];
+        writer.write(&batch).unwrap();
+        let pairs = read_comparisons(&writer.conn, None).unwrap();
+        let kinds: Vec<_> = pairs
+            .iter()
+            .map(|p| (p.workload.as_str(), p.primary.warm, p.count))
+            .collect();
+        assert_eq!(
+            kinds,
+            [
+                ("wl:a", Some(true), 3),
+                ("wl:b", Some(true), 1),
+                ("wl:a", Some(false), 1)
+            ]
+        );
+        let first = &pairs[0];
+        assert_eq!(first.verdict, Verdict::Incomparable);
+        assert_eq!(
+            first.reason.as_deref(),
+            Some("shadow skipped: pool full (max_in_flight = 1)")
+        );
+        assert!(first.candidate.is_none());
+        assert_eq!(first.primary.backend, "main");
+        assert_eq!(first.primary.engine.as_deref(), Some("llama.cpp/b1"));
+        assert_eq!(first.primary.artifact.as_deref(), Some("sha256:aa"));
+        assert_eq!(first.primary.request_id, None);
+        // The row carries the first skip's time.
+        let ts: i64 = writer
+            .conn
+            .query_row("SELECT min(ts_ms) FROM comparisons", [], |r| r.get(0))
+            .unwrap();
+        assert_eq!(ts, 10);
     }
 }

@@ -63,6 +63,13 @@ impl Recorder {
         }
     }
 
+    /// Records a shadow that never ran (counted in the ledger by kind).
+    pub fn skipped(&self, skip: crate::ledger::SkippedShadow) {
+        if let Some(ledger) = &self.ledger {
+            ledger.skipped(skip);
+        }
+    }
+
     /// One log line for a comparison.
     pub fn log_comparison(pair: &Pair, source: &'static str) {
         let c = pair.candidate.as_ref();
@@ -266,7 +273,7 @@ impl RequestRecord {
         }
         self.recorder.write(self);
         if let Some(hook) = self.hook.take() {
-            hook.fire(self.side());
+            hook.fire(self);
         }
     }
 }

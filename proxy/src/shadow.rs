@@ -22,7 +22,7 @@ use std::time::{Duration, Instant};
 use http::HeaderValue;
 use http_body_util::BodyExt;
 use switchyard_adapters::fingerprint::WorkloadFingerprint;
-use switchyard_policy::compare::{judge, Pair, Side};
+use switchyard_policy::compare::{judge, Pair, Side, Verdict};
 use switchyard_policy::{Route, RoutingTable, ShadowRoute, ShadowWhen};
 use tokio::sync::{oneshot, OwnedSemaphorePermit, Semaphore};
 use tokio_util::sync::CancellationToken;
@@ -31,6 +31,7 @@ use tokio_util::task::TaskTracker;
 use crate::app::AppState;
 use crate::backend::Backend;
 use crate::handler::{attempt, fail, Outgoing, Stamp};
+use crate::ledger::SkippedShadow;
 use crate::record::{Recorder, RequestRecord};
 
 /// The shadow pools and their tasks, one pool per shadowed model.
@@ -50,7 +51,7 @@ pub struct Shadowing {
 struct Pool {
     permits: Arc<Semaphore>,
     /// The reason a skip for want of room is recorded with.
-    full: Box<str>,
+    full: Arc<str>,
 }
 
 impl Shadowing {
@@ -63,7 +64,11 @@ impl Shadowing {
                 let permits = usize::try_from(shadow.max_in_flight).unwrap_or(usize::MAX);
                 let pool = Pool {
                     permits: Arc::new(Semaphore::new(permits)),
-                    full: format!("pool full (max_in_flight = {})", shadow.max_in_flight).into(),
+                    full: format!(
+                        "shadow skipped: pool full (max_in_flight = {})",
+                        shadow.max_in_flight
+                    )
+                    .into(),
                 };
                 Some((name.clone(), pool))
             })
@@ -217,12 +222,13 @@ impl fmt::Debug for RecordHook {
 }
 
 impl RecordHook {
-    pub fn fire(self, outcome: Side) {
+    /// Called once the request's record is written.
+    pub fn fire(self, record: &RequestRecord) {
         match self {
             Self::Outcome(tx) => {
-                let _ = tx.send(outcome);
+                let _ = tx.send(record.side());
             }
-            Self::Shadow(ticket) => ticket.primary_done(outcome),
+            Self::Shadow(ticket) => ticket.primary_done(record),
         }
     }
 }
@@ -238,32 +244,41 @@ pub enum Ticket {
 }
 
 impl Ticket {
-    fn primary_done(self, primary: Side) {
+    fn primary_done(self, record: &RequestRecord) {
         match self {
             Self::Concurrent(tx) => {
-                let _ = tx.send(primary);
+                let _ = tx.send(record.side());
             }
-            Self::Skipped(comparison, skip) => comparison.finish(primary, None, Some(skip)),
-            Self::AfterPrimary(mut job) => {
-                let c = &job.comparison;
+            Self::Skipped(comparison, skip) => comparison.skipped(record, skip),
+            Self::AfterPrimary(job) => {
+                let ShadowJob {
+                    mut comparison,
+                    outgoing,
+                } = *job;
+                let shadowing = &comparison.state.shadowing;
+                if shadowing.stop.is_cancelled() || tokio::runtime::Handle::try_current().is_err() {
+                    return comparison.skipped(record, Skip::ShuttingDown);
+                }
+                // The pool is asked before anything else is built: with a candidate slower than
+                // the traffic, most sampled requests end here, and a skip must cost next to
+                // nothing. (A failed primary that finds the pool full is recorded as skipped.)
+                let Some(permit) = shadowing.permit(&comparison.model) else {
+                    return comparison.skipped(record, Skip::PoolFull);
+                };
+                let primary = record.side();
                 if primary.failure().is_some() {
                     // Nothing to compare against: recorded as such, without loading the candidate.
-                    c.finish(primary, None, None);
+                    drop(permit);
+                    comparison.finish(primary, None, None);
                     return;
                 }
-                let shadowing = &c.state.shadowing;
-                if shadowing.stop.is_cancelled() || tokio::runtime::Handle::try_current().is_err() {
-                    c.finish(primary, None, Some(Skip::ShuttingDown));
-                    return;
-                }
-                let Some(permit) = shadowing.permit(&c.model) else {
-                    c.finish(primary, None, Some(Skip::PoolFull));
-                    return;
-                };
-                let in_flight = c.contention(Some(primary.backend.as_str()));
                 let stop = shadowing.stop.clone();
                 let tasks = shadowing.tasks.clone();
-                job.comparison.in_flight = in_flight;
+                comparison.in_flight = comparison.contention(Some(primary.backend.as_str()));
+                let job = ShadowJob {
+                    comparison,
+                    outgoing,
+                };
                 tasks.spawn(async move {
                     let _permit = permit;
                     let c = &job.comparison;
@@ -286,6 +301,17 @@ pub enum Skip {
     ShuttingDown,
     /// Embeddings are not compared (outputs are compared as generated text).
     Embeddings,
+}
+
+impl Skip {
+    /// Why, after `shadow skipped: `.
+    fn why(self) -> &'static str {
+        match self {
+            Self::PoolFull => "pool full",
+            Self::ShuttingDown => "shutting down",
+            Self::Embeddings => "embeddings are not compared",
+        }
+    }
 }
 
 /// What judging and recording a comparison needs from the primary request.
@@ -344,26 +370,17 @@ impl Comparison {
         )
     }
 
-    /// Judges and records the comparison. Skips for a full pool come in bursts as long as the
-    /// candidate is slower than the traffic: each is counted and written to the ledger, and the
-    /// log gets the first and then every power of two, with the count so far.
+    /// Judges and records a comparison whose candidate ran (or was cancelled at shutdown).
     fn finish(&self, mut primary: Side, mut candidate: Option<Side>, skip: Option<Skip>) {
         primary.in_flight = self.in_flight.0;
         if let Some(c) = candidate.as_mut() {
             c.in_flight = self.in_flight.1;
         }
-        let shadowing = &self.state.shadowing;
-        let pool = shadowing.pools.get(&self.model);
-        let reason = skip.map(|skip| match skip {
-            Skip::PoolFull => pool.map_or("pool full", |p| &p.full),
-            Skip::ShuttingDown => "shutting down",
-            Skip::Embeddings => "embeddings are not compared",
-        });
         let (verdict, reason) = judge(
             &primary,
             candidate.as_ref(),
             self.fingerprint.deterministic,
-            reason,
+            skip.map(Skip::why),
         );
         let pair = Pair {
             model: self.model.to_string(),
@@ -375,32 +392,64 @@ impl Comparison {
             candidate,
             verdict,
             reason,
+            count: 1,
         };
-        let pool_full = skip == Some(Skip::PoolFull);
+        let recorder = &self.state.recorder;
+        recorder
+            .metrics
+            .observe_comparison(&self.model, &self.candidate, pair.verdict, false);
+        Recorder::log_comparison(&pair, "shadow");
+        recorder.comparison(pair, &self.fingerprint.sampling_json, "shadow");
+        self.state.shadowing.recorded.send_modify(|n| *n += 1);
+    }
+
+    /// Records a sampled request whose shadow never ran: counted, and in the ledger by kind.
+    /// Skips for a full pool come in bursts as long as the candidate is slower than the traffic:
+    /// the log gets the first and then every power of two, with the count so far.
+    fn skipped(self, primary: &RequestRecord, skip: Skip) {
+        let shadowing = &self.state.shadowing;
+        let pool = shadowing.pools.get(&self.model);
+        let reason: Arc<str> = match (skip, pool) {
+            (Skip::PoolFull, Some(pool)) => pool.full.clone(),
+            _ => format!("shadow skipped: {}", skip.why()).into(),
+        };
         let recorder = &self.state.recorder;
         let skipped_so_far = recorder.metrics.observe_comparison(
             &self.model,
             &self.candidate,
-            pair.verdict,
-            pool_full,
+            Verdict::Incomparable,
+            skip == Skip::PoolFull,
         );
-        match pool.filter(|_| pool_full) {
-            Some(pool) => {
-                let n = skipped_so_far;
-                if n.is_power_of_two() {
-                    tracing::info!(
-                        target: "switchyard::comparison",
-                        model = %self.model,
-                        candidate = %self.candidate,
-                        skipped = n,
-                        "shadow skipped: {} (each is in the ledger and in switchyard_shadow_skipped_total)",
-                        pool.full
-                    );
-                }
-            }
-            None => Recorder::log_comparison(&pair, "shadow"),
+        if skip != Skip::PoolFull || skipped_so_far.is_power_of_two() {
+            tracing::info!(
+                target: "switchyard::comparison",
+                source = "shadow",
+                model = %self.model,
+                candidate = %self.candidate,
+                primary_request_id = %primary.id,
+                skipped = skipped_so_far,
+                "{reason} (each skip is in the ledger and in switchyard_shadow_skipped_total)",
+            );
         }
-        recorder.comparison(pair, &self.fingerprint.sampling_json, "shadow");
+        let WorkloadFingerprint {
+            workload,
+            sampling,
+            sampling_json,
+            ..
+        } = self.fingerprint;
+        recorder.skipped(SkippedShadow {
+            model: self.model,
+            mode: self.when.as_str(),
+            workload,
+            sampling,
+            sampling_json,
+            streamed: self.streamed,
+            reason,
+            primary_backend: primary.backend.clone(),
+            primary_engine: primary.engine.clone(),
+            primary_artifact: primary.artifact.clone(),
+            primary_warm: primary.warm,
+        });
         shadowing.recorded.send_modify(|n| *n += 1);
     }
 }

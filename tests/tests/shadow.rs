@@ -118,7 +118,7 @@ impl Stack {
     fn comparisons(&self) -> Vec<Value> {
         let conn = rusqlite::Connection::open(&self.ledger).unwrap();
         let mut stmt = conn
-            .prepare("SELECT verdict, reason, mode, streamed, candidate_ran, primary_output, candidate_output, candidate_in_flight, primary_backend, candidate_backend FROM comparisons ORDER BY id")
+            .prepare("SELECT verdict, reason, mode, streamed, candidate_ran, primary_output, candidate_output, candidate_in_flight, primary_backend, candidate_backend, count FROM comparisons ORDER BY id")
             .unwrap();
         let rows = stmt
             .query_map([], |r| {
@@ -133,6 +133,7 @@ impl Stack {
                     "candidate_in_flight": r.get::<_, Option<i64>>(7)?,
                     "primary_backend": r.get::<_, Option<String>>(8)?,
                     "candidate_backend": r.get::<_, Option<String>>(9)?,
+                    "count": r.get::<_, i64>(10)?,
                 }))
             })
             .unwrap();
@@ -435,8 +436,9 @@ async fn after_primary_a_request_that_finds_the_pool_taken_is_skipped_and_counte
         })
         .await
         .expect("the first shadow reached the candidate");
-    for prompt in ["second", "third"] {
-        let r = s.chat(prompt, json!({})).await;
+    // The same request twice: skips of one kind may share a ledger row, with their count.
+    for _ in 0..2 {
+        let r = s.chat("again", json!({})).await;
         assert_eq!(r.status, 200);
         assert_eq!(r.header("x-switchyard-backend"), "main");
     }
@@ -446,13 +448,26 @@ async fn after_primary_a_request_that_finds_the_pool_taken_is_skipped_and_counte
         .iter()
         .filter(|r| r["reason"] == "shadow skipped: pool full (max_in_flight = 1)")
         .collect();
-    assert_eq!(skipped.len(), 2, "{rows:#?}");
+    let skips: i64 = skipped.iter().map(|r| r["count"].as_i64().unwrap()).sum();
+    assert_eq!(skips, 2, "{rows:#?}");
     assert!(skipped
         .iter()
         .all(|r| r["candidate_ran"] == false && r["mode"] == "after-primary"));
     let ran: Vec<&Value> = rows.iter().filter(|r| r["candidate_ran"] == true).collect();
     assert_eq!(ran.len(), 1, "{rows:#?}");
     assert_eq!(ran[0]["verdict"], "match");
+    // The report counts both skips, however many rows hold them, and judges nothing from them.
+    let report: Value = serde_json::from_str(&s.report("json")).unwrap();
+    let groups: Vec<&Value> = report["groups"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|g| g["detail"].as_str().unwrap().contains("pool full"))
+        .collect();
+    assert_eq!(groups.len(), 1, "{report:#}");
+    assert_eq!(groups[0]["counts"]["pairs"], 2, "{report:#}");
+    assert_eq!(groups[0]["counts"]["incomparable"], 2, "{report:#}");
+    assert_eq!(groups[0]["status"], "nothing-judged", "{report:#}");
     // The candidate saw exactly one request: the skipped ones were never sent.
     while let Some(event) = s.cand.next_event(Duration::from_millis(0)).await {
         assert!(!matches!(event, Event::Request { .. }), "{event:?}");
