@@ -321,6 +321,11 @@ fn insert_comparison_sql() -> String {
 
 /// Comparisons recorded since `since_ms` (all when None), oldest first.
 pub fn read_comparisons(conn: &Connection, since_ms: Option<i64>) -> rusqlite::Result<Vec<Pair>> {
+    // A ledger written before migration 4 (read, not migrated, by `switchyard report`) has one
+    // row per comparison and no `count`.
+    let counted = conn
+        .prepare("SELECT count FROM comparisons LIMIT 0")
+        .is_ok();
     let mut statement = conn.prepare("SELECT * FROM comparisons WHERE ts_ms >= ?1 ORDER BY id")?;
     let rows = statement.query_map([since_ms.unwrap_or(i64::MIN)], |row| {
         let side = |prefix: &str| -> rusqlite::Result<Side> {
@@ -383,7 +388,11 @@ pub fn read_comparisons(conn: &Connection, since_ms: Option<i64>) -> rusqlite::R
             },
             verdict: Verdict::parse(&verdict).unwrap_or(Verdict::Incomparable),
             reason: row.get("reason")?,
-            count: row.get::<_, i64>("count")?.max(1) as u64,
+            count: if counted {
+                row.get::<_, i64>("count")?.max(1) as u64
+            } else {
+                1
+            },
         })
     })?;
     rows.collect()
@@ -1073,5 +1082,25 @@ mod tests {
             .query_row("SELECT min(ts_ms) FROM comparisons", [], |r| r.get(0))
             .unwrap();
         assert_eq!(ts, 10);
+    }
+
+    #[test]
+    fn comparisons_of_a_ledger_before_counts_read_as_one_each() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("ledger.db");
+        let conn = Connection::open(&path).unwrap();
+        for migration in &MIGRATIONS[..3] {
+            conn.execute_batch(migration).unwrap();
+        }
+        conn.execute(
+            "INSERT INTO comparisons (ts_ms, source, mode, model, workload, sampling, streamed,
+                verdict, candidate_ran, primary_backend)
+             VALUES (1, 'shadow', 'after-primary', 'm', 'wl:a', 'sp:1', 0, 'incomparable', 0, 'main')",
+            [],
+        )
+        .unwrap();
+        let pairs = read_comparisons(&conn, None).unwrap();
+        assert_eq!(pairs.len(), 1);
+        assert_eq!(pairs[0].count, 1);
     }
 }

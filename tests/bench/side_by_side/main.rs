@@ -49,6 +49,10 @@ struct Args {
     /// Rounds, alternating between targets.
     #[arg(long, default_value_t = 3)]
     rounds: usize,
+    /// Rounds of the shadowing measurement (with and without alternated): a p99 ratio needs
+    /// more samples than a p50 to hold still on a noisy machine.
+    #[arg(long, default_value_t = 10)]
+    shadow_rounds: usize,
     /// Streams per round and target (read one at a time).
     #[arg(long, default_value_t = 30)]
     streams: usize,
@@ -375,7 +379,7 @@ async fn main() -> anyhow::Result<()> {
         run_load(&client, &t.chat_url(Engine::Fast), &fast_body, 200, 4).await?;
     }
     for (concurrency, n) in [(1, args.requests), (32, args.requests * 4)] {
-        let shadowed = alternate(&pair, args.rounds, Sample::merge, |t| {
+        let shadowed = alternate(&pair, args.shadow_rounds, Sample::merge, |t| {
             let url = t.chat_url(Engine::Fast);
             let (client, body) = (&client, &fast_body);
             async move { run_load(client, &url, body, n, concurrency).await }
