@@ -21,12 +21,16 @@ use hyper_util::rt::TokioExecutor;
 /// The load generator's client.
 pub type BenchClient = Client<HttpConnector, Full<Bytes>>;
 
-/// A pooled keep-alive client keeping up to `max_idle` idle connections per host.
+/// A pooled keep-alive client keeping up to `max_idle` idle connections per host, each for at
+/// most 2 s: less than any target's keep-alive timeout (uvicorn's, under LiteLLM, is 5 s), so a
+/// round never sends on a connection its server is closing while the other targets ran.
 pub fn client(max_idle: usize) -> BenchClient {
     let mut connector = HttpConnector::new();
     connector.set_nodelay(true);
     Client::builder(TokioExecutor::new())
         .pool_max_idle_per_host(max_idle)
+        .pool_idle_timeout(std::time::Duration::from_secs(2))
+        .pool_timer(hyper_util::rt::TokioTimer::new())
         .build(connector)
 }
 
@@ -190,7 +194,10 @@ pub async fn run_load(
             let mut lat = Vec::new();
             while next.fetch_add(1, Ordering::Relaxed) < total {
                 let t = Instant::now();
-                let resp = client.request(post_json(&url, body.clone())?).await?;
+                let resp = client
+                    .request(post_json(&url, body.clone())?)
+                    .await
+                    .with_context(|| format!("{url}: request failed"))?;
                 let status = resp.status();
                 resp.into_body().collect().await?;
                 anyhow::ensure!(status == 200, "{url}: status {status}");
