@@ -815,7 +815,7 @@ mod tests {
             reason,
             count: 1,
         };
-        let result = compare(&[skipped.clone()], false);
+        let result = compare(std::slice::from_ref(&skipped), false);
         assert_eq!(result.groups[0].status, Status::NothingJudged);
         assert!(result.groups[0].detail.contains("pool full"));
 
