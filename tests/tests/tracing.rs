@@ -572,3 +572,55 @@ async fn failures_are_marked_like_http_server_spans() {
     );
     proxy.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_clients_unsampled_trace_is_continued_and_not_exported() {
+    let mut collector = Collector::start().await;
+    let mut engine = FakeEngine::llama_cpp().spawn().await.unwrap();
+    let proxy = start_switchyard(&config_for(&engine.url(), &telemetry(&collector, 20)))
+        .await
+        .unwrap();
+    let base = format!("http://{}", proxy.addr());
+    wait_ready(&proxy, Duration::from_secs(5), |v| v["ready"] == true)
+        .await
+        .unwrap();
+    let url = format!("{base}/v1/chat/completions");
+    let body = json!({"model": "smollm2", "messages": [{"role": "user", "content": "hi"}]});
+    let unsampled = format!("00-{CLIENT_TRACE_ID}-{CLIENT_SPAN_ID}-00");
+    for (id, traceparent) in [("not-sampled", Some(unsampled.as_str())), ("sampled", None)] {
+        let mut headers = vec![("x-request-id", id)];
+        headers.extend(traceparent.map(|t| ("traceparent", t)));
+        let response = TestClient::new()
+            .post_raw(
+                &url,
+                "application/json",
+                body.to_string().into_bytes(),
+                &headers,
+            )
+            .await
+            .unwrap();
+        assert_eq!(response.status, 200);
+        let engine_saw = engine_request_headers(&mut engine).await;
+        let parts: Vec<String> = single(&engine_saw, "traceparent")
+            .split('-')
+            .map(str::to_owned)
+            .collect();
+        if traceparent.is_some() {
+            // The client's trace and its decision go on, under Switchyard's own span id.
+            assert_eq!(parts[1], CLIENT_TRACE_ID);
+            assert_ne!(parts[2], CLIENT_SPAN_ID);
+            assert_eq!(parts[3], "00");
+        } else {
+            assert_eq!(parts[3], "01");
+        }
+    }
+    // The sampled request, sent second, is exported; by then the first one would have been.
+    collector.server_span("sampled").await;
+    proxy.shutdown().await;
+    let exported: Vec<Value> = collector
+        .drain()
+        .iter()
+        .map(|r| attributes(&r.span)["switchyard.request_id"].clone())
+        .collect();
+    assert_eq!(exported, [json!("sampled")]);
+}

@@ -23,6 +23,12 @@
 //! (network and scheduling lie between): they are stamped when the proxy learned them (the
 //! span's end) — a number, never a guessed position.
 //!
+//! **Built once.** The span's identity (trace id, a new span id, the client's sampled flag and
+//! trace state; sampling as the SDK's default, parent-based always-on) is fixed when the request
+//! arrives; its data is assembled once, at the end, as the SDK's `SpanData`, and handed to the
+//! export pipeline. The SDK's span API (a boxed span behind a lock, one call per attribute and
+//! event) cost twice as much per request (`tests/bench/instructions --recording traces`).
+//!
 //! **Export.** The SDK's batch processor gathers finished spans on its own thread, which encodes
 //! them straight into OTLP protobuf (`otlp.rs`) and sends them; the HTTP request itself runs on
 //! the server's tokio runtime, which hyper needs (`export.rs`). At most `telemetry.queue` spans
@@ -42,13 +48,14 @@ use std::time::{Duration, Instant, SystemTime};
 use http::{HeaderMap, HeaderName, HeaderValue};
 use opentelemetry::propagation::TextMapPropagator;
 use opentelemetry::trace::{
-    SpanContext, SpanKind, Status, TraceContextExt, TraceFlags, TraceId, Tracer as _,
-    TracerProvider as _,
+    Event, SpanContext, SpanId, SpanKind, Status, TraceContextExt, TraceFlags, TraceId,
 };
 use opentelemetry::{Context, InstrumentationScope, KeyValue};
 use opentelemetry_http::HeaderExtractor;
 use opentelemetry_sdk::propagation::TraceContextPropagator;
-use opentelemetry_sdk::trace::{SdkTracer, SdkTracerProvider};
+use opentelemetry_sdk::trace::{
+    IdGenerator, RandomIdGenerator, SpanData, SpanEvents, SpanLinks, SpanProcessor,
+};
 use opentelemetry_sdk::Resource;
 use switchyard_policy::TelemetryConfig;
 
@@ -82,8 +89,10 @@ pub struct Telemetry {
 
 #[derive(Debug)]
 struct Inner {
-    provider: SdkTracerProvider,
-    tracer: SdkTracer,
+    /// Where finished spans go: the bounded batch processor of `export.rs`.
+    processor: Box<dyn SpanProcessor>,
+    ids: RandomIdGenerator,
+    scope: InstrumentationScope,
     stats: Arc<TelemetryStats>,
 }
 
@@ -99,7 +108,7 @@ impl Telemetry {
         let runtime = tokio::runtime::Handle::try_current()
             .map_err(|e| format!("telemetry: traces are exported from a tokio runtime: {e}"))?;
         let stats = Arc::new(TelemetryStats::default());
-        let processor = export::processor(config, &endpoint, runtime, stats.clone())?;
+        let mut processor = export::processor(config, &endpoint, runtime, stats.clone())?;
 
         let service_name = config
             .service_name
@@ -110,20 +119,16 @@ impl Telemetry {
             .with_service_name(service_name.clone())
             .with_attribute(KeyValue::new("service.version", env!("CARGO_PKG_VERSION")))
             .build();
-        let provider = SdkTracerProvider::builder()
-            .with_span_processor(processor)
-            .with_resource(resource)
+        processor.set_resource(&resource);
+        let scope = InstrumentationScope::builder("switchyard")
+            .with_version(env!("CARGO_PKG_VERSION"))
             .build();
-        let tracer = provider.tracer_with_scope(
-            InstrumentationScope::builder("switchyard")
-                .with_version(env!("CARGO_PKG_VERSION"))
-                .build(),
-        );
         tracing::info!(%endpoint, service = %service_name, "exporting traces (OTLP/HTTP)");
         Ok(Some(Self {
             inner: Arc::new(Inner {
-                provider,
-                tracer,
+                processor: Box::new(processor),
+                ids: RandomIdGenerator::default(),
+                scope,
                 stats,
             }),
         }))
@@ -164,24 +169,41 @@ impl Telemetry {
 
     /// Opens the span of a proxied request whose head arrived at `received`, as a child of the
     /// client's trace context in `headers` when that is valid.
+    ///
+    /// Sampling is the SDK default's (parent-based, always on): a request continuing a sampled
+    /// trace, or starting one, is recorded; one whose client's trace is not sampled is not, and
+    /// still passes its context on. The span is not built through the SDK's span API: its
+    /// identity is fixed here, and its data is assembled once, when the record is written, and
+    /// handed to the export pipeline as it is (the API's per-attribute calls through a locked,
+    /// boxed span cost more than the rest of recording a trace).
     pub fn start_request(&self, headers: &HeaderMap, path: &str, received: Instant) -> RequestSpan {
         let now = SystemTime::now();
         let start = now.checked_sub(received.elapsed()).unwrap_or(now);
         let parent = TraceContextPropagator::new()
             .extract_with_context(&Context::new(), &HeaderExtractor(headers));
-        let operation = operation_name(path);
-        let tracer = &self.inner.tracer;
-        let span = tracer
-            .span_builder(operation)
-            .with_kind(SpanKind::Server)
-            .with_start_time(start)
-            .start_with_context(tracer, &parent);
+        let parent = parent.span().span_context().clone();
+        let ids = &self.inner.ids;
+        let (trace_id, flags, parent_span_id) = if parent.is_valid() {
+            (parent.trace_id(), parent.trace_flags(), parent.span_id())
+        } else {
+            (ids.new_trace_id(), TraceFlags::SAMPLED, SpanId::INVALID)
+        };
+        let context = SpanContext::new(
+            trace_id,
+            ids.new_span_id(),
+            flags,
+            false,
+            parent.trace_state().clone(),
+        );
         RequestSpan {
-            cx: parent.with_span(span),
+            telemetry: self.inner.clone(),
+            context,
+            parent_span_id,
+            parent_is_remote: parent.is_remote(),
             start,
             received,
             forwarded: None,
-            operation,
+            operation: operation_name(path),
         }
     }
 
@@ -190,7 +212,7 @@ impl Telemetry {
     /// multi-threaded runtime (the export itself runs on the runtime). `false` when something
     /// was left unexported.
     pub fn shutdown(&self, timeout: Duration) -> bool {
-        let result = self.inner.provider.shutdown_with_timeout(timeout);
+        let result = self.inner.processor.shutdown_with_timeout(timeout);
         let stats = &self.inner.stats;
         let (exported, dropped, failed) = (
             stats.spans_exported.load(Ordering::Relaxed),
@@ -247,8 +269,13 @@ fn traces_endpoint(
 /// The span of one proxied request. Lives in its [`RequestRecord`] and ends when that is
 /// written.
 pub struct RequestSpan {
-    /// The client's context (if any) with this request's span active in it.
-    cx: Context,
+    telemetry: Arc<Inner>,
+    /// This span's identity: the client's trace (or a new one), a new span id, the client's
+    /// sampled flag and trace state.
+    context: SpanContext,
+    /// The client's span, or invalid when this span starts the trace.
+    parent_span_id: SpanId,
+    parent_is_remote: bool,
     /// Wall-clock time of `received`: every phase is placed from this anchor.
     start: SystemTime,
     received: Instant,
@@ -259,8 +286,7 @@ pub struct RequestSpan {
 
 impl fmt::Debug for RequestSpan {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let span = self.cx.span();
-        let context = span.span_context();
+        let context = &self.context;
         f.debug_struct("RequestSpan")
             .field("trace_id", &context.trace_id())
             .field("span_id", &context.span_id())
@@ -271,7 +297,7 @@ impl fmt::Debug for RequestSpan {
 
 impl RequestSpan {
     pub fn trace_id(&self) -> TraceId {
-        self.cx.span().span_context().trace_id()
+        self.context.trace_id()
     }
 
     /// The request is being forwarded now (`at`, the end of `queue` and the start of `ttfb`):
@@ -281,8 +307,7 @@ impl RequestSpan {
         self.forwarded = Some(at);
         headers.remove(TRACEPARENT);
         headers.remove(TRACESTATE);
-        let span = self.cx.span();
-        let context = span.span_context();
+        let context = &self.context;
         if !context.is_valid() {
             return;
         }
@@ -297,10 +322,10 @@ impl RequestSpan {
         }
     }
 
-    /// Sets the span's attributes from the finished record `r`, adds its phases, and ends it.
+    /// Ends the span with the finished record `r`: its attributes, its phases, its status, and
+    /// hands it to the export pipeline.
     pub fn finish(&self, r: &RequestRecord) {
-        let span = self.cx.span();
-        if !span.is_recording() {
+        if !self.context.is_sampled() {
             // The client's trace is not sampled: nothing is exported for it.
             return;
         }
@@ -308,10 +333,11 @@ impl RequestSpan {
             .phases
             .total
             .map_or_else(SystemTime::now, |total| self.at_ms(total));
-        span.set_attributes(attributes(self.operation, r));
-        if let Some(model) = &r.model {
-            span.update_name(format!("{} {model}", self.operation));
-        }
+        let mut attributes = attributes(self.operation, r);
+        let name = match &r.model {
+            Some(model) => format!("{} {model}", self.operation).into(),
+            None => self.operation.into(),
+        };
         // HTTP server conventions: a 4xx is the client's error, not this span's.
         let error_type = if r.status >= 500 {
             Some(r.status.to_string())
@@ -323,16 +349,32 @@ impl RequestSpan {
         } else {
             None
         };
+        let mut status = Status::Unset;
         if let Some(error_type) = error_type {
-            span.set_attribute(KeyValue::new("error.type", error_type));
+            attributes.push(KeyValue::new("error.type", error_type));
             if !r.client_disconnected || r.status >= 500 {
                 // A client that left is not Switchyard failing; everything else here is.
-                let description = r.error.clone().unwrap_or_default();
-                span.set_status(Status::error(description));
+                status = Status::error(r.error.clone().unwrap_or_default());
             }
         }
-        self.add_phases(&span, r, end);
-        span.end_with_timestamp(end);
+        let mut events = SpanEvents::default();
+        events.events = self.phases(r, end);
+        let telemetry = &self.telemetry;
+        telemetry.processor.on_end(SpanData {
+            span_context: self.context.clone(),
+            parent_span_id: self.parent_span_id,
+            parent_span_is_remote: self.parent_is_remote,
+            span_kind: SpanKind::Server,
+            name,
+            start_time: self.start,
+            end_time: end,
+            attributes,
+            dropped_attributes_count: 0,
+            events,
+            links: SpanLinks::default(),
+            status,
+            instrumentation_scope: telemetry.scope.clone(),
+        });
     }
 
     /// The phases, as timed events on the request span (one span per request to create, queue
@@ -342,15 +384,16 @@ impl RequestSpan {
     /// ended, with its length in `switchyard.duration_ms`, so it began that long before. The
     /// engine's own `prefill` and `decode` are stamped at the span's end, when the proxy learned
     /// them: their lengths are on the engine's clock, which does not say when they began on ours.
-    fn add_phases(
-        &self,
-        span: &opentelemetry::trace::SpanRef<'_>,
-        r: &RequestRecord,
-        end: SystemTime,
-    ) {
+    fn phases(&self, r: &RequestRecord, end: SystemTime) -> Vec<Event> {
         let p = &r.phases;
-        let proxy_clock = |name: &'static str, at: SystemTime, phase_ms: f64| {
-            span.add_event_with_timestamp(name, at, vec![KeyValue::new(DURATION_MS, phase_ms)]);
+        let mut events = Vec::with_capacity(5);
+        let mut proxy_clock = |name: &'static str, at: SystemTime, phase_ms: f64| {
+            events.push(Event::new(
+                name,
+                at,
+                vec![KeyValue::new(DURATION_MS, phase_ms)],
+                0,
+            ));
         };
         if let Some(forwarded) = self.forwarded.map(|at| self.at(at)) {
             if let Some(queue) = p.queue {
@@ -382,8 +425,9 @@ impl RequestSpan {
                 ("decode", Source::Measured, Some(ttft)) => self.at_ms(ttft) + ms(phase.ms),
                 _ => end,
             };
-            span.add_event_with_timestamp(name, at, attributes);
+            events.push(Event::new(name, at, attributes, 0));
         }
+        events
     }
 
     /// The wall-clock time `phase_ms` milliseconds after the request head arrived.
