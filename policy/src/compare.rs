@@ -86,25 +86,41 @@ pub struct Side {
     pub client_disconnected: bool,
 }
 
+/// Why an answer has no complete output, if it has none, from what its record says: whether the
+/// client read it to its end, its status, its error, whether an output hash was taken.
+pub fn failure_of(
+    client_disconnected: bool,
+    status: u16,
+    error: Option<&str>,
+    has_output: bool,
+) -> Option<String> {
+    if client_disconnected {
+        return Some("the response was not read to its end".to_owned());
+    }
+    if !(200..300).contains(&status) {
+        return Some(match error {
+            Some(e) => format!("status {status}: {e}"),
+            None => format!("status {status}"),
+        });
+    }
+    if let Some(e) = error {
+        return Some(e.to_owned());
+    }
+    if !has_output {
+        return Some("no output to compare".to_owned());
+    }
+    None
+}
+
 impl Side {
     /// Why this side has no complete answer, if it has none.
     pub fn failure(&self) -> Option<String> {
-        if self.client_disconnected {
-            return Some("the response was not read to its end".to_owned());
-        }
-        if !(200..300).contains(&self.status) {
-            return Some(match &self.error {
-                Some(e) => format!("status {}: {e}", self.status),
-                None => format!("status {}", self.status),
-            });
-        }
-        if let Some(e) = &self.error {
-            return Some(e.clone());
-        }
-        if self.output.is_none() {
-            return Some("no output to compare".to_owned());
-        }
-        None
+        failure_of(
+            self.client_disconnected,
+            self.status,
+            self.error.as_deref(),
+            self.output.is_some(),
+        )
     }
 
     /// What is missing from this side's identity: the engine's build and a verified artifact

@@ -227,6 +227,19 @@ impl RequestRecord {
         self.streamed = streamed;
     }
 
+    /// Whether the answer is incomplete (what [`Side::failure`] would say of [`Self::side`]),
+    /// without building the side.
+    pub fn failed(&self) -> bool {
+        let has_output = self.facts.as_ref().is_some_and(|f| f.output.is_some());
+        switchyard_policy::compare::failure_of(
+            self.client_disconnected,
+            self.status,
+            self.error.as_deref(),
+            has_output,
+        )
+        .is_some()
+    }
+
     /// This request as one side of a comparison.
     pub fn side(&self) -> Side {
         let facts = self.facts.as_ref();

@@ -259,19 +259,18 @@ impl Ticket {
                 if shadowing.stop.is_cancelled() || tokio::runtime::Handle::try_current().is_err() {
                     return comparison.skipped(record, Skip::ShuttingDown);
                 }
-                // The pool is asked before anything else is built: with a candidate slower than
-                // the traffic, most sampled requests end here, and a skip must cost next to
-                // nothing. (A failed primary that finds the pool full is recorded as skipped.)
+                if record.failed() {
+                    // Nothing to compare against: recorded as such, without loading the candidate.
+                    comparison.finish(record.side(), None, None);
+                    return;
+                }
+                // The pool is asked before the primary's side is built: with a candidate slower
+                // than the traffic, most sampled requests end here, and a skip must cost next to
+                // nothing.
                 let Some(permit) = shadowing.permit(&comparison.model) else {
                     return comparison.skipped(record, Skip::PoolFull);
                 };
                 let primary = record.side();
-                if primary.failure().is_some() {
-                    // Nothing to compare against: recorded as such, without loading the candidate.
-                    drop(permit);
-                    comparison.finish(primary, None, None);
-                    return;
-                }
                 let stop = shadowing.stop.clone();
                 let tasks = shadowing.tasks.clone();
                 comparison.in_flight = comparison.contention(Some(primary.backend.as_str()));

@@ -94,6 +94,17 @@ struct Inner {
     ids: RandomIdGenerator,
     scope: InstrumentationScope,
     stats: Arc<TelemetryStats>,
+    /// Set by [`Telemetry::shutdown`]; otherwise the pipeline is flushed when dropped.
+    shut_down: std::sync::atomic::AtomicBool,
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        // As the SDK's tracer provider does: spans still waiting are exported, not lost.
+        if !self.shut_down.load(Ordering::Relaxed) {
+            let _ = self.processor.shutdown();
+        }
+    }
 }
 
 impl Telemetry {
@@ -130,6 +141,7 @@ impl Telemetry {
                 ids: RandomIdGenerator::default(),
                 scope,
                 stats,
+                shut_down: std::sync::atomic::AtomicBool::new(false),
             }),
         }))
     }
@@ -212,6 +224,7 @@ impl Telemetry {
     /// multi-threaded runtime (the export itself runs on the runtime). `false` when something
     /// was left unexported.
     pub fn shutdown(&self, timeout: Duration) -> bool {
+        self.inner.shut_down.store(true, Ordering::Relaxed);
         let result = self.inner.processor.shutdown_with_timeout(timeout);
         let stats = &self.inner.stats;
         let (exported, dropped, failed) = (
