@@ -282,26 +282,40 @@ impl<B> ObservedStream<B> {
             let comment = self.comment();
             self.out.push_back(Frame::data(comment));
         }
-        if let Some(mut record) = self.record.take() {
-            if let Some(why) = failure.or_else(|| self.upstream_error.take()) {
-                record.error_class = Some("upstream");
-                record.error = Some(why);
-            }
-            if self.want_trailers {
-                let mut trailers = HeaderMap::with_capacity(1);
-                trailers.insert(
-                    HeaderName::from_static("server-timing"),
-                    header_value(&record.phases.header_value()),
-                );
-                self.out.push_back(Frame::trailers(trailers));
-            }
-            record.finish();
+        let trailers = self.want_trailers;
+        self.finish_record(failure, trailers);
+    }
+
+    /// Writes the record of a stream whose answer is complete (or failed with `failure`), and
+    /// queues the `server-timing` trailer when asked for.
+    fn finish_record(&mut self, failure: Option<String>, trailers: bool) {
+        let Some(mut record) = self.record.take() else {
+            return;
+        };
+        if let Some(why) = failure.or_else(|| self.upstream_error.take()) {
+            record.error_class = Some("upstream");
+            record.error = Some(why);
         }
+        if trailers {
+            let mut trailers = HeaderMap::with_capacity(1);
+            trailers.insert(
+                HeaderName::from_static("server-timing"),
+                header_value(&record.phases.header_value()),
+            );
+            self.out.push_back(Frame::trailers(trailers));
+        }
+        record.finish();
     }
 }
 
 impl<B> Drop for ObservedStream<B> {
     fn drop(&mut self) {
+        // A client that leaves once it has been handed the whole answer (the end-of-stream
+        // comment and `data: [DONE]`), before the engine's body has ended, read the answer to
+        // its end: the record says so. OpenAI clients close at `[DONE]`.
+        if self.comment_sent && self.out.is_empty() {
+            self.finish_record(None, false);
+        }
         // Write the record (as client-disconnected, if unfinished) and release the slot and the
         // in-flight mark before the engine's body is dropped and its connection closed: whoever
         // sees the close can rely on the record and the metrics.

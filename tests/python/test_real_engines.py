@@ -541,7 +541,9 @@ def test_shadowing_a_second_llama_server_matches_every_time(engines: Engines, tm
         config = shadow_config(engines, db, "llama2", url2)
         with start_switchyard(tmp_path, config, lambda r: identities_known(r) and r["backends"]["llama2"]["identity"] == "verified") as p:
             sent = shadowed_requests(p, ["What is the capital of France? Answer in one sentence."], 4, MAX_TOKENS)
-            report = json.loads(run_switchyard("report", "--comparisons", "--format", "json", "--ledger", str(db)))
+    # Read once Switchyard has stopped, which flushes the ledger: /metrics counts a comparison
+    # before the ledger's writer has committed it.
+    report = json.loads(run_switchyard("report", "--comparisons", "--format", "json", "--ledger", str(db)))
     rows = sqlite3.connect(db).execute("SELECT verdict, reason, primary_output, candidate_output FROM comparisons").fetchall()
     assert len(rows) == sent
     assert all(r[0] == "match" and r[2] == r[3] and r[2].startswith("sha256:") for r in rows), rows

@@ -46,6 +46,9 @@ pub enum Fault {
     /// Completions answer 500 with llama-server's error shape.
     #[value(name = "error-500")]
     Error500,
+    /// Streams send `data: [DONE]`, then keep the response open until the client leaves (an
+    /// engine slow to end its body); the leaving is reported as `Aborted`.
+    LingerAfterDone,
 }
 
 /// Something the fake engine did, with when it did it.
@@ -686,6 +689,10 @@ async fn complete(
         }
         if send("data: [DONE]\n\n".to_owned(), &mut index).await {
             guard.done();
+        }
+        if fault == Fault::LingerAfterDone {
+            tx.closed().await;
+            let _ = events.send(Event::Aborted { at: Instant::now() });
         }
     };
     #[allow(clippy::disallowed_methods)] // the fake engine's own generator; ends with its stream

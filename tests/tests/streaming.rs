@@ -7,7 +7,7 @@ use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use serde_json::json;
-use switchyard_tests::fake_engine::{Event, FakeEngine, FakeEngineHandle};
+use switchyard_tests::fake_engine::{Event, FakeEngine, FakeEngineHandle, Fault};
 use switchyard_tests::harness::{fake_stack, read_timed, TestClient};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
@@ -178,4 +178,48 @@ async fn client_leaving_during_prefill_closes_the_engine_request() {
     let mut reply = String::new();
     ok.read_to_string(&mut reply).await.unwrap();
     assert!(reply.starts_with("HTTP/1.1 200"), "{reply}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_leaves_at_done_has_read_the_whole_answer() {
+    let (mut engine, proxy, base) = setup(
+        FakeEngine::llama_cpp()
+            .tokens(3)
+            .fault(Fault::LingerAfterDone),
+    )
+    .await;
+    let response = TestClient::new()
+        .post_stream(
+            &format!("{base}/v1/chat/completions"),
+            &stream_request(),
+            &[],
+        )
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 200);
+    let mut body = http_body_util::BodyExt::boxed(response.into_body());
+    let mut text = String::new();
+    while !text.contains("data: [DONE]") {
+        let frame = http_body_util::BodyExt::frame(&mut body)
+            .await
+            .expect("the stream goes on to [DONE]")
+            .unwrap();
+        if let Ok(data) = frame.into_data() {
+            text.push_str(&String::from_utf8_lossy(&data));
+        }
+    }
+    assert!(text.contains(": switchyard "), "{text}");
+    // As OpenAI clients do at `[DONE]`, while the engine has not ended its body yet.
+    drop(body);
+    engine
+        .wait_for(Duration::from_secs(2), |e| {
+            matches!(e, Event::Aborted { .. }).then_some(())
+        })
+        .await
+        .expect("the engine saw the proxy leave");
+    // The record was written before the engine's connection was dropped.
+    let stats = &proxy.state().recorder.stats;
+    assert_eq!(stats.requests.load(Ordering::Relaxed), 1);
+    assert_eq!(stats.client_disconnects.load(Ordering::Relaxed), 0);
+    assert_eq!(stats.errors.load(Ordering::Relaxed), 0);
 }
