@@ -419,7 +419,16 @@ impl Comparison {
             Verdict::Incomparable,
             skip == Skip::PoolFull,
         );
-        if skip != Skip::PoolFull || skipped_so_far.is_power_of_two() {
+        if skip != Skip::PoolFull {
+            tracing::info!(
+                target: "switchyard::comparison",
+                source = "shadow",
+                model = %self.model,
+                candidate = %self.candidate,
+                primary_request_id = %primary.id,
+                "{reason}",
+            );
+        } else if skipped_so_far.is_power_of_two() {
             tracing::info!(
                 target: "switchyard::comparison",
                 source = "shadow",
