@@ -412,31 +412,29 @@ impl Comparison {
             (Skip::PoolFull, Some(pool)) => pool.full.clone(),
             _ => format!("shadow skipped: {}", skip.why()).into(),
         };
+        // Only pool-full skips are counted in switchyard_shadow_skipped_total.
+        let pool_full = skip == Skip::PoolFull;
         let recorder = &self.state.recorder;
         let skipped_so_far = recorder.metrics.observe_comparison(
             &self.model,
             &self.candidate,
             Verdict::Incomparable,
-            skip == Skip::PoolFull,
+            pool_full,
         );
-        if skip != Skip::PoolFull {
+        if !pool_full || skipped_so_far.is_power_of_two() {
             tracing::info!(
                 target: "switchyard::comparison",
                 source = "shadow",
                 model = %self.model,
                 candidate = %self.candidate,
                 primary_request_id = %primary.id,
-                "{reason}",
-            );
-        } else if skipped_so_far.is_power_of_two() {
-            tracing::info!(
-                target: "switchyard::comparison",
-                source = "shadow",
-                model = %self.model,
-                candidate = %self.candidate,
-                primary_request_id = %primary.id,
-                skipped = skipped_so_far,
-                "{reason} (each skip is in the ledger and in switchyard_shadow_skipped_total)",
+                skipped = pool_full.then_some(skipped_so_far),
+                "{reason}{}",
+                if pool_full {
+                    " (each skip is in the ledger and in switchyard_shadow_skipped_total)"
+                } else {
+                    ""
+                },
             );
         }
         let WorkloadFingerprint {

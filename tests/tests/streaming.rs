@@ -6,6 +6,7 @@
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
+use http_body_util::BodyExt;
 use serde_json::json;
 use switchyard_tests::fake_engine::{Event, FakeEngine, FakeEngineHandle, Fault};
 use switchyard_tests::harness::{fake_stack, read_timed, TestClient};
@@ -50,10 +51,9 @@ fn stream_request() -> serde_json::Value {
     json!({"model": "smollm2", "messages": [{"role": "user", "content": "hello"}], "stream": true, "stream_options": {"include_usage": true}})
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn first_chunk_arrives_before_the_second_is_written() {
-    let (mut engine, _proxy, base) =
-        setup(FakeEngine::llama_cpp().tokens(4).pause_after_first_ms(300)).await;
+/// Opens the stream of [`stream_request`] through the proxy at `base`: its `200` head read, the
+/// body to be read chunk by chunk.
+async fn open_stream(base: &str) -> hyper::body::Incoming {
     let response = TestClient::new()
         .post_stream(
             &format!("{base}/v1/chat/completions"),
@@ -63,7 +63,14 @@ async fn first_chunk_arrives_before_the_second_is_written() {
         .await
         .unwrap();
     assert_eq!(response.status(), 200);
-    let (chunks, _) = read_timed(response.into_body()).await.unwrap();
+    response.into_body()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn first_chunk_arrives_before_the_second_is_written() {
+    let (mut engine, _proxy, base) =
+        setup(FakeEngine::llama_cpp().tokens(4).pause_after_first_ms(300)).await;
+    let (chunks, _) = read_timed(open_stream(&base).await).await.unwrap();
     // Event 0 is the role chunk, event 1 the first token, event 2 the second token (after the pause).
     let first_token_at = chunks
         .iter()
@@ -129,16 +136,7 @@ async fn comment_sits_right_before_done_and_matches_the_stream() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn client_leaving_mid_stream_closes_the_engine_request() {
     let (mut engine, proxy, base) = setup(FakeEngine::llama_cpp().tokens(50).token_ms(20)).await;
-    let response = TestClient::new()
-        .post_stream(
-            &format!("{base}/v1/chat/completions"),
-            &stream_request(),
-            &[],
-        )
-        .await
-        .unwrap();
-    let mut body = response.into_body();
-    use http_body_util::BodyExt;
+    let mut body = open_stream(&base).await;
     let first = body.frame().await.unwrap().unwrap();
     assert!(first.is_data());
     let left = Instant::now();
@@ -188,19 +186,11 @@ async fn a_client_that_leaves_at_done_has_read_the_whole_answer() {
             .fault(Fault::LingerAfterDone),
     )
     .await;
-    let response = TestClient::new()
-        .post_stream(
-            &format!("{base}/v1/chat/completions"),
-            &stream_request(),
-            &[],
-        )
-        .await
-        .unwrap();
-    assert_eq!(response.status(), 200);
-    let mut body = http_body_util::BodyExt::boxed(response.into_body());
+    let mut body = open_stream(&base).await;
     let mut text = String::new();
     while !text.contains("data: [DONE]") {
-        let frame = http_body_util::BodyExt::frame(&mut body)
+        let frame = body
+            .frame()
             .await
             .expect("the stream goes on to [DONE]")
             .unwrap();

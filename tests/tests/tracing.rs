@@ -23,7 +23,9 @@ use opentelemetry_proto::tonic::trace::v1::{
 use prost::Message;
 use serde_json::{json, Map, Value};
 use switchyard_tests::fake_engine::{Event, FakeEngine, FakeEngineHandle, Fault};
-use switchyard_tests::harness::{config_for, start_switchyard, timing, wait_ready, TestClient};
+use switchyard_tests::harness::{
+    config_for, fake_stack, start_switchyard, timing, wait_ready, TestClient,
+};
 use tokio::net::TcpListener;
 use tokio::sync::mpsc;
 
@@ -225,20 +227,12 @@ fn telemetry(collector: &Collector, batch_delay_ms: u64) -> String {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_request_span_continues_the_clients_trace_and_reaches_the_engine() {
     let mut collector = Collector::start().await;
-    let mut engine = FakeEngine::llama_cpp()
-        .tokens(4)
-        .prefill_ms(20)
-        .token_ms(5)
-        .spawn()
-        .await
-        .unwrap();
-    let proxy = start_switchyard(&config_for(&engine.url(), &telemetry(&collector, 50)))
-        .await
-        .unwrap();
-    let base = format!("http://{}", proxy.addr());
-    wait_ready(&proxy, Duration::from_secs(5), |v| v["ready"] == true)
-        .await
-        .unwrap();
+    let (mut engine, proxy, base) = fake_stack(
+        FakeEngine::llama_cpp().tokens(4).prefill_ms(20).token_ms(5),
+        &telemetry(&collector, 50),
+    )
+    .await
+    .unwrap();
 
     let body = json!({"model": "default", "messages": [{"role": "user", "content": "Where does the time go?"}], "max_tokens": 4});
     let sent = SystemTime::now();
@@ -434,20 +428,13 @@ async fn with_telemetry_off_the_clients_trace_context_passes_through() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn shutdown_flushes_the_spans_still_waiting() {
     let mut collector = Collector::start().await;
-    let mut engine = FakeEngine::llama_cpp()
-        .tokens(3)
-        .token_ms(2)
-        .spawn()
-        .await
-        .unwrap();
     // A batch delay far longer than the test: only the shutdown can export this span.
-    let proxy = start_switchyard(&config_for(&engine.url(), &telemetry(&collector, 600_000)))
-        .await
-        .unwrap();
-    let base = format!("http://{}", proxy.addr());
-    wait_ready(&proxy, Duration::from_secs(5), |v| v["ready"] == true)
-        .await
-        .unwrap();
+    let (mut engine, proxy, base) = fake_stack(
+        FakeEngine::llama_cpp().tokens(3).token_ms(2),
+        &telemetry(&collector, 600_000),
+    )
+    .await
+    .unwrap();
     let body = json!({"model": "smollm2", "messages": [{"role": "user", "content": "stream it"}], "stream": true, "stream_options": {"include_usage": true}});
     let response = TestClient::new()
         .post_raw(
@@ -510,18 +497,12 @@ async fn shutdown_flushes_the_spans_still_waiting() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn failures_are_marked_like_http_server_spans() {
     let mut collector = Collector::start().await;
-    let engine = FakeEngine::llama_cpp()
-        .fault(Fault::Error500)
-        .spawn()
-        .await
-        .unwrap();
-    let proxy = start_switchyard(&config_for(&engine.url(), &telemetry(&collector, 20)))
-        .await
-        .unwrap();
-    let base = format!("http://{}", proxy.addr());
-    wait_ready(&proxy, Duration::from_secs(5), |v| v["ready"] == true)
-        .await
-        .unwrap();
+    let (_engine, proxy, base) = fake_stack(
+        FakeEngine::llama_cpp().fault(Fault::Error500),
+        &telemetry(&collector, 20),
+    )
+    .await
+    .unwrap();
     let client = TestClient::new();
     let url = format!("{base}/v1/chat/completions");
     let post = |model: &'static str, id: &'static str| {
@@ -576,12 +557,7 @@ async fn failures_are_marked_like_http_server_spans() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_clients_unsampled_trace_is_continued_and_not_exported() {
     let mut collector = Collector::start().await;
-    let mut engine = FakeEngine::llama_cpp().spawn().await.unwrap();
-    let proxy = start_switchyard(&config_for(&engine.url(), &telemetry(&collector, 20)))
-        .await
-        .unwrap();
-    let base = format!("http://{}", proxy.addr());
-    wait_ready(&proxy, Duration::from_secs(5), |v| v["ready"] == true)
+    let (mut engine, proxy, base) = fake_stack(FakeEngine::llama_cpp(), &telemetry(&collector, 20))
         .await
         .unwrap();
     let url = format!("{base}/v1/chat/completions");
