@@ -56,26 +56,30 @@ impl TextVisitor<'_> {
     }
 
     /// Writes `n` in decimal, as `{:?}` does, without the formatting machinery.
-    fn decimal(&mut self, negative: bool, mut n: u64) {
+    fn decimal(&mut self, negative: bool, n: u64) {
         let mut digits = [0u8; 21];
-        let mut at = digits.len();
-        loop {
-            at -= 1;
-            digits[at] = b'0' + (n % 10) as u8;
-            n /= 10;
-            if n == 0 {
-                break;
-            }
-        }
-        if negative {
-            at -= 1;
-            digits[at] = b'-';
-        }
-        // ASCII digits and a sign: always UTF-8.
-        self.result = self
-            .writer
-            .write_str(std::str::from_utf8(&digits[at..]).unwrap_or_default());
+        self.result = self.writer.write_str(decimal(&mut digits, negative, n));
     }
+}
+
+/// `n` (with a minus sign if `negative`) in decimal, written into `buf`: what `{}` prints, for
+/// the request path's numbers (the log line, `server-timing`), without `fmt::write`.
+pub(crate) fn decimal(buf: &mut [u8; 21], negative: bool, mut n: u64) -> &str {
+    let mut at = buf.len();
+    loop {
+        at -= 1;
+        buf[at] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            break;
+        }
+    }
+    if negative {
+        at -= 1;
+        buf[at] = b'-';
+    }
+    // ASCII digits and a sign: always UTF-8.
+    std::str::from_utf8(&buf[at..]).unwrap_or_default()
 }
 
 /// Whether `{:?}` would print `s` as it is, between quotes.

@@ -10,6 +10,8 @@ use std::time::{Duration, Instant};
 use serde_json::{Map, Value};
 use switchyard_adapters::EngineTimings;
 
+use crate::logfmt::decimal;
+
 /// Where a prefill or decode number came from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Source {
@@ -104,7 +106,9 @@ impl Phases {
                 match (p.source, p.tokens) {
                     (Source::Measured, _) => out.push_str(";desc=\"measured\""),
                     (Source::Engine, Some(n)) => {
-                        let _ = write!(out, ";desc=\"{n} tok\"");
+                        out.push_str(";desc=\"");
+                        out.push_str(decimal(&mut [0; 21], false, n));
+                        out.push_str(" tok\"");
                     }
                     (Source::Engine, None) => {}
                 }
@@ -155,7 +159,16 @@ fn push_ms(out: &mut String, ms: f64) {
     let micros = (ms * 1000.0).round();
     if (0.0..9.0e15).contains(&micros) {
         let micros = micros as u64;
-        let _ = write!(out, "{}.{:03}", micros / 1000, micros % 1000);
+        out.push_str(decimal(&mut [0; 21], false, micros / 1000));
+        let fraction = micros % 1000;
+        out.push('.');
+        if fraction < 100 {
+            out.push('0');
+        }
+        if fraction < 10 {
+            out.push('0');
+        }
+        out.push_str(decimal(&mut [0; 21], false, fraction));
     } else {
         // Negative (an engine's odd report) or not finite: rare, formatted as floats are.
         let _ = write!(out, "{ms:.3}");

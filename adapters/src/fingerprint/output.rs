@@ -4,13 +4,14 @@
 //! Per choice, in index order: the content with `\r\n` turned into `\n` and trailing whitespace
 //! trimmed, the tool calls as canonical JSON (name plus parsed arguments), and the finish reason.
 
+use std::borrow::Cow;
 use std::collections::BTreeMap;
 
-use serde_json::{json, Value};
+use serde_json::Value;
 use sha2::{Digest, Sha256};
 
 use super::artifact::hex;
-use crate::canonical::digest_canonical;
+use crate::canonical::canonicalize;
 use crate::view::ChunkView;
 
 #[derive(Debug, Default, Clone)]
@@ -78,38 +79,62 @@ impl OutputHasher {
     }
 
     /// `sha256:<hex>` of the normalized output; `None` when no choice was seen.
+    ///
+    /// Each choice is one line of canonical JSON,
+    /// `{"content":…,"finish_reason":…,"index":…,"tool_calls":[{"arguments":…,"name":…},…]}`,
+    /// written straight into the hash (keys in canonical order) rather than built as a `Value`:
+    /// this runs for every response.
     pub fn finish(&self) -> Option<String> {
         if self.choices.is_empty() {
             return None;
         }
         let mut hasher = Sha256::new();
+        let mut line = Vec::with_capacity(256);
         for (index, choice) in &self.choices {
-            let content = choice.content.replace("\r\n", "\n");
-            let tool_calls: Vec<Value> = choice
-                .tool_calls
-                .values()
-                .map(|call| {
-                    let arguments = serde_json::from_str::<Value>(&call.arguments)
-                        .unwrap_or_else(|_| Value::String(call.arguments.clone()));
-                    json!({"name": call.name, "arguments": arguments})
-                })
-                .collect();
-            let line = json!({
-                "index": index,
-                "content": content.trim_end(),
-                "tool_calls": tool_calls,
-                "finish_reason": choice.finish_reason,
-            });
-            digest_canonical(&mut hasher, line);
-            hasher.update(b"\n");
+            line.clear();
+            let content: Cow<'_, str> = if choice.content.contains("\r\n") {
+                Cow::Owned(choice.content.replace("\r\n", "\n"))
+            } else {
+                Cow::Borrowed(&choice.content)
+            };
+            line.extend_from_slice(b"{\"content\":");
+            write_json(&mut line, content.trim_end());
+            line.extend_from_slice(b",\"finish_reason\":");
+            write_json(&mut line, &choice.finish_reason);
+            line.extend_from_slice(b",\"index\":");
+            write_json(&mut line, index);
+            line.extend_from_slice(b",\"tool_calls\":[");
+            for (n, call) in choice.tool_calls.values().enumerate() {
+                if n > 0 {
+                    line.push(b',');
+                }
+                let mut arguments = serde_json::from_str::<Value>(&call.arguments)
+                    .unwrap_or_else(|_| Value::String(call.arguments.clone()));
+                canonicalize(&mut arguments);
+                line.extend_from_slice(b"{\"arguments\":");
+                write_json(&mut line, &arguments);
+                line.extend_from_slice(b",\"name\":");
+                write_json(&mut line, &call.name);
+                line.push(b'}');
+            }
+            line.extend_from_slice(b"]}\n");
+            hasher.update(&line);
         }
         Some(format!("sha256:{}", hex(&hasher.finalize())))
     }
 }
 
+/// Appends `value` as JSON (strings escaped as `serde_json` escapes them, which the canonical
+/// form is defined by).
+fn write_json(out: &mut Vec<u8>, value: &(impl serde::Serialize + ?Sized)) {
+    // Serializing a string, a number, an option or a `Value` into a Vec cannot fail.
+    let _ = serde_json::to_writer(out, value);
+}
+
 #[cfg(test)]
 mod tests {
     use serde::Deserialize;
+    use serde_json::json;
 
     use super::*;
 
@@ -141,6 +166,29 @@ mod tests {
         }
         assert_eq!(whole.finish(), streamed.finish());
         assert!(whole.finish().unwrap().starts_with("sha256:"));
+    }
+
+    /// The value was computed outside this code (Python's `json.dumps(line, sort_keys=True,
+    /// separators=(",", ":"), ensure_ascii=False)` per choice, each followed by `\n`, then
+    /// hashlib's SHA-256): outputs hashed by older builds stay comparable with new ones.
+    #[test]
+    fn the_hash_is_sha256_of_one_canonical_line_per_choice() {
+        let mut h = OutputHasher::new();
+        add(
+            &mut h,
+            &json!({"choices": [
+                {"index": 1, "message": {"role": "assistant", "content": ""}, "finish_reason": null},
+                {"index": 0, "finish_reason": "tool_calls", "message": {
+                    "content": "Bonjour, ça va ?\r\nOui. \n ",
+                    "tool_calls": [
+                        {"function": {"name": "f", "arguments": "{\"b\": [2.0, 0.5], \"a\": \"x\"}"}},
+                        {"function": {"name": "g", "arguments": "not json"}}]}}]}),
+            false,
+        );
+        assert_eq!(
+            h.finish().as_deref(),
+            Some("sha256:cc2b1fec6154b5f85926a78345b26d44ea7389e68b295c0d60d5034c444a5b16")
+        );
     }
 
     #[test]

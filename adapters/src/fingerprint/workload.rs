@@ -5,7 +5,7 @@ use serde_json::{Map, Value};
 use sha2::{Digest, Sha256};
 
 use super::artifact::hex;
-use crate::canonical::{digest_canonical, object, to_canonical_string};
+use crate::canonical::canonicalize;
 
 /// Fields that decide how tokens are picked. Any field not listed that an engine treats as
 /// sampling (e.g. llama.cpp's `mirostat`, `dry_*`, `xtc_*`) is added by [`is_sampling_field`].
@@ -65,36 +65,76 @@ pub struct WorkloadFingerprint {
 }
 
 /// Fingerprints a request `body` (a JSON object) sent for the public model `model`.
+///
+/// The canonical texts are written field by field (`body` is a sorted map, so its order is the
+/// canonical order) rather than assembled as new `Value`s first: this runs for every request.
 pub fn fingerprint_request(model: &str, mut body: Map<String, Value>) -> WorkloadFingerprint {
-    let sampling: Map<String, Value> = body
-        .iter()
-        .filter(|(k, _)| is_sampling_field(k))
-        .map(|(k, v)| (k.clone(), v.clone()))
-        .collect();
-    let deterministic = is_deterministic(&sampling);
-    let sampling_json = to_canonical_string(Value::Object(sampling));
+    let deterministic = is_deterministic(&body);
+    body.values_mut().for_each(canonicalize);
 
-    let content = object(
-        CONTENT_FIELDS
-            .iter()
-            .map(|&k| (k, body.remove(k)))
-            .chain([("model", Some(Value::String(model.to_owned())))]),
-    );
+    let mut sampling_json = Vec::with_capacity(64);
+    sampling_json.push(b'{');
+    for (key, value) in body.iter().filter(|(k, _)| is_sampling_field(k)) {
+        if sampling_json.len() > 1 {
+            sampling_json.push(b',');
+        }
+        write_member(&mut sampling_json, key, value);
+    }
+    sampling_json.push(b'}');
+
+    // The content fields present, and the public model in its sorted place among them.
+    let mut content = Vec::with_capacity(256);
+    content.push(b'{');
+    let mut model_written = false;
+    for (key, value) in body
+        .iter()
+        .filter(|(k, _)| CONTENT_FIELDS.contains(&k.as_str()))
+    {
+        if !model_written && key.as_str() > "model" {
+            write_json(&mut content, "model");
+            content.push(b':');
+            write_json(&mut content, model);
+            content.push(b',');
+            model_written = true;
+        }
+        write_member(&mut content, key, value);
+        content.push(b',');
+    }
+    if model_written {
+        content.pop();
+    } else {
+        write_json(&mut content, "model");
+        content.push(b':');
+        write_json(&mut content, model);
+    }
+    content.push(b'}');
+
     let mut hasher = Sha256::new();
-    digest_canonical(&mut hasher, content);
+    hasher.update(&content);
     hasher.update(b"\n");
-    hasher.update(sampling_json.as_bytes());
+    hasher.update(&sampling_json);
     let workload = format!("wl:{}", &hex(&hasher.finalize())[..32]);
-    let sampling = format!(
-        "sp:{}",
-        &hex(&Sha256::digest(sampling_json.as_bytes()))[..32]
-    );
+    let sampling = format!("sp:{}", &hex(&Sha256::digest(&sampling_json))[..32]);
     WorkloadFingerprint {
         workload,
         sampling,
-        sampling_json,
+        // serde_json writes UTF-8.
+        sampling_json: String::from_utf8(sampling_json).unwrap_or_default(),
         deterministic,
     }
+}
+
+/// Appends `"key":value` (the value already canonical).
+fn write_member(out: &mut Vec<u8>, key: &str, value: &Value) {
+    write_json(out, key);
+    out.push(b':');
+    write_json(out, value);
+}
+
+/// Appends `value` as JSON.
+fn write_json(out: &mut Vec<u8>, value: &(impl serde::Serialize + ?Sized)) {
+    // Serializing a string or a `Value` into a Vec cannot fail.
+    let _ = serde_json::to_writer(out, value);
 }
 
 /// Whether the fingerprint reads field `key` of a request body (a sampling or a content field);
@@ -103,12 +143,13 @@ pub fn is_fingerprinted(key: &str) -> bool {
     is_sampling_field(key) || CONTENT_FIELDS.contains(&key)
 }
 
-fn is_deterministic(sampling: &Map<String, Value>) -> bool {
-    let greedy = sampling
+/// Temperature 0 or a seed (both sampling fields) in the request `body`.
+fn is_deterministic(body: &Map<String, Value>) -> bool {
+    let greedy = body
         .get("temperature")
         .and_then(Value::as_f64)
         .is_some_and(|t| t == 0.0);
-    let seeded = sampling.get("seed").is_some_and(|s| !s.is_null());
+    let seeded = body.get("seed").is_some_and(|s| !s.is_null());
     greedy || seeded
 }
 
@@ -147,6 +188,26 @@ mod tests {
         assert_eq!(f.workload, "wl:c5a80a72a15d6213e7ef89043698585b");
         assert_eq!(f.sampling, "sp:e4ff491169b8a9ea78518a7972422b5a");
         assert_eq!(f.sampling_json, r#"{"temperature":0}"#);
+    }
+
+    /// Content fields on both sides of `model` in key order, a null one, whole floats, and
+    /// non-ASCII text; computed the same way as the test above.
+    #[test]
+    fn the_public_model_takes_its_sorted_place_among_the_content_fields() {
+        let f = fp(json!({
+            "tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}],
+            "messages": [{"role": "user", "content": "où ?"}],
+            "model": "ignored", "functions": null,
+            "response_format": {"type": "json_object"},
+            "temperature": 0.0, "seed": 7, "stop": ["\n"], "max_tokens": 5.0, "stream": false,
+        }));
+        assert_eq!(f.workload, "wl:f8018697d386704cd83bd86940a448da");
+        assert_eq!(f.sampling, "sp:78df369743e99a112e888559600ca4ca");
+        assert_eq!(
+            f.sampling_json,
+            r#"{"max_tokens":5,"seed":7,"stop":["\n"],"temperature":0}"#
+        );
+        assert!(f.deterministic);
     }
 
     #[test]
