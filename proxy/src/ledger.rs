@@ -13,7 +13,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use rusqlite::types::Value as SqlValue;
+use rusqlite::types::{ToSqlOutput, ValueRef};
 use rusqlite::{params, params_from_iter, Connection};
 use switchyard_policy::compare::{Pair, Side, TokenTiming, Verdict};
 use switchyard_policy::LedgerConfig;
@@ -253,24 +253,26 @@ impl SkippedShadow {
 }
 
 /// SQLite values of one side, in [`SIDE_COLUMNS`] order (all NULL when the side did not run).
-fn side_values(side: Option<&Side>) -> Vec<SqlValue> {
+fn side_values<'a>(side: Option<&'a Side>, out: &mut Vec<ValueRef<'a>>) {
     let Some(s) = side else {
-        return vec![SqlValue::Null; SIDE_COLUMNS.len()];
+        out.extend(std::iter::repeat_n(ValueRef::Null, SIDE_COLUMNS.len()));
+        return;
     };
-    let text = |v: &Option<String>| v.clone().map_or(SqlValue::Null, SqlValue::Text);
-    let integer = |v: Option<u64>| int(v).map_or(SqlValue::Null, SqlValue::Integer);
-    let real = |v: Option<f64>| v.map_or(SqlValue::Null, SqlValue::Real);
+    // Borrowed: the row's texts are bound from the pair itself, not from copies.
+    let text = |v: &'a Option<String>| v.as_deref().map_or(ValueRef::Null, text_ref);
+    let integer = |v: Option<u64>| int(v).map_or(ValueRef::Null, ValueRef::Integer);
+    let real = |v: Option<f64>| v.map_or(ValueRef::Null, ValueRef::Real);
     let timing_source = |t: Option<TokenTiming>| {
-        t.map_or(SqlValue::Null, |t| {
-            SqlValue::Text(if t.engine { "engine" } else { "measured" }.to_owned())
+        t.map_or(ValueRef::Null, |t| {
+            text_ref(if t.engine { "engine" } else { "measured" })
         })
     };
-    vec![
+    out.extend([
         text(&s.request_id),
-        SqlValue::Text(s.backend.clone()),
+        text_ref(&s.backend),
         text(&s.engine),
         text(&s.artifact),
-        SqlValue::Integer(i64::from(s.status)),
+        ValueRef::Integer(i64::from(s.status)),
         text(&s.error),
         text(&s.output),
         integer(s.prompt_tokens),
@@ -285,10 +287,14 @@ fn side_values(side: Option<&Side>) -> Vec<SqlValue> {
         integer(s.decode.and_then(|t| t.tokens)),
         timing_source(s.decode),
         s.warm
-            .map_or(SqlValue::Null, |w| SqlValue::Integer(i64::from(w))),
+            .map_or(ValueRef::Null, |w| ValueRef::Integer(i64::from(w))),
         integer(s.in_flight),
-        SqlValue::Integer(i64::from(s.client_disconnected)),
-    ]
+        ValueRef::Integer(i64::from(s.client_disconnected)),
+    ]);
+}
+
+fn text_ref(s: &str) -> ValueRef<'_> {
+    ValueRef::Text(s.as_bytes())
 }
 
 /// The insert statement for `comparisons`.
@@ -830,22 +836,25 @@ impl Writer {
                     }
                     Entry::Comparison(c) => {
                         let p = &c.pair;
-                        let mut values = vec![
-                            SqlValue::Integer(c.ts_ms),
-                            SqlValue::Text(c.source.to_owned()),
-                            SqlValue::Text(p.mode.clone()),
-                            SqlValue::Text(p.model.clone()),
-                            SqlValue::Text(p.workload.clone()),
-                            SqlValue::Text(p.sampling.clone()),
-                            SqlValue::Text(c.sampling_json.clone()),
-                            SqlValue::Integer(i64::from(p.streamed)),
-                            SqlValue::Text(p.verdict.as_str().to_owned()),
-                            p.reason.clone().map_or(SqlValue::Null, SqlValue::Text),
-                            SqlValue::Integer(i64::from(p.candidate.is_some())),
-                        ];
-                        values.extend(side_values(Some(&p.primary)));
-                        values.extend(side_values(p.candidate.as_ref()));
-                        insert_comparison.execute(params_from_iter(values))?;
+                        let mut values = Vec::with_capacity(11 + 2 * SIDE_COLUMNS.len());
+                        values.extend([
+                            ValueRef::Integer(c.ts_ms),
+                            text_ref(c.source),
+                            text_ref(&p.mode),
+                            text_ref(&p.model),
+                            text_ref(&p.workload),
+                            text_ref(&p.sampling),
+                            text_ref(&c.sampling_json),
+                            ValueRef::Integer(i64::from(p.streamed)),
+                            text_ref(p.verdict.as_str()),
+                            p.reason.as_deref().map_or(ValueRef::Null, text_ref),
+                            ValueRef::Integer(i64::from(p.candidate.is_some())),
+                        ]);
+                        side_values(Some(&p.primary), &mut values);
+                        side_values(p.candidate.as_ref(), &mut values);
+                        insert_comparison.execute(params_from_iter(
+                            values.into_iter().map(ToSqlOutput::Borrowed),
+                        ))?;
                     }
                     Entry::Identity(at, s) => {
                         insert_identity.execute(params![
