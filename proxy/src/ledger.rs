@@ -293,6 +293,7 @@ fn side_values<'a>(side: Option<&'a Side>, out: &mut Vec<ValueRef<'a>>) {
     ]);
 }
 
+/// A text value bound from `s` itself.
 fn text_ref(s: &str) -> ValueRef<'_> {
     ValueRef::Text(s.as_bytes())
 }
