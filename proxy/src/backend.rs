@@ -80,6 +80,8 @@ pub struct Backend {
     pub(crate) revision: Option<Arc<tokio::sync::watch::Sender<u64>>>,
     /// Requests forwarded since the engine last became ready; the first one meets cold caches.
     served: std::sync::atomic::AtomicU64,
+    /// Kept-alive connections to the engine, waiting for the next request.
+    pub(crate) connections: Arc<crate::upstream::Connections>,
 }
 
 impl Backend {
@@ -121,6 +123,7 @@ impl Backend {
             admission: ArcSwapOption::new(admission),
             revision: None,
             served: std::sync::atomic::AtomicU64::new(0),
+            connections: Arc::default(),
         })
     }
 

@@ -29,7 +29,7 @@ use crate::error::ProxyError;
 use crate::record::RequestRecord;
 use crate::stream::{Held, ObservedStream};
 use crate::timing::between;
-use crate::upstream::Upstream;
+use crate::upstream::{Upstream, UpstreamBody};
 
 pub const X_REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
 pub const X_BACKEND: HeaderName = HeaderName::from_static("x-switchyard-backend");
@@ -621,7 +621,7 @@ pub(crate) async fn attempt(
         record.phases.queue = Some(between(queued, forwarded));
     }
 
-    let mut request = upstream_request(&backend, &outgoing.head, upstream_body, id)?;
+    let mut request = upstream_request(&outgoing.head, upstream_body, id)?;
     if let Some(record) = record_slot.as_mut() {
         let warm = backend.mark_served();
         record.warm = Some(record.warm_override.unwrap_or(warm));
@@ -709,15 +709,13 @@ fn upstream_body(backend: &Backend, outgoing: &Outgoing) -> Result<Bytes, ProxyE
 }
 
 fn upstream_request(
-    backend: &Backend,
     head: &Head,
     body: Bytes,
     id: &HeaderValue,
 ) -> Result<Request<Full<Bytes>>, ProxyError> {
+    // Origin form: the request line of an HTTP/1 request to the engine itself.
     let path_and_query = head.uri.path_and_query().map_or("/", |pq| pq.as_str());
     let uri = http::Uri::builder()
-        .scheme("http")
-        .authority(backend.authority.clone())
         .path_and_query(path_and_query)
         .build()
         .map_err(|e| ProxyError::Internal(e.to_string()))?;
@@ -745,7 +743,7 @@ fn copy_response_headers(from: &HeaderMap, to: &mut HeaderMap) {
 async fn respond(
     state: &Arc<AppState>,
     backend: Arc<Backend>,
-    response: Response<Incoming>,
+    response: Response<UpstreamBody>,
     record_slot: &mut Option<RequestRecord>,
     stamp: &Stamp,
     held: Held,

@@ -20,7 +20,6 @@ use std::time::Instant;
 use bytes::{Bytes, BytesMut};
 use http::{HeaderMap, HeaderName};
 use http_body::{Body, Frame};
-use hyper::body::Incoming;
 use serde_json::{json, Value};
 use switchyard_adapters::observe::is_done;
 use switchyard_adapters::{EventKind, StreamFixState, StreamObserver};
@@ -32,6 +31,7 @@ use crate::error::error_body;
 use crate::metrics::InFlightGuard;
 use crate::record::RequestRecord;
 use crate::timing::{between, Source, TokenPhase};
+use crate::upstream::UpstreamBody;
 
 /// Longest line held while waiting for its end; a longer one is forwarded as it is.
 const MAX_HELD_LINE: usize = 1 << 20;
@@ -44,7 +44,7 @@ enum State {
 
 /// An engine stream being forwarded.
 #[derive(Debug)]
-pub struct ObservedStream<B = Incoming> {
+pub struct ObservedStream<B = UpstreamBody> {
     inner: Option<B>,
     state: State,
     held: BytesMut,

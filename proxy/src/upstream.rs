@@ -1,57 +1,166 @@
-//! The HTTP client to engines: pooled keep-alive connections, `TCP_NODELAY`, the connect and
-//! first-byte timeouts, and the classification of failures into client-visible errors.
+//! The HTTP client to engines: kept-alive HTTP/1 connections per engine, `TCP_NODELAY`, the
+//! connect and first-byte timeouts, and the classification of failures into client-visible
+//! errors.
+//!
+//! Each backend keeps its idle connections ([`Connections`]); a request takes the most recently
+//! used one or opens a new one, and its response body hands the connection back once read to
+//! its end. A body dropped before its end closes the connection instead, so an engine sees a
+//! client leave and stops generating. Each connection is driven by a task of its own (hyper's
+//! HTTP/1 client), as a pooled client would; what is left out is the general-purpose pool's
+//! per-request bookkeeping (keying by scheme and authority, a checkout future, a task per
+//! request to return the connection).
 
 use std::io;
-use std::sync::Arc;
-use std::time::Duration;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
+use http_body::{Body, Frame, SizeHint};
 use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::Incoming;
-use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::client::legacy::Client;
-use hyper_util::rt::TokioExecutor;
+use hyper::client::conn::http1::{self, SendRequest};
+use hyper_util::rt::TokioIo;
 use switchyard_adapters::ProbeResult;
+use tokio::net::TcpStream;
 
 use crate::backend::Backend;
 use crate::error::ProxyError;
 
-/// Pooled client to every engine.
+/// How long a connection may wait idle before it is closed rather than reused: below
+/// llama-server's own keep-alive of 5 s, so a reused connection is never one the engine is
+/// about to close.
+const IDLE_TIMEOUT: Duration = Duration::from_secs(4);
+/// Idle connections kept per engine.
+const MAX_IDLE: usize = 64;
+/// TCP keep-alive on engine connections (a long generation may leave one silent for minutes).
+const TCP_KEEPALIVE: Duration = Duration::from_secs(30);
+
+/// The client to every engine: timeouts; the connections themselves live with each backend.
 #[derive(Debug, Clone)]
 pub struct Upstream {
-    client: Client<HttpConnector, Full<Bytes>>,
     connect_timeout: Duration,
     first_byte_timeout: Duration,
 }
 
+/// One engine's idle connections, most recently used last.
+#[derive(Debug, Default)]
+pub struct Connections {
+    idle: Mutex<Vec<Idle>>,
+}
+
+#[derive(Debug)]
+struct Idle {
+    sender: SendRequest<Full<Bytes>>,
+    since: Instant,
+}
+
+impl Connections {
+    /// The most recently used idle connection that is still open and not expired.
+    fn checkout(&self) -> Option<SendRequest<Full<Bytes>>> {
+        let mut idle = self.idle.lock().unwrap_or_else(|e| e.into_inner());
+        while let Some(conn) = idle.pop() {
+            // A closed or expired one is dropped here: its task ends and closes the socket.
+            if !conn.sender.is_closed() && conn.since.elapsed() < IDLE_TIMEOUT {
+                return Some(conn.sender);
+            }
+        }
+        None
+    }
+
+    /// Takes back a connection whose response was read to its end.
+    fn checkin(&self, sender: SendRequest<Full<Bytes>>) {
+        if sender.is_closed() {
+            return;
+        }
+        let mut idle = self.idle.lock().unwrap_or_else(|e| e.into_inner());
+        // The oldest wait at the front: drop one that expired, so that a burst's connections
+        // do not stay open long after it.
+        if idle
+            .first()
+            .is_some_and(|c| c.since.elapsed() >= IDLE_TIMEOUT)
+        {
+            idle.remove(0);
+        }
+        if idle.len() < MAX_IDLE {
+            idle.push(Idle {
+                sender,
+                since: Instant::now(),
+            });
+        }
+    }
+}
+
+/// An engine's response body. Read to its end, it hands its connection back for reuse; dropped
+/// before, it closes it.
+#[derive(Debug)]
+pub struct UpstreamBody {
+    inner: Incoming,
+    back: Option<(SendRequest<Full<Bytes>>, Arc<Connections>)>,
+}
+
+impl UpstreamBody {
+    fn give_back(&mut self) {
+        if let Some((sender, connections)) = self.back.take() {
+            connections.checkin(sender);
+        }
+    }
+}
+
+impl Body for UpstreamBody {
+    type Data = Bytes;
+    type Error = hyper::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+        let this = self.as_mut().get_mut();
+        let polled = Pin::new(&mut this.inner).poll_frame(cx);
+        match &polled {
+            Poll::Ready(None) => this.give_back(),
+            Poll::Ready(Some(Err(_))) => this.back = None,
+            _ => {}
+        }
+        polled
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+impl Drop for UpstreamBody {
+    fn drop(&mut self) {
+        // An empty body, or one whose last frame was read without polling past it.
+        if self.inner.is_end_stream() {
+            self.give_back();
+        }
+    }
+}
+
 impl Upstream {
     pub fn new(connect_timeout: Duration, first_byte_timeout: Duration) -> Self {
-        let mut connector = HttpConnector::new();
-        connector.set_nodelay(true);
-        connector.set_connect_timeout(Some(connect_timeout));
-        connector.set_keepalive(Some(Duration::from_secs(30)));
-        let client = Client::builder(TokioExecutor::new())
-            // Below llama-server's own keep-alive of 5 s, so a pooled connection is never one the
-            // engine is about to close.
-            .pool_idle_timeout(Duration::from_secs(4))
-            .pool_max_idle_per_host(64)
-            .build(connector);
         Self {
-            client,
             connect_timeout,
             first_byte_timeout,
         }
     }
 
-    /// Sends `request` and waits for the response head, within the configured timeouts.
+    /// Sends `request` (origin-form URI) and waits for the response head, within the
+    /// configured timeouts.
     pub async fn send(
         &self,
         backend: &Backend,
         request: http::Request<Full<Bytes>>,
-    ) -> Result<http::Response<Incoming>, ProxyError> {
-        match tokio::time::timeout(self.first_byte_timeout, self.client.request(request)).await {
-            Ok(Ok(response)) => Ok(response),
-            Ok(Err(e)) => Err(self.classify(backend, &e)),
+    ) -> Result<http::Response<UpstreamBody>, ProxyError> {
+        match tokio::time::timeout(self.first_byte_timeout, self.exchange(backend, request)).await {
+            Ok(result) => result.map_err(|e| e.into_proxy_error(backend, self.connect_timeout)),
             Err(_) => Err(ProxyError::FirstByteTimeout {
                 backend: backend.name.to_string(),
                 ms: self.first_byte_timeout.as_millis() as u64,
@@ -59,28 +168,80 @@ impl Upstream {
         }
     }
 
-    fn classify(&self, backend: &Backend, error: &hyper_util::client::legacy::Error) -> ProxyError {
-        let backend_name = backend.name.to_string();
-        let timed_out = source_chain(error).any(|e| {
-            e.downcast_ref::<io::Error>()
-                .is_some_and(|io| io.kind() == io::ErrorKind::TimedOut)
-        });
-        if error.is_connect() {
-            if timed_out {
-                return ProxyError::ConnectTimeout {
-                    backend: backend_name,
-                    ms: self.connect_timeout.as_millis() as u64,
-                };
+    /// Sends `request` on a kept-alive connection, or on a new one. A request that a reused
+    /// connection could not take (the engine had closed it) is sent again on another: it never
+    /// reached the engine.
+    async fn exchange(
+        &self,
+        backend: &Backend,
+        mut request: http::Request<Full<Bytes>>,
+    ) -> Result<http::Response<UpstreamBody>, Failure> {
+        if !request.headers().contains_key(http::header::HOST) {
+            if let Ok(host) = http::HeaderValue::from_str(backend.authority.as_str()) {
+                request.headers_mut().insert(http::header::HOST, host);
             }
-            return ProxyError::UpstreamUnreachable {
-                backend: backend_name,
-                why: describe_chain(error),
+        }
+        loop {
+            let (mut sender, reused) = match backend.connections.checkout() {
+                Some(sender) => (sender, true),
+                None => (self.connect(backend).await?, false),
             };
+            // A reused connection may still be finishing its previous response.
+            if let Err(e) = sender.ready().await {
+                if reused {
+                    continue;
+                }
+                return Err(Failure::Broken(describe_chain(&e)));
+            }
+            match sender.try_send_request(request).await {
+                Ok(response) => {
+                    let (parts, inner) = response.into_parts();
+                    let body = UpstreamBody {
+                        inner,
+                        back: Some((sender, backend.connections.clone())),
+                    };
+                    return Ok(http::Response::from_parts(parts, body));
+                }
+                Err(mut e) => match e.take_message() {
+                    Some(unsent) if reused => request = unsent,
+                    _ => return Err(Failure::Broken(describe_chain(e.error()))),
+                },
+            }
         }
-        ProxyError::UpstreamBroken {
-            backend: backend_name,
-            why: describe_chain(error),
-        }
+    }
+
+    /// Opens a connection to `backend` and starts the task that drives it.
+    async fn connect(&self, backend: &Backend) -> Result<SendRequest<Full<Bytes>>, Failure> {
+        let host = backend.authority.host();
+        let port = backend.authority.port_u16().unwrap_or(80);
+        let stream = match tokio::time::timeout(
+            self.connect_timeout,
+            TcpStream::connect((host, port)),
+        )
+        .await
+        {
+            Err(_) => return Err(Failure::ConnectTimeout),
+            Ok(Err(e)) if e.kind() == io::ErrorKind::TimedOut => {
+                return Err(Failure::ConnectTimeout)
+            }
+            Ok(Err(e)) => return Err(Failure::Connect(format!("tcp connect error: {e}"))),
+            Ok(Ok(stream)) => stream,
+        };
+        // Small writes (a request head, an SSE event) go out at once.
+        let _ = stream.set_nodelay(true);
+        let _ = socket2::SockRef::from(&stream)
+            .set_tcp_keepalive(&socket2::TcpKeepalive::new().with_time(TCP_KEEPALIVE));
+        let (sender, connection) = http1::handshake(TokioIo::new(stream))
+            .await
+            .map_err(|e| Failure::Connect(describe_chain(&e)))?;
+        let name = backend.name.clone();
+        #[allow(clippy::disallowed_methods)] // lives as long as the connection; ends with it
+        tokio::spawn(async move {
+            if let Err(e) = connection.await {
+                tracing::debug!(backend = %name, error = %describe_chain(&e), "engine connection ended");
+            }
+        });
+        Ok(sender)
     }
 
     /// `GET path` on the engine, for probes: status and body (at most 1 MiB), or why not.
@@ -98,12 +259,7 @@ impl Upstream {
         json: Option<String>,
         timeout: Duration,
     ) -> ProbeResult {
-        let uri = match http::Uri::builder()
-            .scheme("http")
-            .authority(backend.authority.clone())
-            .path_and_query(path)
-            .build()
-        {
+        let uri = match http::Uri::builder().path_and_query(path).build() {
             Ok(uri) => uri,
             Err(e) => return ProbeResult::Failed(e.to_string()),
         };
@@ -117,10 +273,9 @@ impl Upstream {
         };
         let fetch = async {
             let response = self
-                .client
-                .request(request)
+                .exchange(backend, request)
                 .await
-                .map_err(|e| describe_chain(&e))?;
+                .map_err(|e| e.describe(self.connect_timeout))?;
             let status = response.status().as_u16();
             let body = Limited::new(response.into_body(), 1 << 20)
                 .collect()
@@ -139,10 +294,39 @@ impl Upstream {
     }
 }
 
-fn source_chain<'a>(
-    error: &'a (dyn std::error::Error + 'static),
-) -> impl Iterator<Item = &'a (dyn std::error::Error + 'static)> {
-    std::iter::successors(Some(error), |e| (*e).source())
+/// Why a request could not be exchanged with an engine.
+#[derive(Debug)]
+enum Failure {
+    /// No connection within the connect timeout.
+    ConnectTimeout,
+    /// No connection (refused, unreachable, no such host): nothing reached the engine.
+    Connect(String),
+    /// The connection failed while sending or waiting for the answer.
+    Broken(String),
+}
+
+impl Failure {
+    fn into_proxy_error(self, backend: &Backend, connect_timeout: Duration) -> ProxyError {
+        let backend = backend.name.to_string();
+        match self {
+            Self::ConnectTimeout => ProxyError::ConnectTimeout {
+                backend,
+                ms: connect_timeout.as_millis() as u64,
+            },
+            Self::Connect(why) => ProxyError::UpstreamUnreachable { backend, why },
+            Self::Broken(why) => ProxyError::UpstreamBroken { backend, why },
+        }
+    }
+
+    /// For probes, which report a reason rather than an error.
+    fn describe(self, connect_timeout: Duration) -> String {
+        match self {
+            Self::ConnectTimeout => {
+                format!("connect timed out after {} ms", connect_timeout.as_millis())
+            }
+            Self::Connect(why) | Self::Broken(why) => why,
+        }
+    }
 }
 
 /// The error and its causes on one line, e.g. `client error (Connect): tcp connect error:

@@ -11,6 +11,7 @@
 use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -181,6 +182,7 @@ impl FakeEngine {
         let stop = CancellationToken::new();
         let tasks = TaskTracker::new();
         let mut keep_alive = Vec::new();
+        let accepted = Arc::new(AtomicU64::new(0));
         let local = match self.config.fault {
             Fault::Refuse => {
                 let listener = TcpListener::bind(addr).await?;
@@ -210,6 +212,7 @@ impl FakeEngine {
                 let local = listener.local_addr()?;
                 let shared = Arc::new(Shared {
                     config: self.config.clone(),
+                    accepted: accepted.clone(),
                     started: Instant::now(),
                     events: events_tx,
                     requests: Mutex::new(0),
@@ -220,6 +223,7 @@ impl FakeEngine {
         };
         Ok(FakeEngineHandle {
             addr: local,
+            accepted,
             events: events_rx,
             stop,
             tasks,
@@ -237,6 +241,7 @@ async fn hold(listener: TcpListener, conns: Vec<TcpStream>, stop: CancellationTo
 #[derive(Debug)]
 pub struct FakeEngineHandle {
     pub addr: SocketAddr,
+    accepted: Arc<AtomicU64>,
     events: mpsc::UnboundedReceiver<Event>,
     stop: CancellationToken,
     tasks: TaskTracker,
@@ -246,6 +251,11 @@ impl FakeEngineHandle {
     /// `http://127.0.0.1:PORT`.
     pub fn url(&self) -> String {
         format!("http://{}", self.addr)
+    }
+
+    /// Connections accepted so far.
+    pub fn connections(&self) -> u64 {
+        self.accepted.load(Ordering::Relaxed)
     }
 
     /// The next event, waiting at most `timeout`.
@@ -288,6 +298,7 @@ impl Drop for FakeEngineHandle {
 
 struct Shared {
     config: FakeEngineConfig,
+    accepted: Arc<AtomicU64>,
     started: Instant,
     events: mpsc::UnboundedSender<Event>,
     requests: Mutex<u64>,
@@ -308,6 +319,7 @@ async fn accept_loop(
             },
         };
         let _ = stream.set_nodelay(true);
+        shared.accepted.fetch_add(1, Ordering::Relaxed);
         let shared = shared.clone();
         let stop = stop.clone();
         tasks.spawn(async move {

@@ -4,10 +4,11 @@
 
 use std::time::Duration;
 
+use http_body_util::BodyExt;
 use serde_json::json;
 use sha2::{Digest, Sha256};
 use switchyard_tests::fake_engine::{Event, FakeEngine};
-use switchyard_tests::harness::{config_for, start_switchyard, wait_ready, TestClient};
+use switchyard_tests::harness::{config_for, fake_stack, start_switchyard, wait_ready, TestClient};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn only_model_is_replaced_and_unknown_fields_pass_through() {
@@ -338,4 +339,80 @@ async fn embeddings_are_routed_and_engine_status_passes_through() {
     assert_eq!(r.status, 404);
     assert_eq!(r.header("x-switchyard-backend"), "fake");
     assert_eq!(r.json()["error"]["message"], "File Not Found");
+}
+
+/// Requests one after another, streamed or not, share one kept-alive connection to the engine:
+/// each response read to its end hands its connection back for the next.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn engine_connections_are_kept_alive_between_requests() {
+    let (mut engine, _proxy, base) = fake_stack(FakeEngine::llama_cpp().tokens(3), "")
+        .await
+        .unwrap();
+    let before = engine.connections();
+    let client = TestClient::new();
+    let chat = json!({"model": "smollm2", "messages": [{"role": "user", "content": "hi"}]});
+    for round in 0..4 {
+        let r = client
+            .post_json(&format!("{base}/v1/chat/completions"), &chat)
+            .await
+            .unwrap();
+        assert_eq!(
+            r.status,
+            200,
+            "round {round}: {}",
+            String::from_utf8_lossy(&r.body)
+        );
+        let mut stream_body = chat.clone();
+        stream_body["stream"] = json!(true);
+        let response = client
+            .post_stream(&format!("{base}/v1/chat/completions"), &stream_body, &[])
+            .await
+            .unwrap();
+        assert_eq!(response.status(), 200);
+        let text = response.into_body().collect().await.unwrap().to_bytes();
+        assert!(text.ends_with(b"data: [DONE]\n\n"), "round {round}");
+    }
+    // Eight requests; a readiness probe running at the same moment as one of them may need a
+    // second connection, no more. Without reuse this would be eight.
+    let opened = engine.connections() - before;
+    assert!(
+        opened <= 2,
+        "{opened} new engine connections for 8 sequential requests"
+    );
+    // The engine got an HTTP/1.1 request line in origin form with a Host header.
+    let host = engine
+        .wait_for(Duration::from_secs(2), |e| match e {
+            Event::Request { headers, .. } => Some(headers.get("host").cloned()),
+            _ => None,
+        })
+        .await
+        .unwrap();
+    assert!(host.is_some());
+}
+
+/// An engine restarted on the same address: the connections Switchyard kept to the old process
+/// are closed, and the next request goes out on a new one instead of failing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restarted_engine_is_reached_on_a_new_connection() {
+    let (engine, proxy, base) = fake_stack(FakeEngine::llama_cpp().tokens(3), "")
+        .await
+        .unwrap();
+    let client = TestClient::new();
+    let chat = json!({"model": "smollm2", "messages": [{"role": "user", "content": "hi"}]});
+    let url = format!("{base}/v1/chat/completions");
+    assert_eq!(client.post_json(&url, &chat).await.unwrap().status, 200);
+    let addr = engine.addr;
+    engine.stop().await;
+    let engine = FakeEngine::llama_cpp()
+        .tokens(3)
+        .spawn_on(addr)
+        .await
+        .unwrap();
+    // Readiness follows the probes; the request must not fail on a connection to the old engine.
+    wait_ready(&proxy, Duration::from_secs(5), |v| v["ready"] == true)
+        .await
+        .unwrap();
+    let r = client.post_json(&url, &chat).await.unwrap();
+    assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+    assert!(engine.connections() >= 1);
 }
