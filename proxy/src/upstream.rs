@@ -212,8 +212,7 @@ impl Upstream {
 
     /// Opens a connection to `backend` and starts the task that drives it.
     async fn connect(&self, backend: &Backend) -> Result<SendRequest<Full<Bytes>>, Failure> {
-        let host = backend.authority.host();
-        let port = backend.authority.port_u16().unwrap_or(80);
+        let (host, port) = host_and_port(&backend.authority);
         let stream = match tokio::time::timeout(
             self.connect_timeout,
             TcpStream::connect((host, port)),
@@ -294,6 +293,17 @@ impl Upstream {
     }
 }
 
+/// Where to connect for `authority`: the host without an IPv6 literal's brackets, and the port
+/// (80 when the URL names none).
+fn host_and_port(authority: &http::uri::Authority) -> (&str, u16) {
+    let host = authority.host();
+    let host = host
+        .strip_prefix('[')
+        .and_then(|h| h.strip_suffix(']'))
+        .unwrap_or(host);
+    (host, authority.port_u16().unwrap_or(80))
+}
+
 /// Why a request could not be exchanged with an engine.
 #[derive(Debug)]
 enum Failure {
@@ -362,6 +372,18 @@ impl Upstream {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn engine_addresses_connect_as_written() {
+        let at = |a: &str| {
+            let authority: http::uri::Authority = a.parse().unwrap();
+            let (host, port) = host_and_port(&authority);
+            (host.to_owned(), port)
+        };
+        assert_eq!(at("127.0.0.1:8081"), ("127.0.0.1".to_owned(), 8081));
+        assert_eq!(at("[::1]:8081"), ("::1".to_owned(), 8081));
+        assert_eq!(at("engine.local"), ("engine.local".to_owned(), 80));
+    }
 
     #[test]
     fn chain_is_described_once_each() {
