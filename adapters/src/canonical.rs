@@ -29,6 +29,13 @@ pub fn to_canonical_string(mut value: Value) -> String {
     value.to_string()
 }
 
+/// Appends `value` as JSON, strings escaped as `serde_json` escapes them (which the canonical
+/// form is defined by). For writers of canonical text that put keys in order themselves.
+pub(crate) fn write_json(out: &mut Vec<u8>, value: &(impl serde::Serialize + ?Sized)) {
+    // Serializing a string, a number, an option or a `Value` into a Vec cannot fail.
+    let _ = serde_json::to_writer(out, value);
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -266,6 +266,16 @@ impl FakeEngineHandle {
             .flatten()
     }
 
+    /// Waits (at most `timeout`) for the engine to see its client leave before the response was
+    /// complete; returns when it did.
+    pub async fn aborted(&mut self, timeout: Duration) -> Option<Instant> {
+        self.wait_for(timeout, |e| match e {
+            Event::Aborted { at } => Some(*at),
+            _ => None,
+        })
+        .await
+    }
+
     /// Waits for the first event that `pick` accepts, skipping others.
     pub async fn wait_for<T>(
         &mut self,

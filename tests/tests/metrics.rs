@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use http_body_util::BodyExt;
 use serde_json::{json, Value};
-use switchyard_tests::fake_engine::{Event, FakeEngine, FakeEngineHandle};
+use switchyard_tests::fake_engine::{FakeEngine, FakeEngineHandle};
 use switchyard_tests::harness::{start_switchyard, wait_ready, TestClient};
 
 /// A parsed exposition: (metric name, labels) → value.
@@ -332,9 +332,7 @@ async fn counters_move_by_exactly_the_requests_served() {
     // The record is written and the in-flight mark released before the engine's connection is
     // closed, so once the engine saw the close the metrics are final.
     engine
-        .wait_for(Duration::from_secs(2), |e| {
-            matches!(e, Event::Aborted { .. }).then_some(())
-        })
+        .aborted(Duration::from_secs(2))
         .await
         .expect("the engine saw the client leave");
 

@@ -25,10 +25,7 @@ async fn assert_engine_saw_the_client_leave(
     left: Instant,
 ) {
     let aborted = engine
-        .wait_for(Duration::from_secs(2), |e| match e {
-            Event::Aborted { at } => Some(*at),
-            _ => None,
-        })
+        .aborted(Duration::from_secs(2))
         .await
         .expect("the engine saw the request end");
     let delay = aborted.saturating_duration_since(left);
@@ -202,9 +199,7 @@ async fn a_client_that_leaves_at_done_has_read_the_whole_answer() {
     // As OpenAI clients do at `[DONE]`, while the engine has not ended its body yet.
     drop(body);
     engine
-        .wait_for(Duration::from_secs(2), |e| {
-            matches!(e, Event::Aborted { .. }).then_some(())
-        })
+        .aborted(Duration::from_secs(2))
         .await
         .expect("the engine saw the proxy leave");
     // The record was written before the engine's connection was dropped.

@@ -11,7 +11,7 @@ use serde_json::Value;
 use sha2::{Digest, Sha256};
 
 use super::artifact::hex;
-use crate::canonical::canonicalize;
+use crate::canonical::{canonicalize, write_json};
 use crate::view::ChunkView;
 
 #[derive(Debug, Default, Clone)]
@@ -122,13 +122,6 @@ impl OutputHasher {
         }
         Some(format!("sha256:{}", hex(&hasher.finalize())))
     }
-}
-
-/// Appends `value` as JSON (strings escaped as `serde_json` escapes them, which the canonical
-/// form is defined by).
-fn write_json(out: &mut Vec<u8>, value: &(impl serde::Serialize + ?Sized)) {
-    // Serializing a string, a number, an option or a `Value` into a Vec cannot fail.
-    let _ = serde_json::to_writer(out, value);
 }
 
 #[cfg(test)]

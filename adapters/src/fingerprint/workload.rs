@@ -5,7 +5,7 @@ use serde_json::{Map, Value};
 use sha2::{Digest, Sha256};
 
 use super::artifact::hex;
-use crate::canonical::canonicalize;
+use crate::canonical::{canonicalize, write_json};
 
 /// Fields that decide how tokens are picked. Any field not listed that an engine treats as
 /// sampling (e.g. llama.cpp's `mirostat`, `dry_*`, `xtc_*`) is added by [`is_sampling_field`].
@@ -91,9 +91,7 @@ pub fn fingerprint_request(model: &str, mut body: Map<String, Value>) -> Workloa
         .filter(|(k, _)| CONTENT_FIELDS.contains(&k.as_str()))
     {
         if !model_written && key.as_str() > "model" {
-            write_json(&mut content, "model");
-            content.push(b':');
-            write_json(&mut content, model);
+            write_member(&mut content, "model", model);
             content.push(b',');
             model_written = true;
         }
@@ -103,9 +101,7 @@ pub fn fingerprint_request(model: &str, mut body: Map<String, Value>) -> Workloa
     if model_written {
         content.pop();
     } else {
-        write_json(&mut content, "model");
-        content.push(b':');
-        write_json(&mut content, model);
+        write_member(&mut content, "model", model);
     }
     content.push(b'}');
 
@@ -125,16 +121,10 @@ pub fn fingerprint_request(model: &str, mut body: Map<String, Value>) -> Workloa
 }
 
 /// Appends `"key":value` (the value already canonical).
-fn write_member(out: &mut Vec<u8>, key: &str, value: &Value) {
+fn write_member(out: &mut Vec<u8>, key: &str, value: &(impl serde::Serialize + ?Sized)) {
     write_json(out, key);
     out.push(b':');
     write_json(out, value);
-}
-
-/// Appends `value` as JSON.
-fn write_json(out: &mut Vec<u8>, value: &(impl serde::Serialize + ?Sized)) {
-    // Serializing a string or a `Value` into a Vec cannot fail.
-    let _ = serde_json::to_writer(out, value);
 }
 
 /// Whether the fingerprint reads field `key` of a request body (a sampling or a content field);
