@@ -75,7 +75,7 @@ pub async fn handle(state: Arc<AppState>, req: Request<Incoming>) -> Response<Pr
             "/healthz" => json_response(StatusCode::OK, Bytes::from_static(br#"{"status":"ok"}"#)),
             "/readyz" => readyz(&state),
             "/v1/models" => json_response(StatusCode::OK, state.models_body.clone()),
-            "/metrics" => metrics(&state),
+            "/metrics" => metrics(&state).await,
             p if p.starts_with("/v1/models/") => model_object(&state, &p["/v1/models/".len()..]),
             p if PROXIED.contains(&p) => method_not_allowed(req.method(), p, "POST"),
             p => ProxyError::NotFound(p.to_owned()).into_response(),
@@ -128,8 +128,10 @@ fn json_response(status: StatusCode, body: Bytes) -> Response<ProxyBody> {
     response
 }
 
-/// `GET /metrics`: the Prometheus text exposition.
-fn metrics(state: &AppState) -> Response<ProxyBody> {
+/// `GET /metrics`: the Prometheus text exposition, counting every request answered before the
+/// scrape arrived.
+async fn metrics(state: &AppState) -> Response<ProxyBody> {
+    state.recorder.settled().await;
     let mut text = state.recorder.render_metrics();
     if let Some(telemetry) = &state.telemetry {
         telemetry.render_metrics(&mut text);
@@ -144,9 +146,9 @@ fn metrics(state: &AppState) -> Response<ProxyBody> {
 
 /// Answers a request on the separate metrics listener (`server.metrics_listen`), which serves
 /// `GET /metrics` and nothing else.
-pub fn metrics_only(state: &AppState, method: &Method, path: &str) -> Response<ProxyBody> {
+pub async fn metrics_only(state: &AppState, method: &Method, path: &str) -> Response<ProxyBody> {
     match (method, path) {
-        (&Method::GET, "/metrics") => metrics(state),
+        (&Method::GET, "/metrics") => metrics(state).await,
         (m, "/metrics") => method_not_allowed(m, "/metrics", "GET"),
         (_, p) => ProxyError::NotFound(p.to_owned()).into_response(),
     }
@@ -857,7 +859,7 @@ async fn respond(
     out.headers_mut().insert(X_ENGINE, identity.engine.clone());
     out.headers_mut()
         .insert(SERVER_TIMING, header_value(&record.phases.header_value()));
-    record.finish();
+    record.finish_after_response();
     Ok(out)
 }
 

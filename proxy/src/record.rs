@@ -5,6 +5,11 @@
 //! handler's future, then inside the streaming body. If either is dropped before completion, the
 //! client disconnected, and `Drop` writes the record with that flag: a request whose client left
 //! is never silently forgotten.
+//!
+//! A non-streaming answer's record is written just after the answer is handed to its connection
+//! ([`RequestRecord::finish_after_response`]): the client does not wait for the ledger queue, the
+//! metrics, the trace and the log line. Whatever must see every answered request (a `/metrics`
+//! scrape, a ledger flush, shutdown) waits for those records first ([`Recorder::settled`]).
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -13,6 +18,8 @@ use std::time::Instant;
 use switchyard_adapters::fingerprint::WorkloadFingerprint;
 use switchyard_adapters::ResponseFacts;
 use switchyard_policy::compare::{Pair, Side, TokenTiming};
+use tokio::sync::RwLock;
+use tokio_util::task::TaskTracker;
 
 use crate::shadow::RecordHook;
 use crate::timing::{between, Phases, Source, TokenPhase};
@@ -32,6 +39,16 @@ pub struct Recorder {
     pub ledger: Option<crate::ledger::Ledger>,
     /// Prometheus metrics (`GET /metrics`); every written record is observed once.
     pub metrics: crate::metrics::Metrics,
+    deferred: Deferred,
+}
+
+/// Records whose responses went out before them. Each holds a shared permit of `gate` until it is
+/// written; taking the gate exclusively waits for exactly those (the lock is fair: once a
+/// writer waits, new records cannot take a permit and are written before their responses).
+#[derive(Debug, Default)]
+struct Deferred {
+    tasks: TaskTracker,
+    gate: Arc<RwLock<()>>,
 }
 
 impl Recorder {
@@ -40,6 +57,12 @@ impl Recorder {
             ledger,
             ..Self::default()
         }
+    }
+
+    /// Returns once every record whose response has gone out is written: what is read after
+    /// this (metrics, stats, a ledger flush) counts every request answered before the call.
+    pub async fn settled(&self) {
+        drop(self.deferred.gate.write().await);
     }
 
     /// The Prometheus exposition, with the ledger's counters as of now.
@@ -276,6 +299,23 @@ impl RequestRecord {
         self.write_once();
     }
 
+    /// Writes the record once the current task yields, which for a handler's future is after
+    /// its connection has written the response: the client does not wait for the record. While
+    /// a reader waits in [`Recorder::settled`], writes it now instead.
+    pub fn finish_after_response(self) {
+        let recorder = Arc::clone(&self.recorder);
+        let deferred = &recorder.deferred;
+        match Arc::clone(&deferred.gate).try_read_owned() {
+            Ok(permit) => {
+                deferred.tasks.spawn(async move {
+                    self.finish();
+                    drop(permit);
+                });
+            }
+            Err(_) => self.finish(),
+        }
+    }
+
     fn write_once(&mut self) {
         if self.written {
             return;
@@ -301,5 +341,62 @@ impl Drop for RequestRecord {
             }
             self.write_once();
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use futures_util::FutureExt as _;
+
+    use super::*;
+
+    fn record(recorder: &Arc<Recorder>, id: &str) -> RequestRecord {
+        let mut r = RequestRecord::new(
+            recorder.clone(),
+            id.to_owned(),
+            http::Method::POST,
+            "/v1/chat/completions".to_owned(),
+            Instant::now(),
+        );
+        r.status = 200;
+        r
+    }
+
+    fn written(recorder: &Recorder) -> u64 {
+        recorder.stats.requests.load(Ordering::Relaxed)
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_deferred_record_is_written_after_the_task_yields_and_settled_waits_for_it() {
+        let recorder = Arc::new(Recorder::default());
+        record(&recorder, "a").finish_after_response();
+        assert_eq!(
+            written(&recorder),
+            0,
+            "written before the response went out"
+        );
+        recorder.settled().await;
+        assert_eq!(written(&recorder), 1);
+        assert!(recorder.metrics.render().contains("status_class=\"2xx\""));
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn while_a_reader_waits_records_are_written_before_their_responses() {
+        let recorder = Arc::new(Recorder::default());
+        record(&recorder, "a").finish_after_response();
+        // A scrape arrives: it waits for "a", and holds the gate against new permits.
+        let settling = {
+            let recorder = recorder.clone();
+            let mut settling = Box::pin(async move { recorder.settled().await });
+            assert!(
+                (&mut settling).now_or_never().is_none(),
+                "a is not written yet"
+            );
+            settling
+        };
+        record(&recorder, "b").finish_after_response();
+        assert_eq!(written(&recorder), 1, "b was written at once");
+        settling.await;
+        assert_eq!(written(&recorder), 2);
     }
 }

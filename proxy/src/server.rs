@@ -123,8 +123,9 @@ pub async fn serve(app: App, listener: TcpListener, stop: CancellationToken, dra
         _ = graceful.shutdown() => tracing::info!("all connections drained"),
         _ = tokio::time::sleep(drain) => tracing::warn!(drain_ms = drain.as_millis() as u64, "drain timeout reached; cutting remaining connections"),
     }
-    // Shadows of drained requests are recorded (or cancelled and recorded as skipped) before
-    // the ledger's last flush.
+    // Records written after their responses may start shadows; shadows of drained requests are
+    // recorded (or cancelled and recorded as skipped) before the ledger's last flush.
+    app.state().recorder.settled().await;
     app.state().shadowing.shutdown(Duration::from_secs(2)).await;
     if let Some(ledger) = &app.state().recorder.ledger {
         let flushed = tokio::task::block_in_place(|| ledger.flush(Duration::from_secs(5)));
@@ -189,8 +190,11 @@ async fn serve_metrics(app: App, listener: TcpListener, stop: CancellationToken)
     while let Some((stream, peer)) = accept(&listener, &stop, "metrics listener").await {
         let state = app.state().clone();
         let service = hyper::service::service_fn(move |req: Request<Incoming>| {
-            let response = handler::metrics_only(&state, req.method(), req.uri().path());
-            std::future::ready(Ok::<_, Infallible>(response))
+            let state = state.clone();
+            async move {
+                let response = handler::metrics_only(&state, req.method(), req.uri().path()).await;
+                Ok::<_, Infallible>(response)
+            }
         });
         let connection = graceful.watch(builder.serve_connection(TokioIo::new(stream), service));
         tasks.spawn(async move {

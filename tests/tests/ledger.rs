@@ -226,6 +226,7 @@ impl Drop for SmallDisk {
 
 async fn flush(proxy: &switchyard::Running) {
     let state = proxy.state().clone();
+    state.recorder.settled().await;
     tokio::task::spawn_blocking(move || {
         let ledger = state.recorder.ledger.as_ref().expect("a ledger");
         assert!(

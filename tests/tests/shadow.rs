@@ -109,6 +109,7 @@ impl Stack {
             .await
             .expect("comparisons recorded in time")
             .unwrap();
+        self.proxy.state().recorder.settled().await;
         let ledger = self.proxy.state().recorder.ledger.as_ref().unwrap();
         assert!(tokio::task::block_in_place(
             || ledger.flush(Duration::from_secs(5))
