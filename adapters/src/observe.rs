@@ -5,10 +5,11 @@
 //! by its adapter before or after these functions.
 
 use serde::Deserialize;
+use serde_json::value::RawValue;
 use serde_json::Value;
 
 use crate::fingerprint::OutputHasher;
-use crate::view::{ChunkView, Str};
+use crate::view::{ChunkView, Obj, Str, UsageView};
 
 /// Phase timings an engine reported for one response (llama.cpp's `timings`).
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -34,16 +35,17 @@ pub struct Usage {
 }
 
 impl Usage {
-    fn from_value(v: &Value) -> Self {
-        let n = |key: &str| v.get(key).and_then(Value::as_u64);
-        Self {
-            prompt_tokens: n("prompt_tokens"),
-            completion_tokens: n("completion_tokens"),
-            cached_tokens: v
-                .get("prompt_tokens_details")
-                .and_then(|d| d.get("cached_tokens"))
-                .and_then(Value::as_u64),
-        }
+    /// The counts in a `usage` value; `None` unless it is an object.
+    fn from_raw(raw: &RawValue) -> Option<Self> {
+        let usage = serde_json::from_str::<Obj<UsageView>>(raw.get()).ok()?.0?;
+        Some(Self {
+            prompt_tokens: usage.prompt_tokens.0,
+            completion_tokens: usage.completion_tokens.0,
+            cached_tokens: usage
+                .prompt_tokens_details
+                .0
+                .and_then(|d| d.cached_tokens.0),
+        })
     }
 }
 
@@ -51,7 +53,7 @@ impl Usage {
 #[derive(Debug, Clone, Default)]
 pub struct ResponseFacts {
     /// `usage` exactly as the engine sent it (kept raw for the end-of-stream comment).
-    pub usage_raw: Option<Value>,
+    pub usage_raw: Option<Box<RawValue>>,
     pub usage: Usage,
     pub timings: Option<EngineTimings>,
     /// `system_fingerprint` as sent.
@@ -78,10 +80,12 @@ impl ResponseFacts {
         }
     }
 
-    fn absorb(&mut self, v: &ChunkView<'_>) {
-        if let Some(usage) = &v.usage.0 {
-            self.usage = Usage::from_value(usage);
-            self.usage_raw = Some(usage.clone());
+    fn absorb(&mut self, v: &mut ChunkView<'_>) {
+        if let Some(raw) = v.usage.take() {
+            if let Some(usage) = Usage::from_raw(&raw) {
+                self.usage = usage;
+                self.usage_raw = Some(raw);
+            }
         }
         if let Some(t) = &v.timings.0 {
             self.timings = Some(EngineTimings {
@@ -106,10 +110,10 @@ impl ResponseFacts {
 /// Reads a complete (non-streaming) response body. Bodies that are not JSON yield empty facts.
 pub fn inspect_response(body: &[u8]) -> ResponseFacts {
     let mut facts = ResponseFacts::default();
-    let Ok(view) = serde_json::from_slice::<ChunkView<'_>>(body) else {
+    let Ok(mut view) = serde_json::from_slice::<ChunkView<'_>>(body) else {
         return facts;
     };
-    facts.absorb(&view);
+    facts.absorb(&mut view);
     facts.usage_from_timings();
     let mut output = OutputHasher::new();
     output.add_choices(&view, false);
@@ -152,21 +156,21 @@ impl StreamObserver {
         if is_done(data) {
             return EventKind::Done;
         }
-        let Ok(view) = serde_json::from_slice::<ChunkView<'_>>(data) else {
+        let Ok(mut view) = serde_json::from_slice::<ChunkView<'_>>(data) else {
             return EventKind::Unparsed;
         };
-        self.observe_view(&view)
+        self.observe_view(&mut view)
     }
 
     /// Observes one event already parsed (when an adapter rewrote it first).
     pub fn observe_value(&mut self, value: &Value) -> EventKind {
         match ChunkView::deserialize(value) {
-            Ok(view) => self.observe_view(&view),
+            Ok(mut view) => self.observe_view(&mut view),
             Err(_) => EventKind::Unparsed,
         }
     }
 
-    fn observe_view(&mut self, view: &ChunkView<'_>) -> EventKind {
+    fn observe_view(&mut self, view: &mut ChunkView<'_>) -> EventKind {
         if view.error.is_some() {
             return EventKind::Error;
         }
@@ -290,13 +294,35 @@ mod tests {
     }
 
     #[test]
+    fn usage_is_kept_as_sent_and_read_leniently() {
+        let body = br#"{"choices":[],"usage":{"prompt_tokens":4, "completion_tokens":2.5,"prompt_tokens_details":{"cached_tokens":3},"extra":[1]}}"#;
+        let facts = inspect_response(body);
+        assert_eq!(
+            facts.usage,
+            Usage {
+                prompt_tokens: Some(4),
+                completion_tokens: None,
+                cached_tokens: Some(3)
+            }
+        );
+        assert_eq!(
+            facts.usage_raw.as_deref().map(RawValue::get),
+            Some(r#"{"prompt_tokens":4, "completion_tokens":2.5,"prompt_tokens_details":{"cached_tokens":3},"extra":[1]}"#)
+        );
+        // Not an object: no usage at all, so the engine's timings may stand in.
+        let facts = inspect_response(br#"{"choices":[],"usage":[1],"timings":{"prompt_n":5,"predicted_n":2}}"#);
+        assert!(facts.usage_raw.is_none());
+        assert_eq!(facts.usage.prompt_tokens, Some(5));
+    }
+
+    #[test]
     fn without_usage_the_engine_timings_give_the_token_counts() {
         let mut obs = StreamObserver::new();
         obs.observe(br#"{"choices":[{"index":0,"delta":{"content":"Hi"}}]}"#);
         obs.observe(br#"{"choices":[{"index":0,"delta":{},"finish_reason":"stop"}],"timings":{"cache_n":3,"prompt_n":5,"prompt_ms":1.0,"predicted_n":2,"predicted_ms":2.0}}"#);
         let facts = obs.facts();
-        assert_eq!(
-            facts.usage_raw, None,
+        assert!(
+            facts.usage_raw.is_none(),
             "the comment's usage stays what the engine sent"
         );
         assert_eq!(

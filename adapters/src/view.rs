@@ -13,7 +13,7 @@ use std::marker::PhantomData;
 use serde::de::value::MapAccessDeserializer;
 use serde::de::{self, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
 use serde::Deserialize;
-use serde_json::Value;
+use serde_json::value::RawValue;
 
 /// Answers `None` for every JSON type a visitor does not take, consuming arrays and objects.
 macro_rules! absent_otherwise {
@@ -232,13 +232,30 @@ pub(crate) struct ChunkView<'a> {
     pub model: Str<'a>,
     #[serde(borrow)]
     pub system_fingerprint: Str<'a>,
-    /// Kept whole: the end-of-stream comment repeats it as the engine sent it.
-    pub usage: Obj<Value>,
+    /// Kept as text: the end-of-stream comment repeats it as the engine sent it, and its token
+    /// counts are read from it ([`UsageView`]) only when it is there.
+    pub usage: Option<Box<RawValue>>,
     pub timings: Obj<TimingsView>,
     /// Present and not null: the body is an error.
     pub error: Option<IgnoredAny>,
     #[serde(borrow)]
     pub choices: List<Obj<ChoiceView<'a>>>,
+}
+
+/// The token counts of an OpenAI `usage` object.
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+pub(crate) struct UsageView {
+    pub prompt_tokens: U64,
+    pub completion_tokens: U64,
+    pub prompt_tokens_details: Obj<UsageDetailsView>,
+}
+
+/// `usage.prompt_tokens_details`.
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+pub(crate) struct UsageDetailsView {
+    pub cached_tokens: U64,
 }
 
 /// llama.cpp's `timings`.
@@ -314,7 +331,8 @@ mod tests {
         let v: ChunkView<'_> = serde_json::from_slice(body).unwrap();
         assert_eq!(v.model.get(), None);
         assert_eq!(v.system_fingerprint.get(), Some("b1"));
-        assert!(v.usage.0.is_none());
+        // Kept as sent; `observe` reads no counts from a usage that is not an object.
+        assert_eq!(v.usage.as_deref().map(RawValue::get), Some("[1]"));
         assert!(v.error.is_none());
         let t = v.timings.0.unwrap();
         assert_eq!((t.prompt_n.0, t.prompt_ms.0), (None, Some(3.0)));

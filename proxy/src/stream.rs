@@ -242,7 +242,12 @@ impl<B> ObservedStream<B> {
         phases.total = Some(between(record.received, now));
         let body = json!({
             "server_timing": phases.to_json(),
-            "usage": facts.usage_raw.clone().unwrap_or(Value::Null),
+            // Re-serialized: one line, whatever the engine's spacing.
+            "usage": facts
+                .usage_raw
+                .as_deref()
+                .and_then(|raw| serde_json::from_str::<Value>(raw.get()).ok())
+                .unwrap_or(Value::Null),
             "output": facts.output.clone(),
         });
         record.facts = Some(facts);
