@@ -307,10 +307,14 @@ mod tests {
         );
         assert_eq!(
             facts.usage_raw.as_deref().map(RawValue::get),
-            Some(r#"{"prompt_tokens":4, "completion_tokens":2.5,"prompt_tokens_details":{"cached_tokens":3},"extra":[1]}"#)
+            Some(
+                r#"{"prompt_tokens":4, "completion_tokens":2.5,"prompt_tokens_details":{"cached_tokens":3},"extra":[1]}"#
+            )
         );
         // Not an object: no usage at all, so the engine's timings may stand in.
-        let facts = inspect_response(br#"{"choices":[],"usage":[1],"timings":{"prompt_n":5,"predicted_n":2}}"#);
+        let facts = inspect_response(
+            br#"{"choices":[],"usage":[1],"timings":{"prompt_n":5,"predicted_n":2}}"#,
+        );
         assert!(facts.usage_raw.is_none());
         assert_eq!(facts.usage.prompt_tokens, Some(5));
     }

@@ -258,6 +258,14 @@ impl FakeEngineHandle {
         self.accepted.load(Ordering::Relaxed)
     }
 
+    /// Stops keeping events. Every request, chunk and ending is an event, held until read: an
+    /// engine that serves for long without anyone reading them (the standalone binary, under a
+    /// benchmark) would grow by every request it answered.
+    pub fn ignore_events(&mut self) {
+        self.events.close();
+        while self.events.try_recv().is_ok() {}
+    }
+
     /// The next event, waiting at most `timeout`.
     pub async fn next_event(&mut self, timeout: Duration) -> Option<Event> {
         tokio::time::timeout(timeout, self.events.recv())

@@ -55,7 +55,9 @@ async fn main() -> anyhow::Result<()> {
         fixed_text: a.fixed_text,
         stamp_chunks: a.stamp_chunks,
     };
-    let engine = FakeEngine::with_config(config).spawn_on(a.listen).await?;
+    let mut engine = FakeEngine::with_config(config).spawn_on(a.listen).await?;
+    // Nobody reads this process's events.
+    engine.ignore_events();
     writeln!(
         std::io::stdout().lock(),
         "fake-engine listening on {}",
