@@ -38,6 +38,9 @@ pub fn validate(config: &Config) -> Vec<Problem> {
     if server.max_body_bytes == 0 {
         problems.push(Problem::new("server.max_body_bytes", "must be at least 1"));
     }
+    if server.workers == Some(0) {
+        problems.push(Problem::new("server.workers", "must be at least 1"));
+    }
     if server.max_response_bytes == 0 {
         problems.push(Problem::new(
             "server.max_response_bytes",
@@ -328,6 +331,7 @@ mod tests {
             r#"
             [server]
             connect_timeout_ms = 0
+            workers = 0
             [backends.llama]
             engine = "llama.cpp"
             url = "127.0.0.1:8081"
@@ -345,6 +349,7 @@ mod tests {
         assert_eq!(
             paths,
             vec![
+                "server.workers",
                 "server.connect_timeout_ms",
                 "backends.llama.url",
                 "backends.llama.max_concurrency",

@@ -86,6 +86,27 @@ pub enum Command {
     },
 }
 
+/// The Tokio runtime for `cli`: for `serve`, as many worker threads as `server.workers` says
+/// (one per available CPU by default), and a single-threaded runtime when that is one. A
+/// configuration that does not load gets the default runtime; `run` then reports its problems.
+pub fn runtime(cli: &Cli) -> std::io::Result<tokio::runtime::Runtime> {
+    let configured = match &cli.command {
+        Command::Serve { config } => config::load(config).ok().and_then(|c| c.server.workers),
+        _ => None,
+    };
+    let workers = configured.unwrap_or_else(|| {
+        std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get)
+    });
+    let mut builder = if workers == 1 {
+        tokio::runtime::Builder::new_current_thread()
+    } else {
+        let mut b = tokio::runtime::Builder::new_multi_thread();
+        b.worker_threads(workers);
+        b
+    };
+    builder.enable_all().build()
+}
+
 /// Runs the command; returns the process exit status.
 pub async fn run(cli: Cli) -> anyhow::Result<i32> {
     match cli.command {
@@ -190,12 +211,8 @@ pub async fn run(cli: Cli) -> anyhow::Result<i32> {
             }
             .await;
             stop.cancel();
-            if let Some(ledger) = &state.recorder.ledger {
-                let flushed =
-                    tokio::task::block_in_place(|| ledger.flush(std::time::Duration::from_secs(5)));
-                if !flushed {
-                    tracing::warn!("the ledger did not finish writing within 5 s");
-                }
+            if !crate::server::flush_ledger(&state).await {
+                tracing::warn!("the ledger did not finish writing within 5 s");
             }
             let pairs = match result {
                 Ok(p) => p,
@@ -285,7 +302,11 @@ pub async fn run(cli: Cli) -> anyhow::Result<i32> {
                 "switchyard listening on http://{}",
                 running.addr()
             )?;
-            tracing::info!(addr = %running.addr(), "listening");
+            tracing::info!(
+                addr = %running.addr(),
+                workers = tokio::runtime::Handle::current().metrics().num_workers(),
+                "listening"
+            );
             shutdown_signal().await;
             running.shutdown().await;
             Ok(0)

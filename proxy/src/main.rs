@@ -8,9 +8,9 @@ use clap::Parser;
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
-#[tokio::main]
-async fn main() -> anyhow::Result<()> {
+fn main() -> anyhow::Result<()> {
     let cli = switchyard::cli::Cli::parse();
-    let code = switchyard::cli::run(cli).await?;
+    let runtime = switchyard::cli::runtime(&cli)?;
+    let code = runtime.block_on(switchyard::cli::run(cli))?;
     std::process::exit(code);
 }

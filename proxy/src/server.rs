@@ -127,19 +127,41 @@ pub async fn serve(app: App, listener: TcpListener, stop: CancellationToken, dra
     // recorded (or cancelled and recorded as skipped) before the ledger's last flush.
     app.state().recorder.settled().await;
     app.state().shadowing.shutdown(Duration::from_secs(2)).await;
-    if let Some(ledger) = &app.state().recorder.ledger {
-        let flushed = tokio::task::block_in_place(|| ledger.flush(Duration::from_secs(5)));
-        if !flushed {
-            tracing::warn!("the ledger did not finish writing within 5 s of shutdown");
-        }
+    if !flush_ledger(app.state()).await {
+        tracing::warn!("the ledger did not finish writing within 5 s of shutdown");
     }
-    if let Some(telemetry) = &app.state().telemetry {
-        // Every drained request's span has ended: export them all before returning.
-        tokio::task::block_in_place(|| telemetry.shutdown(Duration::from_secs(5)));
+    if app.state().telemetry.is_some() {
+        // Every drained request's span has ended: export them all before returning. The export
+        // runs on this runtime while a blocking thread waits for it.
+        let state = app.state().clone();
+        let _ = tokio::task::spawn_blocking(move || {
+            if let Some(telemetry) = &state.telemetry {
+                telemetry.shutdown(Duration::from_secs(5));
+            }
+        })
+        .await;
     }
     tasks.close();
     // Background loops watch `stop`; connection tasks were drained or are cut here.
     let _ = tokio::time::timeout(Duration::from_secs(1), tasks.wait()).await;
+}
+
+/// Waits (on a blocking thread, up to 5 s) until the ledger has written every record queued so
+/// far; true when it did or there is no ledger. Works on either runtime flavour.
+pub(crate) async fn flush_ledger(state: &Arc<AppState>) -> bool {
+    if state.recorder.ledger.is_none() {
+        return true;
+    }
+    let state = state.clone();
+    tokio::task::spawn_blocking(move || {
+        state
+            .recorder
+            .ledger
+            .as_ref()
+            .is_none_or(|ledger| ledger.flush(Duration::from_secs(5)))
+    })
+    .await
+    .unwrap_or(false)
 }
 
 /// The next connection, or `None` once `stop` is cancelled. Accept errors (EMFILE and friends)

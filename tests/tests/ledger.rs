@@ -59,6 +59,54 @@ fn run_report(db: &Path, format: &str) -> String {
     .unwrap()
 }
 
+/// `server.workers = 1` serves on a single-threaded runtime: requests are recorded and shutdown
+/// drains, flushes the ledger and exports the spans without a second worker to lean on.
+#[tokio::test(flavor = "current_thread")]
+async fn a_single_threaded_runtime_records_and_shuts_down() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("ledger.db");
+    let engine = FakeEngine::llama_cpp().spawn().await.unwrap();
+    let sink = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let extra = format!(
+        "\n[ledger]\npath = \"{}\"\n\n[telemetry]\notlp_endpoint = \"http://{}\"\n",
+        db.display(),
+        sink.local_addr().unwrap()
+    );
+    let proxy = start_switchyard(&config_for(&engine.url(), &extra))
+        .await
+        .unwrap();
+    wait_ready(&proxy, Duration::from_secs(5), |v| v["ready"] == true)
+        .await
+        .unwrap();
+    let url = format!("http://{}/v1/chat/completions", proxy.addr());
+    let client = TestClient::new();
+    let mut ids = Vec::new();
+    for stream in [false, true] {
+        let body = json!({"model": "smollm2", "messages": [{"role": "user", "content": "hi"}], "stream": stream});
+        let r = client.post_json(&url, &body).await.unwrap();
+        assert_eq!(r.status, 200);
+        ids.push(r.header("x-request-id").to_owned());
+    }
+    // Nothing listens for the spans any more: shutdown's export runs on this one thread while a
+    // blocking thread waits for it, fails, and is counted.
+    drop(sink);
+    let state = proxy.state().clone();
+    proxy.shutdown().await;
+    let stats = state.telemetry.as_ref().unwrap().stats();
+    assert_eq!(
+        stats
+            .spans_failed
+            .load(std::sync::atomic::Ordering::Relaxed),
+        2,
+        "both spans went to the failed export"
+    );
+    let recorded: Vec<String> = rows(&db)
+        .iter()
+        .map(|r| r["request_id"].as_str().unwrap().to_owned())
+        .collect();
+    assert_eq!(recorded, ids);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_request_is_on_the_record() {
     let dir = tempfile::tempdir().unwrap();
