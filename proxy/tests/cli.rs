@@ -136,6 +136,62 @@ fn environment_overrides_and_its_errors() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("sevrer"));
 }
 
+/// `switchyard serve` with `server.workers` (and the environment's override of it): it runs on
+/// that many threads, says so, serves, and drains on SIGTERM with exit status 0.
+#[test]
+fn serve_runs_on_the_configured_workers() {
+    use std::io::{BufRead as _, BufReader, Read as _, Write as _};
+
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("serve.toml");
+    // Nothing listens at the engine's address: probes fail, /healthz still answers.
+    let config = VALID
+        .replace("127.0.0.1:8080", "127.0.0.1:0")
+        .replace("127.0.0.1:8081", "127.0.0.1:9")
+        .replace("[server]", "[server]\nworkers = 1");
+    std::fs::write(&path, config).unwrap();
+    for (env, workers) in [(None, 1), (Some("2"), 2)] {
+        let mut command = switchyard();
+        command
+            .args(["serve", "--config"])
+            .arg(&path)
+            .env("SWITCHYARD_LOG", "info")
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped());
+        if let Some(n) = env {
+            command.env("SWITCHYARD_SERVER__WORKERS", n);
+        }
+        let mut child = command.spawn().unwrap();
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        let addr = line
+            .trim()
+            .strip_prefix("switchyard listening on http://")
+            .unwrap_or_else(|| panic!("first line: {line:?}"))
+            .to_owned();
+        let mut conn = std::net::TcpStream::connect(&addr).unwrap();
+        conn.write_all(b"GET /healthz HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n")
+            .unwrap();
+        let mut answer = String::new();
+        conn.read_to_string(&mut answer).unwrap();
+        assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+        let killed = Command::new("kill")
+            .args(["-TERM", &child.id().to_string()])
+            .status()
+            .unwrap();
+        assert!(killed.success());
+        let out = child.wait_with_output().unwrap();
+        let log = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(0), "{log}");
+        assert!(
+            log.contains(&format!("workers={workers}")),
+            "expected workers={workers}: {log}"
+        );
+    }
+}
+
 #[test]
 fn serve_refuses_an_invalid_config_with_64() {
     let out = switchyard()
