@@ -86,15 +86,23 @@ pub enum Command {
     },
 }
 
-/// The Tokio runtime for `cli`: for `serve`, as many worker threads as `server.workers` says
-/// (one per available CPU by default), and a single-threaded runtime when that is one. A
-/// configuration that does not load gets the default runtime; `run` then reports its problems.
-pub fn runtime(cli: &Cli) -> std::io::Result<tokio::runtime::Runtime> {
-    let configured = match &cli.command {
-        Command::Serve { config } => config::load(config).ok().and_then(|c| c.server.workers),
-        _ => None,
-    };
-    let workers = configured.unwrap_or_else(|| {
+/// Runs the command on a runtime of its own and returns the process exit status. `serve` loads
+/// its configuration once, here: the runtime has `server.workers` threads (one per available
+/// CPU by default), single-threaded when that is one.
+pub fn main(cli: Cli) -> anyhow::Result<i32> {
+    if let Command::Serve { config } = &cli.command {
+        let config = match config::load(config) {
+            Ok(c) => c,
+            Err(e) => return Ok(report_invalid(&e)),
+        };
+        return runtime(config.server.workers)?.block_on(serve(config));
+    }
+    runtime(None)?.block_on(run(cli))
+}
+
+/// A runtime with `workers` threads, or one per available CPU.
+fn runtime(workers: Option<usize>) -> std::io::Result<tokio::runtime::Runtime> {
+    let workers = workers.unwrap_or_else(|| {
         std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get)
     });
     let mut builder = if workers == 1 {
@@ -107,7 +115,8 @@ pub fn runtime(cli: &Cli) -> std::io::Result<tokio::runtime::Runtime> {
     builder.enable_all().build()
 }
 
-/// Runs the command; returns the process exit status.
+/// Runs the command on the current runtime; returns the process exit status. ([`main`] runs
+/// `serve` on a runtime sized by its configuration.)
 pub async fn run(cli: Cli) -> anyhow::Result<i32> {
     match cli.command {
         Command::Check { config } => match config::load(&config) {
@@ -288,30 +297,32 @@ pub async fn run(cli: Cli) -> anyhow::Result<i32> {
                 .write_all(crate::report::render(&report, format).as_bytes())?;
             Ok(0)
         }
-        Command::Serve { config } => {
-            let config = match config::load(&config) {
-                Ok(c) => c,
-                Err(e) => return Ok(report_invalid(&e)),
-            };
-            init_logging(config.server.log_format);
-            let app = App::new(config).map_err(anyhow::Error::msg)?;
-            let running = crate::start(app).await?;
-            // One line on stdout for whoever started us (scripts, tests binding port 0).
-            writeln!(
-                std::io::stdout().lock(),
-                "switchyard listening on http://{}",
-                running.addr()
-            )?;
-            tracing::info!(
-                addr = %running.addr(),
-                workers = tokio::runtime::Handle::current().metrics().num_workers(),
-                "listening"
-            );
-            shutdown_signal().await;
-            running.shutdown().await;
-            Ok(0)
-        }
+        Command::Serve { config } => match config::load(&config) {
+            Ok(config) => serve(config).await,
+            Err(e) => Ok(report_invalid(&e)),
+        },
     }
+}
+
+/// Serves `config` until SIGINT or SIGTERM, then drains.
+async fn serve(config: switchyard_policy::Config) -> anyhow::Result<i32> {
+    init_logging(config.server.log_format);
+    let app = App::new(config).map_err(anyhow::Error::msg)?;
+    let running = crate::start(app).await?;
+    // One line on stdout for whoever started us (scripts, tests binding port 0).
+    writeln!(
+        std::io::stdout().lock(),
+        "switchyard listening on http://{}",
+        running.addr()
+    )?;
+    tracing::info!(
+        addr = %running.addr(),
+        workers = tokio::runtime::Handle::current().metrics().num_workers(),
+        "listening"
+    );
+    shutdown_signal().await;
+    running.shutdown().await;
+    Ok(0)
 }
 
 fn report_invalid(e: &ConfigError) -> i32 {

@@ -9,8 +9,6 @@ use clap::Parser;
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 fn main() -> anyhow::Result<()> {
-    let cli = switchyard::cli::Cli::parse();
-    let runtime = switchyard::cli::runtime(&cli)?;
-    let code = runtime.block_on(switchyard::cli::run(cli))?;
+    let code = switchyard::cli::main(switchyard::cli::Cli::parse())?;
     std::process::exit(code);
 }

@@ -19,7 +19,6 @@ use switchyard_adapters::fingerprint::WorkloadFingerprint;
 use switchyard_adapters::ResponseFacts;
 use switchyard_policy::compare::{Pair, Side, TokenTiming};
 use tokio::sync::RwLock;
-use tokio_util::task::TaskTracker;
 
 use crate::shadow::RecordHook;
 use crate::timing::{between, Phases, Source, TokenPhase};
@@ -39,16 +38,10 @@ pub struct Recorder {
     pub ledger: Option<crate::ledger::Ledger>,
     /// Prometheus metrics (`GET /metrics`); every written record is observed once.
     pub metrics: crate::metrics::Metrics,
-    deferred: Deferred,
-}
-
-/// Records whose responses went out before them. Each holds a shared permit of `gate` until it is
-/// written; taking the gate exclusively waits for exactly those (the lock is fair: once a
-/// writer waits, new records cannot take a permit and are written before their responses).
-#[derive(Debug, Default)]
-struct Deferred {
-    tasks: TaskTracker,
-    gate: Arc<RwLock<()>>,
+    /// Records whose responses went out before them. Each holds a shared permit until it is
+    /// written; taking the lock exclusively waits for exactly those (it is fair: once a writer
+    /// waits, new records cannot take a permit and are written before their responses).
+    deferred: Arc<RwLock<()>>,
 }
 
 impl Recorder {
@@ -62,7 +55,7 @@ impl Recorder {
     /// Returns once every record whose response has gone out is written: what is read after
     /// this (metrics, stats, a ledger flush) counts every request answered before the call.
     pub async fn settled(&self) {
-        drop(self.deferred.gate.write().await);
+        drop(self.deferred.write().await);
     }
 
     /// The Prometheus exposition, with the ledger's counters as of now.
@@ -303,11 +296,11 @@ impl RequestRecord {
     /// its connection has written the response: the client does not wait for the record. While
     /// a reader waits in [`Recorder::settled`], writes it now instead.
     pub fn finish_after_response(self) {
-        let recorder = Arc::clone(&self.recorder);
-        let deferred = &recorder.deferred;
-        match Arc::clone(&deferred.gate).try_read_owned() {
+        match Arc::clone(&self.recorder.deferred).try_read_owned() {
             Ok(permit) => {
-                deferred.tasks.spawn(async move {
+                #[allow(clippy::disallowed_methods)]
+                // tracked by its permit: `settled` and shutdown wait for it
+                tokio::spawn(async move {
                     self.finish();
                     drop(permit);
                 });
