@@ -308,6 +308,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<i32> {
 async fn serve(config: switchyard_policy::Config) -> anyhow::Result<i32> {
     init_logging(config.server.log_format);
     let app = App::new(config).map_err(anyhow::Error::msg)?;
+    let shutdown = shutdown_signals()?;
     let running = crate::start(app).await?;
     // One line on stdout for whoever started us (scripts, tests binding port 0).
     writeln!(
@@ -320,7 +321,7 @@ async fn serve(config: switchyard_policy::Config) -> anyhow::Result<i32> {
         workers = tokio::runtime::Handle::current().metrics().num_workers(),
         "listening"
     );
-    shutdown_signal().await;
+    shutdown.await;
     running.shutdown().await;
     Ok(0)
 }
@@ -345,23 +346,25 @@ fn init_logging(format: LogFormat) {
     };
 }
 
-async fn shutdown_signal() {
-    let ctrl_c = tokio::signal::ctrl_c();
-    #[cfg(unix)]
-    {
-        let mut term =
-            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-                Ok(s) => s,
-                Err(_) => {
-                    let _ = ctrl_c.await;
-                    return;
-                }
-            };
+/// Listens for SIGINT and SIGTERM. The listeners are installed before the listening line is
+/// printed: whoever reads that line may signal at once, and a signal that arrives before its
+/// listener exists takes the default action (exit without draining) instead of a shutdown.
+#[cfg(unix)]
+fn shutdown_signals() -> std::io::Result<impl std::future::Future<Output = ()>> {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut interrupt = signal(SignalKind::interrupt())?;
+    let mut terminate = signal(SignalKind::terminate())?;
+    Ok(async move {
         tokio::select! {
-            _ = ctrl_c => {}
-            _ = term.recv() => {}
+            _ = interrupt.recv() => {}
+            _ = terminate.recv() => {}
         }
-    }
-    #[cfg(not(unix))]
-    let _ = ctrl_c.await;
+    })
+}
+
+#[cfg(not(unix))]
+fn shutdown_signals() -> std::io::Result<impl std::future::Future<Output = ()>> {
+    Ok(async {
+        let _ = tokio::signal::ctrl_c().await;
+    })
 }

@@ -192,6 +192,47 @@ fn serve_runs_on_the_configured_workers() {
     }
 }
 
+/// Whoever reads the listening line may signal at once: the signal listeners exist before the
+/// line is printed, so even an immediate SIGTERM drains (exit 0) instead of killing the process
+/// by the default action. Ten starts, because the window it closes is a few hundred microseconds.
+#[test]
+fn a_sigterm_right_after_the_listening_line_drains() {
+    use std::io::{BufRead as _, BufReader};
+
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("serve.toml");
+    let config = VALID
+        .replace("127.0.0.1:8080", "127.0.0.1:0")
+        .replace("127.0.0.1:8081", "127.0.0.1:9");
+    std::fs::write(&path, config).unwrap();
+    for _ in 0..10 {
+        let mut child = switchyard()
+            .args(["serve", "--config"])
+            .arg(&path)
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        assert!(line.starts_with("switchyard listening on "), "{line:?}");
+        let killed = Command::new("kill")
+            .args(["-TERM", &child.id().to_string()])
+            .status()
+            .unwrap();
+        assert!(killed.success());
+        let out = child.wait_with_output().unwrap();
+        assert_eq!(
+            out.status.code(),
+            Some(0),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}
+
 #[test]
 fn serve_refuses_an_invalid_config_with_64() {
     let out = switchyard()
