@@ -790,6 +790,12 @@ impl Writer {
             // Skips of one kind: the first one's time, the kind, how many.
             let mut skipped: Vec<(i64, &SkippedShadow, i64)> = Vec::new();
             for entry in entries {
+                // A batch under load is a hundred rows or more, a millisecond of work at a
+                // stretch. Where the writer shares a core with the request path, a request that
+                // arrives meanwhile waits until the scheduler preempts the writer: at concurrency
+                // 1 that tripled Switchyard's p99 (tests/bench/run). Offered the CPU after each
+                // row (some 7 µs), it runs at once; with nothing else to run, the yield returns.
+                std::thread::yield_now();
                 match entry {
                     Entry::Request(r) => {
                         insert_request.execute(params![
