@@ -570,3 +570,58 @@ async fn compare_runs_the_suite_on_both_backends_and_writes_three_formats() {
         lines * 2
     );
 }
+
+/// The scheduling policy (`/proc/self/task/TID/sched`) of each thread of this process named
+/// `name` (as `comm` shows it, at most 15 bytes): 0 is `SCHED_OTHER`, 5 `SCHED_IDLE`.
+#[cfg(target_os = "linux")]
+fn policies_of_threads_named(name: &str) -> Vec<u32> {
+    let mut policies = Vec::new();
+    for task in std::fs::read_dir("/proc/self/task").unwrap() {
+        let dir = task.unwrap().path();
+        let Ok(comm) = std::fs::read_to_string(dir.join("comm")) else {
+            continue; // the thread ended meanwhile
+        };
+        if comm.trim_end() != name {
+            continue;
+        }
+        let Ok(sched) = std::fs::read_to_string(dir.join("sched")) else {
+            continue;
+        };
+        let policy = sched
+            .lines()
+            .find_map(|l| {
+                l.strip_prefix("policy")?
+                    .split(':')
+                    .nth(1)?
+                    .trim()
+                    .parse()
+                    .ok()
+            })
+            .expect("a policy line");
+        policies.push(policy);
+    }
+    policies
+}
+
+/// Shadows run on a thread of their own at `SCHED_IDLE`, so that on a shared core a primary
+/// never waits behind one; the threads serving requests keep the normal policy.
+#[cfg(target_os = "linux")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shadows_run_on_an_idle_priority_thread_of_their_own() {
+    let s = stack(
+        FakeEngine::llama_cpp(),
+        FakeEngine::llama_cpp(),
+        r#"{ backend = "cand" }"#,
+    )
+    .await;
+    let r = s.chat("on which thread", json!({})).await;
+    assert_eq!(r.status, 200);
+    s.settle(1).await;
+    assert_eq!(s.comparisons()[0]["verdict"], "match");
+    let shadow = policies_of_threads_named("switchyard-shad");
+    assert!(!shadow.is_empty(), "no shadow thread");
+    assert!(shadow.iter().all(|&p| p == 5), "{shadow:?}");
+    let serving = policies_of_threads_named("tokio-rt-worker");
+    assert!(!serving.is_empty());
+    assert!(serving.iter().all(|&p| p == 0), "{serving:?}");
+}
