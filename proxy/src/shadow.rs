@@ -257,13 +257,15 @@ impl Drop for Shadowing {
 /// policy's minimum elsewhere. A thread may always lower its own priority; if the OS refuses
 /// anyway, shadows run at normal priority and the log says so.
 fn lower_priority() {
-    use thread_priority::{ThreadPriority, ThreadSchedulePolicy};
+    use thread_priority::ThreadPriority;
     #[cfg(target_os = "linux")]
     let (result, what) = (
         thread_priority::set_thread_priority_and_policy(
             thread_priority::thread_native_id(),
             ThreadPriority::Min,
-            ThreadSchedulePolicy::Normal(thread_priority::NormalThreadSchedulePolicy::Idle),
+            thread_priority::ThreadSchedulePolicy::Normal(
+                thread_priority::NormalThreadSchedulePolicy::Idle,
+            ),
         ),
         "SCHED_IDLE",
     );
