@@ -70,11 +70,6 @@ pub fn start_on(app: App, listener: TcpListener) -> std::io::Result<Running> {
         Some(l) => Some(l.local_addr()?),
         None => None,
     };
-    // Engine connections live on this (the serving) runtime; shadows on a thread of their own.
-    app.state()
-        .upstream
-        .set_home(tokio::runtime::Handle::current());
-    app.state().shadowing.start_thread()?;
     // Per-backend gauges exist (as 0) from the start; the request path never creates them.
     for name in app.state().backends.keys() {
         app.state().recorder.metrics.register_backend(name);

@@ -10,19 +10,13 @@
 //! comparison and counted. Each shadow is a request of its own through the same path as any
 //! other (admission, identity, streaming observation, the ledger with variant `shadow`), in the
 //! same streaming mode as the primary, so the phases compare.
-//!
-//! Shadows run on a thread of their own (its own single-threaded runtime), at the lowest
-//! scheduling priority the OS offers: on Linux `SCHED_IDLE`, which runs only when nothing else
-//! wants the CPU and is preempted the moment a primary's thread wakes. On one machine the shadow
-//! shares the CPU with the traffic it shadows; the primary must not wait behind it. Engine
-//! connections are still opened and driven on the serving runtime (see `Upstream`).
 
 use std::collections::hash_map::RandomState;
 use std::collections::HashMap;
 use std::fmt;
 use std::hash::{BuildHasher, Hasher};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use http::HeaderValue;
@@ -50,9 +44,6 @@ pub struct Shadowing {
     seed: RandomState,
     /// Comparisons recorded so far (for whoever waits for shadows to settle, e.g. tests).
     recorded: tokio::sync::watch::Sender<u64>,
-    /// The shadow thread's runtime, once started ([`Shadowing::start_thread`]); until then (an
-    /// application never served, e.g. in unit tests) shadows run on the caller's runtime.
-    runtime: OnceLock<tokio::runtime::Handle>,
 }
 
 /// One model's shadow pool.
@@ -89,39 +80,6 @@ impl Shadowing {
             draws: AtomicU64::new(0),
             seed: RandomState::new(),
             recorded: tokio::sync::watch::Sender::new(0),
-            runtime: OnceLock::new(),
-        }
-    }
-
-    /// Starts the thread shadows run on, when some model is shadowed. It lives until shutdown
-    /// (or until this is dropped) and every shadow started before has been recorded.
-    pub fn start_thread(&self) -> std::io::Result<()> {
-        if self.pools.is_empty() || self.runtime.get().is_some() {
-            return Ok(());
-        }
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()?;
-        let handle = runtime.handle().clone();
-        let (stop, tasks) = (self.stop.clone(), self.tasks.clone());
-        std::thread::Builder::new()
-            .name("switchyard-shadow".to_owned())
-            .spawn(move || {
-                lower_priority();
-                runtime.block_on(async move {
-                    stop.cancelled().await;
-                    tasks.wait().await;
-                });
-            })?;
-        let _ = self.runtime.set(handle);
-        Ok(())
-    }
-
-    /// Runs a shadow's task on the shadow thread (or, before it is started, here), tracked.
-    fn spawn(&self, task: impl std::future::Future<Output = ()> + Send + 'static) {
-        match self.runtime.get() {
-            Some(runtime) => drop(self.tasks.spawn_on(task, runtime)),
-            None => drop(self.tasks.spawn(task)),
         }
     }
 
@@ -196,7 +154,7 @@ impl Shadowing {
         job.comparison.in_flight = job.comparison.contention(None);
         let (tx, rx) = oneshot::channel();
         let stop = self.stop.clone();
-        self.spawn(async move {
+        self.tasks.spawn(async move {
             let _permit = permit;
             let candidate = tokio::select! {
                 side = job.run_candidate() => Some(side),
@@ -241,46 +199,6 @@ impl Shadowing {
                 "shadow requests still running at shutdown"
             );
         }
-    }
-}
-
-impl Drop for Shadowing {
-    /// Ends the shadow thread (once its running shadows are recorded) when the application goes
-    /// away without a shutdown, as in tests.
-    fn drop(&mut self) {
-        self.stop.cancel();
-        self.tasks.close();
-    }
-}
-
-/// Puts the calling thread at the lowest scheduling priority: `SCHED_IDLE` on Linux, the
-/// policy's minimum elsewhere. A thread may always lower its own priority; if the OS refuses
-/// anyway, shadows run at normal priority and the log says so.
-fn lower_priority() {
-    use thread_priority::ThreadPriority;
-    #[cfg(target_os = "linux")]
-    let (result, what) = (
-        thread_priority::set_thread_priority_and_policy(
-            thread_priority::thread_native_id(),
-            ThreadPriority::Min,
-            thread_priority::ThreadSchedulePolicy::Normal(
-                thread_priority::NormalThreadSchedulePolicy::Idle,
-            ),
-        ),
-        "SCHED_IDLE",
-    );
-    #[cfg(not(target_os = "linux"))]
-    let (result, what) = (
-        thread_priority::set_current_thread_priority(ThreadPriority::Min),
-        "minimum priority",
-    );
-    match result {
-        Ok(()) => tracing::info!(priority = what, "shadows run on a thread of their own"),
-        Err(e) => tracing::warn!(
-            priority = what,
-            error = ?e,
-            "shadows run on a thread of their own at normal priority: lowering it failed"
-        ),
     }
 }
 
@@ -354,13 +272,13 @@ impl Ticket {
                 };
                 let primary = record.side();
                 let stop = shadowing.stop.clone();
-                let state = comparison.state.clone();
+                let tasks = shadowing.tasks.clone();
                 comparison.in_flight = comparison.contention(Some(primary.backend.as_str()));
                 let job = ShadowJob {
                     comparison,
                     outgoing,
                 };
-                state.shadowing.spawn(async move {
+                tasks.spawn(async move {
                     let _permit = permit;
                     let c = &job.comparison;
                     tokio::select! {

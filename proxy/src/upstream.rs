@@ -12,7 +12,7 @@
 
 use std::io;
 use std::pin::Pin;
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
@@ -42,11 +42,6 @@ const TCP_KEEPALIVE: Duration = Duration::from_secs(30);
 pub struct Upstream {
     connect_timeout: Duration,
     first_byte_timeout: Duration,
-    /// The serving runtime, once serving starts: connections are opened and driven there,
-    /// whichever runtime asks for one. A shadow (on its idle-priority thread) may open a
-    /// connection that a primary takes from the pool later; driven by the shadow thread, that
-    /// primary's exchange would wait whenever the shadow thread does.
-    home: OnceLock<tokio::runtime::Handle>,
 }
 
 /// One engine's idle connections, most recently used last.
@@ -154,13 +149,7 @@ impl Upstream {
         Self {
             connect_timeout,
             first_byte_timeout,
-            home: OnceLock::new(),
         }
-    }
-
-    /// Opens and drives engine connections on `runtime` from now on (see `home`).
-    pub fn set_home(&self, runtime: tokio::runtime::Handle) {
-        let _ = self.home.set(runtime);
     }
 
     /// Sends `request` (origin-form URI) and waits for the response head, within the
@@ -221,21 +210,37 @@ impl Upstream {
         }
     }
 
-    /// Opens a connection to `backend` and starts the task that drives it, on the serving
-    /// runtime when there is one.
+    /// Opens a connection to `backend` and starts the task that drives it.
     async fn connect(&self, backend: &Backend) -> Result<SendRequest<Full<Bytes>>, Failure> {
-        let opening = open(
-            backend.authority.clone(),
-            backend.name.clone(),
+        let (host, port) = host_and_port(&backend.authority);
+        let stream = match tokio::time::timeout(
             self.connect_timeout,
-        );
-        match self.home.get() {
-            Some(home) => home
-                .spawn(opening)
-                .await
-                .unwrap_or_else(|e| Err(Failure::Connect(format!("opening the connection: {e}")))),
-            None => opening.await,
-        }
+            TcpStream::connect((host, port)),
+        )
+        .await
+        {
+            Err(_) => return Err(Failure::ConnectTimeout),
+            Ok(Err(e)) if e.kind() == io::ErrorKind::TimedOut => {
+                return Err(Failure::ConnectTimeout)
+            }
+            Ok(Err(e)) => return Err(Failure::Connect(format!("tcp connect error: {e}"))),
+            Ok(Ok(stream)) => stream,
+        };
+        // Small writes (a request head, an SSE event) go out at once.
+        let _ = stream.set_nodelay(true);
+        let _ = socket2::SockRef::from(&stream)
+            .set_tcp_keepalive(&socket2::TcpKeepalive::new().with_time(TCP_KEEPALIVE));
+        let (sender, connection) = http1::handshake(TokioIo::new(stream))
+            .await
+            .map_err(|e| Failure::Connect(describe_chain(&e)))?;
+        let name = backend.name.clone();
+        #[allow(clippy::disallowed_methods)] // lives as long as the connection; ends with it
+        tokio::spawn(async move {
+            if let Err(e) = connection.await {
+                tracing::debug!(backend = %name, error = %describe_chain(&e), "engine connection ended");
+            }
+        });
+        Ok(sender)
     }
 
     /// `GET path` on the engine, for probes: status and body (at most 1 MiB), or why not.
@@ -286,37 +291,6 @@ impl Upstream {
             },
         }
     }
-}
-
-/// Connects to `authority` and starts the task that drives the connection, on the current
-/// runtime.
-async fn open(
-    authority: http::uri::Authority,
-    name: Arc<str>,
-    connect_timeout: Duration,
-) -> Result<SendRequest<Full<Bytes>>, Failure> {
-    let (host, port) = host_and_port(&authority);
-    let stream = match tokio::time::timeout(connect_timeout, TcpStream::connect((host, port))).await
-    {
-        Err(_) => return Err(Failure::ConnectTimeout),
-        Ok(Err(e)) if e.kind() == io::ErrorKind::TimedOut => return Err(Failure::ConnectTimeout),
-        Ok(Err(e)) => return Err(Failure::Connect(format!("tcp connect error: {e}"))),
-        Ok(Ok(stream)) => stream,
-    };
-    // Small writes (a request head, an SSE event) go out at once.
-    let _ = stream.set_nodelay(true);
-    let _ = socket2::SockRef::from(&stream)
-        .set_tcp_keepalive(&socket2::TcpKeepalive::new().with_time(TCP_KEEPALIVE));
-    let (sender, connection) = http1::handshake(TokioIo::new(stream))
-        .await
-        .map_err(|e| Failure::Connect(describe_chain(&e)))?;
-    #[allow(clippy::disallowed_methods)] // lives as long as the connection; ends with it
-    tokio::spawn(async move {
-        if let Err(e) = connection.await {
-            tracing::debug!(backend = %name, error = %describe_chain(&e), "engine connection ended");
-        }
-    });
-    Ok(sender)
 }
 
 /// Where to connect for `authority`: the host without an IPv6 literal's brackets, and the port
