@@ -397,7 +397,9 @@ async fn a_slow_candidate_is_never_waited_for_and_a_full_pool_skips() {
         assert_eq!(r.header("x-switchyard-backend"), "main");
     }
     // Every client has its answer while the candidate is still in its 400 ms prefill: nothing
-    // has been compared yet, and the candidate has not completed a response.
+    // has been compared yet, and the candidate has not completed a response. A record (and with
+    // it a skip) is written just after its answer goes out: wait for those, not for the shadow.
+    s.proxy.state().recorder.settled().await;
     assert_eq!(*s.proxy.state().shadowing.recorded().borrow(), 2);
     while let Some(event) = s.cand.next_event(Duration::from_millis(0)).await {
         assert!(!matches!(event, Event::Completed { .. }), "{event:?}");
