@@ -3,7 +3,9 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // a failed unwrap is a failed test
 
-use std::process::Command;
+use std::io::{BufRead as _, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
 
 fn switchyard() -> Command {
     Command::new(env!("CARGO_BIN_EXE_switchyard"))
@@ -136,53 +138,72 @@ fn environment_overrides_and_its_errors() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("sevrer"));
 }
 
+/// Writes [`VALID`] into `dir` as a config listening on port 0, in front of an engine address
+/// nothing listens at (probes fail, `/healthz` still answers), with `server_extra` added to
+/// `[server]`; returns its path.
+fn serve_config(dir: &Path, server_extra: &str) -> PathBuf {
+    let path = dir.join("serve.toml");
+    let config = VALID
+        .replace("127.0.0.1:8080", "127.0.0.1:0")
+        .replace("127.0.0.1:8081", "127.0.0.1:9")
+        .replace("[server]", &format!("[server]\n{server_extra}"));
+    std::fs::write(&path, config).unwrap();
+    path
+}
+
+/// Starts `switchyard serve --config path` with `env` added, and reads its first line: the
+/// child and the address it listens on.
+fn start_serve(path: &Path, env: &[(&str, &str)]) -> (Child, String) {
+    let mut child = switchyard()
+        .args(["serve", "--config"])
+        .arg(path)
+        .envs(env.iter().copied())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let addr = line
+        .trim()
+        .strip_prefix("switchyard listening on http://")
+        .unwrap_or_else(|| panic!("first line: {line:?}"))
+        .to_owned();
+    (child, addr)
+}
+
+/// Sends `child` SIGTERM and waits for it: its exit status and what it wrote.
+fn terminate(child: Child) -> Output {
+    let killed = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(killed.success());
+    child.wait_with_output().unwrap()
+}
+
 /// `switchyard serve` with `server.workers` (and the environment's override of it): it runs on
 /// that many threads, says so, serves, and drains on SIGTERM with exit status 0.
 #[test]
 fn serve_runs_on_the_configured_workers() {
-    use std::io::{BufRead as _, BufReader, Read as _, Write as _};
+    use std::io::{Read as _, Write as _};
 
     let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("serve.toml");
-    // Nothing listens at the engine's address: probes fail, /healthz still answers.
-    let config = VALID
-        .replace("127.0.0.1:8080", "127.0.0.1:0")
-        .replace("127.0.0.1:8081", "127.0.0.1:9")
-        .replace("[server]", "[server]\nworkers = 1");
-    std::fs::write(&path, config).unwrap();
-    for (env, workers) in [(None, 1), (Some("2"), 2)] {
-        let mut command = switchyard();
-        command
-            .args(["serve", "--config"])
-            .arg(&path)
-            .env("SWITCHYARD_LOG", "info")
-            .stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::piped());
-        if let Some(n) = env {
-            command.env("SWITCHYARD_SERVER__WORKERS", n);
-        }
-        let mut child = command.spawn().unwrap();
-        let mut line = String::new();
-        BufReader::new(child.stdout.take().unwrap())
-            .read_line(&mut line)
-            .unwrap();
-        let addr = line
-            .trim()
-            .strip_prefix("switchyard listening on http://")
-            .unwrap_or_else(|| panic!("first line: {line:?}"))
-            .to_owned();
+    let path = serve_config(dir.path(), "workers = 1");
+    for (env, workers) in [
+        (&[][..], 1),
+        (&[("SWITCHYARD_SERVER__WORKERS", "2")][..], 2),
+    ] {
+        let (child, addr) = start_serve(&path, &[&[("SWITCHYARD_LOG", "info")], env].concat());
         let mut conn = std::net::TcpStream::connect(&addr).unwrap();
         conn.write_all(b"GET /healthz HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n")
             .unwrap();
         let mut answer = String::new();
         conn.read_to_string(&mut answer).unwrap();
         assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
-        let killed = Command::new("kill")
-            .args(["-TERM", &child.id().to_string()])
-            .status()
-            .unwrap();
-        assert!(killed.success());
-        let out = child.wait_with_output().unwrap();
+        let out = terminate(child);
         let log = String::from_utf8_lossy(&out.stderr);
         assert_eq!(out.status.code(), Some(0), "{log}");
         assert!(
@@ -197,33 +218,11 @@ fn serve_runs_on_the_configured_workers() {
 /// by the default action. Ten starts, because the window it closes is a few hundred microseconds.
 #[test]
 fn a_sigterm_right_after_the_listening_line_drains() {
-    use std::io::{BufRead as _, BufReader};
-
     let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("serve.toml");
-    let config = VALID
-        .replace("127.0.0.1:8080", "127.0.0.1:0")
-        .replace("127.0.0.1:8081", "127.0.0.1:9");
-    std::fs::write(&path, config).unwrap();
+    let path = serve_config(dir.path(), "");
     for _ in 0..10 {
-        let mut child = switchyard()
-            .args(["serve", "--config"])
-            .arg(&path)
-            .stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::piped())
-            .spawn()
-            .unwrap();
-        let mut line = String::new();
-        BufReader::new(child.stdout.take().unwrap())
-            .read_line(&mut line)
-            .unwrap();
-        assert!(line.starts_with("switchyard listening on "), "{line:?}");
-        let killed = Command::new("kill")
-            .args(["-TERM", &child.id().to_string()])
-            .status()
-            .unwrap();
-        assert!(killed.success());
-        let out = child.wait_with_output().unwrap();
+        let (child, _) = start_serve(&path, &[]);
+        let out = terminate(child);
         assert_eq!(
             out.status.code(),
             Some(0),
