@@ -362,9 +362,10 @@ async fn main() -> anyhow::Result<()> {
     report.latency("1 MiB prompt p50 µs", large.iter().map(|s| s.p(50.0)));
 
     note("shadowing at sample 1.0 to a 50 ms slower candidate, concurrency 1 and 32");
-    // Two fresh Switchyards alike but for the shadow, alternated: the primary's latency with
+    // Three fresh Switchyards alike but for the shadow, alternated: the primary's latency with
     // every request shadowed (after the primary; at most 4 shadows at once, the rest skipped
-    // and recorded) against none.
+    // and recorded) against none; and a second one without shadows, the control: how far two
+    // identical Switchyards' p99 differ in this run is the noise a ratio is read against.
     let pair = vec![
         launcher.switchyard_as("Switchyard no shadow", &args.bin_dir, &engines, None)?,
         launcher.switchyard_as(
@@ -373,6 +374,7 @@ async fn main() -> anyhow::Result<()> {
             &engines,
             Some(Engine::Slow),
         )?,
+        launcher.switchyard_as("Switchyard control", &args.bin_dir, &engines, None)?,
     ];
     for t in &pair {
         wait_ready(&client, t.base().unwrap_or_default()).await?;
@@ -390,6 +392,7 @@ async fn main() -> anyhow::Result<()> {
             &format!("shadow 1.0, chat c={concurrency} p99: with ÷ without"),
             shadowed[0].p(99.0),
             shadowed[1].p(99.0),
+            shadowed[2].p(99.0),
         );
     }
     drop(pair);

@@ -17,8 +17,13 @@ pub(crate) enum Measure {
     Memory,
     /// Not measured, with why.
     Pending(String),
-    /// Switchyard's primary p99 without and with shadowing (µs), from one alternation.
-    Shadow { without: f64, with: f64 },
+    /// Switchyard's primary p99 without and with shadowing (µs), from one alternation, and a
+    /// control's: a second Switchyard without shadows, alternated with the two.
+    Shadow {
+        without: f64,
+        with: f64,
+        control: f64,
+    },
 }
 
 #[derive(Debug)]
@@ -97,12 +102,17 @@ impl Report {
         });
     }
 
-    /// The primary's p99 through a Switchyard shadowing every request, and through one alike
-    /// without shadowing.
-    pub(crate) fn shadow(&mut self, metric: &str, without: f64, with: f64) {
+    /// The primary's p99 through a Switchyard shadowing every request, through one alike but
+    /// for the shadow, and through a second one without shadows (the control; `control ÷
+    /// without` is what the same comparison reads when nothing differs).
+    pub(crate) fn shadow(&mut self, metric: &str, without: f64, with: f64, control: f64) {
         self.rows.push(Row {
             metric: metric.to_owned(),
-            measure: Measure::Shadow { without, with },
+            measure: Measure::Shadow {
+                without,
+                with,
+                control,
+            },
             values: vec![f64::NAN; self.names.len()],
         });
     }
@@ -152,14 +162,23 @@ impl Report {
         let l = litellm_added / sw_added;
         let mut targets = Vec::new();
         for row in &self.rows {
-            if let Measure::Shadow { without, with } = row.measure {
+            if let Measure::Shadow {
+                without,
+                with,
+                control,
+            } = row.measure
+            {
                 let r = with / without;
                 targets.push((
                     format!(
                         "{}: ≤ 1.05",
                         row.metric.trim_end_matches(": with ÷ without")
                     ),
-                    format!("{with:.0} µs with, {without:.0} µs without: {r:.2}×"),
+                    format!(
+                        "{with:.0} µs with, {without:.0} µs without: {r:.2}× \
+                         (control, alike without shadows: {:.2}×)",
+                        control / without
+                    ),
                     r <= 1.05,
                 ));
             }
@@ -211,16 +230,23 @@ impl Report {
                 rows.push(json!({"measure": row.metric, "pending": why}));
                 continue;
             }
-            if let Measure::Shadow { without, with } = row.measure {
+            if let Measure::Shadow {
+                without,
+                with,
+                control,
+            } = row.measure
+            {
                 let cells = format!(
-                    "{with:.0} µs with ÷ {without:.0} µs without = {:.2}",
-                    with / without
+                    "{with:.0} µs with ÷ {without:.0} µs without = {:.2}; control {control:.0} µs = {:.2}",
+                    with / without,
+                    control / without
                 );
                 md.push_str(&format!(
                     " {cells} |{}\n",
                     " |".repeat(self.names.len() + 1)
                 ));
-                rows.push(json!({"measure": row.metric, "with_us": number(with), "without_us": number(without), "ratio": number(with / without)}));
+                rows.push(json!({"measure": row.metric, "with_us": number(with), "without_us": number(without), "ratio": number(with / without),
+                    "control_us": number(control), "control_ratio": number(control / without)}));
                 continue;
             }
             for v in &row.values {
