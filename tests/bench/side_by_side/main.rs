@@ -49,8 +49,8 @@ struct Args {
     /// Rounds, alternating between targets.
     #[arg(long, default_value_t = 3)]
     rounds: usize,
-    /// Rounds of the shadowing measurement (with and without alternated): a p99 ratio needs
-    /// more samples than a p50 to hold still on a noisy machine.
+    /// Rounds of the shadowing measurement (with, without and the control alternated): a p99
+    /// ratio needs more samples than a p50 to hold still on a noisy machine.
     #[arg(long, default_value_t = 10)]
     shadow_rounds: usize,
     /// Streams per round and target (read one at a time).
@@ -366,7 +366,7 @@ async fn main() -> anyhow::Result<()> {
     // every request shadowed (after the primary; at most 4 shadows at once, the rest skipped
     // and recorded) against none; and a second one without shadows, the control: how far two
     // identical Switchyards' p99 differ in this run is the noise a ratio is read against.
-    let pair = vec![
+    let shadowing = vec![
         launcher.switchyard_as("Switchyard no shadow", &args.bin_dir, &engines, None)?,
         launcher.switchyard_as(
             "Switchyard+shadow",
@@ -376,12 +376,12 @@ async fn main() -> anyhow::Result<()> {
         )?,
         launcher.switchyard_as("Switchyard control", &args.bin_dir, &engines, None)?,
     ];
-    for t in &pair {
+    for t in &shadowing {
         wait_ready(&client, t.base().unwrap_or_default()).await?;
         run_load(&client, &t.chat_url(Engine::Fast), &fast_body, 200, 4).await?;
     }
     for (concurrency, n) in [(1, args.requests), (32, args.requests * 4)] {
-        let shadowed = alternate(&pair, args.shadow_rounds, Sample::merge, |t| {
+        let shadowed = alternate(&shadowing, args.shadow_rounds, Sample::merge, |t| {
             let url = t.chat_url(Engine::Fast);
             let (client, body) = (&client, &fast_body);
             async move { run_load(client, &url, body, n, concurrency).await }
@@ -395,7 +395,7 @@ async fn main() -> anyhow::Result<()> {
             shadowed[2].p(99.0),
         );
     }
-    drop(pair);
+    drop(shadowing);
 
     note(&format!(
         "memory: {} open streams through Switchyard",
