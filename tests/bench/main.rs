@@ -14,7 +14,7 @@ use bytes::Bytes;
 use clap::Parser;
 use http_body_util::{BodyExt, Full};
 use serde_json::json;
-use switchyard_tests::bench::{client, launch, percentile, run_load, Proc, Sample};
+use switchyard_tests::bench::{client, cpu_ns, launch, percentile, run_load, Proc, Sample};
 
 #[derive(Debug, Parser)]
 struct Args {
@@ -117,17 +117,27 @@ async fn main() -> anyhow::Result<()> {
 
     let client = client(64);
     let body = Bytes::from(json!({"model": "smollm2", "messages": [{"role": "user", "content": "benchmark"}], "temperature": 0}).to_string());
+    // Each target with the process whose CPU time it costs (direct: the engine's).
     let targets = [
-        ("direct", format!("{engine_url}/v1/chat/completions")),
-        ("switchyard", format!("{}/v1/chat/completions", bare.1)),
+        (
+            "direct",
+            format!("{engine_url}/v1/chat/completions"),
+            _engine.pid(),
+        ),
+        (
+            "switchyard",
+            format!("{}/v1/chat/completions", bare.1),
+            bare.0.pid(),
+        ),
         (
             "switchyard+ledger+traces",
             format!("{}/v1/chat/completions", recording.1),
+            recording.0.pid(),
         ),
     ];
 
     // Warm both paths (connections, caches).
-    for (_, url) in &targets {
+    for (_, url, _) in &targets {
         run_load(&client, url, &body, 200, 4).await?;
     }
     let mut rows = Vec::new();
@@ -138,12 +148,15 @@ async fn main() -> anyhow::Result<()> {
             args.requests * 4
         };
         let mut merged: Vec<Sample> = vec![Sample::default(); targets.len()];
+        let mut cpu = vec![0u64; targets.len()];
         for _ in 0..args.rounds {
-            for (i, (_, url)) in targets.iter().enumerate() {
+            for (i, (_, url, pid)) in targets.iter().enumerate() {
+                let before = cpu_ns(*pid)?;
                 merged[i].merge(run_load(&client, url, &body, total, concurrency).await?);
+                cpu[i] += cpu_ns(*pid)?.saturating_sub(before);
             }
         }
-        for (i, (name, _)) in targets.iter().enumerate() {
+        for (i, (name, _, _)) in targets.iter().enumerate() {
             let s = &mut merged[i];
             s.latencies_us.sort_by(f64::total_cmp);
             let n = s.latencies_us.len();
@@ -151,6 +164,7 @@ async fn main() -> anyhow::Result<()> {
                 "target": name, "concurrency": concurrency, "requests": n,
                 "p50_us": percentile(&s.latencies_us, 50.0), "p99_us": percentile(&s.latencies_us, 99.0),
                 "rps": n as f64 / s.elapsed.as_secs_f64(),
+                "cpu_us_per_request": cpu[i] as f64 / 1e3 / n as f64,
             }));
         }
     }
@@ -158,19 +172,20 @@ async fn main() -> anyhow::Result<()> {
     let mut out = std::io::stdout().lock();
     writeln!(
         out,
-        "| target | concurrency | requests | p50 µs | p99 µs | req/s |"
+        "| target | concurrency | requests | p50 µs | p99 µs | req/s | server CPU µs/request |"
     )?;
-    writeln!(out, "|---|---:|---:|---:|---:|---:|")?;
+    writeln!(out, "|---|---:|---:|---:|---:|---:|---:|")?;
     for r in &rows {
         writeln!(
             out,
-            "| {} | {} | {} | {:.0} | {:.0} | {:.0} |",
+            "| {} | {} | {} | {:.0} | {:.0} | {:.0} | {:.1} |",
             r["target"].as_str().unwrap_or(""),
             r["concurrency"],
             r["requests"],
             r["p50_us"].as_f64().unwrap_or(f64::NAN),
             r["p99_us"].as_f64().unwrap_or(f64::NAN),
-            r["rps"].as_f64().unwrap_or(f64::NAN)
+            r["rps"].as_f64().unwrap_or(f64::NAN),
+            r["cpu_us_per_request"].as_f64().unwrap_or(f64::NAN)
         )?;
     }
     let mut summary = Vec::new();
@@ -181,19 +196,23 @@ async fn main() -> anyhow::Result<()> {
         let added_p99 = f(bare, "p99_us") - f(d, "p99_us");
         let ratio_rps = f(bare, "rps") / f(d, "rps");
         let recording_ratio = f(rec, "rps") / f(bare, "rps");
+        let recording_cpu_ratio = f(rec, "cpu_us_per_request") / f(bare, "cpu_us_per_request");
         writeln!(
             out,
             "\nconcurrency {}: added p50 {:.0} µs, added p99 {:.0} µs, throughput switchyard/direct {:.2}; \
-             with ledger+traces: added p50 {:.0} µs, throughput recording/bare {:.2}",
+             with ledger+traces: added p50 {:.0} µs, throughput recording/bare {:.2}, \
+             CPU per request recording/bare {:.2}",
             d["concurrency"],
             added_p50,
             added_p99,
             ratio_rps,
             f(rec, "p50_us") - f(d, "p50_us"),
-            recording_ratio
+            recording_ratio,
+            recording_cpu_ratio
         )?;
         summary.push(json!({"concurrency": d["concurrency"], "added_p50_us": added_p50, "added_p99_us": added_p99,
-            "throughput_ratio": ratio_rps, "recording_throughput_ratio": recording_ratio}));
+            "throughput_ratio": ratio_rps, "recording_throughput_ratio": recording_ratio,
+            "recording_cpu_ratio": recording_cpu_ratio}));
     }
     if let Some(path) = args.json {
         std::fs::write(

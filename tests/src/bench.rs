@@ -136,6 +136,27 @@ pub fn vm_rss_kib(pid: u32) -> anyhow::Result<u64> {
         .context("no VmRSS")
 }
 
+/// CPU time a process's live threads have run (the first field of each
+/// `/proc/PID/task/TID/schedstat`, nanoseconds). At saturation this, per request, is what
+/// throughput is made of, and it is not bent by how the scheduler shares the cores between the
+/// processes of one run. Threads that have exited are not counted: read it around a measurement,
+/// not across a process's life.
+pub fn cpu_ns(pid: u32) -> anyhow::Result<u64> {
+    let mut total = 0;
+    for task in std::fs::read_dir(format!("/proc/{pid}/task"))? {
+        // A thread that ended since the listing has nothing left to count.
+        let Ok(stat) = std::fs::read_to_string(task?.path().join("schedstat")) else {
+            continue;
+        };
+        total += stat
+            .split_whitespace()
+            .next()
+            .and_then(|ns| ns.parse::<u64>().ok())
+            .context("malformed schedstat")?;
+    }
+    Ok(total)
+}
+
 /// Nearest-rank percentile of sorted values; NaN when there are none.
 pub fn percentile(sorted: &[f64], p: f64) -> f64 {
     if sorted.is_empty() {

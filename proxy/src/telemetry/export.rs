@@ -1,21 +1,22 @@
-//! The export pipeline: an OTLP/HTTP (protobuf) exporter on a hyper client driven by the
-//! server's runtime, behind the SDK's batch processor, with a gate that bounds and counts what
-//! waits.
+//! The export pipeline: finished spans wait, already encoded, in a bounded queue; a thread of
+//! its own sends them in batches to the collector over OTLP/HTTP (protobuf), on a hyper client
+//! driven by the server's runtime.
+//!
+//! A request's only work here is [`Pipeline::push`]: its span's bytes appended to the queue's
+//! buffer under a lock no one holds for longer than that (the exporter only swaps the buffer
+//! for an empty one). The exporter thread sleeps until a batch has gathered (a quarter of the
+//! queue), the delay has passed, or someone asks for a flush: one wake-up per batch, never one
+//! per span. At most `telemetry.queue` spans wait; one more is dropped, counted in
+//! [`TelemetryStats`] and logged: a request never waits for telemetry.
 
-use std::future::Future;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::Arc;
-use std::time::Duration;
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::mpsc::SyncSender;
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
+use std::time::{Duration, Instant};
 
 use http::{HeaderMap, HeaderName, HeaderValue};
-use opentelemetry::Context;
 use opentelemetry_http::hyper::HyperClient;
-use opentelemetry_http::{Bytes, HttpClient, HttpError, Request, Response};
-use opentelemetry_sdk::error::{OTelSdkError, OTelSdkResult};
-use opentelemetry_sdk::trace::{
-    BatchConfigBuilder, BatchSpanProcessor, SpanData, SpanExporter, SpanProcessor,
-};
-use opentelemetry_sdk::Resource;
+use opentelemetry_http::{Bytes, HttpClient, Request};
 use switchyard_policy::TelemetryConfig;
 
 use super::TelemetryStats;
@@ -24,41 +25,37 @@ use super::TelemetryStats;
 /// (or its `TRACES_` form) says otherwise, in milliseconds.
 const EXPORT_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// The span processor that exports to `endpoint` (the traces URL) in batches, from the SDK's
-/// own thread, with the HTTP requests run on `runtime`.
-pub(super) fn processor(
-    config: &TelemetryConfig,
+/// Sends one batch of encoded spans somewhere, blocking the exporter thread until it is done.
+pub(super) trait Export: Send + 'static {
+    /// `spans`: `count` spans, each an encoded `ScopeSpans.spans` field, back to back.
+    fn export(&mut self, spans: &[u8], count: usize) -> Result<(), String>;
+}
+
+/// The OTLP/HTTP exporter for `endpoint` (the traces URL), its requests run on `runtime`.
+pub(super) fn otlp_http(
     endpoint: &str,
     runtime: tokio::runtime::Handle,
-    stats: Arc<TelemetryStats>,
-) -> Result<impl SpanProcessor, String> {
+    resource: &opentelemetry_sdk::Resource,
+    scope: Vec<u8>,
+) -> Result<OtlpHttp, String> {
     let timeout = env_timeout(super::env).unwrap_or(EXPORT_TIMEOUT);
-    let client = OnRuntime {
+    let endpoint: http::Uri = endpoint
+        .parse()
+        .map_err(|e| format!("telemetry: the traces endpoint {endpoint:?}: {e}"))?;
+    if endpoint.scheme_str() != Some("http") {
+        return Err(format!(
+            "telemetry: the traces endpoint {endpoint} must be http:// (TLS is not built in)"
+        ));
+    }
+    Ok(OtlpHttp {
         client: HyperClient::with_default_connector(timeout, None),
         runtime,
-    };
-    let exporter = OtlpHttp::new(client, endpoint, env_headers(super::env)?)?;
-    let queued = Arc::new(AtomicUsize::new(0));
-    let exporter = Counted {
-        inner: exporter,
-        queued: queued.clone(),
-        stats: stats.clone(),
-        failing: AtomicBool::new(false),
-    };
-    // Export when a quarter of the queue has gathered (or the delay has passed): big batches,
-    // few requests, and room left for spans that end while one is being sent.
-    let batch = BatchConfigBuilder::default()
-        .with_scheduled_delay(Duration::from_millis(config.batch_delay_ms))
-        .with_max_queue_size(config.queue)
-        .with_max_export_batch_size((config.queue / 4).max(1))
-        .build();
-    Ok(Bounded {
-        inner: BatchSpanProcessor::builder(exporter)
-            .with_batch_config(batch)
-            .build(),
-        queued,
-        capacity: config.queue,
-        stats,
+        endpoint,
+        headers: env_headers(super::env)?,
+        resource: super::otlp::resource(resource),
+        resource_schema: resource.schema_url().unwrap_or_default().to_owned(),
+        scope,
+        last_len: 0,
     })
 }
 
@@ -114,54 +111,39 @@ fn percent_decode(s: &str) -> Vec<u8> {
     out
 }
 
-/// OTLP/HTTP with protobuf bodies: each batch encoded by [`super::otlp`] on the batch
-/// processor's thread (no per-span allocation), then POSTed to the collector; a 2xx answer is
-/// success, anything else (or no answer) a failed export. No retries: a failed batch is counted
-/// and dropped, like `opentelemetry-otlp` without its experimental retry feature.
-#[derive(Debug)]
-struct OtlpHttp {
-    client: OnRuntime,
+/// OTLP/HTTP with protobuf bodies: each batch wrapped in its envelope by [`super::otlp`], then
+/// POSTed to the collector; a 2xx answer is success, anything else (or no answer) a failed
+/// export. No retries: a failed batch is counted and dropped, like `opentelemetry-otlp` without
+/// its experimental retry feature.
+///
+/// The HTTP request runs on the server's tokio runtime, which hyper needs; the exporter thread
+/// waits for its answer. If the runtime is gone (the process is ending), the export fails
+/// instead of hanging.
+pub(super) struct OtlpHttp {
+    client: HyperClient,
+    runtime: tokio::runtime::Handle,
     endpoint: http::Uri,
     headers: HeaderMap,
-    /// The encoded `Resource` message body, and the resource's schema URL.
+    /// The encoded `Resource` and `InstrumentationScope` message bodies, and the resource's
+    /// schema URL.
     resource: Vec<u8>,
-    schema_url: Option<String>,
+    resource_schema: String,
+    scope: Vec<u8>,
     /// The size of the last body: the next one is encoded into a buffer that large.
-    last_len: AtomicUsize,
+    last_len: usize,
 }
 
-impl OtlpHttp {
-    fn new(client: OnRuntime, endpoint: &str, headers: HeaderMap) -> Result<Self, String> {
-        let endpoint: http::Uri = endpoint
-            .parse()
-            .map_err(|e| format!("telemetry: the traces endpoint {endpoint:?}: {e}"))?;
-        if endpoint.scheme_str() != Some("http") {
-            return Err(format!(
-                "telemetry: the traces endpoint {endpoint} must be http:// (TLS is not built in)"
-            ));
-        }
-        Ok(Self {
-            client,
-            endpoint,
-            headers,
-            resource: Vec::new(),
-            schema_url: None,
-            last_len: AtomicUsize::new(0),
-        })
-    }
-}
-
-impl SpanExporter for OtlpHttp {
-    fn export(&self, batch: Vec<SpanData>) -> impl Future<Output = OTelSdkResult> + Send {
-        let mut body = Vec::with_capacity(self.last_len.load(Ordering::Relaxed));
+impl Export for OtlpHttp {
+    fn export(&mut self, spans: &[u8], _count: usize) -> Result<(), String> {
+        let mut body = Vec::with_capacity(self.last_len);
         super::otlp::export_request(
             &mut body,
             &self.resource,
-            self.schema_url.as_deref(),
-            &batch,
+            &self.resource_schema,
+            &self.scope,
+            spans,
         );
-        self.last_len.store(body.len(), Ordering::Relaxed);
-        drop(batch);
+        self.last_len = body.len();
         let mut request = Request::new(Bytes::from(body));
         *request.method_mut() = http::Method::POST;
         *request.uri_mut() = self.endpoint.clone();
@@ -171,225 +153,313 @@ impl SpanExporter for OtlpHttp {
             http::header::CONTENT_TYPE,
             HeaderValue::from_static("application/x-protobuf"),
         );
-        async move {
-            match self.client.send_bytes(request).await {
-                Ok(response) if response.status().is_success() => Ok(()),
-                Ok(response) => Err(OTelSdkError::InternalFailure(format!(
-                    "the collector answered {}",
-                    response.status()
-                ))),
-                Err(e) => Err(OTelSdkError::InternalFailure(format!(
-                    "the collector could not be reached: {e}"
-                ))),
-            }
-        }
-    }
-
-    fn set_resource(&mut self, resource: &Resource) {
-        self.resource = super::otlp::resource(resource);
-        self.schema_url = resource.schema_url().map(str::to_owned);
-    }
-}
-
-/// The exporter's HTTP client: hyper, run on the server's tokio runtime.
-///
-/// The SDK's batch processor exports from its own thread, outside any runtime, where hyper
-/// cannot run. Each request is handed to the runtime and its answer awaited from that thread.
-/// If the runtime is gone (the process is ending), the export fails instead of hanging.
-#[derive(Debug)]
-struct OnRuntime {
-    client: HyperClient,
-    runtime: tokio::runtime::Handle,
-}
-
-#[async_trait::async_trait]
-impl HttpClient for OnRuntime {
-    async fn send_bytes(&self, request: Request<Bytes>) -> Result<Response<Bytes>, HttpError> {
         let client = self.client.clone();
         let (tx, rx) = tokio::sync::oneshot::channel();
-        // Not a request-path task: the exporter's thread awaits its answer right here.
+        // Not a request-path task: the exporter's thread waits for its answer right here.
         drop(self.runtime.spawn(async move {
             let _ = tx.send(client.send_bytes(request).await);
         }));
-        rx.await
-            .map_err(|_| HttpError::from("the runtime stopped before the export finished"))?
+        match rx.blocking_recv() {
+            Ok(Ok(response)) if response.status().is_success() => Ok(()),
+            Ok(Ok(response)) => Err(format!("the collector answered {}", response.status())),
+            Ok(Err(e)) => Err(format!("the collector could not be reached: {e}")),
+            Err(_) => Err("the runtime stopped before the export finished".to_owned()),
+        }
     }
 }
 
-/// The batch processor behind a counting gate: at most `capacity` finished spans wait for
-/// export (the batch processor's own queue has the same size, so it never drops on its own);
-/// one more is dropped, counted and logged. Ending a span never waits.
+/// The bounded queue of encoded spans and the thread that exports them.
 #[derive(Debug)]
-struct Bounded {
-    inner: BatchSpanProcessor,
-    /// Spans let through and not yet handed to the exporter; [`Counted`] takes them off.
-    queued: Arc<AtomicUsize>,
+pub(super) struct Pipeline {
+    shared: Arc<Shared>,
+}
+
+#[derive(Debug)]
+struct Shared {
+    queue: Mutex<Queue>,
+    /// Wakes the exporter: a batch has gathered, a flush is asked for, or the queue closed.
+    wake: Condvar,
+    /// Spans that may wait; one more is dropped.
     capacity: usize,
+    /// Spans that make a batch worth sending before the delay is up.
+    batch: usize,
     stats: Arc<TelemetryStats>,
 }
 
-impl SpanProcessor for Bounded {
-    fn on_start(&self, span: &mut opentelemetry_sdk::trace::Span, cx: &Context) {
-        self.inner.on_start(span, cx);
+#[derive(Debug, Default)]
+struct Queue {
+    /// The waiting spans, each an encoded `ScopeSpans.spans` field, back to back.
+    spans: Vec<u8>,
+    count: usize,
+    /// Each waits for everything queued before it to be sent, and is told whether it was.
+    flushes: Vec<SyncSender<bool>>,
+    /// No more spans are taken; the exporter sends what is left and stops.
+    closed: bool,
+}
+
+impl Pipeline {
+    /// Starts the exporter thread, sending with `export` batches of up to a quarter of
+    /// `config.queue` spans, or whatever has gathered every `config.batch_delay_ms`.
+    pub(super) fn start(
+        config: &TelemetryConfig,
+        export: impl Export,
+        stats: Arc<TelemetryStats>,
+    ) -> Result<Self, String> {
+        let capacity = config.queue.max(1);
+        let shared = Arc::new(Shared {
+            queue: Mutex::new(Queue::default()),
+            wake: Condvar::new(),
+            capacity,
+            batch: (capacity / 4).max(1),
+            stats,
+        });
+        let delay = Duration::from_millis(config.batch_delay_ms);
+        let exporter = shared.clone();
+        std::thread::Builder::new()
+            .name("switchyard-traces".to_owned())
+            .spawn(move || exporter.run(export, delay))
+            .map_err(|e| format!("telemetry: starting the exporter thread: {e}"))?;
+        Ok(Self { shared })
     }
 
-    fn on_end(&self, span: SpanData) {
-        if self.queued.fetch_add(1, Ordering::AcqRel) >= self.capacity {
-            self.queued.fetch_sub(1, Ordering::AcqRel);
-            let dropped = self.stats.spans_dropped.fetch_add(1, Ordering::Relaxed) + 1;
+    /// Queues one span, which `encode` appends as a `ScopeSpans.spans` field; drops it, counted
+    /// and logged, when the queue is full (or closed). Never waits for the exporter.
+    pub(super) fn push(&self, encode: impl FnOnce(&mut Vec<u8>)) {
+        let shared = &*self.shared;
+        let mut queue = shared.lock();
+        if queue.count >= shared.capacity || queue.closed {
+            drop(queue);
+            let dropped = shared.stats.spans_dropped.fetch_add(1, Relaxed) + 1;
             // The 1st, 2nd, 4th, 8th… drop: visible at once, never a flood.
             if dropped.is_power_of_two() {
                 tracing::warn!(
                     dropped,
-                    queue = self.capacity,
+                    queue = shared.capacity,
                     "trace export queue full (the collector is slow or unreachable): span dropped"
                 );
             }
             return;
         }
-        self.inner.on_end(span);
-    }
-
-    fn force_flush(&self) -> OTelSdkResult {
-        self.inner.force_flush()
-    }
-
-    fn shutdown_with_timeout(&self, timeout: Duration) -> OTelSdkResult {
-        self.inner.shutdown_with_timeout(timeout)
-    }
-
-    fn set_resource(&mut self, resource: &Resource) {
-        self.inner.set_resource(resource);
-    }
-}
-
-/// The OTLP exporter, counting what it was given and what the collector took, and logging
-/// when exports start failing and when they work again.
-#[derive(Debug)]
-struct Counted<E> {
-    inner: E,
-    queued: Arc<AtomicUsize>,
-    stats: Arc<TelemetryStats>,
-    failing: AtomicBool,
-}
-
-impl<E: SpanExporter> SpanExporter for Counted<E> {
-    fn export(&self, batch: Vec<SpanData>) -> impl Future<Output = OTelSdkResult> + Send {
-        let n = batch.len();
-        let _ = self
-            .queued
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |q| {
-                Some(q.saturating_sub(n))
-            });
-        let export = self.inner.export(batch);
-        async move {
-            let result = export.await;
-            let n = n as u64;
-            match &result {
-                Ok(()) => {
-                    self.stats.spans_exported.fetch_add(n, Ordering::Relaxed);
-                    if self.failing.swap(false, Ordering::Relaxed) {
-                        tracing::info!("trace export works again");
-                    }
-                }
-                Err(e) => {
-                    self.stats.spans_failed.fetch_add(n, Ordering::Relaxed);
-                    if !self.failing.swap(true, Ordering::Relaxed) {
-                        tracing::warn!(error = %e, spans = n, "trace export failed; its spans are lost");
-                    }
-                }
-            }
-            result
+        encode(&mut queue.spans);
+        queue.count += 1;
+        if queue.count == shared.batch {
+            shared.wake.notify_one();
         }
     }
 
-    fn shutdown_with_timeout(&self, timeout: Duration) -> OTelSdkResult {
-        self.inner.shutdown_with_timeout(timeout)
+    /// Sends everything queued so far, waiting at most `timeout`; with `close`, takes no more
+    /// spans and stops the exporter once they are sent. `false` when the time ran out or the
+    /// export failed.
+    pub(super) fn flush(&self, timeout: Duration, close: bool) -> bool {
+        let (tx, rx) = std::sync::mpsc::sync_channel(1);
+        {
+            let mut queue = self.shared.lock();
+            if queue.closed {
+                // The exporter has stopped, or is sending the last batch.
+                return queue.count == 0;
+            }
+            queue.flushes.push(tx);
+            queue.closed |= close;
+        }
+        self.shared.wake.notify_one();
+        rx.recv_timeout(timeout).unwrap_or(false)
+    }
+}
+
+impl Shared {
+    fn lock(&self) -> MutexGuard<'_, Queue> {
+        self.queue.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    fn shutdown(&self) -> OTelSdkResult {
-        self.inner.shutdown()
+    /// The exporter thread: waits for a batch, the delay, a flush or the close, sends what has
+    /// gathered, and answers the flushes.
+    fn run(&self, mut export: impl Export, delay: Duration) {
+        // The buffer spans are written into while the other's are sent: neither is reallocated
+        // once it has grown to a batch.
+        let mut sending = Vec::new();
+        let mut due = Instant::now() + delay;
+        let mut failing = false;
+        loop {
+            let (count, flushes, closed) = {
+                let mut queue = self.lock();
+                loop {
+                    let now = Instant::now();
+                    if queue.closed
+                        || !queue.flushes.is_empty()
+                        || queue.count >= self.batch
+                        || now >= due
+                    {
+                        break;
+                    }
+                    queue = self
+                        .wake
+                        .wait_timeout(queue, due - now)
+                        .unwrap_or_else(PoisonError::into_inner)
+                        .0;
+                }
+                std::mem::swap(&mut queue.spans, &mut sending);
+                (
+                    std::mem::take(&mut queue.count),
+                    std::mem::take(&mut queue.flushes),
+                    queue.closed,
+                )
+            };
+            due = Instant::now() + delay;
+            let sent = count == 0 || self.send(&mut export, &sending, count, &mut failing);
+            sending.clear();
+            for flush in flushes {
+                let _ = flush.send(sent);
+            }
+            if closed {
+                return;
+            }
+        }
     }
 
-    fn force_flush(&self) -> OTelSdkResult {
-        self.inner.force_flush()
-    }
-
-    fn set_resource(&mut self, resource: &Resource) {
-        self.inner.set_resource(resource);
+    /// One export, counted; logged when exports start failing and when they work again.
+    fn send(
+        &self,
+        export: &mut impl Export,
+        spans: &[u8],
+        count: usize,
+        failing: &mut bool,
+    ) -> bool {
+        let n = count as u64;
+        match export.export(spans, count) {
+            Ok(()) => {
+                self.stats.spans_exported.fetch_add(n, Relaxed);
+                if std::mem::take(failing) {
+                    tracing::info!("trace export works again");
+                }
+                true
+            }
+            Err(error) => {
+                self.stats.spans_failed.fetch_add(n, Relaxed);
+                if !std::mem::replace(failing, true) {
+                    tracing::warn!(%error, spans = n, "trace export failed; its spans are lost");
+                }
+                false
+            }
+        }
     }
 }
 
 #[cfg(test)]
 mod tests {
-    use std::sync::Mutex;
-
-    use opentelemetry::trace::{Tracer as _, TracerProvider as _};
-    use opentelemetry_sdk::trace::SdkTracerProvider;
+    use std::sync::mpsc::{self, Receiver};
 
     use super::*;
 
-    /// Collects span names, or fails every export.
-    #[derive(Debug, Clone, Default)]
+    /// A batch as the test receives it: its span count and its bytes.
+    type Batch = (usize, Vec<u8>);
+
+    /// Hands each batch (its span count and bytes) to the test, then waits for the test's
+    /// word when it holds a gate; fails every export when `fail`.
     struct Collect {
-        names: Arc<Mutex<Vec<String>>>,
+        batches: mpsc::Sender<Batch>,
+        gate: Option<Receiver<()>>,
         fail: bool,
     }
 
-    impl SpanExporter for Collect {
-        async fn export(&self, batch: Vec<SpanData>) -> OTelSdkResult {
-            if self.fail {
-                return Err(OTelSdkError::InternalFailure("collector down".to_owned()));
+    impl Export for Collect {
+        fn export(&mut self, spans: &[u8], count: usize) -> Result<(), String> {
+            let _ = self.batches.send((count, spans.to_vec()));
+            if let Some(gate) = &self.gate {
+                let _ = gate.recv();
             }
-            let names = batch.into_iter().map(|s| s.name.into_owned());
-            self.names.lock().unwrap().extend(names);
+            if self.fail {
+                return Err("collector down".to_owned());
+            }
             Ok(())
         }
     }
 
-    /// A provider whose gate lets `capacity` spans wait; the batch processor itself would take
-    /// 100 and exports only at shutdown.
-    fn provider(exporter: Collect, capacity: usize) -> (SdkTracerProvider, Arc<TelemetryStats>) {
+    /// A pipeline for `queue` spans that exports when a quarter of them wait, or when flushed
+    /// (the delay is an hour).
+    fn pipeline(
+        queue: usize,
+        export: impl FnOnce(mpsc::Sender<Batch>) -> Collect,
+    ) -> (Pipeline, Arc<TelemetryStats>, Receiver<Batch>) {
+        let config = TelemetryConfig {
+            queue,
+            batch_delay_ms: 3_600_000,
+            ..TelemetryConfig::default()
+        };
         let stats = Arc::new(TelemetryStats::default());
-        let queued = Arc::new(AtomicUsize::new(0));
-        let batch = BatchConfigBuilder::default()
-            .with_scheduled_delay(Duration::from_secs(3600))
-            .with_max_queue_size(100)
-            .with_max_export_batch_size(100)
-            .build();
-        let counted = Counted {
-            inner: exporter,
-            queued: queued.clone(),
-            stats: stats.clone(),
-            failing: AtomicBool::new(false),
-        };
-        let processor = Bounded {
-            inner: BatchSpanProcessor::builder(counted)
-                .with_batch_config(batch)
-                .build(),
-            queued,
-            capacity,
-            stats: stats.clone(),
-        };
-        let provider = SdkTracerProvider::builder()
-            .with_span_processor(processor)
-            .build();
-        (provider, stats)
+        let (batches, received) = mpsc::channel();
+        let pipeline = Pipeline::start(&config, export(batches), stats.clone()).unwrap();
+        (pipeline, stats, received)
+    }
+
+    fn collect(fail: bool) -> impl FnOnce(mpsc::Sender<Batch>) -> Collect {
+        move |batches| Collect {
+            batches,
+            gate: None,
+            fail,
+        }
     }
 
     #[test]
     fn a_full_queue_drops_and_counts_instead_of_waiting() {
-        let exporter = Collect::default();
-        let (provider, stats) = provider(exporter.clone(), 2);
-        let tracer = provider.tracer("test");
-        for i in 0..5 {
-            tracer.in_span(format!("span {i}"), |_| {});
+        // A batch is 2 of 8: the first two spans go out without waiting for the delay, and the
+        // collector holds that export until the test lets it go.
+        let (release, gate) = mpsc::channel();
+        let (pipeline, stats, received) = pipeline(8, |batches| Collect {
+            batches,
+            gate: Some(gate),
+            fail: false,
+        });
+        pipeline.push(|buf| buf.push(0));
+        pipeline.push(|buf| buf.push(1));
+        let first = received.recv_timeout(Duration::from_secs(10)).unwrap();
+        assert_eq!(first, (2, vec![0, 1]));
+        // While the exporter is busy, the queue fills at 8 and the rest are dropped.
+        for i in 2..13u8 {
+            pipeline.push(|buf| buf.push(i));
         }
-        assert_eq!(stats.spans_dropped.load(Ordering::Relaxed), 3);
-        provider.shutdown().unwrap();
-        assert_eq!(*exporter.names.lock().unwrap(), ["span 0", "span 1"]);
-        assert_eq!(stats.spans_exported.load(Ordering::Relaxed), 2);
-        assert_eq!(stats.spans_failed.load(Ordering::Relaxed), 0);
+        assert_eq!(stats.spans_dropped.load(Relaxed), 3);
+        release.send(()).unwrap();
+        release.send(()).unwrap();
+        assert!(pipeline.flush(Duration::from_secs(10), true));
+        let second = received.recv_timeout(Duration::from_secs(10)).unwrap();
+        assert_eq!(
+            second,
+            (8, (2..10).collect::<Vec<u8>>()),
+            "in order, none twice"
+        );
+        assert!(received.try_recv().is_err());
+        assert_eq!(stats.spans_exported.load(Relaxed), 10);
+        assert_eq!(stats.spans_failed.load(Relaxed), 0);
+        pipeline.push(|buf| buf.push(99));
+        assert_eq!(
+            stats.spans_dropped.load(Relaxed),
+            4,
+            "closed: counted, not queued"
+        );
+    }
+
+    #[test]
+    fn failed_exports_are_counted() {
+        let (pipeline, stats, received) = pipeline(100, collect(true));
+        pipeline.push(|buf| buf.push(7));
+        assert!(
+            !pipeline.flush(Duration::from_secs(10), true),
+            "the export failed"
+        );
+        assert_eq!(received.recv().unwrap(), (1, vec![7]));
+        assert_eq!(stats.spans_failed.load(Relaxed), 1);
+        assert_eq!(stats.spans_exported.load(Relaxed), 0);
+    }
+
+    #[test]
+    fn a_flush_with_nothing_queued_sends_nothing() {
+        let (pipeline, stats, received) = pipeline(100, collect(false));
+        assert!(pipeline.flush(Duration::from_secs(10), false));
+        assert!(received.try_recv().is_err());
+        pipeline.push(|buf| buf.push(1));
+        assert!(pipeline.flush(Duration::from_secs(10), false), "still open");
+        assert_eq!(received.recv().unwrap(), (1, vec![1]));
+        assert_eq!(stats.spans_exported.load(Relaxed), 1);
     }
 
     #[test]
@@ -406,19 +476,5 @@ mod tests {
         assert_eq!(env_timeout(env), Some(Duration::from_millis(2500)));
         assert!(env_headers(|_| Some("no-equals-sign".to_owned())).is_err());
         assert_eq!(percent_decode("100%25%2C%zz%"), b"100%,%zz%");
-    }
-
-    #[test]
-    fn failed_exports_are_counted() {
-        let exporter = Collect {
-            fail: true,
-            ..Collect::default()
-        };
-        let (provider, stats) = provider(exporter, 10);
-        let tracer = provider.tracer("test");
-        tracer.in_span("lost", |_| {});
-        let _ = provider.shutdown();
-        assert_eq!(stats.spans_failed.load(Ordering::Relaxed), 1);
-        assert_eq!(stats.spans_exported.load(Ordering::Relaxed), 0);
     }
 }
