@@ -61,6 +61,7 @@ use switchyard_policy::TelemetryConfig;
 
 use crate::record::RequestRecord;
 use crate::timing::Source;
+use otlp::Attr;
 
 mod export;
 mod otlp;
@@ -418,18 +419,8 @@ impl RequestSpan {
     /// them: their lengths are on the engine's clock, which does not say when they began on ours.
     fn phases(&self, buf: &mut Vec<u8>, r: &RequestRecord, end: SystemTime) {
         let p = &r.phases;
-        let event =
-            |buf: &mut Vec<u8>, name: &str, at: SystemTime, attributes: &dyn Fn(&mut Vec<u8>)| {
-                otlp::message(buf, 11, |buf| {
-                    otlp::fixed64(buf, 1, otlp::nanos(at));
-                    otlp::string(buf, 2, name);
-                    attributes(buf);
-                });
-            };
         let proxy_clock = |buf: &mut Vec<u8>, name: &str, at: SystemTime, phase_ms: f64| {
-            event(buf, name, at, &|buf| {
-                otlp::kv_f64(buf, 3, DURATION_MS, phase_ms)
-            });
+            otlp::event(buf, at, name, &[Attr::F64(DURATION_MS, phase_ms)]);
         };
         if let Some(forwarded) = self.forwarded.map(|at| self.at(at)) {
             if let Some(queue) = p.queue {
@@ -449,17 +440,17 @@ impl RequestSpan {
                 ("decode", Source::Measured, Some(ttft)) => self.at_ms(ttft) + ms(phase.ms),
                 _ => end,
             };
-            event(buf, name, at, &|buf| {
-                otlp::kv_f64(buf, 3, DURATION_MS, phase.ms);
-                let source = match phase.source {
-                    Source::Engine => "engine",
-                    Source::Measured => "measured",
-                };
-                otlp::kv_str(buf, 3, "switchyard.source", source);
-                if let Some(tokens) = phase.tokens {
-                    otlp::kv_i64(buf, 3, "switchyard.tokens", int(tokens));
-                }
-            });
+            let source = match phase.source {
+                Source::Engine => "engine",
+                Source::Measured => "measured",
+            };
+            let attributes = [
+                Attr::F64(DURATION_MS, phase.ms),
+                Attr::Str("switchyard.source", source),
+                Attr::I64("switchyard.tokens", phase.tokens.map_or(0, int)),
+            ];
+            let n = if phase.tokens.is_some() { 3 } else { 2 };
+            otlp::event(buf, at, name, &attributes[..n]);
         }
     }
 

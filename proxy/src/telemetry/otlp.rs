@@ -134,6 +134,63 @@ pub(super) fn kv_f64(buf: &mut Vec<u8>, field: u32, key: &str, value: f64) {
     buf.extend_from_slice(&value.to_bits().to_le_bytes());
 }
 
+/// An attribute whose encoded length is known before it is written.
+#[derive(Debug, Clone, Copy)]
+pub(super) enum Attr<'a> {
+    Str(&'a str, &'a str),
+    I64(&'a str, i64),
+    F64(&'a str, f64),
+}
+
+impl Attr<'_> {
+    /// The bytes this attribute takes as a `KeyValue` field (numbered below 16): tag, length
+    /// and body.
+    fn len(&self) -> usize {
+        let (key, value_len) = match *self {
+            Attr::Str(key, value) => (key, 1 + varint_len(value.len() as u64) + value.len()),
+            Attr::I64(key, value) => (key, 1 + varint_len(value as u64)),
+            Attr::F64(key, _) => (key, 9),
+        };
+        let key_len = if key.is_empty() {
+            0
+        } else {
+            field_len(key.len()) + key.len()
+        };
+        let body = key_len + field_len(value_len) + value_len;
+        field_len(body) + body
+    }
+
+    fn write(&self, buf: &mut Vec<u8>, field: u32) {
+        match *self {
+            Attr::Str(key, value) => kv_str(buf, field, key, value),
+            Attr::I64(key, value) => kv_i64(buf, field, key, value),
+            Attr::F64(key, value) => kv_f64(buf, field, key, value),
+        }
+    }
+}
+
+/// A `Span.events` field: the event's time, name and attributes, its length computed up front
+/// (a span's phases are most of its nested messages; none of them is moved to make room for its
+/// length).
+pub(super) fn event(buf: &mut Vec<u8>, at: SystemTime, name: &str, attributes: &[Attr<'_>]) {
+    let at = nanos(at);
+    let time_len = if at == 0 { 0 } else { 9 };
+    let name_len = if name.is_empty() {
+        0
+    } else {
+        field_len(name.len()) + name.len()
+    };
+    let len = time_len + name_len + attributes.iter().map(Attr::len).sum::<usize>();
+    head(buf, 11, len);
+    let start = buf.len();
+    fixed64(buf, 1, at);
+    string(buf, 2, name);
+    for attribute in attributes {
+        attribute.write(buf, 3);
+    }
+    debug_assert_eq!(buf.len() - start, len, "the event's length as computed");
+}
+
 /// A `KeyValue`'s tag, length and key, up to its `AnyValue`'s body (`value_len` bytes).
 #[inline]
 fn kv_head(buf: &mut Vec<u8>, field: u32, key: &str, value_len: usize) {
@@ -415,6 +472,53 @@ mod tests {
                 string(buf, 3, schema);
             });
             assert_eq!(direct, nested, "schema {schema:?}");
+        }
+    }
+
+    #[test]
+    fn an_event_has_the_length_of_its_nested_form() {
+        let long = "n".repeat(200);
+        let at = UNIX_EPOCH + std::time::Duration::from_millis(1_700_000_000_123);
+        let cases: [(&str, SystemTime, Vec<Attr<'_>>); 4] = [
+            ("queue", at, vec![Attr::F64("switchyard.duration_ms", 0.25)]),
+            (
+                "decode",
+                at,
+                vec![
+                    Attr::F64("switchyard.duration_ms", 12.5),
+                    Attr::Str("switchyard.source", "measured"),
+                    Attr::I64("switchyard.tokens", 300),
+                    Attr::I64("negative", -1),
+                ],
+            ),
+            (&long, UNIX_EPOCH, vec![Attr::Str(&long, &long)]),
+            ("", at, vec![]),
+        ];
+        for (name, at, attributes) in cases {
+            let mut direct = Vec::new();
+            event(&mut direct, at, name, &attributes);
+            let mut nested = Vec::new();
+            message(&mut nested, 11, |buf| {
+                fixed64(buf, 1, nanos(at));
+                string(buf, 2, name);
+                for a in &attributes {
+                    message(buf, 3, |buf| match *a {
+                        Attr::Str(k, v) => {
+                            string(buf, 1, k);
+                            message(buf, 2, |buf| any_value(buf, &Value::from(v.to_owned())));
+                        }
+                        Attr::I64(k, v) => {
+                            string(buf, 1, k);
+                            message(buf, 2, |buf| any_value(buf, &Value::I64(v)));
+                        }
+                        Attr::F64(k, v) => {
+                            string(buf, 1, k);
+                            message(buf, 2, |buf| any_value(buf, &Value::F64(v)));
+                        }
+                    });
+                }
+            });
+            assert_eq!(direct, nested, "{name:.10} {attributes:?}");
         }
     }
 }
