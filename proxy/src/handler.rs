@@ -725,6 +725,10 @@ fn upstream_request(
     *request.method_mut() = head.method.clone();
     *request.uri_mut() = uri;
     let headers = request.headers_mut();
+    // Sized once for the client's headers and the three that may be added (`x-request-id`, and
+    // a trace's `traceparent` and `tracestate`): growing a header map rehashes every entry (in
+    // a callgrind profile with traces on, two grows per request cost 1.4k instructions).
+    *headers = HeaderMap::with_capacity(head.headers.len() + 3);
     for (name, value) in &head.headers {
         if !is_hop_by_hop(name) {
             headers.append(name.clone(), value.clone());
@@ -734,7 +738,14 @@ fn upstream_request(
     Ok(request)
 }
 
+/// Headers Switchyard may add to an engine's response: the identity stamp (backend, engine,
+/// artifact, variant, workload, fallback), `server-timing`, `x-request-id`, `content-type` and
+/// `x-accel-buffering`.
+const ADDED_RESPONSE_HEADERS: usize = 10;
+
 fn copy_response_headers(from: &HeaderMap, to: &mut HeaderMap) {
+    // Sized once: each time a header map grows, it rehashes every entry.
+    to.reserve(from.len() + ADDED_RESPONSE_HEADERS);
     for (name, value) in from {
         if !is_hop_by_hop(name) {
             to.append(name.clone(), value.clone());
