@@ -1,10 +1,13 @@
 //! `switchyard-bench`: Switchyard's added latency against the fake engine, side by side with
 //! direct requests in one run (this machine is noisy: only ratios from one run mean anything).
 //!
-//! It starts `fake-engine` (no delays) and `switchyard` (ledger-free core, release build when
-//! run through `tests/bench/run`) as separate processes on loopback, then sends the same
-//! non-streaming chat request directly and through Switchyard, at concurrency 1 and 32,
-//! alternating rounds so drift hits both sides alike. Prints a Markdown table and writes JSON.
+//! It starts `fake-engine` (no delays) and three `switchyard`s (release build when run through
+//! `tests/bench/run`) as separate processes on loopback: bare (metrics only), recording (ledger
+//! and traces, or what `BENCH_RECORDING=ledger|traces` picks) and a second bare one, the control.
+//! It sends the same non-streaming chat request directly and through each, at concurrency 1 and
+//! 32, alternating rounds so drift hits all alike, and reads each server's CPU time around its
+//! rounds. Prints a Markdown table and the ratios (recording/bare, and control/bare: what two
+//! identical Switchyards differ by in this run), and writes JSON.
 
 use std::io::Write as _;
 use std::path::PathBuf;
@@ -24,8 +27,9 @@ struct Args {
     /// Requests per round and target at concurrency 1.
     #[arg(long, default_value_t = 2000)]
     requests: usize,
-    /// Rounds per target (alternating direct / switchyard).
-    #[arg(long, default_value_t = 3)]
+    /// Rounds per target (alternating between the targets; each round starts one target
+    /// further on, so use a multiple of 4 for every target to run in every place alike).
+    #[arg(long, default_value_t = 4)]
     rounds: usize,
     /// Where to write the JSON table.
     #[arg(long)]
@@ -92,9 +96,12 @@ async fn main() -> anyhow::Result<()> {
         "fake-engine",
     )?;
     let dir = tempfile::tempdir()?;
-    // Two Switchyards side by side: bare (no ledger, no traces), and recording everything
+    // Three Switchyards side by side: bare (no ledger, no traces), a second bare one (the
+    // control: what two identical Switchyards differ by in this run, the noise a ratio is read
+    // against), and one recording everything
     // (ledger, and traces exported to a sink in this process). Metrics are always on.
     let bare = start_switchyard(&args.bin_dir, dir.path(), "bare", &engine_url, "")?;
+    let control = start_switchyard(&args.bin_dir, dir.path(), "control", &engine_url, "")?;
     let sink = otlp_sink().await?;
     let recording_extra = match std::env::var("BENCH_RECORDING").as_deref() {
         Ok("ledger") => format!(
@@ -134,6 +141,11 @@ async fn main() -> anyhow::Result<()> {
             format!("{}/v1/chat/completions", recording.1),
             recording.0.pid(),
         ),
+        (
+            "switchyard (control)",
+            format!("{}/v1/chat/completions", control.1),
+            control.0.pid(),
+        ),
     ];
 
     // Warm both paths (connections, caches).
@@ -149,8 +161,13 @@ async fn main() -> anyhow::Result<()> {
         };
         let mut merged: Vec<Sample> = vec![Sample::default(); targets.len()];
         let mut cpu = vec![0u64; targets.len()];
-        for _ in 0..args.rounds {
-            for (i, (_, url, pid)) in targets.iter().enumerate() {
+        // Each round starts one target further on: a target's place in the round matters (the
+        // Switchyard right after direct ran 6-25% slower than the same one last, in five runs
+        // out of five at c=32), and over four rounds every target holds every place once.
+        for round in 0..args.rounds {
+            for k in 0..targets.len() {
+                let i = (round + k) % targets.len();
+                let (_, url, pid) = &targets[i];
                 let before = cpu_ns(*pid)?;
                 merged[i].merge(run_load(&client, url, &body, total, concurrency).await?);
                 cpu[i] += cpu_ns(*pid)?.saturating_sub(before);
@@ -191,28 +208,34 @@ async fn main() -> anyhow::Result<()> {
     let mut summary = Vec::new();
     let f = |r: &serde_json::Value, k: &str| r[k].as_f64().unwrap_or(f64::NAN);
     for group in rows.chunks(targets.len()) {
-        let (d, bare, rec) = (&group[0], &group[1], &group[2]);
+        let (d, bare, rec, control) = (&group[0], &group[1], &group[2], &group[3]);
         let added_p50 = f(bare, "p50_us") - f(d, "p50_us");
         let added_p99 = f(bare, "p99_us") - f(d, "p99_us");
         let ratio_rps = f(bare, "rps") / f(d, "rps");
         let recording_ratio = f(rec, "rps") / f(bare, "rps");
         let recording_cpu_ratio = f(rec, "cpu_us_per_request") / f(bare, "cpu_us_per_request");
+        let control_ratio = f(control, "rps") / f(bare, "rps");
+        let control_cpu_ratio = f(control, "cpu_us_per_request") / f(bare, "cpu_us_per_request");
         writeln!(
             out,
             "\nconcurrency {}: added p50 {:.0} µs, added p99 {:.0} µs, throughput switchyard/direct {:.2}; \
              with ledger+traces: added p50 {:.0} µs, throughput recording/bare {:.2}, \
-             CPU per request recording/bare {:.2}",
+             CPU per request recording/bare {:.2}; control (a second bare Switchyard): throughput \
+             control/bare {:.2}, CPU per request control/bare {:.2}",
             d["concurrency"],
             added_p50,
             added_p99,
             ratio_rps,
             f(rec, "p50_us") - f(d, "p50_us"),
             recording_ratio,
-            recording_cpu_ratio
+            recording_cpu_ratio,
+            control_ratio,
+            control_cpu_ratio
         )?;
         summary.push(json!({"concurrency": d["concurrency"], "added_p50_us": added_p50, "added_p99_us": added_p99,
             "throughput_ratio": ratio_rps, "recording_throughput_ratio": recording_ratio,
-            "recording_cpu_ratio": recording_cpu_ratio}));
+            "recording_cpu_ratio": recording_cpu_ratio, "control_throughput_ratio": control_ratio,
+            "control_cpu_ratio": control_cpu_ratio}));
     }
     if let Some(path) = args.json {
         std::fs::write(
