@@ -29,9 +29,10 @@
 //! into OTLP protobuf (`otlp.rs`) in the export queue: no SDK span, no `SpanData`, nothing
 //! allocated per request. The SDK's span API (a boxed span behind a lock, one call per attribute
 //! and event) cost twice what `SpanData` did; `SpanData` (an allocation per attribute, handed to
-//! the exporter thread, encoded and freed there) cost 17.7k instructions per request, 14% of
-//! all Switchyard does for one; this costs 11.3k, two thirds of it the encoding
-//! (`tests/bench/instructions --recording traces --requests 2000`: 129.7k → 141.0k per request).
+//! the exporter thread, encoded and freed there) cost 17.5k instructions per request, 14% of a
+//! bare request; this costs 11.8k, most of it the encoding (`tests/bench/instructions
+//! --recording traces`, release build: 121.7k → 133.5k per request). Encoding on the exporter
+//! thread instead, from the record's strings moved there, was measured and was no faster.
 //!
 //! **Export.** A thread of its own sends the queued spans in batches, wrapped in the OTLP
 //! envelope; the HTTP request itself runs on the server's tokio runtime, which hyper needs
