@@ -202,7 +202,7 @@ fn kv_head(buf: &mut Vec<u8>, field: u32, key: &str, value_len: usize) {
     let len = key_len + field_len(value_len) + value_len;
     if field < 16 && len < 0x80 && key_len > 0 {
         // The common case, every length one byte: two fixed-size copies and the key, where the
-        // general path below is six varints and a copy (a third of what a span costs to encode).
+        // general path below is six varints and a copy (a span has two dozen attributes).
         let tag = (field << 3 | LEN) as u8;
         buf.reserve(6 + key.len());
         buf.extend_from_slice(&[tag, len as u8, 0x0a, key.len() as u8]);
