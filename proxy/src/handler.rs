@@ -728,7 +728,7 @@ fn upstream_request(
     // Sized once for the client's headers and the three that may be added (`x-request-id`, and
     // a trace's `traceparent` and `tracestate`): growing a header map rehashes every entry (in
     // a callgrind profile with traces on, two grows per request cost 1.4k instructions).
-    *headers = HeaderMap::with_capacity(head.headers.len() + 3);
+    headers.reserve(head.headers.len() + 3);
     for (name, value) in &head.headers {
         if !is_hop_by_hop(name) {
             headers.append(name.clone(), value.clone());

@@ -87,7 +87,7 @@ async fn otlp_sink() -> anyhow::Result<String> {
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
-    let (_engine, engine_url) = launch(
+    let (engine, engine_url) = launch(
         {
             let mut c = Command::new(args.bin_dir.join("fake-engine"));
             c.args(["--listen", "127.0.0.1:0", "--tokens", "10"]);
@@ -129,7 +129,7 @@ async fn main() -> anyhow::Result<()> {
         (
             "direct",
             format!("{engine_url}/v1/chat/completions"),
-            _engine.pid(),
+            engine.pid(),
         ),
         (
             "switchyard",

@@ -27,8 +27,8 @@ const EXPORT_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Sends one batch of encoded spans somewhere, blocking the exporter thread until it is done.
 pub(super) trait Export: Send + 'static {
-    /// `spans`: `count` spans, each an encoded `ScopeSpans.spans` field, back to back.
-    fn export(&mut self, spans: &[u8], count: usize) -> Result<(), String>;
+    /// `spans`: encoded `ScopeSpans.spans` fields, back to back.
+    fn export(&mut self, spans: &[u8]) -> Result<(), String>;
 }
 
 /// The OTLP/HTTP exporter for `endpoint` (the traces URL), its requests run on `runtime`.
@@ -134,7 +134,7 @@ pub(super) struct OtlpHttp {
 }
 
 impl Export for OtlpHttp {
-    fn export(&mut self, spans: &[u8], _count: usize) -> Result<(), String> {
+    fn export(&mut self, spans: &[u8]) -> Result<(), String> {
         let mut body = Vec::with_capacity(self.last_len);
         super::otlp::export_request(
             &mut body,
@@ -325,7 +325,7 @@ impl Shared {
         failing: &mut bool,
     ) -> bool {
         let n = count as u64;
-        match export.export(spans, count) {
+        match export.export(spans) {
             Ok(()) => {
                 self.stats.spans_exported.fetch_add(n, Relaxed);
                 if std::mem::take(failing) {
@@ -350,10 +350,10 @@ mod tests {
 
     use super::*;
 
-    /// A batch as the test receives it: its span count and its bytes.
-    type Batch = (usize, Vec<u8>);
+    /// A batch as the test receives it: its bytes, one per span here.
+    type Batch = Vec<u8>;
 
-    /// Hands each batch (its span count and bytes) to the test, then waits for the test's
+    /// Hands each batch to the test, then waits for the test's
     /// word when it holds a gate; fails every export when `fail`.
     struct Collect {
         batches: mpsc::Sender<Batch>,
@@ -362,8 +362,8 @@ mod tests {
     }
 
     impl Export for Collect {
-        fn export(&mut self, spans: &[u8], count: usize) -> Result<(), String> {
-            let _ = self.batches.send((count, spans.to_vec()));
+        fn export(&mut self, spans: &[u8]) -> Result<(), String> {
+            let _ = self.batches.send(spans.to_vec());
             if let Some(gate) = &self.gate {
                 let _ = gate.recv();
             }
@@ -412,7 +412,7 @@ mod tests {
         pipeline.push(|buf| buf.push(0));
         pipeline.push(|buf| buf.push(1));
         let first = received.recv_timeout(Duration::from_secs(10)).unwrap();
-        assert_eq!(first, (2, vec![0, 1]));
+        assert_eq!(first, [0, 1], "two spans");
         // While the exporter is busy, the queue fills at 8 and the rest are dropped.
         for i in 2..13u8 {
             pipeline.push(|buf| buf.push(i));
@@ -422,11 +422,7 @@ mod tests {
         release.send(()).unwrap();
         assert!(pipeline.flush(Duration::from_secs(10), true));
         let second = received.recv_timeout(Duration::from_secs(10)).unwrap();
-        assert_eq!(
-            second,
-            (8, (2..10).collect::<Vec<u8>>()),
-            "in order, none twice"
-        );
+        assert_eq!(second, (2..10).collect::<Vec<u8>>(), "in order, none twice");
         assert!(received.try_recv().is_err());
         assert_eq!(stats.spans_exported.load(Relaxed), 10);
         assert_eq!(stats.spans_failed.load(Relaxed), 0);
@@ -446,7 +442,7 @@ mod tests {
             !pipeline.flush(Duration::from_secs(10), true),
             "the export failed"
         );
-        assert_eq!(received.recv().unwrap(), (1, vec![7]));
+        assert_eq!(received.recv().unwrap(), [7]);
         assert_eq!(stats.spans_failed.load(Relaxed), 1);
         assert_eq!(stats.spans_exported.load(Relaxed), 0);
     }
@@ -458,7 +454,7 @@ mod tests {
         assert!(received.try_recv().is_err());
         pipeline.push(|buf| buf.push(1));
         assert!(pipeline.flush(Duration::from_secs(10), false), "still open");
-        assert_eq!(received.recv().unwrap(), (1, vec![1]));
+        assert_eq!(received.recv().unwrap(), [1]);
         assert_eq!(stats.spans_exported.load(Relaxed), 1);
     }
 

@@ -186,9 +186,8 @@ impl Telemetry {
     /// Sampling is the SDK default's (parent-based, always on): a request continuing a sampled
     /// trace, or starting one, is recorded; one whose client's trace is not sampled is not, and
     /// still passes its context on. The span is not built through the SDK's span API: its
-    /// identity is fixed here, and its data is assembled once, when the record is written, and
-    /// handed to the export pipeline as it is (the API's per-attribute calls through a locked,
-    /// boxed span cost more than the rest of recording a trace).
+    /// identity is fixed here, and it is encoded once, when the record is written, straight into
+    /// the export queue ([`RequestSpan::finish`]).
     pub fn start_request(&self, headers: &HeaderMap, path: &str, received: Instant) -> RequestSpan {
         let now = SystemTime::now();
         let start = now.checked_sub(received.elapsed()).unwrap_or(now);
