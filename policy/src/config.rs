@@ -51,6 +51,11 @@ pub struct ServerConfig {
     pub probe_interval_ms: u64,
     /// On shutdown, how long in-flight requests get to finish before they are cut.
     pub drain_timeout_ms: u64,
+    /// How long a client may send nothing while Switchyard waits on it: for a new connection's
+    /// first bytes, a request's head (and an idle keep-alive connection's next one), and each
+    /// next part of a request body. A silent client is disconnected (a stalled body gets 408):
+    /// otherwise each one would hold a socket and a file descriptor for good.
+    pub client_idle_timeout_ms: u64,
     /// Log format: `text` for people, `json` for collectors.
     pub log_format: LogFormat,
     /// A second listener that serves only `GET /metrics` (Prometheus), e.g. on another port or
@@ -73,6 +78,7 @@ impl Default for ServerConfig {
             first_byte_timeout_ms: 300_000,
             probe_interval_ms: 5_000,
             drain_timeout_ms: 30_000,
+            client_idle_timeout_ms: 30_000,
             log_format: LogFormat::Text,
             metrics_listen: None,
             workers: None,

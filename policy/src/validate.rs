@@ -51,6 +51,10 @@ pub fn validate(config: &Config) -> Vec<Problem> {
         ("server.connect_timeout_ms", server.connect_timeout_ms),
         ("server.first_byte_timeout_ms", server.first_byte_timeout_ms),
         ("server.probe_interval_ms", server.probe_interval_ms),
+        (
+            "server.client_idle_timeout_ms",
+            server.client_idle_timeout_ms,
+        ),
     ] {
         if value == 0 {
             problems.push(Problem::new(key, "must be at least 1 millisecond"));

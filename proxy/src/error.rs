@@ -24,6 +24,13 @@ pub enum ProxyError {
     BodyTooLarge { limit: u64 },
     #[error("Could not read the request body: {0}")]
     BodyRead(String),
+    #[error("No part of the request body arrived for {ms} ms.")]
+    BodyTimeout { ms: u64 },
+    /// The client closed its connection while sending the body: no one is left to answer.
+    #[error("The client disconnected while sending the request body.")]
+    ClientGone,
+    #[error("Request body has the key `{0}` more than once. Engines differ on which one counts, so the request is ambiguous.")]
+    DuplicateKey(String),
     #[error("Request body is not valid JSON: {0}")]
     MalformedJson(String),
     #[error("Request body must be a JSON object.")]
@@ -57,7 +64,10 @@ impl ProxyError {
             Self::MethodNotAllowed { .. } => StatusCode::METHOD_NOT_ALLOWED,
             Self::UnsupportedMediaType(_) => StatusCode::UNSUPPORTED_MEDIA_TYPE,
             Self::BodyTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
+            Self::BodyTimeout { .. } => StatusCode::REQUEST_TIMEOUT,
             Self::BodyRead(_)
+            | Self::ClientGone
+            | Self::DuplicateKey(_)
             | Self::MalformedJson(_)
             | Self::NotAnObject
             | Self::MissingModel
@@ -81,6 +91,9 @@ impl ProxyError {
             | Self::UnsupportedMediaType(_)
             | Self::BodyTooLarge { .. }
             | Self::BodyRead(_)
+            | Self::BodyTimeout { .. }
+            | Self::ClientGone
+            | Self::DuplicateKey(_)
             | Self::MalformedJson(_)
             | Self::NotAnObject
             | Self::MissingModel
@@ -104,6 +117,9 @@ impl ProxyError {
             Self::UnsupportedMediaType(_) => "unsupported_media_type",
             Self::BodyTooLarge { .. } => "request_too_large",
             Self::BodyRead(_) => "body_read_error",
+            Self::BodyTimeout { .. } => "request_timeout",
+            Self::ClientGone => "client_disconnected",
+            Self::DuplicateKey(_) => "duplicate_key",
             Self::MalformedJson(_) | Self::NotAnObject => "invalid_json",
             Self::MissingModel => "missing_model",
             Self::ModelNotString => "invalid_model",

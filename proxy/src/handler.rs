@@ -6,9 +6,11 @@
 //! forwarded unchanged; streams pass through `ObservedStream`.
 
 use std::collections::BTreeMap;
+use std::future::Future as _;
 use std::ops::Range;
 use std::sync::Arc;
-use std::time::Instant;
+use std::task::Poll;
+use std::time::{Duration, Instant};
 
 use bytes::{Bytes, BytesMut};
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
@@ -42,6 +44,20 @@ pub const SERVER_TIMING: HeaderName = HeaderName::from_static("server-timing");
 
 const PROXIED: &[&str] = &["/v1/chat/completions", "/v1/completions", "/v1/embeddings"];
 const LOCAL: &[&str] = &["/healthz", "/readyz", "/v1/models", "/metrics"];
+
+/// The headers a message's `Connection` header names: options of that one connection, dropped
+/// when forwarding like the fixed set below (RFC 9110, section 7.6.1). Empty, without allocating,
+/// for the usual message that names none.
+fn connection_options(headers: &HeaderMap) -> Vec<HeaderName> {
+    headers
+        .get_all(header::CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .filter_map(|token| HeaderName::from_bytes(token.trim().as_bytes()).ok())
+        .filter(|name| !is_hop_by_hop(name))
+        .collect()
+}
 
 /// Headers that describe one connection, not the message; never forwarded in either direction.
 fn is_hop_by_hop(name: &HeaderName) -> bool {
@@ -190,7 +206,7 @@ fn unknown_model(state: &AppState, name: &str) -> ProxyError {
         .collect::<Vec<_>>()
         .join(", ");
     ProxyError::UnknownModel {
-        model: name.to_owned(),
+        model: quoted_name(name),
         available,
     }
 }
@@ -318,6 +334,7 @@ pub(crate) fn fail(
 ) -> Response<ProxyBody> {
     let detail = error.to_string();
     let (status, class) = (error.status(), error.class());
+    let client_gone = matches!(error, ProxyError::ClientGone);
     match &error {
         ProxyError::Internal(internal) => tracing::error!(error = %internal, "internal error"),
         e if status.is_server_error() => tracing::warn!(error = %e, "request failed"),
@@ -326,7 +343,13 @@ pub(crate) fn fail(
     let mut response = error.into_response();
     stamp.apply(response.headers_mut());
     if let Some(mut record) = record {
-        record.status = status.as_u16();
+        if client_gone {
+            // Nobody is left to read an answer: recorded as a disconnect with no status, like a
+            // client that leaves while the engine answers.
+            record.client_disconnected = true;
+        } else {
+            record.status = status.as_u16();
+        }
         record.error_class = Some(class);
         record.error = Some(detail);
         record.phases.total = Some(between(record.received, Instant::now()));
@@ -355,12 +378,78 @@ impl<'a> ParsedBody<'a> {
 }
 
 fn parse_body(bytes: &[u8]) -> Result<ParsedBody<'_>, ProxyError> {
-    let fields: BTreeMap<String, &RawValue> =
-        serde_json::from_slice(bytes).map_err(|e| match e.classify() {
+    let mut duplicate = None;
+    let mut de = serde_json::Deserializer::from_slice(bytes);
+    let fields = serde::de::DeserializeSeed::deserialize(
+        TopLevelFields {
+            duplicate: &mut duplicate,
+        },
+        &mut de,
+    )
+    .and_then(|fields| de.end().map(|()| fields));
+    match fields {
+        Ok(fields) => Ok(ParsedBody { fields }),
+        Err(_) if duplicate.is_some() => Err(ProxyError::DuplicateKey(
+            duplicate.map(|k| quoted_name(&k)).unwrap_or_default(),
+        )),
+        Err(e) => Err(match e.classify() {
             serde_json::error::Category::Data => ProxyError::NotAnObject,
             _ => ProxyError::MalformedJson(e.to_string()),
-        })?;
-    Ok(ParsedBody { fields })
+        }),
+    }
+}
+
+/// A body's top-level fields, raw, refusing a key given twice: engines differ on which of two
+/// `model`s (or `temperature`s, or `seed`s) counts, and Switchyard must route, fingerprint and
+/// stamp exactly what the engine will use. The repeated key is left in `duplicate`.
+struct TopLevelFields<'d> {
+    duplicate: &'d mut Option<String>,
+}
+
+impl<'de> serde::de::DeserializeSeed<'de> for TopLevelFields<'_> {
+    type Value = BTreeMap<String, &'de RawValue>;
+
+    fn deserialize<D: serde::Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
+        d.deserialize_map(self)
+    }
+}
+
+impl<'de> serde::de::Visitor<'de> for TopLevelFields<'_> {
+    type Value = BTreeMap<String, &'de RawValue>;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("a JSON object")
+    }
+
+    fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+        let mut fields = BTreeMap::new();
+        while let Some(key) = map.next_key::<String>()? {
+            let value: &'de RawValue = map.next_value()?;
+            match fields.entry(key) {
+                std::collections::btree_map::Entry::Vacant(v) => {
+                    v.insert(value);
+                }
+                std::collections::btree_map::Entry::Occupied(o) => {
+                    *self.duplicate = Some(o.key().clone());
+                    return Err(serde::de::Error::custom("duplicate key"));
+                }
+            }
+        }
+        Ok(fields)
+    }
+}
+
+/// Longest client-given name (a model, a key) quoted back in an error, the log and the ledger.
+const QUOTED_NAME_CHARS: usize = 200;
+
+/// `name` as an error quotes it: whole when short, else cut at [`QUOTED_NAME_CHARS`] with its
+/// full length noted. A name can be as long as the body limit allows, and a message, a log line
+/// and a ledger row should not each carry megabytes of it.
+fn quoted_name(name: &str) -> String {
+    match name.char_indices().nth(QUOTED_NAME_CHARS) {
+        None => name.to_owned(),
+        Some((cut, _)) => format!("{}… ({} bytes in all)", &name[..cut], name.len()),
+    }
 }
 
 /// Where `raw` (a value parsed out of `body`) lies in `body`.
@@ -423,7 +512,12 @@ async fn forward_inner(
         .headers
         .get(header::CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
-    let body = read_body(body, limit, declared).await?;
+    let expects_continue = parts
+        .headers
+        .get(header::EXPECT)
+        .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"100-continue"));
+    let idle = Duration::from_millis(server.client_idle_timeout_ms);
+    let body = read_body(body, limit, declared, expects_continue, idle).await?;
 
     let parsed = parse_body(&body)?;
     let (model, raw_model) = parsed.model()?;
@@ -659,19 +753,45 @@ pub(crate) async fn attempt(
 const DRAIN_LIMIT: u64 = 64 * 1024 * 1024;
 
 /// Reads the request body up to `limit` bytes. A larger body is drained (up to `DRAIN_LIMIT`)
-/// and refused with 413; one declared larger than the drain limit is refused at once.
+/// and refused with 413; one declared larger than the drain limit is refused at once, and so is
+/// one declared over `limit` by a client that waits for `100 Continue` before sending it. A body
+/// that stops arriving for `idle` gets 408; a client that leaves while sending it is
+/// [`ProxyError::ClientGone`].
 async fn read_body(
     mut body: Incoming,
     limit: u64,
     declared: Option<u64>,
+    expects_continue: bool,
+    idle: Duration,
 ) -> Result<Bytes, ProxyError> {
-    if declared.is_some_and(|n| n > DRAIN_LIMIT) {
+    if declared.is_some_and(|n| n > DRAIN_LIMIT || (expects_continue && n > limit)) {
         return Err(ProxyError::BodyTooLarge { limit });
     }
     let mut buf = BytesMut::with_capacity(declared.unwrap_or(0).min(limit) as usize);
     let mut seen: u64 = 0;
-    while let Some(frame) = body.frame().await {
-        let frame = frame.map_err(|e| ProxyError::BodyRead(crate::upstream::describe_chain(&e)))?;
+    loop {
+        let mut next = std::pin::pin!(body.frame());
+        // Usually the body is already here: a timer only for a body still on its way.
+        let frame = match std::future::poll_fn(|cx| Poll::Ready(next.as_mut().poll(cx))).await {
+            Poll::Ready(frame) => frame,
+            Poll::Pending => {
+                tokio::time::timeout(idle, next)
+                    .await
+                    .map_err(|_| ProxyError::BodyTimeout {
+                        ms: idle.as_millis() as u64,
+                    })?
+            }
+        };
+        let Some(frame) = frame else {
+            break;
+        };
+        let frame = frame.map_err(|e| {
+            if client_left(&e) {
+                ProxyError::ClientGone
+            } else {
+                ProxyError::BodyRead(crate::upstream::describe_chain(&e))
+            }
+        })?;
         let Ok(data) = frame.into_data() else {
             continue;
         };
@@ -687,6 +807,27 @@ async fn read_body(
         return Err(ProxyError::BodyTooLarge { limit });
     }
     Ok(buf.freeze())
+}
+
+/// Whether a body read failed because the client closed or reset its connection.
+fn client_left(e: &hyper::Error) -> bool {
+    if e.is_incomplete_message() || e.is_closed() || e.is_canceled() {
+        return true;
+    }
+    let mut source: Option<&(dyn std::error::Error + 'static)> = std::error::Error::source(e);
+    while let Some(s) = source {
+        if let Some(io) = s.downcast_ref::<std::io::Error>() {
+            return matches!(
+                io.kind(),
+                std::io::ErrorKind::ConnectionReset
+                    | std::io::ErrorKind::ConnectionAborted
+                    | std::io::ErrorKind::BrokenPipe
+                    | std::io::ErrorKind::UnexpectedEof
+            );
+        }
+        source = s.source();
+    }
+    false
 }
 
 /// The body the engine receives: the client's, with `model` replaced only when needed.
@@ -729,8 +870,9 @@ fn upstream_request(
     // a trace's `traceparent` and `tracestate`): growing a header map rehashes every entry (in
     // a callgrind profile with traces on, two grows per request cost 1.4k instructions).
     headers.reserve(head.headers.len() + 3);
+    let options = connection_options(&head.headers);
     for (name, value) in &head.headers {
-        if !is_hop_by_hop(name) {
+        if !is_hop_by_hop(name) && !options.contains(name) {
             headers.append(name.clone(), value.clone());
         }
     }
@@ -746,8 +888,9 @@ const ADDED_RESPONSE_HEADERS: usize = 10;
 fn copy_response_headers(from: &HeaderMap, to: &mut HeaderMap) {
     // Sized once: each time a header map grows, it rehashes every entry.
     to.reserve(from.len() + ADDED_RESPONSE_HEADERS);
+    let options = connection_options(from);
     for (name, value) in from {
-        if !is_hop_by_hop(name) {
+        if !is_hop_by_hop(name) && !options.contains(name) {
             to.append(name.clone(), value.clone());
         }
     }

@@ -964,6 +964,7 @@ impl Writer {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use switchyard_adapters::observe::{ResponseFacts, Usage};
 
     fn config(path: PathBuf, max_rows: Option<u64>) -> LedgerConfig {
         LedgerConfig {
@@ -1038,6 +1039,132 @@ mod tests {
         // With a row limit, the first batch written prunes the oldest rows.
         write_records(&path, Some(3), 5..6);
         assert_eq!(request_ids(&path), vec!["req-3", "req-4", "req-5"]);
+    }
+
+    /// Every column holds what the record held (the insert binds 33 parameters by position),
+    /// and the rows keep their order.
+    #[test]
+    fn every_column_is_written_as_recorded() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("ledger.db");
+        let mut config = config(path.clone(), None);
+        config.batch = 64;
+        config.queue = 64;
+        let (ledger, writer) = Ledger::start(&config).unwrap();
+        let recorder = Arc::new(crate::record::Recorder::default());
+        let n: u32 = 19;
+        for i in 0..n {
+            let mut r = RequestRecord::new(
+                recorder.clone(),
+                format!("req-{i}"),
+                http::Method::POST,
+                format!("/v1/path-{i}"),
+                Instant::now(),
+            );
+            let f = f64::from(i);
+            r.started_at = UNIX_EPOCH + Duration::from_millis(1_000 + u64::from(i));
+            r.model = Some(format!("model-{i}").into());
+            r.backend = Some(format!("backend-{i}").into());
+            r.variant = "canary";
+            r.engine = Some(format!("engine-{i}"));
+            r.artifact = Some(format!("artifact-{i}"));
+            r.workload = Some(format!("workload-{i}"));
+            r.sampling = Some(format!("sampling-{i}"));
+            r.sampling_json = Some(format!("{{\"seed\":{i}}}"));
+            r.status = 200 + i as u16;
+            r.error_class = Some("engine");
+            r.error = Some(format!("error-{i}"));
+            r.facts = Some(ResponseFacts {
+                output: Some(format!("output-{i}")),
+                usage: Usage {
+                    prompt_tokens: Some(u64::from(i) + 1),
+                    completion_tokens: Some(u64::from(i) + 2),
+                    cached_tokens: Some(u64::from(i) + 3),
+                },
+                ..ResponseFacts::default()
+            });
+            r.phases.queue = Some(f + 0.25);
+            r.phases.load = Some(f + 0.5);
+            r.phases.ttfb = Some(f + 0.75);
+            r.phases.ttft = Some(f + 1.25);
+            r.phases.prefill = Some(TokenPhase {
+                ms: f + 1.5,
+                tokens: Some(u64::from(i) + 4),
+                source: Source::Engine,
+            });
+            r.phases.decode = Some(TokenPhase {
+                ms: f + 1.75,
+                tokens: Some(u64::from(i) + 5),
+                source: Source::Measured,
+            });
+            r.phases.total = Some(f + 2.25);
+            r.warm = Some(i % 2 == 0);
+            r.streamed = i % 3 == 0;
+            r.client_disconnected = i % 5 == 0;
+            ledger.record(&r);
+            r.finish();
+        }
+        drop(ledger);
+        writer.join().unwrap();
+
+        let conn = open_read_only(&path).unwrap();
+        let mut select = conn.prepare("SELECT * FROM requests ORDER BY id").unwrap();
+        let names: Vec<String> = select.column_names().map(str::to_owned).collect();
+        let rows: Vec<Vec<rusqlite::types::Value>> = select
+            .query_map([], |row| (0..names.len()).map(|c| row.get(c)).collect())
+            .unwrap()
+            .collect::<Result<_, _>>()
+            .unwrap();
+        assert_eq!(rows.len(), n as usize);
+        use rusqlite::types::Value::{Integer as I, Real as R, Text as T};
+        for (i, row) in (0..n).zip(&rows) {
+            let (k, f) = (i64::from(i), f64::from(i));
+            let expected = [
+                ("ts_ms", I(1_000 + k)),
+                ("request_id", T(format!("req-{i}"))),
+                ("method", T("POST".into())),
+                ("path", T(format!("/v1/path-{i}"))),
+                ("model", T(format!("model-{i}"))),
+                ("backend", T(format!("backend-{i}"))),
+                ("variant", T("canary".into())),
+                ("engine", T(format!("engine-{i}"))),
+                ("artifact", T(format!("artifact-{i}"))),
+                ("workload", T(format!("workload-{i}"))),
+                ("sampling", T(format!("sampling-{i}"))),
+                ("sampling_json", T(format!("{{\"seed\":{i}}}"))),
+                ("output", T(format!("output-{i}"))),
+                ("status", I(200 + k)),
+                ("error_class", T("engine".into())),
+                ("error", T(format!("error-{i}"))),
+                ("prompt_tokens", I(k + 1)),
+                ("cached_tokens", I(k + 3)),
+                ("completion_tokens", I(k + 2)),
+                ("queue_ms", R(f + 0.25)),
+                ("load_ms", R(f + 0.5)),
+                ("ttfb_ms", R(f + 0.75)),
+                ("ttft_ms", R(f + 1.25)),
+                ("prefill_ms", R(f + 1.5)),
+                ("prefill_tokens", I(k + 4)),
+                ("prefill_source", T("engine".into())),
+                ("decode_ms", R(f + 1.75)),
+                ("decode_tokens", I(k + 5)),
+                ("decode_source", T("measured".into())),
+                ("total_ms", R(f + 2.25)),
+                ("warm", I(i64::from(i % 2 == 0))),
+                ("streamed", I(i64::from(i % 3 == 0))),
+                ("client_disconnected", I(i64::from(i % 5 == 0))),
+            ];
+            assert_eq!(names[0], "id");
+            assert_eq!(row[0], I(k + 1), "row {i}: ids in order");
+            assert_eq!(
+                names[1..].iter().map(String::as_str).collect::<Vec<_>>(),
+                expected.iter().map(|(c, _)| *c).collect::<Vec<_>>(),
+                "the test names every column"
+            );
+            for ((column, want), got) in expected.iter().zip(&row[1..]) {
+                assert_eq!(got, want, "row {i}, column {column}");
+            }
+        }
     }
 
     #[test]

@@ -22,6 +22,7 @@
 //! | `switchyard_ledger_records_dropped_total` | counter | none |
 //! | `switchyard_shadow_comparisons_total` | counter | `model`, `candidate`, `verdict` |
 //! | `switchyard_shadow_skipped_total` | counter | `model`, `candidate` |
+//! | `switchyard_idle_connections_closed_total` | counter | none |
 //!
 //! Label values come from configuration (public model names, backend names), never from what a
 //! client sent: a request that was not routed (unknown model, malformed body) is counted with
@@ -77,6 +78,9 @@ pub struct Metrics {
     /// Hook for the run ledger: records it dropped (queue full, write failed). The ledger
     /// increments it; rendered as `switchyard_ledger_records_dropped_total`.
     pub ledger_dropped: AtomicU64,
+    /// Connections closed because the client sent nothing within `server.client_idle_timeout_ms`
+    /// of connecting; rendered as `switchyard_idle_connections_closed_total`.
+    idle_closed: AtomicU64,
     shadows: ArcSwap<HashMap<ShadowKey, Arc<ShadowSeries>>>,
 }
 
@@ -238,6 +242,11 @@ impl Metrics {
     }
 
     /// The text exposition of every family, series sorted by their labels.
+    /// Counts a connection closed because its client sent nothing within the idle timeout.
+    pub fn idle_connection_closed(&self) {
+        self.idle_closed.fetch_add(1, Ordering::Relaxed);
+    }
+
     pub fn render(&self) -> String {
         let mut series: Vec<(SeriesKey, Arc<Series>)> = self
             .series
@@ -380,6 +389,11 @@ impl Metrics {
                 "switchyard_ledger_records_dropped_total",
                 "Request records the run ledger dropped (queue full or write failed).",
                 &self.ledger_dropped,
+            ),
+            (
+                "switchyard_idle_connections_closed_total",
+                "Connections closed because the client sent nothing within the idle timeout of connecting.",
+                &self.idle_closed,
             ),
         ] {
             header(&mut out, name, help, "counter");
@@ -869,7 +883,7 @@ mod tests {
                 assert!(ok, "{name} after # TYPE {family} {kind}");
             }
         }
-        assert_eq!(declared.len(), 12);
+        assert_eq!(declared.len(), 13);
         assert!(text.contains("switchyard_ledger_records_written_total 3\n"));
     }
 }

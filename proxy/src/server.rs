@@ -101,18 +101,38 @@ pub async fn serve(app: App, listener: TcpListener, stop: CancellationToken, dra
     let tasks = TaskTracker::new();
     app.start_background(&tasks, stop.clone());
     let graceful = GracefulShutdown::new();
+    let idle = Duration::from_millis(app.state().config.server.client_idle_timeout_ms);
     let mut builder = auto::Builder::new(TokioExecutor::new());
     builder
         .http1()
         .timer(TokioTimer::new())
-        .header_read_timeout(Duration::from_secs(30));
+        .header_read_timeout(idle);
     while let Some((stream, peer)) = accept(&listener, &stop, "main listener").await {
         let _ = stream.set_nodelay(true);
         let service = TowerToHyperService::new(app.service());
-        let connection = builder.serve_connection_with_upgrades(TokioIo::new(stream), service);
-        let connection = graceful.watch(connection.into_owned());
+        let builder = builder.clone();
+        let watcher = graceful.watcher();
+        let stop = stop.clone();
+        let state = app.state().clone();
         tasks.spawn(async move {
-            if let Err(e) = connection.await {
+            // hyper's protocol detection (HTTP/1 or HTTP/2) waits for the first bytes with no
+            // timer, and the head's timeout starts only after it: a client that connects and
+            // says nothing would hold its socket for good. It gets `idle` to start.
+            // (`readable()` may report readiness with nothing to read; `peek` waits for a byte
+            // or the end of the stream, and leaves it for hyper.)
+            let mut first = [0u8; 1];
+            tokio::select! {
+                peeked = tokio::time::timeout(idle, stream.peek(&mut first)) => {
+                    if peeked.is_err() {
+                        state.recorder.metrics.idle_connection_closed();
+                        tracing::debug!(%peer, "connection closed: nothing received within the idle timeout");
+                        return;
+                    }
+                }
+                _ = stop.cancelled() => return,
+            }
+            let connection = builder.serve_connection_with_upgrades(TokioIo::new(stream), service);
+            if let Err(e) = watcher.watch(connection.into_owned()).await {
                 tracing::debug!(%peer, error = %e, "connection ended with an error");
             }
         });
@@ -208,7 +228,9 @@ async fn serve_metrics(app: App, listener: TcpListener, stop: CancellationToken)
     let mut builder = hyper::server::conn::http1::Builder::new();
     builder
         .timer(TokioTimer::new())
-        .header_read_timeout(Duration::from_secs(30));
+        .header_read_timeout(Duration::from_millis(
+            app.state().config.server.client_idle_timeout_ms,
+        ));
     while let Some((stream, peer)) = accept(&listener, &stop, "metrics listener").await {
         let state = app.state().clone();
         let service = hyper::service::service_fn(move |req: Request<Incoming>| {

@@ -246,3 +246,167 @@ async fn engine_breaking_mid_stream_is_reported_in_the_stream() {
     );
     s.still_serves().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_given_twice_is_refused() {
+    let s = setup(Fault::None, "").await;
+    // Engines differ on which of two values counts: Switchyard could route, fingerprint and
+    // stamp one model while the engine serves the other.
+    for (body, key) in [
+        (
+            r#"{"model": "smollm2", "model": "broken", "messages": []}"#,
+            "model",
+        ),
+        (
+            r#"{"model": "smollm2", "temperature": 0, "messages": [], "temperature": 1}"#,
+            "temperature",
+        ),
+        // The same key, escaped: equal once decoded, as the engine decodes it.
+        (
+            r#"{"model": "smollm2", "mod\u0065l": "broken", "messages": []}"#,
+            "model",
+        ),
+    ] {
+        let r = s.post("application/json", body.as_bytes()).await;
+        let v = assert_error(&r, 400, "invalid_request_error", "duplicate_key");
+        let message = v["error"]["message"].as_str().unwrap();
+        assert!(message.contains(&format!("`{key}`")), "{message}");
+        s.still_serves().await;
+    }
+    // Keys repeated inside nested objects are the engine's to judge (a message's own fields).
+    let nested = r#"{"model": "smollm2", "messages": [{"role": "user", "content": "hi"}], "metadata": {"a": 1, "b": 2}}"#;
+    let r = s.post("application/json", nested.as_bytes()).await;
+    assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_long_unknown_model_name_is_quoted_cut() {
+    let s = setup(Fault::None, "").await;
+    let long = "m".repeat(100_000);
+    let r = s.post("application/json", &chat(&long)).await;
+    let v = assert_error(&r, 404, "invalid_request_error", "model_not_found");
+    let message = v["error"]["message"].as_str().unwrap();
+    assert!(message.len() < 1_000, "{} bytes", message.len());
+    assert!(
+        message.contains(&format!("`{}… (100000 bytes in all)`", "m".repeat(200))),
+        "{message}"
+    );
+    assert!(message.contains("smollm2"), "{message}");
+    // Cut on a character boundary: a name of multi-byte characters is cut whole.
+    let wide = "é".repeat(1_000);
+    let r = s.post("application/json", &chat(&wide)).await;
+    let v = assert_error(&r, 404, "invalid_request_error", "model_not_found");
+    let message = v["error"]["message"].as_str().unwrap();
+    assert!(
+        message.contains(&format!("`{}… (2000 bytes in all)`", "é".repeat(200))),
+        "{message}"
+    );
+    s.still_serves().await;
+}
+
+/// Sends `bytes` on a new connection to the proxy and reads until the proxy closes it (at most
+/// five seconds); returns what was read and how long after sending the close came.
+async fn raw_exchange(base: &str, bytes: &[u8]) -> (String, Duration) {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let mut stream = tokio::net::TcpStream::connect(base.trim_start_matches("http://"))
+        .await
+        .unwrap();
+    stream.write_all(bytes).await.unwrap();
+    let sent = std::time::Instant::now();
+    let mut read = Vec::new();
+    tokio::time::timeout(Duration::from_secs(5), stream.read_to_end(&mut read))
+        .await
+        .unwrap_or_else(|_| {
+            panic!(
+                "the proxy closes the connection within 5 s (sent {} bytes); read so far: {:?}",
+                bytes.len(),
+                String::from_utf8_lossy(&read)
+            )
+        })
+        .unwrap();
+    (String::from_utf8_lossy(&read).into_owned(), sent.elapsed())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn silent_and_stalled_clients_are_cut_after_the_idle_timeout() {
+    let s = setup(Fault::None, "client_idle_timeout_ms = 300").await;
+    let idle = Duration::from_millis(300);
+    // Bounds: at least the timeout, at most it plus a margin for a busy machine.
+    let margin = Duration::from_secs(2);
+
+    // Connects and sends nothing: closed without a word.
+    let (read, after) = raw_exchange(&s.base, b"").await;
+    assert_eq!(read, "");
+    assert!(after >= idle && after < idle + margin, "{after:?}");
+
+    // Sends a head and part of its body, then nothing: 408, and the connection is closed.
+    let head = "POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: 100\r\n\r\n{\"model\": \"smollm2\"";
+    let (read, after) = raw_exchange(&s.base, head.as_bytes()).await;
+    assert!(read.starts_with("HTTP/1.1 408 "), "{read}");
+    assert!(read.contains(r#""code":"request_timeout""#), "{read}");
+    assert!(after >= idle && after < idle + margin, "{after:?}");
+
+    // Sends part of a head: hyper's own timeout, as before.
+    let (read, after) = raw_exchange(&s.base, b"POST /v1/chat/completions HTTP/1.1\r\nho").await;
+    assert!(
+        read.is_empty() || read.starts_with("HTTP/1.1 408"),
+        "{read}"
+    );
+    assert!(after >= idle && after < idle + margin, "{after:?}");
+
+    s.still_serves().await;
+    let metrics = s.client.get(&format!("{}/metrics", s.base)).await.unwrap();
+    let text = String::from_utf8_lossy(&metrics.body);
+    assert!(
+        text.contains("\nswitchyard_idle_connections_closed_total 1\n"),
+        "{text}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_waits_for_100_continue_is_told_413_before_it_sends() {
+    let s = setup(
+        Fault::None,
+        "max_body_bytes = 4096\nclient_idle_timeout_ms = 300",
+    )
+    .await;
+    let head = "POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: 10000000\r\nexpect: 100-continue\r\n\r\n";
+    let (read, _) = raw_exchange(&s.base, head.as_bytes()).await;
+    assert!(read.starts_with("HTTP/1.1 413 "), "{read}");
+    assert!(!read.contains("100 Continue"), "{read}");
+    assert!(read.contains(r#""code":"request_too_large""#), "{read}");
+    // Within the limit, the body is invited as usual.
+    let client = send_after_100_continue(&s.base).await;
+    assert!(client.starts_with("HTTP/1.1 100 Continue"), "{client}");
+    s.still_serves().await;
+}
+
+/// Sends a small body the way a client that waits for `100 Continue` does; returns what the
+/// proxy answered.
+async fn send_after_100_continue(base: &str) -> String {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let body = chat("smollm2");
+    let head = format!("POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: {}\r\nexpect: 100-continue\r\nconnection: close\r\n\r\n", body.len());
+    let mut stream = tokio::net::TcpStream::connect(base.trim_start_matches("http://"))
+        .await
+        .unwrap();
+    stream.write_all(head.as_bytes()).await.unwrap();
+    let mut first = [0u8; 25];
+    tokio::time::timeout(Duration::from_secs(5), stream.read_exact(&mut first))
+        .await
+        .expect("an interim answer within 5 s")
+        .unwrap();
+    stream.write_all(&body).await.unwrap();
+    let mut rest = Vec::new();
+    tokio::time::timeout(Duration::from_secs(5), stream.read_to_end(&mut rest))
+        .await
+        .expect("the answer within 5 s")
+        .unwrap();
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&first),
+        String::from_utf8_lossy(&rest)
+    );
+    assert!(text.contains("HTTP/1.1 200 OK"), "{text}");
+    text
+}

@@ -10,7 +10,7 @@ use std::process::Command;
 use std::time::Duration;
 
 use serde_json::{json, Value};
-use switchyard_tests::fake_engine::FakeEngine;
+use switchyard_tests::fake_engine::{Event, FakeEngine};
 use switchyard_tests::harness::{
     config_for, run_switchyard, start_switchyard, switchyard_comment, timing, wait_ready,
     TestClient,
@@ -357,4 +357,51 @@ async fn a_full_disk_loses_records_not_requests_and_says_so() {
     let report: Value = serde_json::from_str(&run_report(&db, "json")).unwrap();
     assert_eq!(report["records"]["dropped_write_failed"], lost);
     assert_eq!(report["records"]["rows"], written + 1);
+}
+
+/// A client that leaves while sending its body is recorded as a disconnect with no status, as
+/// one that leaves while the engine answers is; the engine is never asked.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_leaves_mid_body_is_recorded_as_a_disconnect() {
+    use tokio::io::AsyncWriteExt as _;
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("ledger.db");
+    let mut engine = FakeEngine::llama_cpp().spawn().await.unwrap();
+    let proxy = start_switchyard(&ledger_config(&engine.url(), &db))
+        .await
+        .unwrap();
+    wait_ready(&proxy, Duration::from_secs(5), |v| v["ready"] == true)
+        .await
+        .unwrap();
+    let mut stream = tokio::net::TcpStream::connect(proxy.addr()).await.unwrap();
+    stream
+        .write_all(b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\nx-request-id: left-mid-body\r\ncontent-length: 100\r\n\r\n{\"model\": \"smollm2\"")
+        .await
+        .unwrap();
+    drop(stream);
+    // Shutdown drains the connection (the server sees the close) and flushes the ledger.
+    proxy.shutdown().await;
+    let rows = rows(&db);
+    let row = rows
+        .iter()
+        .find(|r| r["request_id"] == "left-mid-body")
+        .expect("the request is on the record");
+    assert_eq!(row["client_disconnected"], 1, "{row}");
+    assert_eq!(row["status"], 0, "{row}");
+    assert_eq!(row["error_class"], "client", "{row}");
+    assert!(
+        row["error"].as_str().unwrap().contains("disconnected"),
+        "{row}"
+    );
+    // Everything has drained: a request the engine had seen would already be in its events.
+    assert!(
+        engine
+            .wait_for(Duration::from_millis(50), |e| match e {
+                Event::Request { .. } => Some(()),
+                _ => None,
+            })
+            .await
+            .is_none(),
+        "the engine was not asked"
+    );
 }

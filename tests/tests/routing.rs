@@ -416,3 +416,37 @@ async fn a_restarted_engine_is_reached_on_a_new_connection() {
     assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
     assert!(engine.connections() >= 1);
 }
+
+/// Headers the client's `Connection` header names belong to that connection only (RFC 9110,
+/// section 7.6.1): the engine never sees them, and the other headers pass through.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn headers_named_in_connection_are_not_forwarded() {
+    let (mut engine, _proxy, base) = fake_stack(FakeEngine::llama_cpp(), "").await.unwrap();
+    let body = json!({"model": "smollm2", "messages": [{"role": "user", "content": "hi"}]});
+    let r = TestClient::new()
+        .post_raw(
+            &format!("{base}/v1/chat/completions"),
+            "application/json",
+            body.to_string().into_bytes(),
+            &[
+                ("connection", "keep-alive, X-Private"),
+                ("x-private", "for this hop only"),
+                ("x-kept", "for the engine"),
+            ],
+        )
+        .await
+        .unwrap();
+    assert_eq!(r.status, 200);
+    let headers = engine
+        .wait_for(Duration::from_secs(5), |e| match e {
+            Event::Request { headers, .. } => Some(headers.clone()),
+            _ => None,
+        })
+        .await
+        .expect("the engine got the request");
+    assert!(headers.get("x-private").is_none(), "{headers:?}");
+    assert!(headers
+        .get("connection")
+        .is_none_or(|v| v != "keep-alive, X-Private"));
+    assert_eq!(headers.get("x-kept").unwrap(), "for the engine");
+}
