@@ -483,6 +483,22 @@ fn splice_model(body: &Bytes, range: Range<usize>, name: &str) -> Result<Bytes, 
 }
 
 fn is_json(headers: &HeaderMap) -> Result<(), ProxyError> {
+    // A compressed body would be read as JSON here and passed on still compressed, with its
+    // `Content-Encoding`, to an engine that does not decode request bodies.
+    if let Some(encoding) = headers
+        .get_all(header::CONTENT_ENCODING)
+        .iter()
+        .find(|v| !v.as_bytes().eq_ignore_ascii_case(b"identity"))
+    {
+        return Err(ProxyError::UnsupportedMediaType(format!(
+            "`{}` with Content-Encoding `{}` (send the body uncompressed)",
+            headers
+                .get(header::CONTENT_TYPE)
+                .and_then(|v| v.to_str().ok())
+                .unwrap_or(""),
+            String::from_utf8_lossy(encoding.as_bytes())
+        )));
+    }
     let Some(value) = headers.get(header::CONTENT_TYPE) else {
         return Err(ProxyError::UnsupportedMediaType(
             "no Content-Type".to_owned(),

@@ -154,6 +154,37 @@ async fn client_errors() {
     assert_error(&r, 415, "invalid_request_error", "unsupported_media_type");
     s.still_serves().await;
 
+    // A compressed body is refused, not parsed as JSON and passed on still compressed.
+    for encoding in ["gzip", "br"] {
+        let r = s
+            .client
+            .post_raw(
+                &s.url(),
+                "application/json",
+                chat("smollm2"),
+                &[("content-encoding", encoding)],
+            )
+            .await
+            .unwrap();
+        let v = assert_error(&r, 415, "invalid_request_error", "unsupported_media_type");
+        let message = v["error"]["message"].as_str().unwrap();
+        assert!(
+            message.contains(&format!("Content-Encoding `{encoding}`")),
+            "{message}"
+        );
+    }
+    let r = s
+        .client
+        .post_raw(
+            &s.url(),
+            "application/json",
+            chat("smollm2"),
+            &[("content-encoding", "identity")],
+        )
+        .await
+        .unwrap();
+    assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+
     let big =
         json!({"model": "smollm2", "messages": [{"role": "user", "content": "x".repeat(5000)}]});
     let r = s.post("application/json", big.to_string().as_bytes()).await;
