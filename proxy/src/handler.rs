@@ -719,6 +719,9 @@ pub(crate) async fn attempt(
     // Admission: wait for a slot. A client that leaves while waiting drops this future and with
     // it its place in the queue.
     let queued = Instant::now();
+    if let Some(record) = record_slot.as_mut() {
+        record.queued_since = Some(queued);
+    }
     let permit = match backend.admission() {
         Some(semaphore) => Some(
             semaphore

@@ -42,6 +42,9 @@ pub struct Recorder {
     /// written; taking the lock exclusively waits for exactly those (it is fair: once a writer
     /// waits, new records cannot take a permit and are written before their responses).
     deferred: Arc<RwLock<()>>,
+    /// Set when shutdown cuts the requests still running at the end of the drain: a record
+    /// written unfinished from then on was cut by the server, not left by its client.
+    cutting: std::sync::atomic::AtomicBool,
 }
 
 impl Recorder {
@@ -50,6 +53,12 @@ impl Recorder {
             ledger,
             ..Self::default()
         }
+    }
+
+    /// From now on, an unfinished record is written as cut at shutdown (error class
+    /// `shutdown`), not as a client disconnect.
+    pub fn cut_at_shutdown(&self) {
+        self.cutting.store(true, Ordering::Relaxed);
     }
 
     /// Returns once every record whose response has gone out is written: what is read after
@@ -188,6 +197,9 @@ pub struct RequestRecord {
     pub warm_override: Option<bool>,
     /// Told the outcome once the record is written (shadow comparisons).
     pub hook: Option<RecordHook>,
+    /// When the request began waiting for a backend slot; if it is dropped still waiting, the
+    /// wait so far is its `queue` phase.
+    pub queued_since: Option<Instant>,
     written: bool,
 }
 
@@ -225,6 +237,7 @@ impl RequestRecord {
             trace: None,
             warm_override: None,
             hook: None,
+            queued_since: None,
             written: false,
         }
     }
@@ -327,10 +340,21 @@ impl RequestRecord {
 impl Drop for RequestRecord {
     fn drop(&mut self) {
         if !self.written {
-            self.client_disconnected = true;
-            if self.error.is_none() {
-                self.error =
-                    Some("client disconnected before the response was complete".to_owned());
+            if let (None, Some(since)) = (self.phases.queue, self.queued_since) {
+                self.phases.queue = Some(between(since, Instant::now()));
+            }
+            if self.recorder.cutting.load(Ordering::Relaxed) {
+                self.error_class.get_or_insert("shutdown");
+                self.error.get_or_insert_with(|| {
+                    "cut at shutdown: the drain timeout ran out before the response was complete"
+                        .to_owned()
+                });
+            } else {
+                self.client_disconnected = true;
+                if self.error.is_none() {
+                    self.error =
+                        Some("client disconnected before the response was complete".to_owned());
+                }
             }
             self.write_once();
         }

@@ -102,6 +102,9 @@ pub async fn serve(app: App, listener: TcpListener, stop: CancellationToken, dra
     app.start_background(&tasks, stop.clone());
     let graceful = GracefulShutdown::new();
     let idle = Duration::from_millis(app.state().config.server.client_idle_timeout_ms);
+    // Cancelled when the drain times out: each connection still open is dropped with its
+    // requests, whose records are written then, before the ledger's last flush.
+    let cut = CancellationToken::new();
     let mut builder = auto::Builder::new(TokioExecutor::new());
     builder
         .http1()
@@ -113,6 +116,7 @@ pub async fn serve(app: App, listener: TcpListener, stop: CancellationToken, dra
         let builder = builder.clone();
         let watcher = graceful.watcher();
         let stop = stop.clone();
+        let cut = cut.clone();
         let state = app.state().clone();
         tasks.spawn(async move {
             // hyper's protocol detection (HTTP/1 or HTTP/2) waits for the first bytes with no
@@ -122,6 +126,7 @@ pub async fn serve(app: App, listener: TcpListener, stop: CancellationToken, dra
             // or the end of the stream, and leaves it for hyper.)
             let mut first = [0u8; 1];
             tokio::select! {
+                biased;
                 peeked = tokio::time::timeout(idle, stream.peek(&mut first)) => {
                     if peeked.is_err() {
                         state.recorder.metrics.idle_connection_closed();
@@ -132,16 +137,39 @@ pub async fn serve(app: App, listener: TcpListener, stop: CancellationToken, dra
                 _ = stop.cancelled() => return,
             }
             let connection = builder.serve_connection_with_upgrades(TokioIo::new(stream), service);
-            if let Err(e) = watcher.watch(connection.into_owned()).await {
-                tracing::debug!(%peer, error = %e, "connection ended with an error");
+            tokio::select! {
+                ended = watcher.watch(connection.into_owned()) => {
+                    if let Err(e) = ended {
+                        tracing::debug!(%peer, error = %e, "connection ended with an error");
+                    }
+                }
+                _ = cut.cancelled() => {}
             }
         });
     }
     drop(listener);
     tracing::info!("shutting down: draining in-flight requests");
-    tokio::select! {
-        _ = graceful.shutdown() => tracing::info!("all connections drained"),
-        _ = tokio::time::sleep(drain) => tracing::warn!(drain_ms = drain.as_millis() as u64, "drain timeout reached; cutting remaining connections"),
+    let drained = tokio::select! {
+        _ = graceful.shutdown() => true,
+        _ = tokio::time::sleep(drain) => false,
+    };
+    if drained {
+        tracing::info!("all connections drained");
+    } else {
+        tracing::warn!(
+            drain_ms = drain.as_millis() as u64,
+            "drain timeout reached; cutting remaining connections (their requests are recorded with error class `shutdown`)"
+        );
+        app.state().recorder.cut_at_shutdown();
+        cut.cancel();
+    }
+    // Connection tasks end at once now (drained, or cut); background loops watch `stop`.
+    tasks.close();
+    if tokio::time::timeout(Duration::from_secs(1), tasks.wait())
+        .await
+        .is_err()
+    {
+        tracing::warn!("tasks still running 1 s after the connections were cut");
     }
     // Records written after their responses may start shadows; shadows of drained requests are
     // recorded (or cancelled and recorded as skipped) before the ledger's last flush.
@@ -161,9 +189,6 @@ pub async fn serve(app: App, listener: TcpListener, stop: CancellationToken, dra
         })
         .await;
     }
-    tasks.close();
-    // Background loops watch `stop`; connection tasks were drained or are cut here.
-    let _ = tokio::time::timeout(Duration::from_secs(1), tasks.wait()).await;
 }
 
 /// Waits (on a blocking thread, up to 5 s) until the ledger has written every record queued so

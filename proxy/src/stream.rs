@@ -324,6 +324,13 @@ impl<B> Drop for ObservedStream<B> {
         // Write the record (as client-disconnected, if unfinished) and release the slot and the
         // in-flight mark before the engine's body is dropped and its connection closed: whoever
         // sees the close can rely on the record and the metrics.
+        if let (Some(record), Some(first)) = (self.record.as_mut(), self.first_token) {
+            // The first token reached the client before it left: that much was measured.
+            record
+                .phases
+                .ttft
+                .get_or_insert(between(record.received, first));
+        }
         drop(self.record.take());
         drop(self.holding.take());
     }

@@ -363,7 +363,7 @@ async fn a_full_disk_loses_records_not_requests_and_says_so() {
 /// one that leaves while the engine answers is; the engine is never asked.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_that_leaves_mid_body_is_recorded_as_a_disconnect() {
-    use tokio::io::AsyncWriteExt as _;
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
     let dir = tempfile::tempdir().unwrap();
     let db = dir.path().join("ledger.db");
     let mut engine = FakeEngine::llama_cpp().spawn().await.unwrap();
@@ -374,10 +374,18 @@ async fn a_client_that_leaves_mid_body_is_recorded_as_a_disconnect() {
         .await
         .unwrap();
     let mut stream = tokio::net::TcpStream::connect(proxy.addr()).await.unwrap();
+    // The client waits for `100 Continue`: the sign that the request is being read.
     stream
-        .write_all(b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\nx-request-id: left-mid-body\r\ncontent-length: 100\r\n\r\n{\"model\": \"smollm2\"")
+        .write_all(b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\nx-request-id: left-mid-body\r\ncontent-length: 100\r\nexpect: 100-continue\r\n\r\n")
         .await
         .unwrap();
+    let mut interim = [0u8; 25];
+    tokio::time::timeout(Duration::from_secs(5), stream.read_exact(&mut interim))
+        .await
+        .expect("100 Continue within 5 s")
+        .unwrap();
+    assert_eq!(&interim, b"HTTP/1.1 100 Continue\r\n\r\n");
+    stream.write_all(b"{\"model\": \"smollm2\"").await.unwrap();
     drop(stream);
     // Shutdown drains the connection (the server sees the close) and flushes the ledger.
     proxy.shutdown().await;
@@ -404,4 +412,68 @@ async fn a_client_that_leaves_mid_body_is_recorded_as_a_disconnect() {
             .is_none(),
         "the engine was not asked"
     );
+}
+
+/// A request still running when the drain timeout runs out is cut, and its record says so
+/// (error class `shutdown`, not a client disconnect) and reaches the ledger before its last flush.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_cut_at_shutdown_is_recorded_as_such() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("ledger.db");
+    let mut engine = FakeEngine::llama_cpp()
+        .prefill_ms(10_000)
+        .spawn()
+        .await
+        .unwrap();
+    let config = ledger_config(&engine.url(), &db)
+        .replace("[server]\n", "[server]\ndrain_timeout_ms = 300\n");
+    let proxy = start_switchyard(&config).await.unwrap();
+    wait_ready(&proxy, Duration::from_secs(5), |v| v["ready"] == true)
+        .await
+        .unwrap();
+    let url = format!("http://{}/v1/chat/completions", proxy.addr());
+    let body = json!({"model": "smollm2", "messages": [{"role": "user", "content": "hi"}]});
+    #[allow(clippy::disallowed_methods)] // the client side of the test
+    let client = tokio::spawn(async move {
+        TestClient::new()
+            .post_raw(
+                &url,
+                "application/json",
+                body.to_string().into_bytes(),
+                &[("x-request-id", "cut-at-shutdown")],
+            )
+            .await
+    });
+    engine
+        .wait_for(Duration::from_secs(5), |e| match e {
+            Event::Request { .. } => Some(()),
+            _ => None,
+        })
+        .await
+        .expect("the engine got the request");
+    let started = std::time::Instant::now();
+    proxy.shutdown().await;
+    let took = started.elapsed();
+    // The drain's 300 ms, then the cut at once (not the engine's 10 s).
+    assert!(
+        took >= Duration::from_millis(300) && took < Duration::from_secs(3),
+        "{took:?}"
+    );
+    assert!(
+        client.await.unwrap().is_err(),
+        "the client's connection was cut"
+    );
+    let rows = rows(&db);
+    let row = rows
+        .iter()
+        .find(|r| r["request_id"] == "cut-at-shutdown")
+        .expect("the cut request is on the record");
+    assert_eq!(row["error_class"], "shutdown", "{row}");
+    assert_eq!(row["client_disconnected"], 0, "{row}");
+    assert_eq!(row["status"], 0, "{row}");
+    assert!(
+        row["error"].as_str().unwrap().contains("cut at shutdown"),
+        "{row}"
+    );
+    assert!(row["queue_ms"].as_f64().is_some(), "{row}");
 }
