@@ -38,6 +38,16 @@ pub fn validate(config: &Config) -> Vec<Problem> {
     if server.max_body_bytes == 0 {
         problems.push(Problem::new("server.max_body_bytes", "must be at least 1"));
     }
+    if let Some(metrics) = server.metrics_listen {
+        if same_listener(metrics, server.listen) {
+            problems.push(Problem::new(
+                "server.metrics_listen",
+                format!(
+                    "{metrics} is server.listen's address; leave it out to serve /metrics on server.listen only"
+                ),
+            ));
+        }
+    }
     if server.workers == Some(0) {
         problems.push(Problem::new("server.workers", "must be at least 1"));
     }
@@ -109,6 +119,19 @@ pub fn validate(config: &Config) -> Vec<Problem> {
         }
         if let Err(why) = check_url(&backend.url) {
             problems.push(Problem::new(format!("{at}.url"), why));
+        } else if let Some(own) = [Some(server.listen), server.metrics_listen]
+            .into_iter()
+            .flatten()
+            .find(|own| url_reaches(&backend.url, *own))
+        {
+            // Every request forwarded there would come back in and be forwarded again.
+            problems.push(Problem::new(
+                format!("{at}.url"),
+                format!(
+                    "\"{}\" is Switchyard's own listener ({own}): requests would loop",
+                    backend.url
+                ),
+            ));
         }
         if backend.max_concurrency == Some(0) {
             problems.push(Problem::new(
@@ -219,6 +242,37 @@ fn is_valid_name(name: &str) -> bool {
 }
 
 /// Engines are reached over plain HTTP on a host and port; a path, query or TLS is not supported.
+/// Whether two listen addresses would take the same port (port 0 is a fresh one each time).
+fn same_listener(a: std::net::SocketAddr, b: std::net::SocketAddr) -> bool {
+    a.port() != 0
+        && a.port() == b.port()
+        && (a.ip() == b.ip() || a.ip().is_unspecified() || b.ip().is_unspecified())
+}
+
+/// Whether a backend URL (already checked by [`check_url`]) names Switchyard's own listener
+/// `own`: the same port on the same address, on `localhost` or a loopback address when `own` is
+/// loopback or unspecified. Other host names are not resolved here.
+fn url_reaches(url: &str, own: std::net::SocketAddr) -> bool {
+    let authority = url.trim_start_matches("http://").trim_end_matches('/');
+    let Some((host, port)) = authority.rsplit_once(':') else {
+        return false;
+    };
+    if own.port() == 0 || port.parse::<u16>() != Ok(own.port()) {
+        return false;
+    }
+    let host = host.trim_start_matches('[').trim_end_matches(']');
+    match host.parse::<std::net::IpAddr>() {
+        Ok(ip) => {
+            ip == own.ip()
+                || (own.ip().is_unspecified() && (ip.is_loopback() || ip.is_unspecified()))
+        }
+        Err(_) => {
+            host.eq_ignore_ascii_case("localhost")
+                && (own.ip().is_loopback() || own.ip().is_unspecified())
+        }
+    }
+}
+
 fn check_url(url: &str) -> Result<(), String> {
     let Some(rest) = url.strip_prefix("http://") else {
         return Err(format!(
@@ -299,6 +353,68 @@ mod tests {
         "#,
         );
         assert_eq!(validate(&config), vec![]);
+    }
+
+    #[test]
+    fn a_backend_at_switchyards_own_listener_is_refused() {
+        for (listen, metrics, url, expected) in [
+            (
+                "127.0.0.1:8080",
+                None,
+                "http://127.0.0.1:8080",
+                Some("backends.self.url"),
+            ),
+            (
+                "127.0.0.1:8080",
+                None,
+                "http://localhost:8080/",
+                Some("backends.self.url"),
+            ),
+            (
+                "0.0.0.0:8080",
+                None,
+                "http://127.0.0.1:8080",
+                Some("backends.self.url"),
+            ),
+            (
+                "[::1]:8080",
+                None,
+                "http://[::1]:8080",
+                Some("backends.self.url"),
+            ),
+            (
+                "127.0.0.1:8080",
+                Some("127.0.0.1:9464"),
+                "http://127.0.0.1:9464",
+                Some("backends.self.url"),
+            ),
+            ("127.0.0.1:8080", None, "http://127.0.0.1:8081", None),
+            ("127.0.0.1:8080", None, "http://10.0.0.2:8080", None),
+            ("127.0.0.1:0", None, "http://127.0.0.1:8080", None),
+            (
+                "127.0.0.1:8080",
+                Some("127.0.0.1:8080"),
+                "http://127.0.0.1:8081",
+                Some("server.metrics_listen"),
+            ),
+            (
+                "0.0.0.0:8080",
+                Some("127.0.0.1:8080"),
+                "http://127.0.0.1:8081",
+                Some("server.metrics_listen"),
+            ),
+        ] {
+            let metrics = metrics.map_or(String::new(), |m| format!("metrics_listen = \"{m}\"\n"));
+            let config = parse(&format!(
+                "[server]\nlisten = \"{listen}\"\n{metrics}[backends.self]\nengine = \"llama.cpp\"\nurl = \"{url}\"\n[models.m]\nprimary = \"self\"\n"
+            ));
+            let paths: Vec<String> = validate(&config).into_iter().map(|p| p.path).collect();
+            assert_eq!(
+                paths,
+                expected.into_iter().collect::<Vec<_>>(),
+                "{listen} {url}"
+            );
+        }
     }
 
     #[test]
