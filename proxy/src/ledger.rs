@@ -1072,7 +1072,7 @@ mod tests {
             r.sampling = Some(format!("sampling-{i}"));
             r.sampling_json = Some(format!("{{\"seed\":{i}}}"));
             r.status = 200 + i as u16;
-            r.error_class = Some("engine");
+            r.error_class = Some("upstream");
             r.error = Some(format!("error-{i}"));
             r.facts = Some(ResponseFacts {
                 output: Some(format!("output-{i}")),
@@ -1134,7 +1134,7 @@ mod tests {
                 ("sampling_json", T(format!("{{\"seed\":{i}}}"))),
                 ("output", T(format!("output-{i}"))),
                 ("status", I(200 + k)),
-                ("error_class", T("engine".into())),
+                ("error_class", T("upstream".into())),
                 ("error", T(format!("error-{i}"))),
                 ("prompt_tokens", I(k + 1)),
                 ("cached_tokens", I(k + 3)),

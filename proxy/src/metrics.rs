@@ -16,6 +16,7 @@
 //! | `switchyard_prefill_tokens_per_second` | histogram | `model`, `backend`, `variant`, `source` |
 //! | `switchyard_decode_tokens_per_second` | histogram | `model`, `backend`, `variant`, `source` |
 //! | `switchyard_requests_total` | counter | `model`, `backend`, `variant`, `status_class` |
+//! | `switchyard_request_errors_total` | counter | `model`, `backend`, `variant`, `error_class` |
 //! | `switchyard_client_disconnects_total` | counter | `backend` |
 //! | `switchyard_in_flight_requests` | gauge | `backend` |
 //! | `switchyard_ledger_records_written_total` | counter | none |
@@ -63,6 +64,10 @@ pub const RATE_BUCKETS: &[f64] = &[
 
 /// `status_class` values, indexed by [`status_class`].
 const STATUS_CLASSES: [&str; 6] = ["none", "1xx", "2xx", "3xx", "4xx", "5xx"];
+
+/// `error_class` values: who failed (the client, the engine, Switchyard, or a shutdown that cut
+/// the request).
+const ERROR_CLASSES: [&str; 4] = ["client", "upstream", "internal", "shutdown"];
 
 /// `source` values, indexed by [`source_index`].
 const SOURCES: [&str; 2] = ["engine", "measured"];
@@ -116,6 +121,9 @@ struct SeriesKey {
 #[derive(Debug)]
 struct Series {
     requests: [AtomicU64; STATUS_CLASSES.len()],
+    /// Requests that failed, by [`ERROR_CLASSES`]: a stream that breaks after its `200` head
+    /// counts here though its status class is `2xx`.
+    errors: [AtomicU64; ERROR_CLASSES.len()],
     duration: Histogram,
     ttft: Histogram,
     queue: Histogram,
@@ -127,6 +135,7 @@ impl Series {
     fn new() -> Self {
         Self {
             requests: Default::default(),
+            errors: Default::default(),
             duration: Histogram::new(LATENCY_BUCKETS),
             ttft: Histogram::new(LATENCY_BUCKETS),
             queue: Histogram::new(LATENCY_BUCKETS),
@@ -217,6 +226,14 @@ impl Metrics {
         };
         let series = get_or_insert(&self.series, &key, || key.clone(), Series::new);
         series.requests[status_class(r.status)].fetch_add(1, Ordering::Relaxed);
+        if let Some(class) = r.error_class {
+            match ERROR_CLASSES.iter().position(|c| *c == class) {
+                Some(i) => {
+                    series.errors[i].fetch_add(1, Ordering::Relaxed);
+                }
+                None => debug_assert!(false, "error class {class} has no metric label"),
+            }
+        }
         let p = &r.phases;
         for (histogram, ms) in [
             (&series.duration, p.total),
@@ -241,12 +258,12 @@ impl Metrics {
         }
     }
 
-    /// The text exposition of every family, series sorted by their labels.
     /// Counts a connection closed because its client sent nothing within the idle timeout.
     pub fn idle_connection_closed(&self) {
         self.idle_closed.fetch_add(1, Ordering::Relaxed);
     }
 
+    /// The text exposition of every family, series sorted by their labels.
     pub fn render(&self) -> String {
         let mut series: Vec<(SeriesKey, Arc<Series>)> = self
             .series
@@ -339,6 +356,28 @@ impl Metrics {
                         &mut out,
                         name,
                         &[m, b, v, ("status_class", STATUS_CLASSES[i].to_owned())],
+                        count as f64,
+                    );
+                }
+            }
+        }
+
+        let name = "switchyard_request_errors_total";
+        header(
+            &mut out,
+            name,
+            "Finished requests that failed, by who failed (client, upstream, internal, shutdown); a stream that breaks after its 200 head counts here too.",
+            "counter",
+        );
+        for (key, s) in &series {
+            for (i, count) in s.errors.iter().enumerate() {
+                let count = count.load(Ordering::Relaxed);
+                if count > 0 {
+                    let [m, b, v] = base(key);
+                    sample(
+                        &mut out,
+                        name,
+                        &[m, b, v, ("error_class", ERROR_CLASSES[i].to_owned())],
                         count as f64,
                     );
                 }
@@ -883,7 +922,7 @@ mod tests {
                 assert!(ok, "{name} after # TYPE {family} {kind}");
             }
         }
-        assert_eq!(declared.len(), 13);
+        assert_eq!(declared.len(), 14);
         assert!(text.contains("switchyard_ledger_records_written_total 3\n"));
     }
 }

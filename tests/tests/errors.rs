@@ -276,6 +276,17 @@ async fn engine_breaking_mid_stream_is_reported_in_the_stream() {
         "a broken stream must not look complete: {text}"
     );
     s.still_serves().await;
+    // Its status class is 2xx (the head went out as 200), and it counts as an engine failure.
+    let metrics = s.client.get(&format!("{}/metrics", s.base)).await.unwrap();
+    let text = String::from_utf8_lossy(&metrics.body);
+    assert!(
+        text.contains("switchyard_request_errors_total{model=\"broken\",backend=\"bad\",variant=\"primary\",error_class=\"upstream\"} 1\n"),
+        "{text}"
+    );
+    assert!(
+        !text.contains("switchyard_request_errors_total{model=\"smollm2\""),
+        "{text}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
