@@ -202,6 +202,12 @@ pub fn validate(config: &Config) -> Vec<Problem> {
                     &fb_at,
                     "the primary cannot be its own fallback",
                 ));
+            } else if model.fallback[..i].contains(fallback) {
+                // A second try of a backend that just failed costs its timeout again.
+                problems.push(Problem::new(
+                    &fb_at,
+                    format!("\"{fallback}\" is already an earlier fallback"),
+                ));
             }
         }
         if let Some(shadow) = &model.shadow {
@@ -462,7 +468,7 @@ mod tests {
             [models.b]
             aliases = ["shared", "a"]
             primary = "missing"
-            fallback = ["llama", "nope"]
+            fallback = ["llama", "nope", "llama"]
         "#,
         );
         let paths: Vec<String> = validate(&config).into_iter().map(|p| p.path).collect();
@@ -477,6 +483,7 @@ mod tests {
                 "models.b.aliases[1]",
                 "models.b.primary",
                 "models.b.fallback[1]",
+                "models.b.fallback[2]",
             ]
         );
     }

@@ -576,6 +576,8 @@ async fn forward_inner(
 
     let candidates = std::iter::once(&route.primary).chain(route.fallback.iter());
     let mut last_error = None;
+    // Every backend that failed before the one that answers, in order: `name; code=...`.
+    let mut failed: Vec<String> = Vec::new();
     for (attempt_no, name) in candidates.enumerate() {
         let backend = state.backend(name)?;
         let variant = if attempt_no == 0 {
@@ -597,11 +599,8 @@ async fn forward_inner(
             Ok(response) => return Ok(response),
             Err(error) if Upstream::is_retryable(&error) && attempt_no < route.fallback.len() => {
                 tracing::warn!(backend = %backend.name, error = %error, "backend unreachable; trying the next configured fallback");
-                stamp.fallback_from = Some(header_value(&format!(
-                    "{}; code={}",
-                    backend.name,
-                    error.code()
-                )));
+                failed.push(format!("{}; code={}", backend.name, error.code()));
+                stamp.fallback_from = Some(header_value(&failed.join(", ")));
                 last_error = Some(error);
             }
             Err(error) => return Err(error),

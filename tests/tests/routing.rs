@@ -285,6 +285,11 @@ async fn a_configured_fallback_is_used_visibly() {
         .spawn()
         .await
         .unwrap();
+    let also_dead = FakeEngine::llama_cpp()
+        .fault(switchyard_tests::fake_engine::Fault::Refuse)
+        .spawn()
+        .await
+        .unwrap();
     let alive = FakeEngine::llama_cpp().spawn().await.unwrap();
     let toml = format!(
         r#"
@@ -293,14 +298,18 @@ listen = "127.0.0.1:0"
 [backends.dead]
 engine = "llama.cpp"
 url = "{}"
+[backends.also_dead]
+engine = "llama.cpp"
+url = "{}"
 [backends.alive]
 engine = "llama.cpp"
 url = "{}"
 [models.smollm2]
 primary = "dead"
-fallback = ["alive"]
+fallback = ["also_dead", "alive"]
 "#,
         dead.url(),
+        also_dead.url(),
         alive.url()
     );
     let proxy = start_switchyard(&toml).await.unwrap();
@@ -315,9 +324,10 @@ fallback = ["alive"]
     assert_eq!(r.status, 200);
     assert_eq!(r.header("x-switchyard-backend"), "alive");
     assert_eq!(r.header("x-switchyard-variant"), "fallback");
+    // Every backend that failed, in order: the primary is not hidden behind the last one.
     assert_eq!(
         r.header("x-switchyard-fallback-from"),
-        "dead; code=upstream_unreachable"
+        "dead; code=upstream_unreachable, also_dead; code=upstream_unreachable"
     );
 }
 
