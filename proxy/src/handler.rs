@@ -22,7 +22,7 @@ use serde_json::{Map, Value};
 use switchyard_adapters::fingerprint::{
     fingerprint_request, is_fingerprinted, WorkloadFingerprint,
 };
-use switchyard_adapters::inspect_response;
+use switchyard_adapters::{inspect_response, Health};
 
 use crate::app::{AppState, Received};
 use crate::backend::{header_value, Backend, IdentityHeaders, Verification};
@@ -580,6 +580,17 @@ async fn forward_inner(
     let mut failed: Vec<String> = Vec::new();
     for (attempt_no, name) in candidates.enumerate() {
         let backend = state.backend(name)?;
+        let another_remains = attempt_no < route.fallback.len();
+        if another_remains {
+            if let Health::Down(why) = backend.state().health() {
+                // Its probes already say it is down: asking it would cost this request a
+                // refused connection, or the whole connect timeout, for the same answer.
+                tracing::warn!(backend = %backend.name, reason = %why, "backend down per its probes; trying the next configured fallback");
+                failed.push(format!("{}; code=backend_down", backend.name));
+                stamp.fallback_from = Some(header_value(&failed.join(", ")));
+                continue;
+            }
+        }
         let variant = if attempt_no == 0 {
             "primary"
         } else {
@@ -597,7 +608,7 @@ async fn forward_inner(
         .await
         {
             Ok(response) => return Ok(response),
-            Err(error) if Upstream::is_retryable(&error) && attempt_no < route.fallback.len() => {
+            Err(error) if Upstream::is_retryable(&error) && another_remains => {
                 tracing::warn!(backend = %backend.name, error = %error, "backend unreachable; trying the next configured fallback");
                 failed.push(format!("{}; code={}", backend.name, error.code()));
                 stamp.fallback_from = Some(header_value(&failed.join(", ")));

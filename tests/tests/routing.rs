@@ -278,15 +278,18 @@ async fn a_different_artifact_is_unverified_and_refused_when_required() {
     );
 }
 
+/// Backends the probes report down are passed over, visibly, while a fallback remains: the
+/// request pays neither a refused connection nor a connect timeout for an answer known already.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_configured_fallback_is_used_visibly() {
-    let dead = FakeEngine::llama_cpp()
-        .fault(switchyard_tests::fake_engine::Fault::Refuse)
+    use switchyard_tests::fake_engine::Fault;
+    let refusing = FakeEngine::llama_cpp()
+        .fault(Fault::Refuse)
         .spawn()
         .await
         .unwrap();
-    let also_dead = FakeEngine::llama_cpp()
-        .fault(switchyard_tests::fake_engine::Fault::Refuse)
+    let silent = FakeEngine::llama_cpp()
+        .fault(Fault::NoAccept)
         .spawn()
         .await
         .unwrap();
@@ -295,6 +298,7 @@ async fn a_configured_fallback_is_used_visibly() {
         r#"
 [server]
 listen = "127.0.0.1:0"
+connect_timeout_ms = 1000
 [backends.dead]
 engine = "llama.cpp"
 url = "{}"
@@ -308,12 +312,72 @@ url = "{}"
 primary = "dead"
 fallback = ["also_dead", "alive"]
 "#,
-        dead.url(),
-        also_dead.url(),
+        refusing.url(),
+        silent.url(),
         alive.url()
     );
     let proxy = start_switchyard(&toml).await.unwrap();
     let base = format!("http://{}", proxy.addr());
+    wait_ready(&proxy, Duration::from_secs(10), |v| {
+        v["backends"]["dead"]["state"] == "down"
+            && v["backends"]["also_dead"]["state"] == "down"
+            && v["backends"]["alive"]["state"] == "ready"
+    })
+    .await
+    .unwrap();
+    let sent = std::time::Instant::now();
+    let r = TestClient::new()
+        .post_json(
+            &format!("{base}/v1/chat/completions"),
+            &json!({"model": "smollm2", "messages": []}),
+        )
+        .await
+        .unwrap();
+    let took = sent.elapsed();
+    assert_eq!(r.status, 200);
+    assert_eq!(r.header("x-switchyard-backend"), "alive");
+    assert_eq!(r.header("x-switchyard-variant"), "fallback");
+    // Every backend passed over, in order: the primary is not hidden behind the last one.
+    assert_eq!(
+        r.header("x-switchyard-fallback-from"),
+        "dead; code=backend_down, also_dead; code=backend_down"
+    );
+    // `also_dead` accepts no connection: asked, it would have cost the 1 s connect timeout.
+    assert!(took < Duration::from_millis(800), "{took:?}");
+}
+
+/// A primary that fails before its probes notice is tried, and the fallback answers, visibly.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fallback_answers_when_the_primary_fails_before_its_probes_notice() {
+    let primary = FakeEngine::llama_cpp().spawn().await.unwrap();
+    let alive = FakeEngine::llama_cpp().spawn().await.unwrap();
+    let toml = format!(
+        r#"
+[server]
+listen = "127.0.0.1:0"
+probe_interval_ms = 600000
+[backends.primary]
+engine = "llama.cpp"
+url = "{}"
+[backends.alive]
+engine = "llama.cpp"
+url = "{}"
+[models.smollm2]
+primary = "primary"
+fallback = ["alive"]
+"#,
+        primary.url(),
+        alive.url()
+    );
+    let proxy = start_switchyard(&toml).await.unwrap();
+    let base = format!("http://{}", proxy.addr());
+    wait_ready(&proxy, Duration::from_secs(5), |v| {
+        v["backends"]["primary"]["state"] == "ready" && v["backends"]["alive"]["state"] == "ready"
+    })
+    .await
+    .unwrap();
+    // Gone after its only probe: the next one is ten minutes away.
+    primary.stop().await;
     let r = TestClient::new()
         .post_json(
             &format!("{base}/v1/chat/completions"),
@@ -324,10 +388,9 @@ fallback = ["also_dead", "alive"]
     assert_eq!(r.status, 200);
     assert_eq!(r.header("x-switchyard-backend"), "alive");
     assert_eq!(r.header("x-switchyard-variant"), "fallback");
-    // Every backend that failed, in order: the primary is not hidden behind the last one.
     assert_eq!(
         r.header("x-switchyard-fallback-from"),
-        "dead; code=upstream_unreachable, also_dead; code=upstream_unreachable"
+        "primary; code=upstream_unreachable"
     );
 }
 
