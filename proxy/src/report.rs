@@ -68,6 +68,21 @@ fn stats(values: &mut [f64]) -> Value {
 }
 
 /// Parses `90s`, `30m`, `24h`, `7d`.
+/// The longest `--since` window: 1,000 years.
+const MAX_WINDOW_SECS: u64 = 1_000 * 365 * 86_400;
+
+/// Now, in Unix milliseconds.
+fn now_ms() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as i64)
+}
+
+/// The first millisecond (Unix time) of a window reaching back `since` from now.
+fn window_start(since: Duration) -> i64 {
+    now_ms().saturating_sub(i64::try_from(since.as_millis()).unwrap_or(i64::MAX))
+}
+
 pub fn parse_window(text: &str) -> Result<Duration, String> {
     let (number, unit) = text.split_at(
         text.find(|c: char| !c.is_ascii_digit())
@@ -75,15 +90,27 @@ pub fn parse_window(text: &str) -> Result<Duration, String> {
     );
     let n: u64 = number
         .parse()
-        .map_err(|_| format!("`{text}`: expected a number and a unit (s, m, h, d)"))?;
-    let secs = match unit {
-        "s" => n,
-        "m" => n * 60,
-        "h" => n * 3600,
-        "d" => n * 86_400,
-        _ => return Err(format!("`{text}`: the unit must be s, m, h or d")),
+        .map_err(|_| format!("`{text}`: expected a whole number and a unit (s, m, h, d)"))?;
+    let unit_secs = match unit {
+        "s" => 1,
+        "m" => 60,
+        "h" => 3600,
+        "d" => 86_400,
+        _ => {
+            return Err(format!(
+                "`{text}`: expected a whole number and a unit (s, m, h, d)"
+            ))
+        }
     };
-    Ok(Duration::from_secs(secs))
+    // A window reaching back past 1970 is the whole ledger; one that overflowed would wrap into
+    // a short window, silently.
+    match n.checked_mul(unit_secs) {
+        Some(secs) if secs <= MAX_WINDOW_SECS => Ok(Duration::from_secs(secs)),
+        _ => Err(format!(
+            "`{text}`: longer than any ledger (at most {} days)",
+            MAX_WINDOW_SECS / 86_400
+        )),
+    }
 }
 
 /// The report as JSON (the other formats are rendered from it).
@@ -93,10 +120,7 @@ pub fn read_comparisons(
     since: Option<Duration>,
 ) -> Result<Vec<switchyard_policy::compare::Pair>, LedgerError> {
     let conn = open_read_only(path)?;
-    let now_ms = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as i64);
-    let from_ms = since.map(|d| now_ms - d.as_millis() as i64);
+    let from_ms = since.map(window_start);
     crate::ledger::read_comparisons(&conn, from_ms).map_err(|source| LedgerError::Sqlite {
         path: path.display().to_string(),
         source,
@@ -109,10 +133,8 @@ pub fn build(path: &Path, since: Option<Duration>) -> Result<Value, LedgerError>
         path: path.display().to_string(),
         source,
     };
-    let now_ms = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as i64);
-    let from_ms = since.map_or(0, |d| now_ms - d.as_millis() as i64);
+    let now_ms = now_ms();
+    let from_ms = since.map_or(0, window_start);
     let groups = read_groups(&conn, from_ms).map_err(sqlite)?;
     let health = read_health(&conn).map_err(sqlite)?;
     let rows: Vec<Value> = groups
@@ -358,5 +380,15 @@ mod tests {
         assert_eq!(parse_window("2h").unwrap(), Duration::from_secs(7200));
         assert!(parse_window("2w").is_err());
         assert!(parse_window("h").is_err());
+        assert!(parse_window("1.5h").is_err());
+        assert_eq!(
+            parse_window("365000d").unwrap(),
+            Duration::from_secs(MAX_WINDOW_SECS)
+        );
+        // Overflowing counts are refused, not wrapped into a short window.
+        for huge in ["365001d", "106751991167301d", "18446744073709551615s"] {
+            assert!(parse_window(huge).is_err(), "{huge}");
+        }
+        assert!(window_start(Duration::from_secs(MAX_WINDOW_SECS)) < 0);
     }
 }
