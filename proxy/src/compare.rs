@@ -61,10 +61,18 @@ pub fn read_suite(path: &Path) -> Result<Vec<SuiteRequest>, String> {
                     problems.push(format!("line {line_no}: needs `messages` or `prompt`"));
                     continue;
                 };
+                let body = Bytes::from(line.trim().to_owned());
+                let streamed = object.get("stream") == Some(&Value::Bool(true));
+                // Read as the proxy reads a request (a key given twice is refused, as it would be
+                // from a client), before anything is sent: not half-way through the run.
+                if let Err(e) = Outgoing::from_json(path, body.clone(), streamed) {
+                    problems.push(format!("line {line_no}: {e}"));
+                    continue;
+                }
                 requests.push(SuiteRequest {
                     line: line_no,
-                    body: Bytes::from(line.trim().to_owned()),
-                    streamed: object.get("stream") == Some(&Value::Bool(true)),
+                    body,
+                    streamed,
                     path,
                 });
             }
@@ -103,6 +111,13 @@ pub async fn run_suite(
             let warm = Some(run > 0);
             let mut sides = Vec::with_capacity(2);
             for backend in [&primary, &candidate] {
+                if sides
+                    .first()
+                    .is_some_and(|p: &switchyard_policy::compare::Side| p.failure().is_some())
+                {
+                    // Nothing to compare against: the pair is judged `primary failed`.
+                    break;
+                }
                 let side = run_on(
                     state,
                     backend.clone(),
@@ -116,7 +131,7 @@ pub async fn run_suite(
                 .await;
                 sides.push(side);
             }
-            let candidate_side = sides.pop();
+            let candidate_side = if sides.len() == 2 { sides.pop() } else { None };
             let Some(primary_side) = sides.pop() else {
                 return Err("internal: a run lost its primary side".to_owned());
             };
@@ -492,4 +507,49 @@ fn render_markdown(c: &Comparison) -> String {
         line(&mut out, &g.key, workload, &g.counts, &g.detail, &g.ratios);
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A suite line is read as the proxy reads a request, and every bad line is reported before
+    /// anything is sent.
+    #[test]
+    fn suite_lines_are_read_as_requests_are() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("suite.jsonl");
+        std::fs::write(
+            &path,
+            concat!(
+                "{\"model\": \"m\", \"prompt\": \"a\"}\n",
+                "{\"model\": \"m\", \"model\": \"n\", \"prompt\": \"b\"}\n",
+                "\n",
+                "{\"model\": \"m\", \"messages\": [], \"temperature\": 0, \"temperature\": 1}\n",
+                "{\"model\": \"m\", \"messages\": []}\n",
+            ),
+        )
+        .unwrap();
+        let problems = read_suite(&path).unwrap_err();
+        assert!(
+            problems.contains("line 2: Request body has the key `model` more than once"),
+            "{problems}"
+        );
+        assert!(
+            problems.contains("line 4: Request body has the key `temperature` more than once"),
+            "{problems}"
+        );
+        assert!(!problems.contains("line 1:"), "{problems}");
+        assert!(!problems.contains("line 5:"), "{problems}");
+        std::fs::write(
+            &path,
+            "{\"model\": \"m\", \"prompt\": \"a\"}\n\n{\"model\": \"m\", \"messages\": []}\n",
+        )
+        .unwrap();
+        let suite = read_suite(&path).unwrap();
+        assert_eq!(
+            suite.iter().map(|r| (r.line, r.path)).collect::<Vec<_>>(),
+            [(1, "/v1/completions"), (3, "/v1/chat/completions")]
+        );
+    }
 }

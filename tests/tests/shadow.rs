@@ -572,3 +572,80 @@ async fn compare_runs_the_suite_on_both_backends_and_writes_three_formats() {
         lines * 2
     );
 }
+
+/// A primary that fails leaves nothing to compare against: `compare` records the pair as
+/// `primary failed` and does not send the request to the candidate.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn compare_does_not_run_the_candidate_when_the_primary_fails() {
+    let s = stack(
+        FakeEngine::llama_cpp().fault(Fault::Error500),
+        FakeEngine::llama_cpp(),
+        r#"{ backend = "cand", sample = 0.0 }"#,
+    )
+    .await;
+    let config = s.ledger.with_file_name("switchyard.toml");
+    std::fs::write(
+        &config,
+        shadow_config(
+            &s.main.url(),
+            &s.cand.url(),
+            &s.model,
+            r#"{ backend = "cand", sample = 0.0 }"#,
+            &s.ledger.with_file_name("compare.db"),
+        ),
+    )
+    .unwrap();
+    let suite = s.ledger.with_file_name("suite.jsonl");
+    std::fs::write(
+        &suite,
+        "{\"model\": \"smollm2\", \"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], \"temperature\": 0}\n",
+    )
+    .unwrap();
+    let out = tokio::task::spawn_blocking({
+        let args = [
+            OsString::from("compare"),
+            "--config".into(),
+            config.into(),
+            "--suite".into(),
+            suite.into(),
+            "--primary".into(),
+            "main".into(),
+            "--candidate".into(),
+            "cand".into(),
+            "--repeat".into(),
+            "3".into(),
+            "--format".into(),
+            "json".into(),
+        ];
+        move || run_switchyard(args)
+    })
+    .await
+    .unwrap()
+    .unwrap();
+    let report: Value = serde_json::from_str(&out).unwrap();
+    let groups = report["groups"].as_array().unwrap();
+    assert_eq!(groups.len(), 1, "{report:#}");
+    assert_eq!(groups[0]["counts"]["incomparable"], 3, "{report:#}");
+    assert!(
+        groups[0]["detail"]
+            .as_str()
+            .unwrap()
+            .contains("primary failed"),
+        "{report:#}"
+    );
+    let conn = rusqlite::Connection::open(s.ledger.with_file_name("compare.db")).unwrap();
+    let count = |sql: &str| -> i64 { conn.query_row(sql, [], |r| r.get(0)).unwrap() };
+    // 1 cold + 3 warm runs, each on the primary only.
+    assert_eq!(
+        count("SELECT count(*) FROM requests WHERE variant = 'compare' AND backend = 'main'"),
+        4
+    );
+    assert_eq!(
+        count("SELECT count(*) FROM requests WHERE backend = 'cand'"),
+        0
+    );
+    assert_eq!(
+        count("SELECT count(*) FROM comparisons WHERE candidate_ran = 1"),
+        0
+    );
+}
