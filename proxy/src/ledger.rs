@@ -328,6 +328,15 @@ fn insert_comparison_sql() -> String {
 
 /// Comparisons recorded since `since_ms` (all when None), oldest first.
 pub fn read_comparisons(conn: &Connection, since_ms: Option<i64>) -> rusqlite::Result<Vec<Pair>> {
+    // A ledger from before comparisons existed (migration 2) has none.
+    let has_table: bool = conn.query_row(
+        "SELECT count(*) > 0 FROM sqlite_master WHERE type = 'table' AND name = 'comparisons'",
+        [],
+        |row| row.get(0),
+    )?;
+    if !has_table {
+        return Ok(Vec::new());
+    }
     // A ledger written before migration 4 (read, not migrated, by `switchyard report`) has one
     // row per comparison and no `count`.
     let counted = conn
@@ -578,6 +587,21 @@ pub fn open(path: &Path) -> Result<Connection, LedgerError> {
 
 /// Opens a ledger for reading only (`switchyard report`), without migrating or creating it.
 pub fn open_read_only(path: &Path) -> Result<Connection, LedgerError> {
+    if !path.is_file() {
+        // SQLite would say only "unable to open database file" (or "disk I/O error" for a
+        // directory).
+        return Err(LedgerError::Io {
+            path: path.display().to_string(),
+            source: std::io::Error::new(
+                std::io::ErrorKind::NotFound,
+                if path.exists() {
+                    "not a file"
+                } else {
+                    "no such file (Switchyard creates the ledger when it serves with `ledger.path` set)"
+                },
+            ),
+        });
+    }
     let conn = Connection::open_with_flags(
         path,
         rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY | rusqlite::OpenFlags::SQLITE_OPEN_NO_MUTEX,
@@ -1253,6 +1277,23 @@ mod tests {
             .query_row("SELECT min(ts_ms) FROM comparisons", [], |r| r.get(0))
             .unwrap();
         assert_eq!(ts, 10);
+    }
+
+    /// A ledger from before comparisons existed has none; a path with no ledger says so.
+    #[test]
+    fn old_and_missing_ledgers_read_plainly() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("ledger.db");
+        let conn = Connection::open(&path).unwrap();
+        conn.execute_batch(MIGRATIONS[0]).unwrap();
+        drop(conn);
+        let conn = open_read_only(&path).unwrap();
+        assert!(read_comparisons(&conn, None).unwrap().is_empty());
+
+        let missing = open_read_only(&dir.path().join("nothing.db")).unwrap_err();
+        assert!(missing.to_string().contains("no such file"), "{missing}");
+        let directory = open_read_only(dir.path()).unwrap_err();
+        assert!(directory.to_string().contains("not a file"), "{directory}");
     }
 
     #[test]

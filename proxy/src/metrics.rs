@@ -779,6 +779,7 @@ mod tests {
         let mut ok = record(&recorder);
         ok.model = Some(Arc::from("smollm2"));
         ok.backend = Some(Arc::from("llama"));
+        ok.variant = "primary";
         ok.status = 200;
         ok.phases = Phases {
             queue: Some(0.5),
@@ -804,6 +805,7 @@ mod tests {
         let mut left = record(&recorder);
         left.model = Some(Arc::from("smollm2"));
         left.backend = Some(Arc::from("llama"));
+        left.variant = "primary";
         drop(left);
 
         let text = recorder.metrics.render();

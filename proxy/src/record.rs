@@ -219,7 +219,8 @@ impl RequestRecord {
             received,
             model: None,
             backend: None,
-            variant: "primary",
+            // Set when the request is routed to a backend; empty for one that never was.
+            variant: "",
             workload: None,
             sampling: None,
             sampling_json: None,
