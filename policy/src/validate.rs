@@ -247,7 +247,6 @@ fn is_valid_name(name: &str) -> bool {
             .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
 }
 
-/// Engines are reached over plain HTTP on a host and port; a path, query or TLS is not supported.
 /// Whether two listen addresses would take the same port (port 0 is a fresh one each time).
 fn same_listener(a: std::net::SocketAddr, b: std::net::SocketAddr) -> bool {
     a.port() != 0
@@ -279,6 +278,7 @@ fn url_reaches(url: &str, own: std::net::SocketAddr) -> bool {
     }
 }
 
+/// Engines are reached over plain HTTP on a host and port; a path, query or TLS is not supported.
 fn check_url(url: &str) -> Result<(), String> {
     let Some(rest) = url.strip_prefix("http://") else {
         return Err(format!(

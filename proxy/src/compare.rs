@@ -15,7 +15,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use serde_json::{json, Value};
 use switchyard_policy::compare::{
-    judge, Comparison, Group, GroupKey, Pair, Ratio, Ratios, Summary,
+    judge, Comparison, Group, GroupKey, Pair, Ratio, Ratios, Side, Summary,
 };
 
 use crate::app::AppState;
@@ -111,10 +111,7 @@ pub async fn run_suite(
             let warm = Some(run > 0);
             let mut sides = Vec::with_capacity(2);
             for backend in [&primary, &candidate] {
-                if sides
-                    .first()
-                    .is_some_and(|p: &switchyard_policy::compare::Side| p.failure().is_some())
-                {
+                if sides.first().is_some_and(|p: &Side| p.failure().is_some()) {
                     // Nothing to compare against: the pair is judged `primary failed`.
                     break;
                 }

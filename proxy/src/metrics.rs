@@ -231,7 +231,13 @@ impl Metrics {
                 Some(i) => {
                     series.errors[i].fetch_add(1, Ordering::Relaxed);
                 }
-                None => debug_assert!(false, "error class {class} has no metric label"),
+                None => {
+                    debug_assert!(false, "error class {class} has no metric label");
+                    tracing::warn!(
+                        error_class = class,
+                        "an error class without a metric label: not counted in switchyard_request_errors_total"
+                    );
+                }
             }
         }
         let p = &r.phases;
