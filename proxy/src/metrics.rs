@@ -145,6 +145,9 @@ impl Series {
     }
 }
 
+/// Chooses one of a series' counter arrays when rendering a family.
+type PickCounts = fn(&Series) -> &[AtomicU64];
+
 /// Chooses one of a series' histograms when rendering a family.
 type PickOne = fn(&Series) -> &Histogram;
 /// Chooses one of a series' per-`source` histogram pairs.
@@ -346,46 +349,38 @@ impl Metrics {
             }
         }
 
-        let name = "switchyard_requests_total";
-        header(
-            &mut out,
-            name,
-            "Finished requests, by HTTP status class; status_class=\"none\" when the client left before a status was sent.",
-            "counter",
-        );
-        for (key, s) in &series {
-            for (i, count) in s.requests.iter().enumerate() {
-                let count = count.load(Ordering::Relaxed);
-                if count > 0 {
-                    let [m, b, v] = base(key);
-                    sample(
-                        &mut out,
-                        name,
-                        &[m, b, v, ("status_class", STATUS_CLASSES[i].to_owned())],
-                        count as f64,
-                    );
-                }
-            }
-        }
-
-        let name = "switchyard_request_errors_total";
-        header(
-            &mut out,
-            name,
-            "Finished requests that failed, by who failed (client, upstream, internal, shutdown); a stream that breaks after its 200 head counts here too.",
-            "counter",
-        );
-        for (key, s) in &series {
-            for (i, count) in s.errors.iter().enumerate() {
-                let count = count.load(Ordering::Relaxed);
-                if count > 0 {
-                    let [m, b, v] = base(key);
-                    sample(
-                        &mut out,
-                        name,
-                        &[m, b, v, ("error_class", ERROR_CLASSES[i].to_owned())],
-                        count as f64,
-                    );
+        // Counters of finished requests by one more label: (family, help, label, its values,
+        // the series' counts in the values' order). Only counts above zero are written.
+        let by_class: [(&str, &str, &str, &[&str], PickCounts); 2] = [
+            (
+                "switchyard_requests_total",
+                "Finished requests, by HTTP status class; status_class=\"none\" when the client left before a status was sent.",
+                "status_class",
+                &STATUS_CLASSES,
+                |s| &s.requests,
+            ),
+            (
+                "switchyard_request_errors_total",
+                "Finished requests that failed, by who failed (client, upstream, internal, shutdown); a stream that breaks after its 200 head counts here too.",
+                "error_class",
+                &ERROR_CLASSES,
+                |s| &s.errors,
+            ),
+        ];
+        for (name, help, label, values, pick) in by_class {
+            header(&mut out, name, help, "counter");
+            for (key, s) in &series {
+                for (value, count) in values.iter().zip(pick(s)) {
+                    let count = count.load(Ordering::Relaxed);
+                    if count > 0 {
+                        let [m, b, v] = base(key);
+                        sample(
+                            &mut out,
+                            name,
+                            &[m, b, v, (label, (*value).to_owned())],
+                            count as f64,
+                        );
+                    }
                 }
             }
         }
