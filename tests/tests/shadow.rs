@@ -102,6 +102,53 @@ async fn stack(main: FakeEngine, cand: FakeEngine, shadow: &str) -> Stack {
 }
 
 impl Stack {
+    /// Runs `switchyard compare` (main against cand, `--repeat 3`, JSON) on `suite` with a
+    /// configuration of its own whose ledger is [`Stack::compare_db`], plus `extra` arguments;
+    /// returns the printed report.
+    async fn compare(&self, suite: &Path, extra: &[&OsStr]) -> Value {
+        let config = self.ledger.with_file_name("switchyard.toml");
+        std::fs::write(
+            &config,
+            shadow_config(
+                &self.main.url(),
+                &self.cand.url(),
+                &self.model,
+                r#"{ backend = "cand", sample = 0.0 }"#,
+                &self.compare_db(),
+            ),
+        )
+        .unwrap();
+        let mut args: Vec<OsString> = [
+            OsStr::new("compare"),
+            OsStr::new("--config"),
+            config.as_os_str(),
+            OsStr::new("--suite"),
+            suite.as_os_str(),
+            OsStr::new("--primary"),
+            OsStr::new("main"),
+            OsStr::new("--candidate"),
+            OsStr::new("cand"),
+            OsStr::new("--repeat"),
+            OsStr::new("3"),
+            OsStr::new("--format"),
+            OsStr::new("json"),
+        ]
+        .into_iter()
+        .map(OsStr::to_owned)
+        .collect();
+        args.extend(extra.iter().map(|a| a.to_os_string()));
+        let out = tokio::task::spawn_blocking(move || run_switchyard(args))
+            .await
+            .unwrap()
+            .unwrap();
+        serde_json::from_str(&out).unwrap()
+    }
+
+    /// The ledger `compare` writes to (apart from the serving stack's).
+    fn compare_db(&self) -> PathBuf {
+        self.ledger.with_file_name("compare.db")
+    }
+
     /// Waits until `n` comparisons have been recorded, then until the ledger has written them.
     async fn settle(&self, n: u64) {
         let mut recorded = self.proxy.state().shadowing.recorded();
@@ -492,45 +539,12 @@ async fn compare_runs_the_suite_on_both_backends_and_writes_three_formats() {
         r#"{ backend = "cand", sample = 0.0 }"#,
     )
     .await;
-    let config = s.ledger.with_file_name("switchyard.toml");
-    std::fs::write(
-        &config,
-        shadow_config(
-            &s.main.url(),
-            &s.cand.url(),
-            &s.model,
-            r#"{ backend = "cand", sample = 0.0 }"#,
-            &s.ledger.with_file_name("compare.db"),
-        ),
-    )
-    .unwrap();
     let suite = Path::new(env!("CARGO_MANIFEST_DIR")).join("prompts/suite.jsonl");
     let lines = std::fs::read_to_string(&suite).unwrap().lines().count();
     let saved = s.ledger.with_file_name("saved");
-    let out = tokio::task::spawn_blocking({
-        let args = [
-            OsString::from("compare"),
-            "--config".into(),
-            config.clone().into(),
-            "--suite".into(),
-            suite.clone().into(),
-            "--primary".into(),
-            "main".into(),
-            "--candidate".into(),
-            "cand".into(),
-            "--repeat".into(),
-            "3".into(),
-            "--format".into(),
-            "json".into(),
-            "--save".into(),
-            saved.clone().into(),
-        ];
-        move || run_switchyard(args)
-    })
-    .await
-    .unwrap()
-    .unwrap();
-    let report: Value = serde_json::from_str(&out).unwrap();
+    let report = s
+        .compare(&suite, &[OsStr::new("--save"), saved.as_os_str()])
+        .await;
     // Every suite line is a workload of its own; its cold run is kept apart.
     let groups = report["groups"].as_array().unwrap();
     assert_eq!(groups.len(), lines, "{report:#}");
@@ -556,7 +570,7 @@ async fn compare_runs_the_suite_on_both_backends_and_writes_three_formats() {
     assert!(markdown.contains("## By workload"), "{markdown}");
 
     // Every run is on the record: (1 cold + 3 warm) × 2 backends per line.
-    let conn = rusqlite::Connection::open(s.ledger.with_file_name("compare.db")).unwrap();
+    let conn = rusqlite::Connection::open(s.compare_db()).unwrap();
     let count = |sql: &str| -> i64 { conn.query_row(sql, [], |r| r.get(0)).unwrap() };
     let lines = lines as i64;
     assert_eq!(
@@ -583,46 +597,13 @@ async fn compare_does_not_run_the_candidate_when_the_primary_fails() {
         r#"{ backend = "cand", sample = 0.0 }"#,
     )
     .await;
-    let config = s.ledger.with_file_name("switchyard.toml");
-    std::fs::write(
-        &config,
-        shadow_config(
-            &s.main.url(),
-            &s.cand.url(),
-            &s.model,
-            r#"{ backend = "cand", sample = 0.0 }"#,
-            &s.ledger.with_file_name("compare.db"),
-        ),
-    )
-    .unwrap();
     let suite = s.ledger.with_file_name("suite.jsonl");
     std::fs::write(
         &suite,
         "{\"model\": \"smollm2\", \"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], \"temperature\": 0}\n",
     )
     .unwrap();
-    let out = tokio::task::spawn_blocking({
-        let args = [
-            OsString::from("compare"),
-            "--config".into(),
-            config.into(),
-            "--suite".into(),
-            suite.into(),
-            "--primary".into(),
-            "main".into(),
-            "--candidate".into(),
-            "cand".into(),
-            "--repeat".into(),
-            "3".into(),
-            "--format".into(),
-            "json".into(),
-        ];
-        move || run_switchyard(args)
-    })
-    .await
-    .unwrap()
-    .unwrap();
-    let report: Value = serde_json::from_str(&out).unwrap();
+    let report = s.compare(&suite, &[]).await;
     let groups = report["groups"].as_array().unwrap();
     assert_eq!(groups.len(), 1, "{report:#}");
     assert_eq!(groups[0]["counts"]["incomparable"], 3, "{report:#}");
@@ -633,7 +614,7 @@ async fn compare_does_not_run_the_candidate_when_the_primary_fails() {
             .contains("primary failed"),
         "{report:#}"
     );
-    let conn = rusqlite::Connection::open(s.ledger.with_file_name("compare.db")).unwrap();
+    let conn = rusqlite::Connection::open(s.compare_db()).unwrap();
     let count = |sql: &str| -> i64 { conn.query_row(sql, [], |r| r.get(0)).unwrap() };
     // 1 cold + 3 warm runs, each on the primary only.
     assert_eq!(
