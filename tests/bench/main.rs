@@ -17,7 +17,9 @@ use bytes::Bytes;
 use clap::Parser;
 use http_body_util::{BodyExt, Full};
 use serde_json::json;
-use switchyard_tests::bench::{client, cpu_ns, launch, percentile, run_load, Proc, Sample};
+use switchyard_tests::bench::{
+    client, cpu_ns, launch, ledger_counts, percentile, run_load, Proc, Sample,
+};
 
 #[derive(Debug, Parser)]
 struct Args {
@@ -186,6 +188,10 @@ async fn main() -> anyhow::Result<()> {
         }
     }
 
+    // What the recording Switchyard's ledger wrote and dropped: a ledger that fell behind and
+    // dropped records did less work than it should have, and its ratio flatters it.
+    let (written, dropped) = ledger_counts(&client, &recording.1).await?;
+
     let mut out = std::io::stdout().lock();
     writeln!(
         out,
@@ -237,10 +243,22 @@ async fn main() -> anyhow::Result<()> {
             "recording_cpu_ratio": recording_cpu_ratio, "control_throughput_ratio": control_ratio,
             "control_cpu_ratio": control_cpu_ratio}));
     }
+    if recording_extra.contains("[ledger]") {
+        writeln!(
+            out,
+            "\nrecording Switchyard's ledger: {written} records written, {dropped} dropped{}",
+            if dropped > 0 {
+                " (its queue was full: the recording ratios above measured less than a full ledger's work)"
+            } else {
+                ""
+            }
+        )?;
+    }
     if let Some(path) = args.json {
         std::fs::write(
             path,
-            serde_json::to_string_pretty(&json!({"rows": rows, "summary": summary}))?,
+            serde_json::to_string_pretty(&json!({"rows": rows, "summary": summary,
+                "ledger": {"written": written, "dropped": dropped}}))?,
         )?;
     }
     Ok(())

@@ -237,6 +237,35 @@ pub async fn run_load(
     })
 }
 
+/// A Switchyard's run-ledger counters from its `/metrics` (at `base`): records written and
+/// records dropped (queue full or write failed). A benchmark whose recording target dropped
+/// records measured less work than a user's ledger does, so the benchmarks print both.
+pub async fn ledger_counts(client: &BenchClient, base: &str) -> anyhow::Result<(u64, u64)> {
+    let resp = client
+        .request(http::Request::get(format!("{base}/metrics")).body(Full::new(Bytes::new()))?)
+        .await
+        .with_context(|| format!("{base}/metrics"))?;
+    let status = resp.status();
+    let text = resp.into_body().collect().await?.to_bytes();
+    anyhow::ensure!(status == 200, "{base}/metrics: status {status}");
+    let text = std::str::from_utf8(&text)?;
+    let counter = |name: &str| -> anyhow::Result<u64> {
+        let line = text
+            .lines()
+            .find(|l| l.split_whitespace().next() == Some(name))
+            .with_context(|| format!("{base}/metrics has no {name}"))?;
+        let value = line.split_whitespace().nth(1).unwrap_or_default();
+        value
+            .parse::<f64>()
+            .map(|v| v as u64)
+            .with_context(|| format!("{name}: {value:?}"))
+    };
+    Ok((
+        counter("switchyard_ledger_records_written_total")?,
+        counter("switchyard_ledger_records_dropped_total")?,
+    ))
+}
+
 /// A JSON POST.
 pub fn post_json(url: &str, body: Bytes) -> anyhow::Result<http::Request<Full<Bytes>>> {
     Ok(http::Request::post(url)

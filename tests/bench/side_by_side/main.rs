@@ -19,7 +19,9 @@ use bytes::Bytes;
 use clap::Parser;
 use http_body_util::BodyExt;
 use serde_json::json;
-use switchyard_tests::bench::{client, run_load, stream_once, vm_rss_kib, BenchClient, Sample};
+use switchyard_tests::bench::{
+    client, ledger_counts, run_load, stream_once, vm_rss_kib, BenchClient, Sample,
+};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
@@ -422,6 +424,17 @@ async fn main() -> anyhow::Result<()> {
             note(&format!("memory measurement failed: {e:#}"));
             report.pending(&label, &format!("failed: {e:#}"));
         }
+    }
+
+    // A ledger that fell behind and dropped records did less work than a user's does: its
+    // numbers above would flatter it.
+    let base = switchyard.base().unwrap_or_default();
+    match ledger_counts(&client, base).await {
+        Ok((written, dropped)) => report.text(
+            "Switchyard ledger records",
+            &format!("{written} written, {dropped} dropped"),
+        ),
+        Err(e) => report.pending("Switchyard ledger records", &format!("failed: {e:#}")),
     }
 
     let (table, json) = report.render(&args_json(&args));

@@ -17,6 +17,8 @@ pub(crate) enum Measure {
     Memory,
     /// Not measured, with why.
     Pending(String),
+    /// A count or fact stated in words (the ledger's records written and dropped).
+    Text(String),
     /// Switchyard's primary p99 without and with shadowing (µs), from one alternation, and a
     /// control's: a second Switchyard without shadows, alternated with the two.
     Shadow {
@@ -125,6 +127,14 @@ impl Report {
         });
     }
 
+    pub(crate) fn text(&mut self, metric: &str, text: &str) {
+        self.rows.push(Row {
+            metric: metric.to_owned(),
+            measure: Measure::Text(text.to_owned()),
+            values: vec![f64::NAN; self.names.len()],
+        });
+    }
+
     fn value(&self, metric: &str, target: &str) -> f64 {
         let (Some(row), Some(i)) = (
             self.rows.iter().find(|r| r.metric == metric),
@@ -228,6 +238,11 @@ impl Report {
             if let Measure::Pending(why) = &row.measure {
                 md.push_str(&format!(" {why} |{}\n", " |".repeat(self.names.len() + 1)));
                 rows.push(json!({"measure": row.metric, "pending": why}));
+                continue;
+            }
+            if let Measure::Text(text) = &row.measure {
+                md.push_str(&format!(" {text} |{}\n", " |".repeat(self.names.len() + 1)));
+                rows.push(json!({"measure": row.metric, "text": text}));
                 continue;
             }
             if let Measure::Shadow {
