@@ -849,7 +849,8 @@ impl Writer {
                 // CPU once it has written for YIELD_AFTER; with nothing else to run, the yield
                 // returns at once. Not before every row: with the cores busy, each yield hands
                 // the core over for a while, and a writer yielding per row (some 6 µs) fell
-                // behind at 25k requests/s and dropped a tenth of the records.
+                // behind and dropped records: 4-10% of them at 25k requests/s on two busy cores,
+                // over half with every process on one (README, Recording cost).
                 if offered.elapsed() >= YIELD_AFTER {
                     std::thread::yield_now();
                     offered = Instant::now();
