@@ -121,6 +121,10 @@ pub async fn run(cli: Cli) -> anyhow::Result<i32> {
     match cli.command {
         Command::Check { config } => match config::load(&config) {
             Ok(c) => {
+                let missing = config::missing_files(&c);
+                if !missing.is_empty() {
+                    return Ok(report_invalid(&config::ConfigError { problems: missing }));
+                }
                 let mut out = std::io::stdout().lock();
                 writeln!(
                     out,

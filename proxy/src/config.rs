@@ -84,6 +84,41 @@ pub fn from_figment(figment: Figment) -> Result<Config, ConfigError> {
     }
 }
 
+/// The identity files a configuration names that are not there: each backend's `artifact` (a
+/// model file or folder) and `binary` (a file). `serve` starts without them — the identity stays
+/// unknown, with an error in the log, and a backend with `require_verified_identity` answers
+/// 503 —, so `switchyard check` reports them before that happens. Paths are read as `serve`
+/// reads them: relative ones from the working directory.
+pub fn missing_files(config: &Config) -> Vec<Problem> {
+    let mut problems = Vec::new();
+    for (name, backend) in &config.backends {
+        let files = [
+            ("artifact", backend.artifact.as_deref(), false),
+            ("binary", backend.binary.as_deref(), true),
+        ];
+        for (key, path, must_be_file) in files {
+            let Some(path) = path else { continue };
+            let message = match std::fs::metadata(path) {
+                Ok(meta) if must_be_file && !meta.is_file() => {
+                    format!("{} is not a file", path.display())
+                }
+                Ok(_) => continue,
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                    format!("{}: no such file or directory", path.display())
+                }
+                Err(e) => format!("{}: {e}", path.display()),
+            };
+            problems.push(Problem {
+                path: format!("backends.{name}.{key}"),
+                message: format!(
+                    "{message} (serve would start with this backend's identity unknown)"
+                ),
+            });
+        }
+    }
+    problems
+}
+
 fn describe_kind(e: &figment::Error) -> String {
     let mut text = e.kind.to_string();
     if let Some(source) = e.metadata.as_ref().map(|m| m.name.to_string()) {
@@ -120,6 +155,51 @@ mod tests {
         let err = from_figment(figment).unwrap_err();
         assert_eq!(err.problems.len(), 1);
         assert!(err.problems[0].to_string().contains("lisen"), "{err}");
+    }
+
+    #[test]
+    fn check_reports_identity_files_that_are_not_there() {
+        let dir = tempfile::tempdir().unwrap();
+        let model = dir.path().join("model.gguf");
+        std::fs::write(&model, b"GGUF").unwrap();
+        let missing = dir.path().join("gone.gguf");
+        let toml = format!(
+            r#"
+            [backends.here]
+            engine = "llama.cpp"
+            url = "http://127.0.0.1:8081"
+            artifact = "{model}"
+            binary = "{model}"
+            [backends.there]
+            engine = "mlx"
+            url = "http://127.0.0.1:8082"
+            artifact = "{missing}"
+            binary = "{dir}"
+            [models.a]
+            primary = "here"
+            fallback = ["there"]
+        "#,
+            model = model.display(),
+            missing = missing.display(),
+            dir = dir.path().display(),
+        );
+        let config = from_figment(Figment::new().merge(Toml::string(&toml))).unwrap();
+        let problems = missing_files(&config);
+        let paths: Vec<_> = problems.iter().map(|p| p.path.as_str()).collect();
+        assert_eq!(
+            paths,
+            vec!["backends.there.artifact", "backends.there.binary"]
+        );
+        assert!(
+            problems[0].message.contains("no such file or directory"),
+            "{}",
+            problems[0]
+        );
+        assert!(
+            problems[1].message.contains("is not a file"),
+            "{}",
+            problems[1]
+        );
     }
 
     #[test]

@@ -587,7 +587,7 @@ async fn forward_inner(
                 // refused connection, or the whole connect timeout, for the same answer.
                 tracing::warn!(backend = %backend.name, reason = %why, "backend down per its probes; trying the next configured fallback");
                 failed.push(format!("{}; code=backend_down", backend.name));
-                stamp.fallback_from = Some(header_value(&failed.join(", ")));
+                note_fallback(stamp, record_slot, &failed);
                 continue;
             }
         }
@@ -611,13 +611,23 @@ async fn forward_inner(
             Err(error) if Upstream::is_retryable(&error) && another_remains => {
                 tracing::warn!(backend = %backend.name, error = %error, "backend unreachable; trying the next configured fallback");
                 failed.push(format!("{}; code={}", backend.name, error.code()));
-                stamp.fallback_from = Some(header_value(&failed.join(", ")));
+                note_fallback(stamp, record_slot, &failed);
                 last_error = Some(error);
             }
             Err(error) => return Err(error),
         }
     }
     Err(last_error.unwrap_or_else(|| ProxyError::Internal("no backend to try".to_owned())))
+}
+
+/// Names the backends that failed so far on the response (`x-switchyard-fallback-from`) and in
+/// the request's record (the ledger's `fallback_from`).
+fn note_fallback(stamp: &mut Stamp, record: &mut Option<RequestRecord>, failed: &[String]) {
+    let from = failed.join(", ");
+    stamp.fallback_from = Some(header_value(&from));
+    if let Some(record) = record.as_mut() {
+        record.fallback_from = Some(from);
+    }
 }
 
 /// The workload and sampling fingerprints of a parsed body: only the fields that define the work

@@ -166,6 +166,10 @@ const MIGRATIONS: &[&str] = &[
     r#"
     ALTER TABLE comparisons ADD COLUMN count INTEGER NOT NULL DEFAULT 1;
     "#,
+    // 5: the backends that failed before a fallback answered (`x-switchyard-fallback-from`).
+    r#"
+    ALTER TABLE requests ADD COLUMN fallback_from TEXT;
+    "#,
 ];
 
 /// A snapshot of one engine's identity, recorded when it changes.
@@ -447,6 +451,7 @@ struct Row {
     status: u16,
     error_class: Option<&'static str>,
     error: Option<String>,
+    fallback_from: Option<String>,
     prompt_tokens: Option<u64>,
     cached_tokens: Option<u64>,
     completion_tokens: Option<u64>,
@@ -482,6 +487,7 @@ impl Row {
             status: r.status,
             error_class: r.error_class,
             error: r.error.clone(),
+            fallback_from: r.fallback_from.clone(),
             prompt_tokens: facts.and_then(|f| f.usage.prompt_tokens),
             cached_tokens: facts.and_then(|f| f.usage.cached_tokens),
             completion_tokens: facts.and_then(|f| f.usage.completion_tokens),
@@ -806,9 +812,9 @@ impl Writer {
                     workload, sampling, sampling_json, output, status, error_class, error, prompt_tokens,
                     cached_tokens, completion_tokens, queue_ms, load_ms, ttfb_ms, ttft_ms, prefill_ms,
                     prefill_tokens, prefill_source, decode_ms, decode_tokens, decode_source, total_ms, warm,
-                    streamed, client_disconnected)
+                    streamed, client_disconnected, fallback_from)
                  VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19,
-                    ?20, ?21, ?22, ?23, ?24, ?25, ?26, ?27, ?28, ?29, ?30, ?31, ?32, ?33)",
+                    ?20, ?21, ?22, ?23, ?24, ?25, ?26, ?27, ?28, ?29, ?30, ?31, ?32, ?33, ?34)",
             )?;
             let mut health = tx.prepare_cached(
                 "INSERT INTO ledger_health (run_id, started_ms, updated_ms, written, dropped_full, dropped_failed)
@@ -891,6 +897,7 @@ impl Writer {
                             r.warm,
                             r.streamed,
                             r.client_disconnected,
+                            r.fallback_from,
                         ])?;
                     }
                     Entry::Flush(_) => {}
@@ -1095,7 +1102,7 @@ mod tests {
         assert_eq!(request_ids(&path), vec!["req-3", "req-4", "req-5"]);
     }
 
-    /// Every column holds what the record held (the insert binds 33 parameters by position),
+    /// Every column holds what the record held (the insert binds 34 parameters by position),
     /// and the rows keep their order.
     #[test]
     fn every_column_is_written_as_recorded() {
@@ -1128,6 +1135,7 @@ mod tests {
             r.status = 200 + i as u16;
             r.error_class = Some("upstream");
             r.error = Some(format!("error-{i}"));
+            r.fallback_from = Some(format!("fallback-{i}; code=connect_refused"));
             r.facts = Some(ResponseFacts {
                 output: Some(format!("output-{i}")),
                 usage: Usage {
@@ -1207,6 +1215,10 @@ mod tests {
                 ("warm", I(i64::from(i % 2 == 0))),
                 ("streamed", I(i64::from(i % 3 == 0))),
                 ("client_disconnected", I(i64::from(i % 5 == 0))),
+                (
+                    "fallback_from",
+                    T(format!("fallback-{i}; code=connect_refused")),
+                ),
             ];
             assert_eq!(names[0], "id");
             assert_eq!(row[0], I(k + 1), "row {i}: ids in order");

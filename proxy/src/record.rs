@@ -187,6 +187,9 @@ pub struct RequestRecord {
     pub status: u16,
     pub error_class: Option<&'static str>,
     pub error: Option<String>,
+    /// The backends that failed before the one that answered, in order, as
+    /// `x-switchyard-fallback-from` names them (`name; code=...`); none when the first answered.
+    pub fallback_from: Option<String>,
     pub phases: Phases,
     pub facts: Option<ResponseFacts>,
     pub client_disconnected: bool,
@@ -232,6 +235,7 @@ impl RequestRecord {
             status: 0,
             error_class: None,
             error: None,
+            fallback_from: None,
             phases: Phases::default(),
             facts: None,
             client_disconnected: false,

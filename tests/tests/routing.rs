@@ -174,6 +174,46 @@ fn artifact_config(engine_url: &str, artifact: &std::path::Path, require: bool) 
     )
 }
 
+/// `switchyard check` refuses a configuration whose artifact is not there (`serve` would start
+/// with the backend's identity unknown, and with `require_verified_identity` answer 503), and
+/// accepts it once the file exists.
+#[test]
+fn check_refuses_an_artifact_that_is_not_there() {
+    let dir = tempfile::tempdir().unwrap();
+    let artifact = dir.path().join("model.gguf");
+    let config = dir.path().join("switchyard.toml");
+    std::fs::write(
+        &config,
+        artifact_config("http://127.0.0.1:9", &artifact, true),
+    )
+    .unwrap();
+    let check = || {
+        std::process::Command::new(switchyard_tests::harness::switchyard_bin().unwrap())
+            .arg("check")
+            .arg("--config")
+            .arg(&config)
+            .output()
+            .unwrap()
+    };
+
+    let out = check();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(64), "{stderr}");
+    assert!(
+        stderr.contains("backends.fake.artifact") && stderr.contains("no such file or directory"),
+        "{stderr}"
+    );
+
+    std::fs::write(&artifact, b"GGUF").unwrap();
+    let out = check();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(String::from_utf8_lossy(&out.stdout).contains(": ok ("));
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn artifact_identity_is_verified_against_the_engine() {
     let dir = tempfile::tempdir().unwrap();
@@ -346,11 +386,14 @@ fallback = ["also_dead", "alive"]
     assert!(took < Duration::from_secs(2), "{took:?}");
 }
 
-/// A primary that fails before its probes notice is tried, and the fallback answers, visibly.
+/// A primary that fails before its probes notice is tried, and the fallback answers, visibly:
+/// in the response's headers and in the ledger's row.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_fallback_answers_when_the_primary_fails_before_its_probes_notice() {
     let primary = FakeEngine::llama_cpp().spawn().await.unwrap();
     let alive = FakeEngine::llama_cpp().spawn().await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("ledger.db");
     let toml = format!(
         r#"
 [server]
@@ -365,9 +408,12 @@ url = "{}"
 [models.smollm2]
 primary = "primary"
 fallback = ["alive"]
+[ledger]
+path = "{}"
 "#,
         primary.url(),
-        alive.url()
+        alive.url(),
+        db.display()
     );
     let proxy = start_switchyard(&toml).await.unwrap();
     let base = format!("http://{}", proxy.addr());
@@ -391,6 +437,29 @@ fallback = ["alive"]
     assert_eq!(
         r.header("x-switchyard-fallback-from"),
         "primary; code=upstream_unreachable"
+    );
+
+    proxy.state().recorder.settled().await;
+    let ledger = proxy.state().recorder.ledger.as_ref().unwrap();
+    assert!(tokio::task::block_in_place(
+        || ledger.flush(Duration::from_secs(5))
+    ));
+    let conn = rusqlite::Connection::open(&db).unwrap();
+    let row: (String, String, Option<String>, i64) = conn
+        .query_row(
+            "SELECT backend, variant, fallback_from, status FROM requests WHERE path = '/v1/chat/completions'",
+            [],
+            |row| Ok((row.get(0)?, row.get(1)?, row.get(2)?, row.get(3)?)),
+        )
+        .unwrap();
+    assert_eq!(
+        row,
+        (
+            "alive".to_owned(),
+            "fallback".to_owned(),
+            Some("primary; code=upstream_unreachable".to_owned()),
+            200
+        )
     );
 }
 
