@@ -1,4 +1,5 @@
-//! The command line: `check` reports every problem with its key path and exits 64; environment
+//! The command line: `check` reports every problem with its key path (a missing artifact among
+//! them) and exits 64; environment
 //! overrides apply; `fingerprint` prints what `sha256sum` would.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // a failed unwrap is a failed test
@@ -80,6 +81,51 @@ primary = "llama"
     ] {
         assert!(err.contains(needle), "missing {needle:?} in:\n{err}");
     }
+}
+
+/// A backend `artifact` that is not there is refused (`serve` would start with the backend's
+/// identity unknown, and with `require_verified_identity` answer 503); once the file exists, the
+/// same configuration passes.
+#[test]
+fn check_refuses_an_artifact_that_is_not_there() {
+    let dir = tempfile::tempdir().unwrap();
+    let artifact = dir.path().join("model.gguf");
+    let path = dir.path().join("artifact.toml");
+    std::fs::write(
+        &path,
+        VALID.replace(
+            "url = \"http://127.0.0.1:8081\"",
+            &format!(
+                "url = \"http://127.0.0.1:8081\"\nartifact = \"{}\"\nrequire_verified_identity = true",
+                artifact.display()
+            ),
+        ),
+    )
+    .unwrap();
+    let check = || {
+        switchyard()
+            .args(["check", "--config"])
+            .arg(&path)
+            .output()
+            .unwrap()
+    };
+
+    let out = check();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(64), "{err}");
+    assert!(
+        err.contains("backends.llama.artifact") && err.contains("no such file or directory"),
+        "{err}"
+    );
+
+    std::fs::write(&artifact, b"GGUF").unwrap();
+    let out = check();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(String::from_utf8_lossy(&out.stdout).contains("ok (1 backends, 1 models)"));
 }
 
 #[test]

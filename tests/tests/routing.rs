@@ -174,46 +174,6 @@ fn artifact_config(engine_url: &str, artifact: &std::path::Path, require: bool) 
     )
 }
 
-/// `switchyard check` refuses a configuration whose artifact is not there (`serve` would start
-/// with the backend's identity unknown, and with `require_verified_identity` answer 503), and
-/// accepts it once the file exists.
-#[test]
-fn check_refuses_an_artifact_that_is_not_there() {
-    let dir = tempfile::tempdir().unwrap();
-    let artifact = dir.path().join("model.gguf");
-    let config = dir.path().join("switchyard.toml");
-    std::fs::write(
-        &config,
-        artifact_config("http://127.0.0.1:9", &artifact, true),
-    )
-    .unwrap();
-    let check = || {
-        std::process::Command::new(switchyard_tests::harness::switchyard_bin().unwrap())
-            .arg("check")
-            .arg("--config")
-            .arg(&config)
-            .output()
-            .unwrap()
-    };
-
-    let out = check();
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(64), "{stderr}");
-    assert!(
-        stderr.contains("backends.fake.artifact") && stderr.contains("no such file or directory"),
-        "{stderr}"
-    );
-
-    std::fs::write(&artifact, b"GGUF").unwrap();
-    let out = check();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert!(String::from_utf8_lossy(&out.stdout).contains(": ok ("));
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn artifact_identity_is_verified_against_the_engine() {
     let dir = tempfile::tempdir().unwrap();

@@ -235,14 +235,18 @@ impl Report {
         let mut rows = Vec::new();
         for row in &self.rows {
             md.push_str(&format!("| {} |", row.metric));
-            if let Measure::Pending(why) = &row.measure {
-                md.push_str(&format!(" {why} |{}\n", " |".repeat(self.names.len() + 1)));
-                rows.push(json!({"measure": row.metric, "pending": why}));
-                continue;
-            }
-            if let Measure::Text(text) = &row.measure {
-                md.push_str(&format!(" {text} |{}\n", " |".repeat(self.names.len() + 1)));
-                rows.push(json!({"measure": row.metric, "text": text}));
+            // Rows stated in words: the words in the first column, the JSON key saying which.
+            let words = match &row.measure {
+                Measure::Pending(why) => Some(("pending", why)),
+                Measure::Text(text) => Some(("text", text)),
+                _ => None,
+            };
+            if let Some((key, words)) = words {
+                md.push_str(&format!(
+                    " {words} |{}\n",
+                    " |".repeat(self.names.len() + 1)
+                ));
+                rows.push(json!({"measure": row.metric, key: words}));
                 continue;
             }
             if let Measure::Shadow {
