@@ -570,7 +570,7 @@ async fn forward_inner(
             record.hook =
                 state
                     .shadowing
-                    .plan(state, &route, shadow, &outgoing, streamed, &fingerprint);
+                    .plan(state, &route, shadow, &outgoing, streamed, fingerprint);
         }
     }
 

@@ -10,7 +10,7 @@
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use rusqlite::types::{ToSqlOutput, ValueRef};
@@ -224,10 +224,11 @@ struct ComparisonRow {
 }
 
 /// A sampled request whose shadow never ran (pool full, shutting down, embeddings). A candidate
-/// slower than the traffic skips nearly every request, so a skip must cost next to nothing: the
-/// writer keeps the skips of one kind in a batch as one `comparisons` row with their `count`
-/// (verdict `incomparable`, no candidate side, no request id — each primary has its own row in
-/// `requests`). The kind is everything the comparator groups by.
+/// slower than the traffic skips nearly every request, so a skip must cost next to nothing: skips
+/// of one kind are counted where they happen, as one pending run ([`Ledger::skipped`]), and the
+/// writer takes the runs with each batch and writes each as one `comparisons` row with its
+/// `count` (verdict `incomparable`, no candidate side, no request id — each primary has its own
+/// row in `requests`). The kind is everything the comparator groups by.
 #[derive(Debug)]
 pub struct SkippedShadow {
     pub model: Arc<str>,
@@ -244,19 +245,83 @@ pub struct SkippedShadow {
     pub primary_warm: Option<bool>,
 }
 
-impl SkippedShadow {
-    fn same_kind(&self, other: &Self) -> bool {
-        self.workload == other.workload
-            && self.model == other.model
-            && self.sampling == other.sampling
-            && self.mode == other.mode
-            && self.streamed == other.streamed
-            && self.reason == other.reason
-            && self.primary_backend == other.primary_backend
-            && self.primary_engine == other.primary_engine
-            && self.primary_artifact == other.primary_artifact
-            && self.primary_warm == other.primary_warm
+/// A skipped shadow's kind as its caller holds it: borrowed, so that a skip of a kind already
+/// pending costs a comparison, not a copy.
+#[derive(Debug, Clone, Copy)]
+pub struct SkipKind<'a> {
+    pub model: &'a Arc<str>,
+    pub mode: &'static str,
+    pub workload: &'a str,
+    pub sampling: &'a str,
+    pub sampling_json: &'a str,
+    pub streamed: bool,
+    /// `shadow skipped: …`
+    pub reason: &'a Arc<str>,
+    pub primary_backend: Option<&'a Arc<str>>,
+    pub primary_engine: Option<&'a str>,
+    pub primary_artifact: Option<&'a str>,
+    pub primary_warm: Option<bool>,
+}
+
+impl SkipKind<'_> {
+    fn to_skipped(self) -> SkippedShadow {
+        SkippedShadow {
+            model: self.model.clone(),
+            mode: self.mode,
+            workload: self.workload.to_owned(),
+            sampling: self.sampling.to_owned(),
+            sampling_json: self.sampling_json.to_owned(),
+            streamed: self.streamed,
+            reason: self.reason.clone(),
+            primary_backend: self.primary_backend.cloned(),
+            primary_engine: self.primary_engine.map(str::to_owned),
+            primary_artifact: self.primary_artifact.map(str::to_owned),
+            primary_warm: self.primary_warm,
+        }
     }
+}
+
+impl SkippedShadow {
+    fn is(&self, kind: &SkipKind<'_>) -> bool {
+        self.workload == kind.workload
+            && self.model == *kind.model
+            && self.sampling == kind.sampling
+            && self.mode == kind.mode
+            && self.streamed == kind.streamed
+            && self.reason == *kind.reason
+            && self.primary_backend.as_ref() == kind.primary_backend
+            && self.primary_engine.as_deref() == kind.primary_engine
+            && self.primary_artifact.as_deref() == kind.primary_artifact
+            && self.primary_warm == kind.primary_warm
+    }
+
+    fn kind(&self) -> SkipKind<'_> {
+        SkipKind {
+            model: &self.model,
+            mode: self.mode,
+            workload: &self.workload,
+            sampling: &self.sampling,
+            sampling_json: &self.sampling_json,
+            streamed: self.streamed,
+            reason: &self.reason,
+            primary_backend: self.primary_backend.as_ref(),
+            primary_engine: self.primary_engine.as_deref(),
+            primary_artifact: self.primary_artifact.as_deref(),
+            primary_warm: self.primary_warm,
+        }
+    }
+}
+
+/// Skip kinds counted at once, at most; a skip of yet another kind goes through the queue alone.
+const PENDING_SKIP_KINDS: usize = 32;
+
+/// Runs of skips counted since the writer last took them: when each run began, its kind, how
+/// many.
+#[derive(Debug, Default)]
+struct PendingSkips {
+    runs: Vec<(i64, SkippedShadow, i64)>,
+    /// A wake-up for the writer is in the queue: it will take the runs.
+    woken: bool,
 }
 
 /// SQLite values of one side, in [`SIDE_COLUMNS`] order (all NULL when the side did not run).
@@ -427,6 +492,8 @@ enum Entry {
     Request(Box<Row>),
     Comparison(Box<ComparisonRow>),
     Skipped(i64, Box<SkippedShadow>),
+    /// Skips are pending ([`PendingSkips`]): the writer takes them with this batch.
+    Skips,
     Identity(SystemTime, Box<IdentitySnapshot>),
     /// Answered once everything queued before it is written (or lost).
     Flush(std::sync::mpsc::SyncSender<()>),
@@ -544,6 +611,7 @@ pub struct Ledger {
     tx: mpsc::Sender<Entry>,
     pub counters: Arc<LedgerCounters>,
     pub path: PathBuf,
+    skips: Arc<Mutex<PendingSkips>>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -632,6 +700,7 @@ impl Ledger {
         let (tx, rx) = mpsc::channel(config.queue);
         let counters = Arc::new(LedgerCounters::default());
         let writer = Writer::new(open(&config.path)?, rx, counters.clone(), config);
+        let skips = writer.skips.clone();
         let handle = std::thread::Builder::new()
             .name("switchyard-ledger".to_owned())
             .spawn(move || writer.run())
@@ -644,6 +713,7 @@ impl Ledger {
                 tx,
                 counters,
                 path: config.path.clone(),
+                skips,
             },
             handle,
         ))
@@ -664,9 +734,27 @@ impl Ledger {
         })));
     }
 
-    /// Queues a skipped shadow. Never blocks; a full queue drops and counts it.
-    pub fn skipped(&self, skip: SkippedShadow) {
-        self.submit(Entry::Skipped(unix_ms(SystemTime::now()), Box::new(skip)));
+    /// Counts a skipped shadow into the pending run of its kind, which the writer takes with its
+    /// next batch: a run of skips of one kind costs one copy of the kind and one wake-up of the
+    /// writer per batch. A skip of yet another kind, when [`PENDING_SKIP_KINDS`] are pending,
+    /// is queued alone (a full queue drops and counts it). Never blocks on the writer.
+    pub fn skipped(&self, kind: SkipKind<'_>) {
+        let mut pending = self.skips.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(run) = pending.runs.iter_mut().find(|(_, s, _)| s.is(&kind)) {
+            run.2 += 1;
+        } else if pending.runs.len() < PENDING_SKIP_KINDS {
+            let at = unix_ms(SystemTime::now());
+            pending.runs.push((at, kind.to_skipped(), 1));
+        } else {
+            drop(pending);
+            let at = unix_ms(SystemTime::now());
+            return self.submit(Entry::Skipped(at, Box::new(kind.to_skipped())));
+        }
+        // An idle writer is woken once; a busy one takes the runs with the batch it is forming.
+        // If the queue is full, the next skip (or any next batch) brings them in.
+        if !pending.woken {
+            pending.woken = self.tx.try_send(Entry::Skips).is_ok();
+        }
     }
 
     /// Queues an identity snapshot.
@@ -696,6 +784,7 @@ impl Ledger {
 struct Writer {
     conn: Connection,
     rx: mpsc::Receiver<Entry>,
+    skips: Arc<Mutex<PendingSkips>>,
     counters: Arc<LedgerCounters>,
     batch: usize,
     retention_days: Option<u64>,
@@ -718,6 +807,7 @@ impl Writer {
         Self {
             conn,
             rx,
+            skips: Arc::default(),
             counters,
             batch: config.batch,
             retention_days: config.retention_days,
@@ -747,7 +837,8 @@ impl Writer {
                 .iter()
                 .filter(|e| matches!(e, Entry::Request(_)))
                 .count() as u64;
-            match self.write(&entries) {
+            let runs = self.take_skips();
+            match self.write(&entries, &runs) {
                 Ok(()) => {
                     self.counters.written.fetch_add(requests, Ordering::Relaxed);
                 }
@@ -795,6 +886,13 @@ impl Writer {
         }
     }
 
+    /// The skips counted since the last batch (see [`Ledger::skipped`]).
+    fn take_skips(&self) -> Vec<(i64, SkippedShadow, i64)> {
+        let mut pending = self.skips.lock().unwrap_or_else(PoisonError::into_inner);
+        pending.woken = false;
+        std::mem::take(&mut pending.runs)
+    }
+
     fn drain_into(&mut self, entries: &mut Vec<Entry>) {
         while entries.len() < self.batch {
             match self.rx.try_recv() {
@@ -804,7 +902,12 @@ impl Writer {
         }
     }
 
-    fn write(&mut self, entries: &[Entry]) -> rusqlite::Result<()> {
+    /// Writes `entries` and the skip runs `runs` in one transaction.
+    fn write(
+        &mut self,
+        entries: &[Entry],
+        runs: &[(i64, SkippedShadow, i64)],
+    ) -> rusqlite::Result<()> {
         let tx = self.conn.transaction()?;
         {
             let mut insert_request = tx.prepare_cached(
@@ -844,7 +947,8 @@ impl Writer {
                  VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12)",
             )?;
             // Skips of one kind: the first one's time, the kind, how many.
-            let mut skipped: Vec<(i64, &SkippedShadow, i64)> = Vec::new();
+            let mut skipped: Vec<(i64, &SkippedShadow, i64)> =
+                runs.iter().map(|(at, s, n)| (*at, s, *n)).collect();
             // When the writer last offered the CPU.
             let mut offered = Instant::now();
             for entry in entries {
@@ -900,9 +1004,9 @@ impl Writer {
                             r.fallback_from,
                         ])?;
                     }
-                    Entry::Flush(_) => {}
+                    Entry::Flush(_) | Entry::Skips => {}
                     Entry::Skipped(at, skip) => {
-                        match skipped.iter_mut().find(|(_, kind, _)| kind.same_kind(skip)) {
+                        match skipped.iter_mut().find(|(_, s, _)| s.is(&skip.kind())) {
                             Some((_, _, count)) => *count += 1,
                             None => skipped.push((*at, skip, 1)),
                         }
@@ -1233,6 +1337,31 @@ mod tests {
         }
     }
 
+    fn skipped(workload: &str, warm: bool) -> SkippedShadow {
+        SkippedShadow {
+            model: "m".into(),
+            mode: "after-primary",
+            workload: workload.to_owned(),
+            sampling: "sp:1".to_owned(),
+            sampling_json: "{}".to_owned(),
+            streamed: false,
+            reason: "shadow skipped: pool full (max_in_flight = 1)".into(),
+            primary_backend: Some("main".into()),
+            primary_engine: Some("llama.cpp/b1".to_owned()),
+            primary_artifact: Some("sha256:aa".to_owned()),
+            primary_warm: Some(warm),
+        }
+    }
+
+    /// (workload, primary warm, count) of every comparison row, in order.
+    fn skip_rows(conn: &Connection) -> Vec<(String, Option<bool>, u64)> {
+        read_comparisons(conn, None)
+            .unwrap()
+            .into_iter()
+            .map(|p| (p.workload, p.primary.warm, p.count))
+            .collect()
+    }
+
     #[test]
     fn skipped_shadows_of_one_kind_are_one_row_with_their_count() {
         let dir = tempfile::tempdir().unwrap();
@@ -1240,36 +1369,18 @@ mod tests {
         let (_tx, rx) = mpsc::channel(1);
         let config = config(path.clone(), None);
         let mut writer = Writer::new(open(&path).unwrap(), rx, Arc::default(), &config);
-        let skip = |at: i64, workload: &str, warm: bool| {
-            Entry::Skipped(
-                at,
-                Box::new(SkippedShadow {
-                    model: "m".into(),
-                    mode: "after-primary",
-                    workload: workload.to_owned(),
-                    sampling: "sp:1".to_owned(),
-                    sampling_json: "{}".to_owned(),
-                    streamed: false,
-                    reason: "shadow skipped: pool full (max_in_flight = 1)".into(),
-                    primary_backend: Some("main".into()),
-                    primary_engine: Some("llama.cpp/b1".to_owned()),
-                    primary_artifact: Some("sha256:aa".to_owned()),
-                    primary_warm: Some(warm),
-                }),
-            )
-        };
+        // A run counted where the skips happened, and skips queued alone: one row per kind.
+        let runs = [(10, skipped("wl:a", true), 2)];
         let batch = [
-            skip(10, "wl:a", true),
-            skip(11, "wl:b", true),
-            skip(12, "wl:a", true),
-            skip(13, "wl:a", false),
-            skip(14, "wl:a", true),
+            Entry::Skipped(11, Box::new(skipped("wl:b", true))),
+            Entry::Skipped(12, Box::new(skipped("wl:a", true))),
+            Entry::Skipped(13, Box::new(skipped("wl:a", false))),
         ];
-        writer.write(&batch).unwrap();
-        let pairs = read_comparisons(&writer.conn, None).unwrap();
-        let kinds: Vec<_> = pairs
+        writer.write(&batch, &runs).unwrap();
+        let rows = skip_rows(&writer.conn);
+        let kinds: Vec<_> = rows
             .iter()
-            .map(|p| (p.workload.as_str(), p.primary.warm, p.count))
+            .map(|(w, warm, n)| (w.as_str(), *warm, *n))
             .collect();
         assert_eq!(
             kinds,
@@ -1279,6 +1390,7 @@ mod tests {
                 ("wl:a", Some(false), 1)
             ]
         );
+        let pairs = read_comparisons(&writer.conn, None).unwrap();
         let first = &pairs[0];
         assert_eq!(first.verdict, Verdict::Incomparable);
         assert_eq!(
@@ -1296,6 +1408,55 @@ mod tests {
             .query_row("SELECT min(ts_ms) FROM comparisons", [], |r| r.get(0))
             .unwrap();
         assert_eq!(ts, 10);
+    }
+
+    #[test]
+    fn skips_are_counted_where_they_happen_and_every_one_reaches_the_ledger() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("ledger.db");
+        let (ledger, _writer) = Ledger::start(&config(path.clone(), None)).unwrap();
+        let read = || skip_rows(&open(&path).unwrap());
+        // Alone, with nothing else queued: the skip wakes the writer, which writes it within
+        // its linger, without a flush.
+        let a = skipped("wl:a", true);
+        ledger.skipped(a.kind());
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while read().is_empty() {
+            assert!(
+                Instant::now() < deadline,
+                "a lone skip never reached the ledger"
+            );
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        assert_eq!(read(), [("wl:a".to_owned(), Some(true), 1)]);
+        // Runs of two kinds, and more kinds at once than are counted in place: those go
+        // through the queue one by one. None is lost, none is counted twice.
+        let cold = skipped("wl:a", false);
+        for _ in 0..3 {
+            ledger.skipped(a.kind());
+        }
+        ledger.skipped(cold.kind());
+        ledger.skipped(a.kind());
+        let many: Vec<SkippedShadow> = (0..PENDING_SKIP_KINDS + 5)
+            .map(|i| skipped(&format!("wl:{i}"), true))
+            .collect();
+        for s in &many {
+            ledger.skipped(s.kind());
+        }
+        assert!(ledger.flush(Duration::from_secs(5)));
+        let rows = read();
+        let count = |w: &str, warm: bool| -> u64 {
+            rows.iter()
+                .filter(|(rw, rwarm, _)| rw == w && *rwarm == Some(warm))
+                .map(|(_, _, n)| n)
+                .sum()
+        };
+        assert_eq!(count("wl:a", true), 1 + 4, "{rows:?}");
+        assert_eq!(count("wl:a", false), 1, "{rows:?}");
+        for i in 0..PENDING_SKIP_KINDS + 5 {
+            assert_eq!(count(&format!("wl:{i}"), true), 1, "wl:{i}: {rows:?}");
+        }
+        assert_eq!(ledger.counters.dropped_full.load(Ordering::Relaxed), 0);
     }
 
     /// A ledger from before comparisons existed has none; a path with no ledger says so.

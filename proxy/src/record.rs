@@ -89,7 +89,7 @@ impl Recorder {
     }
 
     /// Records a shadow that never ran (counted in the ledger by kind).
-    pub fn skipped(&self, skip: crate::ledger::SkippedShadow) {
+    pub fn skipped(&self, skip: crate::ledger::SkipKind<'_>) {
         if let Some(ledger) = &self.ledger {
             ledger.skipped(skip);
         }

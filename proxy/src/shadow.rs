@@ -31,7 +31,7 @@ use tokio_util::task::TaskTracker;
 use crate::app::AppState;
 use crate::backend::Backend;
 use crate::handler::{attempt, fail, Outgoing, Stamp};
-use crate::ledger::SkippedShadow;
+use crate::ledger::SkipKind;
 use crate::record::{Recorder, RequestRecord};
 
 /// The shadow pools and their tasks, one pool per shadowed model.
@@ -105,7 +105,7 @@ impl Shadowing {
         shadow: &ShadowRoute,
         outgoing: &Arc<Outgoing>,
         streamed: bool,
-        fingerprint: &WorkloadFingerprint,
+        fingerprint: WorkloadFingerprint,
     ) -> Option<RecordHook> {
         if !shadow.sampled(self.draw()) {
             return None;
@@ -117,7 +117,7 @@ impl Shadowing {
             candidate: shadow.backend.clone(),
             when: shadow.when,
             streamed,
-            fingerprint: fingerprint.clone(),
+            fingerprint,
             in_flight: (None, None),
         };
         let skip = if outgoing.head.uri.path() == "/v1/embeddings" {
@@ -437,23 +437,17 @@ impl Comparison {
                 },
             );
         }
-        let WorkloadFingerprint {
-            workload,
-            sampling,
-            sampling_json,
-            ..
-        } = self.fingerprint;
-        recorder.skipped(SkippedShadow {
-            model: self.model,
+        recorder.skipped(SkipKind {
+            model: &self.model,
             mode: self.when.as_str(),
-            workload,
-            sampling,
-            sampling_json,
+            workload: &self.fingerprint.workload,
+            sampling: &self.fingerprint.sampling,
+            sampling_json: &self.fingerprint.sampling_json,
             streamed: self.streamed,
-            reason,
-            primary_backend: primary.backend.clone(),
-            primary_engine: primary.engine.clone(),
-            primary_artifact: primary.artifact.clone(),
+            reason: &reason,
+            primary_backend: primary.backend.as_ref(),
+            primary_engine: primary.engine.as_deref(),
+            primary_artifact: primary.artifact.as_deref(),
             primary_warm: primary.warm,
         });
         shadowing.recorded.send_modify(|n| *n += 1);

@@ -19,13 +19,11 @@ pub(crate) enum Measure {
     Pending(String),
     /// A count or fact stated in words (the ledger's records written and dropped).
     Text(String),
-    /// Switchyard's primary p99 without and with shadowing (µs), from one alternation, and a
-    /// control's: a second Switchyard without shadows, alternated with the two.
-    Shadow {
-        without: f64,
-        with: f64,
-        control: f64,
-    },
+    /// Switchyard's primary p99 without and with shadowing (µs), and a control's: a second
+    /// Switchyard without shadows, alternated with the two. `[without, with, control]`, each the
+    /// median of the rounds' p99s (what the target is read from) and the p99 of all rounds'
+    /// latencies pooled.
+    Shadow { median: [f64; 3], pooled: [f64; 3] },
 }
 
 #[derive(Debug)]
@@ -104,17 +102,14 @@ impl Report {
         });
     }
 
-    /// The primary's p99 through a Switchyard shadowing every request, through one alike but
-    /// for the shadow, and through a second one without shadows (the control; `control ÷
-    /// without` is what the same comparison reads when nothing differs).
-    pub(crate) fn shadow(&mut self, metric: &str, without: f64, with: f64, control: f64) {
+    /// The primary's p99 through a Switchyard without shadows, through one alike but for
+    /// shadowing every request, and through a second one without shadows (the control: `control
+    /// ÷ without` is what the same comparison reads when nothing differs); as the median round's
+    /// and pooled over the rounds.
+    pub(crate) fn shadow(&mut self, metric: &str, median: [f64; 3], pooled: [f64; 3]) {
         self.rows.push(Row {
             metric: metric.to_owned(),
-            measure: Measure::Shadow {
-                without,
-                with,
-                control,
-            },
+            measure: Measure::Shadow { median, pooled },
             values: vec![f64::NAN; self.names.len()],
         });
     }
@@ -173,21 +168,23 @@ impl Report {
         let mut targets = Vec::new();
         for row in &self.rows {
             if let Measure::Shadow {
-                without,
-                with,
-                control,
+                median: [without, with, control],
+                pooled: [p_without, p_with, p_control],
             } = row.measure
             {
                 let r = with / without;
                 targets.push((
                     format!(
-                        "{}: ≤ 1.05",
+                        "{} (median round): ≤ 1.05",
                         row.metric.trim_end_matches(": with ÷ without")
                     ),
                     format!(
                         "{with:.0} µs with, {without:.0} µs without: {r:.2}× \
-                         (control, alike without shadows: {:.2}×)",
-                        control / without
+                         (control, alike without shadows: {:.2}×; pooled over the rounds: \
+                         {:.2}×, control {:.2}×)",
+                        control / without,
+                        p_with / p_without,
+                        p_control / p_without
                     ),
                     r <= 1.05,
                 ));
@@ -250,22 +247,26 @@ impl Report {
                 continue;
             }
             if let Measure::Shadow {
-                without,
-                with,
-                control,
+                median: [without, with, control],
+                pooled: [p_without, p_with, p_control],
             } = row.measure
             {
                 let cells = format!(
-                    "{with:.0} µs with ÷ {without:.0} µs without = {:.2}; control {control:.0} µs = {:.2}",
+                    "median round: {with:.0} µs with ÷ {without:.0} µs without = {:.2}; control \
+                     {control:.0} µs = {:.2} (pooled: {:.2}, control {:.2})",
                     with / without,
-                    control / without
+                    control / without,
+                    p_with / p_without,
+                    p_control / p_without
                 );
                 md.push_str(&format!(
                     " {cells} |{}\n",
                     " |".repeat(self.names.len() + 1)
                 ));
                 rows.push(json!({"measure": row.metric, "with_us": number(with), "without_us": number(without), "ratio": number(with / without),
-                    "control_us": number(control), "control_ratio": number(control / without)}));
+                    "control_us": number(control), "control_ratio": number(control / without),
+                    "pooled": {"with_us": number(p_with), "without_us": number(p_without), "ratio": number(p_with / p_without),
+                        "control_us": number(p_control), "control_ratio": number(p_control / p_without)}}));
                 continue;
             }
             for v in &row.values {

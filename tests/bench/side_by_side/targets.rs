@@ -9,6 +9,11 @@ use std::time::Duration;
 use anyhow::Context as _;
 use switchyard_tests::bench::{free_port, launch, wait_port, Proc};
 
+/// Models of a shadowing Switchyard ([`Launcher::switchyard_as`]) served by the same backend as
+/// the shadowed one, without shadows.
+pub(crate) const UNSHADOWED: &str = "fast-unshadowed";
+pub(crate) const CONTROL: &str = "fast-control";
+
 /// The fake engines every target forwards to: one per kind of work, since a fake engine's
 /// delays are fixed per process.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -161,7 +166,8 @@ impl Launcher {
     }
 
     /// A Switchyard of its own (its own ledger and log) named `name`; with `shadow_to` (the slow
-    /// engine), the `fast` model shadows every request to it.
+    /// engine), the `fast` model shadows every request to it, and two more models on the same
+    /// backend, [`UNSHADOWED`] and [`CONTROL`], shadow none.
     pub(crate) fn switchyard_as(
         &self,
         name: &'static str,
@@ -192,6 +198,12 @@ impl Launcher {
                 toml.push_str(
                     "shadow = { backend = \"candidate\", sample = 1.0, max_in_flight = 4 }\n",
                 );
+                for model in [UNSHADOWED, CONTROL] {
+                    toml.push_str(&format!(
+                        "\n[models.{model}]\nprimary = \"{}\"\n",
+                        engine.name()
+                    ));
+                }
             }
         }
         let config = self.dir.join(format!("{file}.toml"));
