@@ -960,9 +960,15 @@ impl Writer {
                 // returns at once. Not before every row: with the cores busy, each yield hands
                 // the core over for a while, and a writer yielding per row (some 6 µs) fell
                 // behind and dropped records: 4-10% of them at 25k requests/s on two busy cores,
-                // over half with every process on one (README, Recording cost).
+                // over half with every process on one (README, Recording cost). And not once a
+                // quarter of the queue is waiting: under sustained load on one shared core, a
+                // writer yielding every 50 µs still fell behind and dropped a third of the
+                // records (wrk -c32 for 5 s at a time); the request path then shares the core
+                // with a writer that keeps up.
                 if offered.elapsed() >= YIELD_AFTER {
-                    std::thread::yield_now();
+                    if self.rx.len() < self.rx.max_capacity() / 4 {
+                        std::thread::yield_now();
+                    }
                     offered = Instant::now();
                 }
                 match entry {
