@@ -51,6 +51,10 @@ struct Args {
     /// Rounds, alternating between targets.
     #[arg(long, default_value_t = 3)]
     rounds: usize,
+    /// Seconds (about: the rounds' rate times this many requests) of concurrency 32 held on
+    /// direct, nginx and Switchyard after the rounds; 0 to skip.
+    #[arg(long, default_value_t = 10)]
+    sustained_secs: u64,
     /// Rounds of the shadowing measurement (with, without and the control alternated), each of
     /// half `--requests` at concurrency 1 and twice it at 32. Each round's p99 is read apart and
     /// the median round's is compared: one noisy round moves a pooled p99 by 10-20% here.
@@ -350,6 +354,25 @@ async fn main() -> anyhow::Result<()> {
     let c32: Vec<Sample> = c32.into_iter().map(Sample::sorted).collect();
     report.throughput("chat c=32 req/s", c32.iter().map(Sample::rps));
     report.latency("chat c=32 p99 µs", c32.iter().map(|s| s.p(99.0)));
+
+    // The rounds above are short: a few thousand requests fit in Switchyard's ledger queue
+    // (8,192 records), so its writer may do part of their work after the round. Held for
+    // `--sustained-secs`, the ledger must keep up (or drop, which the ledger row below counts).
+    note(&format!(
+        "non-streaming chat, concurrency 32, sustained for {} s",
+        args.sustained_secs
+    ));
+    let mut sustained = Vec::new();
+    for (t, rounds) in targets.iter().zip(&c32) {
+        if is_litellm(t) || args.sustained_secs == 0 {
+            sustained.push(f64::NAN);
+            continue;
+        }
+        let n = ((rounds.rps() * args.sustained_secs as f64) as usize).max(32);
+        let held = run_load(&client, &t.chat_url(Engine::Fast), &fast_body, n, 32).await?;
+        sustained.push(held.rps());
+    }
+    report.throughput(report::SUSTAINED, sustained.into_iter());
 
     note("streaming, one at a time");
     let merge_streams = |a: &mut Streams, b: Streams| {

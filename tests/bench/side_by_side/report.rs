@@ -4,6 +4,9 @@
 
 use serde_json::{json, Value};
 
+/// The throughput row held for `--sustained-secs`.
+pub(crate) const SUSTAINED: &str = "chat c=32 sustained req/s";
+
 /// What a row holds; decides its derived rows, its ratios and its formatting.
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) enum Measure {
@@ -148,13 +151,15 @@ impl Report {
         }
     }
 
-    /// The targets: (what, value, limit, met).
+    /// The targets: (what, value, limit, met). Throughput is met only if the sustained
+    /// reading (when taken) meets it too.
     fn targets(&self) -> Vec<(String, String, bool)> {
         let sw_added = self.value(&added_label("chat c=1 p50 µs"), "Switchyard");
         let nginx_added = self.value(&added_label("chat c=1 p50 µs"), "nginx");
         let litellm_added = self.value(&added_label("chat c=1 p50 µs"), "LiteLLM");
         let rps =
             self.value("chat c=32 req/s", "Switchyard") / self.value("chat c=32 req/s", "nginx");
+        let sustained = self.value(SUSTAINED, "Switchyard") / self.value(SUSTAINED, "nginx");
         let chunk = self.value(&added_label("stream per-chunk delay p99 µs"), "Switchyard");
         let rss = self
             .rows
@@ -198,8 +203,8 @@ impl Report {
             ),
             (
                 "throughput at c=32 ≥ 0.8 × nginx's".to_owned(),
-                format!("{rps:.2}×"),
-                rps >= 0.8,
+                format!("{rps:.2}× in the rounds, {sustained:.2}× sustained"),
+                rps >= 0.8 && (sustained.is_nan() || sustained >= 0.8),
             ),
             (
                 "added p50 ≤ 1/50 of LiteLLM's".to_owned(),
