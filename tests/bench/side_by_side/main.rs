@@ -20,7 +20,7 @@ use clap::Parser;
 use http_body_util::BodyExt;
 use serde_json::json;
 use switchyard_tests::bench::{
-    client, ledger_counts, run_load, stream_once, vm_rss_kib, BenchClient, Sample,
+    client, ledger_counts, percentile, run_load, stream_once, vm_rss_kib, BenchClient, Sample,
 };
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -133,16 +133,6 @@ where
         }
     }
     Ok(merged)
-}
-
-/// The middle value (the mean of the two middle ones for an even count); NaN for none.
-fn median(mut values: Vec<f64>) -> f64 {
-    values.sort_by(f64::total_cmp);
-    match values.len() {
-        0 => f64::NAN,
-        n if n % 2 == 1 => values[n / 2],
-        n => (values[n / 2 - 1] + values[n / 2]) / 2.0,
-    }
 }
 
 fn is_litellm(target: &Target) -> bool {
@@ -459,7 +449,12 @@ async fn main() -> anyhow::Result<()> {
         .await?;
         let median_p99: Vec<f64> = rounds
             .iter()
-            .map(|r| median(r.iter().map(|s| s.p(99.0)).collect()))
+            .map(|r| {
+                // The median round's p99, by the same nearest rank as every percentile here.
+                let mut p99s: Vec<f64> = r.iter().map(|s| s.p(99.0)).collect();
+                p99s.sort_by(f64::total_cmp);
+                percentile(&p99s, 50.0)
+            })
             .collect();
         let pooled_p99: Vec<f64> = rounds
             .into_iter()
