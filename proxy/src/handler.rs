@@ -355,7 +355,7 @@ pub(crate) fn fail(
         record.phases.total = Some(between(record.received, Instant::now()));
         response
             .headers_mut()
-            .insert(SERVER_TIMING, header_value(&record.phases.header_value()));
+            .insert(SERVER_TIMING, record.server_timing());
         record.finish();
     }
     response
@@ -964,7 +964,7 @@ async fn respond(
         stamp.apply(out.headers_mut());
         // What is known now; the full phases follow in the end-of-stream comment and trailer.
         out.headers_mut()
-            .insert(SERVER_TIMING, header_value(&record.phases.header_value()));
+            .insert(SERVER_TIMING, record.server_timing());
         out.headers_mut().insert(
             HeaderName::from_static("x-accel-buffering"),
             HeaderValue::from_static("no"),
@@ -1051,7 +1051,7 @@ async fn respond(
     stamp.apply(out.headers_mut());
     out.headers_mut().insert(X_ENGINE, identity.engine.clone());
     out.headers_mut()
-        .insert(SERVER_TIMING, header_value(&record.phases.header_value()));
+        .insert(SERVER_TIMING, record.server_timing());
     record.finish_after_response();
     Ok(out)
 }

@@ -499,26 +499,17 @@ enum Entry {
     Flush(std::sync::mpsc::SyncSender<()>),
 }
 
-/// A request row, copied out of the record so the writer owns it.
+/// A request row, copied out of the record so the writer owns it. Its texts sit one after
+/// another in one allocation ([`Texts`]): the request path copies them in one go instead of
+/// allocating a dozen strings, and the writer thread reads one block, where it would otherwise
+/// chase a dozen allocations made long before on another thread, and frees it once.
 #[derive(Debug)]
 struct Row {
     ts_ms: i64,
-    request_id: String,
-    method: String,
-    path: String,
-    model: Option<String>,
-    backend: Option<String>,
+    texts: Texts,
     variant: &'static str,
-    engine: Option<String>,
-    artifact: Option<String>,
-    workload: Option<String>,
-    sampling: Option<String>,
-    sampling_json: Option<String>,
-    output: Option<String>,
     status: u16,
     error_class: Option<&'static str>,
-    error: Option<String>,
-    fallback_from: Option<String>,
     prompt_tokens: Option<u64>,
     cached_tokens: Option<u64>,
     completion_tokens: Option<u64>,
@@ -534,27 +525,88 @@ struct Row {
     client_disconnected: bool,
 }
 
+/// The text columns of a request row, in the order [`Texts`] keeps them.
+#[derive(Debug, Clone, Copy)]
+enum Text {
+    RequestId,
+    Method,
+    Path,
+    Model,
+    Backend,
+    Engine,
+    Artifact,
+    Workload,
+    Sampling,
+    SamplingJson,
+    Output,
+    Error,
+    FallbackFrom,
+}
+
+const TEXTS: usize = Text::FallbackFrom as usize + 1;
+
+/// Optional strings, one after another in one `String`.
+#[derive(Debug)]
+struct Texts {
+    buf: String,
+    /// Where each text ends in `buf` (it starts where the one before ends).
+    ends: [u32; TEXTS],
+    /// Bit `i` set: text `i` is present (an absent one is empty and not set).
+    present: u16,
+}
+
+impl Texts {
+    fn new(values: [Option<&str>; TEXTS]) -> Self {
+        let len = values.iter().flatten().map(|s| s.len()).sum();
+        let mut texts = Self {
+            buf: String::with_capacity(len),
+            ends: [0; TEXTS],
+            present: 0,
+        };
+        for (i, value) in values.into_iter().enumerate() {
+            if let Some(s) = value {
+                texts.buf.push_str(s);
+                texts.present |= 1 << i;
+            }
+            // A row's texts are far below 4 GiB: the request body is not among them.
+            texts.ends[i] = u32::try_from(texts.buf.len()).unwrap_or(u32::MAX);
+        }
+        texts
+    }
+
+    fn get(&self, text: Text) -> Option<&str> {
+        let i = text as usize;
+        if self.present & (1 << i) == 0 {
+            return None;
+        }
+        let start = if i == 0 { 0 } else { self.ends[i - 1] as usize };
+        self.buf.get(start..self.ends[i] as usize)
+    }
+}
+
 impl Row {
     fn from_record(r: &RequestRecord) -> Self {
         let facts = r.facts.as_ref();
+        let mut values = [None; TEXTS];
+        values[Text::RequestId as usize] = Some(r.id.as_str());
+        values[Text::Method as usize] = Some(r.method.as_str());
+        values[Text::Path as usize] = Some(r.path.as_str());
+        values[Text::Model as usize] = r.model.as_deref();
+        values[Text::Backend as usize] = r.backend.as_deref();
+        values[Text::Engine as usize] = r.engine.as_deref();
+        values[Text::Artifact as usize] = r.artifact.as_deref();
+        values[Text::Workload as usize] = r.workload.as_deref();
+        values[Text::Sampling as usize] = r.sampling.as_deref();
+        values[Text::SamplingJson as usize] = r.sampling_json.as_deref();
+        values[Text::Output as usize] = facts.and_then(|f| f.output.as_deref());
+        values[Text::Error as usize] = r.error.as_deref();
+        values[Text::FallbackFrom as usize] = r.fallback_from.as_deref();
         Self {
             ts_ms: unix_ms(r.started_at),
-            request_id: r.id.clone(),
-            method: r.method.to_string(),
-            path: r.path.clone(),
-            model: r.model.as_deref().map(str::to_owned),
-            backend: r.backend.as_deref().map(str::to_owned),
+            texts: Texts::new(values),
             variant: r.variant,
-            engine: r.engine.clone(),
-            artifact: r.artifact.clone(),
-            workload: r.workload.clone(),
-            sampling: r.sampling.clone(),
-            sampling_json: r.sampling_json.clone(),
-            output: facts.and_then(|f| f.output.clone()),
             status: r.status,
             error_class: r.error_class,
-            error: r.error.clone(),
-            fallback_from: r.fallback_from.clone(),
             prompt_tokens: facts.and_then(|f| f.usage.prompt_tokens),
             cached_tokens: facts.and_then(|f| f.usage.cached_tokens),
             completion_tokens: facts.and_then(|f| f.usage.completion_tokens),
@@ -569,6 +621,10 @@ impl Row {
             streamed: r.streamed,
             client_disconnected: r.client_disconnected,
         }
+    }
+
+    fn text(&self, text: Text) -> Option<&str> {
+        self.texts.get(text)
     }
 }
 
@@ -975,21 +1031,21 @@ impl Writer {
                     Entry::Request(r) => {
                         insert_request.execute(params![
                             r.ts_ms,
-                            r.request_id,
-                            r.method,
-                            r.path,
-                            r.model,
-                            r.backend,
+                            r.text(Text::RequestId),
+                            r.text(Text::Method),
+                            r.text(Text::Path),
+                            r.text(Text::Model),
+                            r.text(Text::Backend),
                             r.variant,
-                            r.engine,
-                            r.artifact,
-                            r.workload,
-                            r.sampling,
-                            r.sampling_json,
-                            r.output,
+                            r.text(Text::Engine),
+                            r.text(Text::Artifact),
+                            r.text(Text::Workload),
+                            r.text(Text::Sampling),
+                            r.text(Text::SamplingJson),
+                            r.text(Text::Output),
                             r.status,
                             r.error_class,
-                            r.error,
+                            r.text(Text::Error),
                             int(r.prompt_tokens),
                             int(r.cached_tokens),
                             int(r.completion_tokens),
@@ -1007,7 +1063,7 @@ impl Writer {
                             r.warm,
                             r.streamed,
                             r.client_disconnected,
-                            r.fallback_from,
+                            r.text(Text::FallbackFrom),
                         ])?;
                     }
                     Entry::Flush(_) | Entry::Skips => {}
@@ -1210,6 +1266,40 @@ mod tests {
         // With a row limit, the first batch written prunes the oldest rows.
         write_records(&path, Some(3), 5..6);
         assert_eq!(request_ids(&path), vec!["req-3", "req-4", "req-5"]);
+    }
+
+    /// A row's texts come back as they went in: absent apart from empty, each between its
+    /// neighbours' bounds, multi-byte text whole.
+    #[test]
+    fn texts_keep_each_value_and_its_absence() {
+        let mut values = [None; TEXTS];
+        values[Text::RequestId as usize] = Some("01ABC");
+        values[Text::Method as usize] = Some("");
+        values[Text::Model as usize] = Some("m\u{e9}t\u{e9}o");
+        values[Text::Output as usize] = Some("sha256:00");
+        values[Text::FallbackFrom as usize] = Some("llama; code=502");
+        let texts = Texts::new(values);
+        assert_eq!(
+            texts.buf.len(),
+            values.iter().flatten().map(|s| s.len()).sum::<usize>()
+        );
+        for text in [
+            Text::RequestId,
+            Text::Method,
+            Text::Path,
+            Text::Model,
+            Text::Backend,
+            Text::Engine,
+            Text::Artifact,
+            Text::Workload,
+            Text::Sampling,
+            Text::SamplingJson,
+            Text::Output,
+            Text::Error,
+            Text::FallbackFrom,
+        ] {
+            assert_eq!(texts.get(text), values[text as usize], "{text:?}");
+        }
     }
 
     /// Every column holds what the record held (the insert binds 34 parameters by position),

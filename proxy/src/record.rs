@@ -11,6 +11,7 @@
 //! metrics, the trace and the log line. Whatever must see every answered request (a `/metrics`
 //! scrape, a ledger flush, shutdown) waits for those records first ([`Recorder::settled`]).
 
+use std::borrow::Cow;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
@@ -134,6 +135,11 @@ impl Recorder {
             self.stats.errors.fetch_add(1, Ordering::Relaxed);
         }
         let facts = r.facts.as_ref();
+        let server_timing = match &r.server_timing {
+            Some((phases, value)) if *phases == r.phases => value.to_str().ok().map(Cow::Borrowed),
+            _ => None,
+        }
+        .unwrap_or_else(|| Cow::Owned(r.phases.header_value()));
         tracing::info!(
             target: "switchyard::request",
             request_id = %r.id,
@@ -152,7 +158,7 @@ impl Recorder {
             warm = r.warm,
             engine = r.engine.as_deref().unwrap_or("-"),
             artifact = r.artifact.as_deref().unwrap_or("-"),
-            server_timing = %r.phases.header_value(),
+            server_timing = %server_timing,
             prompt_tokens = facts.and_then(|f| f.usage.prompt_tokens),
             completion_tokens = facts.and_then(|f| f.usage.completion_tokens),
             output = facts.and_then(|f| f.output.as_deref()).unwrap_or("-"),
@@ -203,6 +209,9 @@ pub struct RequestRecord {
     /// When the request began waiting for a backend slot; if it is dropped still waiting, the
     /// wait so far is its `queue` phase.
     pub queued_since: Option<Instant>,
+    /// The last `server-timing` value stamped on the response, with the phases it was made of:
+    /// the log line reuses it when the phases have not changed since.
+    server_timing: Option<(Phases, http::HeaderValue)>,
     written: bool,
 }
 
@@ -243,6 +252,7 @@ impl RequestRecord {
             warm_override: None,
             hook: None,
             queued_since: None,
+            server_timing: None,
             written: false,
         }
     }
@@ -303,6 +313,18 @@ impl RequestRecord {
             in_flight: None,
             client_disconnected: self.client_disconnected,
         }
+    }
+
+    /// The `server-timing` header value of the phases as they are now.
+    pub fn server_timing(&mut self) -> http::HeaderValue {
+        if let Some((phases, value)) = &self.server_timing {
+            if *phases == self.phases {
+                return value.clone();
+            }
+        }
+        let value = crate::backend::header_value(&self.phases.header_value());
+        self.server_timing = Some((self.phases.clone(), value.clone()));
+        value
     }
 
     /// Writes the record now, with `total` measured to this instant unless already set.
@@ -386,6 +408,18 @@ mod tests {
 
     fn written(recorder: &Recorder) -> u64 {
         recorder.stats.requests.load(Ordering::Relaxed)
+    }
+
+    #[test]
+    fn server_timing_follows_the_phases_it_was_made_of() {
+        let recorder = Arc::new(Recorder::default());
+        let mut r = record(&recorder, "a");
+        r.phases.ttfb = Some(1.5);
+        let first = r.server_timing();
+        assert_eq!(first, "ttfb;dur=1.500");
+        assert_eq!(r.server_timing(), first);
+        r.phases.total = Some(2.0);
+        assert_eq!(r.server_timing(), "ttfb;dur=1.500, total;dur=2.000");
     }
 
     #[tokio::test(flavor = "current_thread")]

@@ -25,7 +25,7 @@ use switchyard_adapters::observe::is_done;
 use switchyard_adapters::{EventKind, StreamFixState, StreamObserver};
 use tokio::sync::OwnedSemaphorePermit;
 
-use crate::backend::{header_value, Backend};
+use crate::backend::Backend;
 use crate::body::BoxError;
 use crate::error::error_body;
 use crate::metrics::InFlightGuard;
@@ -305,7 +305,7 @@ impl<B> ObservedStream<B> {
             let mut trailers = HeaderMap::with_capacity(1);
             trailers.insert(
                 HeaderName::from_static("server-timing"),
-                header_value(&record.phases.header_value()),
+                record.server_timing(),
             );
             self.out.push_back(Frame::trailers(trailers));
         }
