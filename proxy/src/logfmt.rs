@@ -5,6 +5,7 @@
 //! fields, and `{:?}` walks every string character by character: it was half of the line's cost.
 
 use std::fmt;
+use std::fmt::Write as _;
 
 use tracing::field::{Field, Visit};
 use tracing_subscriber::field::RecordFields;
@@ -17,19 +18,39 @@ use tracing_subscriber::fmt::FormatFields;
 pub struct TextFields;
 
 impl<'w> FormatFields<'w> for TextFields {
-    fn format_fields<R: RecordFields>(&self, writer: Writer<'w>, fields: R) -> fmt::Result {
-        let mut visitor = TextVisitor {
-            writer,
-            result: Ok(()),
-            first: true,
-        };
-        fields.record(&mut visitor);
-        visitor.result
+    fn format_fields<R: RecordFields>(&self, mut writer: Writer<'w>, fields: R) -> fmt::Result {
+        // The fields are written into a String of this thread's, then handed to the writer in
+        // one call: the writer is a `dyn fmt::Write`, and a line of twenty fields makes some
+        // sixty small writes.
+        FIELDS.with(|scratch| {
+            let mut own = String::new();
+            // Never taken here (tracing drops events raised inside its subscriber, say by a
+            // field's `Debug`), but a borrow failure must not lose the line.
+            let mut taken = scratch.try_borrow_mut();
+            let out = match &mut taken {
+                Ok(buf) => &mut **buf,
+                Err(_) => &mut own,
+            };
+            out.clear();
+            let mut visitor = TextVisitor {
+                out,
+                result: Ok(()),
+                first: true,
+            };
+            fields.record(&mut visitor);
+            visitor.result?;
+            writer.write_str(visitor.out)
+        })
     }
 }
 
-struct TextVisitor<'w> {
-    writer: Writer<'w>,
+thread_local! {
+    /// Where [`TextFields`] formats an event's fields before writing them out.
+    static FIELDS: std::cell::RefCell<String> = const { std::cell::RefCell::new(String::new()) };
+}
+
+struct TextVisitor<'a> {
+    out: &'a mut String,
     result: fmt::Result,
     first: bool,
 }
@@ -40,25 +61,22 @@ impl TextVisitor<'_> {
         if self.result.is_err() {
             return false;
         }
-        let sep = if self.first { "" } else { " " };
+        if !self.first {
+            self.out.push(' ');
+        }
         self.first = false;
         let name = field.name();
-        self.result = if name == "message" {
-            self.writer.write_str(sep)
-        } else {
-            let name = name.strip_prefix("r#").unwrap_or(name);
-            self.writer
-                .write_str(sep)
-                .and_then(|()| self.writer.write_str(name))
-                .and_then(|()| self.writer.write_char('='))
-        };
-        self.result.is_ok()
+        if name != "message" {
+            self.out.push_str(name.strip_prefix("r#").unwrap_or(name));
+            self.out.push('=');
+        }
+        true
     }
 
     /// Writes `n` in decimal, as `{:?}` does, without the formatting machinery.
     fn decimal(&mut self, negative: bool, n: u64) {
         let mut digits = [0u8; 21];
-        self.result = self.writer.write_str(decimal(&mut digits, negative, n));
+        self.out.push_str(decimal(&mut digits, negative, n));
     }
 }
 
@@ -93,16 +111,15 @@ impl Visit for TextVisitor<'_> {
         if !self.start(field) {
             return;
         }
-        self.result = if field.name() == "message" {
-            self.writer.write_str(value)
+        if field.name() == "message" {
+            self.out.push_str(value);
         } else if plain(value) {
-            self.writer
-                .write_char('"')
-                .and_then(|()| self.writer.write_str(value))
-                .and_then(|()| self.writer.write_char('"'))
+            self.out.push('"');
+            self.out.push_str(value);
+            self.out.push('"');
         } else {
-            write!(self.writer, "{value:?}")
-        };
+            self.result = write!(self.out, "{value:?}");
+        }
     }
 
     fn record_u64(&mut self, field: &Field, value: u64) {
@@ -119,13 +136,13 @@ impl Visit for TextVisitor<'_> {
 
     fn record_bool(&mut self, field: &Field, value: bool) {
         if self.start(field) {
-            self.result = self.writer.write_str(if value { "true" } else { "false" });
+            self.out.push_str(if value { "true" } else { "false" });
         }
     }
 
     fn record_debug(&mut self, field: &Field, value: &dyn fmt::Debug) {
         if self.start(field) {
-            self.result = write!(self.writer, "{value:?}");
+            self.result = write!(self.out, "{value:?}");
         }
     }
 }

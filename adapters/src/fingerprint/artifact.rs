@@ -25,7 +25,7 @@ pub struct ArtifactDigest(String);
 
 impl ArtifactDigest {
     fn from_bytes(bytes: &[u8]) -> Self {
-        Self(format!("sha256:{}", hex(bytes)))
+        Self(prefixed_hex("sha256:", bytes))
     }
 
     /// `sha256:<hex>`.
@@ -47,10 +47,16 @@ impl std::fmt::Display for ArtifactDigest {
 
 /// Lower-case hex of `bytes`.
 pub fn hex(bytes: &[u8]) -> String {
+    prefixed_hex("", bytes)
+}
+
+/// `prefix` followed by the lower-case hex of `bytes`, in one allocation: three digests per
+/// request are written this way, a table lookup per digit rather than a formatter call.
+pub fn prefixed_hex(prefix: &str, bytes: &[u8]) -> String {
     const DIGITS: &[u8; 16] = b"0123456789abcdef";
-    let mut out = String::with_capacity(bytes.len() * 2);
+    let mut out = String::with_capacity(prefix.len() + bytes.len() * 2);
+    out.push_str(prefix);
     for b in bytes {
-        // Three digests per request: a table lookup, not a formatter call per byte.
         out.push(char::from(DIGITS[usize::from(b >> 4)]));
         out.push(char::from(DIGITS[usize::from(b & 0x0f)]));
     }

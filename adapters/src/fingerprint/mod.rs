@@ -4,6 +4,6 @@ pub mod artifact;
 pub mod output;
 pub mod workload;
 
-pub use artifact::{hex, ArtifactDigest, DigestCache};
+pub use artifact::{hex, prefixed_hex, ArtifactDigest, DigestCache};
 pub use output::OutputHasher;
 pub use workload::{fingerprint_request, is_fingerprinted, WorkloadFingerprint};

@@ -10,7 +10,7 @@ use std::collections::BTreeMap;
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 
-use super::artifact::hex;
+use super::artifact::prefixed_hex;
 use crate::canonical::{canonicalize, write_json};
 use crate::view::ChunkView;
 
@@ -120,7 +120,7 @@ impl OutputHasher {
             line.extend_from_slice(b"]}\n");
             hasher.update(&line);
         }
-        Some(format!("sha256:{}", hex(&hasher.finalize())))
+        Some(prefixed_hex("sha256:", &hasher.finalize()))
     }
 }
 

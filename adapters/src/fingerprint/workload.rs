@@ -4,7 +4,7 @@
 use serde_json::{Map, Value};
 use sha2::{Digest, Sha256};
 
-use super::artifact::hex;
+use super::artifact::prefixed_hex;
 use crate::canonical::{canonicalize, write_json};
 
 /// Fields that decide how tokens are picked. Any field not listed that an engine treats as
@@ -109,8 +109,9 @@ pub fn fingerprint_request(model: &str, mut body: Map<String, Value>) -> Workloa
     hasher.update(&content);
     hasher.update(b"\n");
     hasher.update(&sampling_json);
-    let workload = format!("wl:{}", &hex(&hasher.finalize())[..32]);
-    let sampling = format!("sp:{}", &hex(&Sha256::digest(&sampling_json))[..32]);
+    // 128 bits of each digest: 32 hex digits.
+    let workload = prefixed_hex("wl:", &hasher.finalize()[..16]);
+    let sampling = prefixed_hex("sp:", &Sha256::digest(&sampling_json)[..16]);
     WorkloadFingerprint {
         workload,
         sampling,
