@@ -63,6 +63,9 @@ pub struct IdentityHeaders {
     pub engine: HeaderValue,
     pub artifact: HeaderValue,
     pub verification: Verification,
+    /// `engine` and `artifact` as text, shared by every request's record instead of copied.
+    pub engine_text: Option<Arc<str>>,
+    pub artifact_text: Option<Arc<str>>,
 }
 
 /// A backend and its live state.
@@ -236,10 +239,14 @@ fn compute_headers(
         (Digest::Known(d), _) => format!("unverified:{d}"),
         _ => "unknown".to_owned(),
     };
+    let engine = header_value(&identity.header_value(binary));
+    let artifact = header_value(&artifact);
     IdentityHeaders {
         backend: header_value(name),
-        engine: header_value(&identity.header_value(binary)),
-        artifact: header_value(&artifact),
+        engine_text: engine.to_str().ok().map(Arc::from),
+        artifact_text: artifact.to_str().ok().map(Arc::from),
+        engine,
+        artifact,
         verification,
     }
 }

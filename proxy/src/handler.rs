@@ -24,7 +24,7 @@ use switchyard_adapters::fingerprint::{
 };
 use switchyard_adapters::{inspect_response, Health};
 
-use crate::app::{AppState, Received};
+use crate::app::AppState;
 use crate::backend::{header_value, Backend, IdentityHeaders, Verification};
 use crate::body::ProxyBody;
 use crate::error::ProxyError;
@@ -77,11 +77,12 @@ fn is_hop_by_hop(name: &HeaderName) -> bool {
 }
 
 /// Answers one request. Never fails: every error becomes an OpenAI-shaped response.
-pub async fn handle(state: Arc<AppState>, req: Request<Incoming>) -> Response<ProxyBody> {
-    let received = req
-        .extensions()
-        .get::<Received>()
-        .map_or_else(Instant::now, |r| r.0);
+/// `received`: when the request head arrived, the start of every phase.
+pub async fn handle(
+    state: Arc<AppState>,
+    req: Request<Incoming>,
+    received: Instant,
+) -> Response<ProxyBody> {
     let id = request_id(req.headers());
     let path = req.uri().path();
     let mut response = if req.method() == Method::POST && PROXIED.contains(&path) {
@@ -565,12 +566,16 @@ async fn forward_inner(
         want_trailers,
     });
     if let Some(record) = record_slot.as_mut() {
-        record.describe(&route.model, &fingerprint, streamed);
-        if let Some(shadow) = &route.shadow {
-            record.hook =
-                state
-                    .shadowing
-                    .plan(state, &route, shadow, &outgoing, streamed, fingerprint);
+        match &route.shadow {
+            // The shadow's plan keeps the fingerprint to compare with; the record, a copy.
+            Some(shadow) => {
+                record.describe(&route.model, fingerprint.clone(), streamed);
+                record.hook =
+                    state
+                        .shadowing
+                        .plan(state, &route, shadow, &outgoing, streamed, fingerprint);
+            }
+            None => record.describe(&route.model, fingerprint, streamed),
         }
     }
 
@@ -719,8 +724,8 @@ pub(crate) async fn attempt(
     if let Some(record) = record_slot.as_mut() {
         record.backend = Some(backend.name.clone());
         record.variant = variant;
-        record.engine = identity.engine.to_str().ok().map(str::to_owned);
-        record.artifact = identity.artifact.to_str().ok().map(str::to_owned);
+        record.engine = identity.engine_text.clone();
+        record.artifact = identity.artifact_text.clone();
     }
 
     if backend.config.require_verified_identity && identity.verification != Verification::Verified {
@@ -1016,7 +1021,7 @@ async fn respond(
         record.facts = Some(facts);
         // The answer may just have named the engine's build: stamp what is known now.
         identity = backend.identity_headers();
-        record.engine = identity.engine.to_str().ok().map(str::to_owned);
+        record.engine = identity.engine_text.clone();
     } else {
         if let Some((new_status, new_body)) =
             backend.adapter.normalize_error(status.as_u16(), &out_body)

@@ -1327,8 +1327,8 @@ mod tests {
             r.model = Some(format!("model-{i}").into());
             r.backend = Some(format!("backend-{i}").into());
             r.variant = "canary";
-            r.engine = Some(format!("engine-{i}"));
-            r.artifact = Some(format!("artifact-{i}"));
+            r.engine = Some(format!("engine-{i}").into());
+            r.artifact = Some(format!("artifact-{i}").into());
             r.workload = Some(format!("workload-{i}"));
             r.sampling = Some(format!("sampling-{i}"));
             r.sampling_json = Some(format!("{{\"seed\":{i}}}"));

@@ -183,8 +183,8 @@ pub struct RequestRecord {
     pub sampling: Option<String>,
     pub sampling_json: Option<String>,
     /// The identity stamped on the response (`x-switchyard-engine`, `x-switchyard-artifact`).
-    pub engine: Option<String>,
-    pub artifact: Option<String>,
+    pub engine: Option<Arc<str>>,
+    pub artifact: Option<Arc<str>>,
     /// `false` for the first request a backend served since it became ready (cold caches).
     pub warm: Option<bool>,
     /// Wall-clock time the request arrived.
@@ -258,16 +258,11 @@ impl RequestRecord {
     }
 
     /// What the request asks for: its public model, fingerprints and transport.
-    pub fn describe(
-        &mut self,
-        model: &Arc<str>,
-        fingerprint: &WorkloadFingerprint,
-        streamed: bool,
-    ) {
+    pub fn describe(&mut self, model: &Arc<str>, fingerprint: WorkloadFingerprint, streamed: bool) {
         self.model = Some(model.clone());
-        self.workload = Some(fingerprint.workload.clone());
-        self.sampling = Some(fingerprint.sampling.clone());
-        self.sampling_json = Some(fingerprint.sampling_json.clone());
+        self.workload = Some(fingerprint.workload);
+        self.sampling = Some(fingerprint.sampling);
+        self.sampling_json = Some(fingerprint.sampling_json);
         self.streamed = streamed;
     }
 
@@ -297,8 +292,8 @@ impl RequestRecord {
         Side {
             request_id: Some(self.id.clone()),
             backend: self.backend.as_deref().unwrap_or("").to_owned(),
-            engine: self.engine.clone(),
-            artifact: self.artifact.clone(),
+            engine: self.engine.as_deref().map(str::to_owned),
+            artifact: self.artifact.as_deref().map(str::to_owned),
             status: self.status,
             error: self.error.clone(),
             output: facts.and_then(|f| f.output.clone()),
@@ -322,7 +317,9 @@ impl RequestRecord {
                 return value.clone();
             }
         }
-        let value = crate::backend::header_value(&self.phases.header_value());
+        // Digits, names and separators only: the text becomes the header without a copy.
+        let value = http::HeaderValue::try_from(self.phases.header_value())
+            .unwrap_or_else(|_| crate::backend::header_value(&self.phases.header_value()));
         self.server_timing = Some((self.phases.clone(), value.clone()));
         value
     }

@@ -476,7 +476,7 @@ pub async fn run_on(
         outgoing.head.uri.path().to_owned(),
         Instant::now(),
     );
-    record.describe(model, fingerprint, streamed);
+    record.describe(model, fingerprint.clone(), streamed);
     record.warm_override = warm;
     let (tx, rx) = oneshot::channel();
     record.hook = Some(RecordHook::Outcome(tx));
