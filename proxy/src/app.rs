@@ -49,6 +49,9 @@ pub struct AppState {
     revision: Arc<tokio::sync::watch::Sender<u64>>,
     /// Shadow pools and their running comparisons.
     pub shadowing: Shadowing,
+    /// Cancelled when shutdown's drain timeout runs out: requests still waiting for a slot or
+    /// for the engine's answer stop waiting and are answered 503 before their connections close.
+    pub drain_over: CancellationToken,
 }
 
 impl AppState {
@@ -127,6 +130,7 @@ impl App {
                 started,
                 revision,
                 shadowing,
+                drain_over: CancellationToken::new(),
             }),
         })
     }

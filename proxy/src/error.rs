@@ -53,8 +53,22 @@ pub enum ProxyError {
     UpstreamBroken { backend: String, why: String },
     #[error("Backend `{backend}` sent a response larger than the limit of {limit} bytes.")]
     UpstreamTooLarge { backend: String, limit: u64 },
+    /// Shutdown's drain timeout ran out while the request was still `waiting`.
+    #[error("Switchyard is shutting down and its drain timeout ran out while this request was {waiting} (backend `{backend}`). Retry it once Switchyard is back.")]
+    ShuttingDown {
+        backend: String,
+        waiting: &'static str,
+    },
     #[error("Internal error.")]
     Internal(String),
+}
+
+impl ProxyError {
+    /// What [`ProxyError::ShuttingDown`] says of a request that waited for a slot.
+    pub const WAITING_FOR_SLOT: &'static str =
+        "waiting for a free slot, so it was never sent to the engine";
+    /// What [`ProxyError::ShuttingDown`] says of a request the engine was answering.
+    pub const WAITING_FOR_ENGINE: &'static str = "waiting for the engine's answer";
 }
 
 impl ProxyError {
@@ -72,7 +86,9 @@ impl ProxyError {
             | Self::NotAnObject
             | Self::MissingModel
             | Self::ModelNotString => StatusCode::BAD_REQUEST,
-            Self::IdentityUnverified { .. } => StatusCode::SERVICE_UNAVAILABLE,
+            Self::IdentityUnverified { .. } | Self::ShuttingDown { .. } => {
+                StatusCode::SERVICE_UNAVAILABLE
+            }
             Self::UpstreamUnreachable { .. }
             | Self::UpstreamBroken { .. }
             | Self::UpstreamTooLarge { .. } => StatusCode::BAD_GATEWAY,
@@ -99,7 +115,7 @@ impl ProxyError {
             | Self::MissingModel
             | Self::ModelNotString
             | Self::UnknownModel { .. } => "invalid_request_error",
-            Self::IdentityUnverified { .. } => "unavailable_error",
+            Self::IdentityUnverified { .. } | Self::ShuttingDown { .. } => "unavailable_error",
             Self::UpstreamUnreachable { .. }
             | Self::ConnectTimeout { .. }
             | Self::FirstByteTimeout { .. }
@@ -130,6 +146,7 @@ impl ProxyError {
             Self::FirstByteTimeout { .. } => "upstream_timeout",
             Self::UpstreamBroken { .. } => "upstream_broken",
             Self::UpstreamTooLarge { .. } => "upstream_response_too_large",
+            Self::ShuttingDown { .. } => "shutting_down",
             Self::Internal(_) => "internal_error",
         }
     }
@@ -142,8 +159,12 @@ impl ProxyError {
         }
     }
 
-    /// The class recorded with the request: `client`, `upstream` or `internal`.
+    /// The class recorded with the request: `client`, `upstream`, `internal`, or `shutdown`
+    /// (as for a request cut at shutdown).
     pub fn class(&self) -> &'static str {
+        if let Self::ShuttingDown { .. } = self {
+            return "shutdown";
+        }
         match self.status().as_u16() {
             500 => "internal",
             s if s >= 500 => "upstream",

@@ -748,12 +748,20 @@ pub(crate) async fn attempt(
         record.queued_since = Some(queued);
     }
     let permit = match backend.admission() {
-        Some(semaphore) => Some(
-            semaphore
-                .acquire_owned()
-                .await
-                .map_err(|e| ProxyError::Internal(e.to_string()))?,
-        ),
+        Some(semaphore) => Some(match semaphore.clone().try_acquire_owned() {
+            Ok(permit) => permit,
+            Err(_) => {
+                let _waiting = state.recorder.metrics.waiting(&backend.name);
+                until_drain_over(
+                    state,
+                    &backend,
+                    ProxyError::WAITING_FOR_SLOT,
+                    semaphore.acquire_owned(),
+                )
+                .await?
+                .map_err(|e| ProxyError::Internal(e.to_string()))?
+            }
+        }),
         None => None,
     };
     let forwarded = Instant::now();
@@ -776,7 +784,13 @@ pub(crate) async fn attempt(
         permit,
         in_flight: state.recorder.metrics.in_flight(&backend.name),
     };
-    let response = state.upstream.send(&backend, request).await?;
+    let response = until_drain_over(
+        state,
+        &backend,
+        ProxyError::WAITING_FOR_ENGINE,
+        state.upstream.send(&backend, request),
+    )
+    .await??;
     if let Some(record) = record_slot.as_mut() {
         record.phases.ttfb = Some(between(forwarded, Instant::now()));
     }
@@ -790,6 +804,25 @@ pub(crate) async fn attempt(
         outgoing.want_trailers,
     )
     .await
+}
+
+/// Awaits `wait` unless shutdown's drain timeout runs out first; then the request is answered
+/// 503 ([`ProxyError::ShuttingDown`], saying what it was `waiting` for) instead of being cut with
+/// its connection. `wait` is polled first: what is ready now is not refused.
+async fn until_drain_over<F: std::future::Future>(
+    state: &AppState,
+    backend: &Backend,
+    waiting: &'static str,
+    wait: F,
+) -> Result<F::Output, ProxyError> {
+    tokio::select! {
+        biased;
+        done = wait => Ok(done),
+        () = state.drain_over.cancelled() => Err(ProxyError::ShuttingDown {
+            backend: backend.name.to_string(),
+            waiting,
+        }),
+    }
 }
 
 /// How much of an oversized body is read and discarded before answering 413, so that the client
@@ -984,9 +1017,14 @@ async fn respond(
     }
 
     let limit = state.config.server.max_response_bytes;
-    let bytes = Limited::new(body, usize::try_from(limit).unwrap_or(usize::MAX))
-        .collect()
-        .await
+    let collected = until_drain_over(
+        state,
+        &backend,
+        ProxyError::WAITING_FOR_ENGINE,
+        Limited::new(body, usize::try_from(limit).unwrap_or(usize::MAX)).collect(),
+    )
+    .await?;
+    let bytes = collected
         .map_err(|e| {
             if e.downcast_ref::<LengthLimitError>().is_some() {
                 ProxyError::UpstreamTooLarge {

@@ -19,6 +19,7 @@
 //! | `switchyard_request_errors_total` | counter | `model`, `backend`, `variant`, `error_class` |
 //! | `switchyard_client_disconnects_total` | counter | `backend` |
 //! | `switchyard_in_flight_requests` | gauge | `backend` |
+//! | `switchyard_waiting_requests` | gauge | `backend` |
 //! | `switchyard_ledger_records_written_total` | counter | none |
 //! | `switchyard_ledger_records_dropped_total` | counter | none |
 //! | `switchyard_shadow_comparisons_total` | counter | `model`, `candidate`, `verdict` |
@@ -153,10 +154,15 @@ type PickOne = fn(&Series) -> &Histogram;
 /// Chooses one of a series' per-`source` histogram pairs.
 type PickBySource = fn(&Series) -> &[Histogram; SOURCES.len()];
 
-/// Per-backend gauge and counter.
+/// Chooses one of a backend's gauges when rendering a family.
+type PickGauge = fn(&BackendSeries) -> &AtomicI64;
+
+/// Per-backend gauges and counter.
 #[derive(Debug, Default)]
 struct BackendSeries {
     in_flight: AtomicI64,
+    /// Requests waiting for a slot (the backend's `max_concurrency`).
+    waiting: AtomicI64,
     disconnects: AtomicU64,
 }
 
@@ -170,6 +176,19 @@ pub struct InFlightGuard {
 impl Drop for InFlightGuard {
     fn drop(&mut self) {
         self.backend.in_flight.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// Counts one request as waiting for a slot at a backend until dropped.
+#[derive(Debug)]
+#[must_use = "the request counts as waiting only while the guard lives"]
+pub struct WaitingGuard {
+    backend: Arc<BackendSeries>,
+}
+
+impl Drop for WaitingGuard {
+    fn drop(&mut self) {
+        self.backend.waiting.fetch_sub(1, Ordering::Relaxed);
     }
 }
 
@@ -189,6 +208,21 @@ impl Metrics {
         let backend = self.backend(backend);
         backend.in_flight.fetch_add(1, Ordering::Relaxed);
         InFlightGuard { backend }
+    }
+
+    /// Marks one request as waiting for a slot at `backend`, until the guard is dropped.
+    pub fn waiting(&self, backend: &str) -> WaitingGuard {
+        let backend = self.backend(backend);
+        backend.waiting.fetch_add(1, Ordering::Relaxed);
+        WaitingGuard { backend }
+    }
+
+    /// Requests waiting for a slot at `backend` right now.
+    pub fn waiting_now(&self, backend: &str) -> u64 {
+        self.backends
+            .load()
+            .get(backend)
+            .map_or(0, |b| b.waiting.load(Ordering::Relaxed).max(0) as u64)
     }
 
     /// Requests in flight at `backend` right now.
@@ -402,21 +436,29 @@ impl Metrics {
             );
         }
 
-        let name = "switchyard_in_flight_requests";
-        header(
-            &mut out,
-            name,
-            "Requests forwarded to a backend whose answer is not complete yet.",
-            "gauge",
-        );
-        for (backend, b) in backends.iter().filter(|(name, _)| !name.is_empty()) {
-            let labels = [("backend", backend.to_string())];
-            sample(
-                &mut out,
-                name,
-                &labels,
-                b.in_flight.load(Ordering::Relaxed) as f64,
-            );
+        let gauges: [(&str, &str, PickGauge); 2] = [
+            (
+                "switchyard_in_flight_requests",
+                "Requests forwarded to a backend whose answer is not complete yet.",
+                |b| &b.in_flight,
+            ),
+            (
+                "switchyard_waiting_requests",
+                "Requests waiting for a free slot at a backend (its max_concurrency) before they are forwarded.",
+                |b| &b.waiting,
+            ),
+        ];
+        for (name, help, gauge) in gauges {
+            header(&mut out, name, help, "gauge");
+            for (backend, b) in backends.iter().filter(|(name, _)| !name.is_empty()) {
+                let labels = [("backend", backend.to_string())];
+                sample(
+                    &mut out,
+                    name,
+                    &labels,
+                    gauge(b).load(Ordering::Relaxed) as f64,
+                );
+            }
         }
 
         for (name, help, counter) in [
@@ -764,6 +806,23 @@ mod tests {
             .contains("switchyard_in_flight_requests{backend=\"llama\"} 0\n"));
     }
 
+    #[test]
+    fn waiting_guard_counts_while_alive() {
+        let m = Metrics::new();
+        m.register_backend("llama");
+        assert!(m
+            .render()
+            .contains("switchyard_waiting_requests{backend=\"llama\"} 0\n"));
+        let a = m.waiting("llama");
+        assert_eq!(m.waiting_now("llama"), 1);
+        assert!(m
+            .render()
+            .contains("switchyard_waiting_requests{backend=\"llama\"} 1\n"));
+        drop(a);
+        assert_eq!(m.waiting_now("llama"), 0);
+        assert_eq!(m.in_flight_now("llama"), 0, "a wait is not in flight");
+    }
+
     fn record(recorder: &Arc<Recorder>) -> RequestRecord {
         RequestRecord::new(
             recorder.clone(),
@@ -925,7 +984,7 @@ mod tests {
                 assert!(ok, "{name} after # TYPE {family} {kind}");
             }
         }
-        assert_eq!(declared.len(), 14);
+        assert_eq!(declared.len(), 15);
         assert!(text.contains("switchyard_ledger_records_written_total 3\n"));
     }
 }

@@ -351,6 +351,11 @@ impl RequestRecord {
             return;
         }
         self.written = true;
+        // Still waiting for a slot when it ended (cut, or answered 503 at shutdown): the wait
+        // so far is its queue phase.
+        if let (None, Some(since)) = (self.phases.queue, self.queued_since) {
+            self.phases.queue = Some(between(since, Instant::now()));
+        }
         if self.phases.total.is_none() {
             self.phases.total = Some(between(self.received, Instant::now()));
         }
@@ -364,9 +369,6 @@ impl RequestRecord {
 impl Drop for RequestRecord {
     fn drop(&mut self) {
         if !self.written {
-            if let (None, Some(since)) = (self.phases.queue, self.queued_since) {
-                self.phases.queue = Some(between(since, Instant::now()));
-            }
             if self.recorder.cutting.load(Ordering::Relaxed) {
                 self.error_class.get_or_insert("shutdown");
                 self.error.get_or_insert_with(|| {

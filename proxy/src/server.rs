@@ -96,6 +96,10 @@ pub fn start_on(app: App, listener: TcpListener) -> std::io::Result<Running> {
     })
 }
 
+/// How long, once the drain timeout has run out, connections get to send the 503 of a request
+/// that was still waiting, before every connection still open is cut.
+const ANSWER_AT_DRAIN_END: Duration = Duration::from_millis(250);
+
 /// Accepts until `stop` is cancelled, then drains.
 pub async fn serve(app: App, listener: TcpListener, stop: CancellationToken, drain: Duration) {
     let tasks = TaskTracker::new();
@@ -149,18 +153,28 @@ pub async fn serve(app: App, listener: TcpListener, stop: CancellationToken, dra
     }
     drop(listener);
     tracing::info!("shutting down: draining in-flight requests");
-    let drained = tokio::select! {
-        _ = graceful.shutdown() => true,
-        _ = tokio::time::sleep(drain) => false,
+    let drained = graceful.shutdown();
+    tokio::pin!(drained);
+    let in_time = tokio::select! {
+        () = &mut drained => true,
+        () = tokio::time::sleep(drain) => false,
     };
-    if drained {
+    if in_time {
         tracing::info!("all connections drained");
     } else {
+        // Requests still waiting for a slot or for the engine's answer are answered 503 now;
+        // their connections get a moment to send it and close. Streams already under way
+        // cannot change their status: those are cut.
+        app.state().recorder.cut_at_shutdown();
+        app.state().drain_over.cancel();
+        let answered = tokio::time::timeout(ANSWER_AT_DRAIN_END, &mut drained)
+            .await
+            .is_ok();
         tracing::warn!(
             drain_ms = drain.as_millis() as u64,
-            "drain timeout reached; cutting remaining connections (their requests are recorded with error class `shutdown`)"
+            "drain timeout reached; requests still waiting were answered 503{} (recorded with error class `shutdown`)",
+            if answered { "" } else { ", and the connections still open are cut" }
         );
-        app.state().recorder.cut_at_shutdown();
         cut.cancel();
     }
     // Connection tasks end at once now (drained, or cut); background loops watch `stop`.

@@ -9,6 +9,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
+use http_body_util::BodyExt as _;
 use serde_json::{json, Value};
 use switchyard_tests::fake_engine::{Event, FakeEngine};
 use switchyard_tests::harness::{
@@ -420,14 +421,131 @@ async fn a_client_that_leaves_mid_body_is_recorded_as_a_disconnect() {
     );
 }
 
-/// A request still running when the drain timeout runs out is cut, and its record says so
-/// (error class `shutdown`, not a client disconnect) and reaches the ledger before its last flush.
+/// Requests still waiting when the drain timeout runs out, one for the engine's answer and one
+/// for a free slot behind it, are answered 503 in OpenAI's shape before their connections close,
+/// and their records say so (error class `shutdown`); the one waiting for a slot was never sent.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_request_cut_at_shutdown_is_recorded_as_such() {
+async fn requests_still_waiting_when_the_drain_runs_out_are_answered_503() {
     let dir = tempfile::tempdir().unwrap();
     let db = dir.path().join("ledger.db");
     let mut engine = FakeEngine::llama_cpp()
         .prefill_ms(10_000)
+        .spawn()
+        .await
+        .unwrap();
+    let config = ledger_config(&engine.url(), &db)
+        .replace("[server]\n", "[server]\ndrain_timeout_ms = 300\n")
+        .replace(
+            "[backends.fake]\n",
+            "[backends.fake]\nmax_concurrency = 1\n",
+        );
+    let proxy = start_switchyard(&config).await.unwrap();
+    wait_ready(&proxy, Duration::from_secs(5), |v| v["ready"] == true)
+        .await
+        .unwrap();
+    let url = format!("http://{}/v1/chat/completions", proxy.addr());
+    let send = |id: &'static str| {
+        let url = url.clone();
+        let body = json!({"model": "smollm2", "messages": [{"role": "user", "content": id}]});
+        #[allow(clippy::disallowed_methods)] // the client side of the test
+        tokio::spawn(async move {
+            TestClient::new()
+                .post_raw(
+                    &url,
+                    "application/json",
+                    body.to_string().into_bytes(),
+                    &[("x-request-id", id)],
+                )
+                .await
+        })
+    };
+    let at_engine = send("at-the-engine");
+    engine
+        .wait_for(Duration::from_secs(5), |e| match e {
+            Event::Request { .. } => Some(()),
+            _ => None,
+        })
+        .await
+        .expect("the engine got the first request");
+    let waiting = send("waiting-for-a-slot");
+    // The second request holds no slot until the first is done: wait until it queues.
+    let metrics = &proxy.state().recorder.metrics;
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    while metrics.waiting_now("fake") == 0 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the second request never waited for a slot"
+        );
+        tokio::task::yield_now().await;
+    }
+    let started = std::time::Instant::now();
+    proxy.shutdown().await;
+    let took = started.elapsed();
+    // The drain's 300 ms, then the answers at once (not the engine's 10 s).
+    assert!(
+        took >= Duration::from_millis(300) && took < Duration::from_secs(3),
+        "{took:?}"
+    );
+    for (client, id, waited_for) in [
+        (
+            at_engine,
+            "at-the-engine",
+            "waiting for the engine's answer",
+        ),
+        (waiting, "waiting-for-a-slot", "never sent to the engine"),
+    ] {
+        let response = client.await.unwrap().expect("an answer, not a cut");
+        assert_eq!(response.status, 503, "{id}");
+        let v: Value = serde_json::from_slice(&response.body).unwrap();
+        assert_eq!(v["error"]["code"], "shutting_down", "{id}: {v}");
+        assert_eq!(v["error"]["type"], "unavailable_error", "{id}: {v}");
+        let message = v["error"]["message"].as_str().unwrap();
+        assert!(message.contains(waited_for), "{id}: {message}");
+        assert_eq!(response.header("x-switchyard-backend"), "fake", "{id}");
+    }
+    assert!(
+        engine
+            .wait_for(Duration::from_millis(50), |e| match e {
+                Event::Request { .. } => Some(()),
+                _ => None,
+            })
+            .await
+            .is_none(),
+        "the request waiting for a slot never reached the engine"
+    );
+    let rows = rows(&db);
+    for id in ["at-the-engine", "waiting-for-a-slot"] {
+        let row = rows
+            .iter()
+            .find(|r| r["request_id"] == id)
+            .expect("the request is on the record");
+        assert_eq!(row["error_class"], "shutdown", "{row}");
+        assert_eq!(row["status"], 503, "{row}");
+        assert_eq!(row["client_disconnected"], 0, "{row}");
+        assert!(
+            row["error"].as_str().unwrap().contains("shutting down"),
+            "{row}"
+        );
+    }
+    let waited = rows
+        .iter()
+        .find(|r| r["request_id"] == "waiting-for-a-slot")
+        .unwrap()["queue_ms"]
+        .as_f64()
+        .expect("the wait for a slot is its queue phase");
+    // Queued before shutdown began, answered when the 300 ms drain ran out.
+    assert!(waited >= 300.0, "{waited}");
+}
+
+/// A stream already under way when the drain timeout runs out cannot change its status: it is
+/// cut, and its record says so (error class `shutdown`, not a client disconnect) and reaches the
+/// ledger before its last flush.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_under_way_when_the_drain_runs_out_is_cut_and_recorded_as_such() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("ledger.db");
+    let engine = FakeEngine::llama_cpp()
+        .pause_after_first_ms(10_000)
         .spawn()
         .await
         .unwrap();
@@ -438,36 +556,43 @@ async fn a_request_cut_at_shutdown_is_recorded_as_such() {
         .await
         .unwrap();
     let url = format!("http://{}/v1/chat/completions", proxy.addr());
-    let body = json!({"model": "smollm2", "messages": [{"role": "user", "content": "hi"}]});
-    #[allow(clippy::disallowed_methods)] // the client side of the test
-    let client = tokio::spawn(async move {
-        TestClient::new()
-            .post_raw(
-                &url,
-                "application/json",
-                body.to_string().into_bytes(),
-                &[("x-request-id", "cut-at-shutdown")],
-            )
-            .await
-    });
-    engine
-        .wait_for(Duration::from_secs(5), |e| match e {
-            Event::Request { .. } => Some(()),
-            _ => None,
-        })
+    let body = json!({"model": "smollm2", "stream": true, "messages": [{"role": "user", "content": "hi"}]});
+    let response = TestClient::new()
+        .post_stream(&url, &body, &[("x-request-id", "cut-at-shutdown")])
         .await
-        .expect("the engine got the request");
+        .unwrap();
+    assert_eq!(response.status(), 200);
+    let mut body = response.into_body();
+    // The first token is through: the stream is under way.
+    loop {
+        let frame = body.frame().await.expect("a first chunk").unwrap();
+        if frame.data_ref().is_some_and(|d| !d.is_empty()) {
+            break;
+        }
+    }
+    #[allow(clippy::disallowed_methods)] // the client side of the test
+    let rest = tokio::spawn(async move {
+        let mut text = Vec::new();
+        while let Some(frame) = body.frame().await {
+            match frame {
+                Ok(f) => text.extend_from_slice(f.data_ref().map_or(&[][..], |d| &d[..])),
+                Err(_) => return (text, true),
+            }
+        }
+        (text, false)
+    });
     let started = std::time::Instant::now();
     proxy.shutdown().await;
     let took = started.elapsed();
-    // The drain's 300 ms, then the cut at once (not the engine's 10 s).
     assert!(
         took >= Duration::from_millis(300) && took < Duration::from_secs(3),
         "{took:?}"
     );
+    let (text, broken) = rest.await.unwrap();
+    let text = String::from_utf8_lossy(&text);
     assert!(
-        client.await.unwrap().is_err(),
-        "the client's connection was cut"
+        broken || !text.contains("[DONE]"),
+        "the stream was cut, not finished: {text}"
     );
     let rows = rows(&db);
     let row = rows
@@ -476,10 +601,8 @@ async fn a_request_cut_at_shutdown_is_recorded_as_such() {
         .expect("the cut request is on the record");
     assert_eq!(row["error_class"], "shutdown", "{row}");
     assert_eq!(row["client_disconnected"], 0, "{row}");
-    assert_eq!(row["status"], 0, "{row}");
     assert!(
         row["error"].as_str().unwrap().contains("cut at shutdown"),
         "{row}"
     );
-    assert!(row["queue_ms"].as_f64().is_some(), "{row}");
 }
