@@ -49,8 +49,9 @@ pub struct AppState {
     revision: Arc<tokio::sync::watch::Sender<u64>>,
     /// Shadow pools and their running comparisons.
     pub shadowing: Shadowing,
-    /// Cancelled when shutdown's drain timeout runs out: requests still waiting for a slot or
-    /// for the engine's answer stop waiting and are answered 503 before their connections close.
+    /// Cancelled when shutdown's drain timeout runs out, as the backends' admission semaphores
+    /// are closed ([`AppState::end_drain`]): a request still waiting for a slot then is
+    /// answered 503 instead of being cut with its connection.
     pub drain_over: CancellationToken,
 }
 
@@ -59,6 +60,18 @@ impl AppState {
     /// waiting on readiness without polling).
     pub fn state_changes(&self) -> tokio::sync::watch::Receiver<u64> {
         self.revision.subscribe()
+    }
+
+    /// Shutdown's drain timeout has run out: requests waiting for a slot stop waiting (each is
+    /// answered 503, never having been sent). Requests the engines are answering are not
+    /// interrupted here; the connections still open are cut after this.
+    pub fn end_drain(&self) {
+        self.drain_over.cancel();
+        for backend in self.backends.values() {
+            if let Some(admission) = backend.admission() {
+                admission.close();
+            }
+        }
     }
 
     /// The backend configured under `name` (routes only name configured backends).

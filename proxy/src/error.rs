@@ -67,8 +67,6 @@ impl ProxyError {
     /// What [`ProxyError::ShuttingDown`] says of a request that waited for a slot.
     pub const WAITING_FOR_SLOT: &'static str =
         "waiting for a free slot, so it was never sent to the engine";
-    /// What [`ProxyError::ShuttingDown`] says of a request the engine was answering.
-    pub const WAITING_FOR_ENGINE: &'static str = "waiting for the engine's answer";
 }
 
 impl ProxyError {

@@ -752,14 +752,18 @@ pub(crate) async fn attempt(
             Ok(permit) => permit,
             Err(_) => {
                 let _waiting = state.recorder.metrics.waiting(&backend.name);
-                until_drain_over(
-                    state,
-                    &backend,
-                    ProxyError::WAITING_FOR_SLOT,
-                    semaphore.acquire_owned(),
-                )
-                .await?
-                .map_err(|e| ProxyError::Internal(e.to_string()))?
+                // Shutdown closes the semaphore when its drain timeout runs out: whoever still
+                // waits is answered at once, and was never sent.
+                semaphore.acquire_owned().await.map_err(|e| {
+                    if state.drain_over.is_cancelled() {
+                        ProxyError::ShuttingDown {
+                            backend: backend.name.to_string(),
+                            waiting: ProxyError::WAITING_FOR_SLOT,
+                        }
+                    } else {
+                        ProxyError::Internal(e.to_string())
+                    }
+                })?
             }
         }),
         None => None,
@@ -784,13 +788,7 @@ pub(crate) async fn attempt(
         permit,
         in_flight: state.recorder.metrics.in_flight(&backend.name),
     };
-    let response = until_drain_over(
-        state,
-        &backend,
-        ProxyError::WAITING_FOR_ENGINE,
-        state.upstream.send(&backend, request),
-    )
-    .await??;
+    let response = state.upstream.send(&backend, request).await?;
     if let Some(record) = record_slot.as_mut() {
         record.phases.ttfb = Some(between(forwarded, Instant::now()));
     }
@@ -804,25 +802,6 @@ pub(crate) async fn attempt(
         outgoing.want_trailers,
     )
     .await
-}
-
-/// Awaits `wait` unless shutdown's drain timeout runs out first; then the request is answered
-/// 503 ([`ProxyError::ShuttingDown`], saying what it was `waiting` for) instead of being cut with
-/// its connection. `wait` is polled first: what is ready now is not refused.
-async fn until_drain_over<F: std::future::Future>(
-    state: &AppState,
-    backend: &Backend,
-    waiting: &'static str,
-    wait: F,
-) -> Result<F::Output, ProxyError> {
-    tokio::select! {
-        biased;
-        done = wait => Ok(done),
-        () = state.drain_over.cancelled() => Err(ProxyError::ShuttingDown {
-            backend: backend.name.to_string(),
-            waiting,
-        }),
-    }
 }
 
 /// How much of an oversized body is read and discarded before answering 413, so that the client
@@ -1017,14 +996,9 @@ async fn respond(
     }
 
     let limit = state.config.server.max_response_bytes;
-    let collected = until_drain_over(
-        state,
-        &backend,
-        ProxyError::WAITING_FOR_ENGINE,
-        Limited::new(body, usize::try_from(limit).unwrap_or(usize::MAX)).collect(),
-    )
-    .await?;
-    let bytes = collected
+    let bytes = Limited::new(body, usize::try_from(limit).unwrap_or(usize::MAX))
+        .collect()
+        .await
         .map_err(|e| {
             if e.downcast_ref::<LengthLimitError>().is_some() {
                 ProxyError::UpstreamTooLarge {

@@ -97,7 +97,7 @@ pub fn start_on(app: App, listener: TcpListener) -> std::io::Result<Running> {
 }
 
 /// How long, once the drain timeout has run out, connections get to send the 503 of a request
-/// that was still waiting, before every connection still open is cut.
+/// that was still waiting for a slot, before every connection still open is cut.
 const ANSWER_AT_DRAIN_END: Duration = Duration::from_millis(250);
 
 /// Accepts until `stop` is cancelled, then drains.
@@ -162,17 +162,17 @@ pub async fn serve(app: App, listener: TcpListener, stop: CancellationToken, dra
     if in_time {
         tracing::info!("all connections drained");
     } else {
-        // Requests still waiting for a slot or for the engine's answer are answered 503 now;
-        // their connections get a moment to send it and close. Streams already under way
-        // cannot change their status: those are cut.
+        // Requests still waiting for a slot are answered 503 now (they were never sent); their
+        // connections get a moment to send it and close. Requests the engines are answering,
+        // streams included, are cut with their connections.
         app.state().recorder.cut_at_shutdown();
-        app.state().drain_over.cancel();
+        app.state().end_drain();
         let answered = tokio::time::timeout(ANSWER_AT_DRAIN_END, &mut drained)
             .await
             .is_ok();
         tracing::warn!(
             drain_ms = drain.as_millis() as u64,
-            "drain timeout reached; requests still waiting were answered 503{} (recorded with error class `shutdown`)",
+            "drain timeout reached; requests still waiting for a slot were answered 503{} (recorded with error class `shutdown`)",
             if answered { "" } else { ", and the connections still open are cut" }
         );
         cut.cancel();

@@ -421,11 +421,12 @@ async fn a_client_that_leaves_mid_body_is_recorded_as_a_disconnect() {
     );
 }
 
-/// Requests still waiting when the drain timeout runs out, one for the engine's answer and one
-/// for a free slot behind it, are answered 503 in OpenAI's shape before their connections close,
-/// and their records say so (error class `shutdown`); the one waiting for a slot was never sent.
+/// When the drain timeout runs out, a request still waiting for a free slot is answered 503 in
+/// OpenAI's shape (it was never sent) before its connection closes, and the one the engine is
+/// answering is cut with its connection; both records say so (error class `shutdown`) and reach
+/// the ledger before its last flush.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn requests_still_waiting_when_the_drain_runs_out_are_answered_503() {
+async fn at_the_drain_end_a_request_waiting_for_a_slot_is_answered_503_and_one_at_the_engine_cut() {
     let dir = tempfile::tempdir().unwrap();
     let db = dir.path().join("ledger.db");
     let mut engine = FakeEngine::llama_cpp()
@@ -481,28 +482,23 @@ async fn requests_still_waiting_when_the_drain_runs_out_are_answered_503() {
     let started = std::time::Instant::now();
     proxy.shutdown().await;
     let took = started.elapsed();
-    // The drain's 300 ms, then the answers at once (not the engine's 10 s).
+    // The drain's 300 ms, then the answer and the cut at once (not the engine's 10 s).
     assert!(
         took >= Duration::from_millis(300) && took < Duration::from_secs(3),
         "{took:?}"
     );
-    for (client, id, waited_for) in [
-        (
-            at_engine,
-            "at-the-engine",
-            "waiting for the engine's answer",
-        ),
-        (waiting, "waiting-for-a-slot", "never sent to the engine"),
-    ] {
-        let response = client.await.unwrap().expect("an answer, not a cut");
-        assert_eq!(response.status, 503, "{id}");
-        let v: Value = serde_json::from_slice(&response.body).unwrap();
-        assert_eq!(v["error"]["code"], "shutting_down", "{id}: {v}");
-        assert_eq!(v["error"]["type"], "unavailable_error", "{id}: {v}");
-        let message = v["error"]["message"].as_str().unwrap();
-        assert!(message.contains(waited_for), "{id}: {message}");
-        assert_eq!(response.header("x-switchyard-backend"), "fake", "{id}");
-    }
+    let response = waiting.await.unwrap().expect("an answer, not a cut");
+    assert_eq!(response.status, 503);
+    let v: Value = serde_json::from_slice(&response.body).unwrap();
+    assert_eq!(v["error"]["code"], "shutting_down", "{v}");
+    assert_eq!(v["error"]["type"], "unavailable_error", "{v}");
+    let message = v["error"]["message"].as_str().unwrap();
+    assert!(message.contains("never sent to the engine"), "{message}");
+    assert_eq!(response.header("x-switchyard-backend"), "fake");
+    assert!(
+        at_engine.await.unwrap().is_err(),
+        "the connection of the request at the engine was cut"
+    );
     assert!(
         engine
             .wait_for(Duration::from_millis(50), |e| match e {
@@ -514,18 +510,19 @@ async fn requests_still_waiting_when_the_drain_runs_out_are_answered_503() {
         "the request waiting for a slot never reached the engine"
     );
     let rows = rows(&db);
-    for id in ["at-the-engine", "waiting-for-a-slot"] {
+    for (id, status, error) in [
+        ("at-the-engine", 0, "cut at shutdown"),
+        ("waiting-for-a-slot", 503, "shutting down"),
+    ] {
         let row = rows
             .iter()
             .find(|r| r["request_id"] == id)
             .expect("the request is on the record");
         assert_eq!(row["error_class"], "shutdown", "{row}");
-        assert_eq!(row["status"], 503, "{row}");
+        assert_eq!(row["status"], status, "{row}");
         assert_eq!(row["client_disconnected"], 0, "{row}");
-        assert!(
-            row["error"].as_str().unwrap().contains("shutting down"),
-            "{row}"
-        );
+        assert!(row["error"].as_str().unwrap().contains(error), "{row}");
+        assert!(row["queue_ms"].as_f64().is_some(), "{row}");
     }
     let waited = rows
         .iter()
