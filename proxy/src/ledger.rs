@@ -626,6 +626,85 @@ impl Row {
     fn text(&self, text: Text) -> Option<&str> {
         self.texts.get(text)
     }
+
+    /// The values of the request insert's parameters, in its order.
+    fn params(&self) -> [Param<'_>; REQUEST_PARAMS] {
+        let text = |t: Text| Param::text(self.text(t));
+        [
+            Param::Int(self.ts_ms),
+            text(Text::RequestId),
+            text(Text::Method),
+            text(Text::Path),
+            text(Text::Model),
+            text(Text::Backend),
+            Param::Text(self.variant),
+            text(Text::Engine),
+            text(Text::Artifact),
+            text(Text::Workload),
+            text(Text::Sampling),
+            text(Text::SamplingJson),
+            text(Text::Output),
+            Param::Int(i64::from(self.status)),
+            Param::text(self.error_class),
+            text(Text::Error),
+            Param::count(self.prompt_tokens),
+            Param::count(self.cached_tokens),
+            Param::count(self.completion_tokens),
+            Param::real(self.queue_ms),
+            Param::real(self.load_ms),
+            Param::real(self.ttfb_ms),
+            Param::real(self.ttft_ms),
+            Param::real(self.prefill.map(|p| p.ms)),
+            Param::count(self.prefill.and_then(|p| p.tokens)),
+            Param::text(source(&self.prefill)),
+            Param::real(self.decode.map(|p| p.ms)),
+            Param::count(self.decode.and_then(|p| p.tokens)),
+            Param::text(source(&self.decode)),
+            Param::real(self.total_ms),
+            self.warm.map_or(Param::Null, |w| Param::Int(i64::from(w))),
+            Param::Int(i64::from(self.streamed)),
+            Param::Int(i64::from(self.client_disconnected)),
+            text(Text::FallbackFrom),
+        ]
+    }
+}
+
+/// The request insert's parameter count.
+const REQUEST_PARAMS: usize = 34;
+
+/// One parameter value of the request insert, borrowed from its row.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Param<'a> {
+    Null,
+    Int(i64),
+    Real(f64),
+    Text(&'a str),
+}
+
+impl<'a> Param<'a> {
+    fn text(value: Option<&'a str>) -> Self {
+        value.map_or(Self::Null, Self::Text)
+    }
+
+    fn real(value: Option<f64>) -> Self {
+        value.map_or(Self::Null, Self::Real)
+    }
+
+    /// A count: SQLite integers are signed 64-bit.
+    fn count(value: Option<u64>) -> Self {
+        int(value).map_or(Self::Null, Self::Int)
+    }
+}
+
+impl rusqlite::ToSql for Param<'_> {
+    fn to_sql(&self) -> rusqlite::Result<ToSqlOutput<'_>> {
+        Ok(ToSqlOutput::Borrowed(match *self {
+            Self::Null => ValueRef::Null,
+            Self::Int(n) => ValueRef::Integer(n),
+            Self::Real(x) => ValueRef::Real(x),
+            Self::Text(s) => ValueRef::Text(s.as_bytes()),
+        }))
+    }
 }
 
 /// SQLite integers are signed 64-bit.
@@ -1007,6 +1086,12 @@ impl Writer {
                 runs.iter().map(|(at, s, n)| (*at, s, *n)).collect();
             // When the writer last offered the CPU.
             let mut offered = Instant::now();
+            // What the request insert's parameters hold now. SQLite keeps a statement's
+            // bindings from one execution to the next (until it goes back to the cache, after
+            // this batch), so a row binds only the values that differ from the row before:
+            // most of a row repeats (model, backend, identity, sampling, sources), and binding
+            // a text has SQLite allocate and copy it.
+            let mut bound: Option<[Param<'_>; REQUEST_PARAMS]> = None;
             for entry in entries {
                 // A batch under load is a hundred rows or more, a millisecond of work at a
                 // stretch. Where the writer shares a core with the request path, a request that
@@ -1029,42 +1114,14 @@ impl Writer {
                 }
                 match entry {
                     Entry::Request(r) => {
-                        insert_request.execute(params![
-                            r.ts_ms,
-                            r.text(Text::RequestId),
-                            r.text(Text::Method),
-                            r.text(Text::Path),
-                            r.text(Text::Model),
-                            r.text(Text::Backend),
-                            r.variant,
-                            r.text(Text::Engine),
-                            r.text(Text::Artifact),
-                            r.text(Text::Workload),
-                            r.text(Text::Sampling),
-                            r.text(Text::SamplingJson),
-                            r.text(Text::Output),
-                            r.status,
-                            r.error_class,
-                            r.text(Text::Error),
-                            int(r.prompt_tokens),
-                            int(r.cached_tokens),
-                            int(r.completion_tokens),
-                            r.queue_ms,
-                            r.load_ms,
-                            r.ttfb_ms,
-                            r.ttft_ms,
-                            r.prefill.map(|p| p.ms),
-                            int(r.prefill.and_then(|p| p.tokens)),
-                            source(&r.prefill),
-                            r.decode.map(|p| p.ms),
-                            int(r.decode.and_then(|p| p.tokens)),
-                            source(&r.decode),
-                            r.total_ms,
-                            r.warm,
-                            r.streamed,
-                            r.client_disconnected,
-                            r.text(Text::FallbackFrom),
-                        ])?;
+                        let values = r.params();
+                        for (i, value) in values.iter().enumerate() {
+                            if bound.as_ref().is_none_or(|b| b[i] != *value) {
+                                insert_request.raw_bind_parameter(i + 1, value)?;
+                            }
+                        }
+                        insert_request.raw_execute()?;
+                        bound = Some(values);
                     }
                     Entry::Flush(_) | Entry::Skips => {}
                     Entry::Skipped(at, skip) => {
@@ -1266,6 +1323,107 @@ mod tests {
         // With a row limit, the first batch written prunes the oldest rows.
         write_records(&path, Some(3), 5..6);
         assert_eq!(request_ids(&path), vec!["req-3", "req-4", "req-5"]);
+    }
+
+    /// Within a batch a row binds only the values that differ from the row before: every
+    /// change (a value to another, to NULL, from NULL) and every repeat still reads back as
+    /// that row's own value, for each kind of column.
+    #[test]
+    fn rows_of_one_batch_that_repeat_or_change_values_read_back_as_recorded() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("ledger.db");
+        let config = config(path.clone(), None);
+        let (_tx, rx) = mpsc::channel(1);
+        let mut writer = Writer::new(
+            open(&path).unwrap(),
+            rx,
+            Arc::new(LedgerCounters::default()),
+            &config,
+        );
+        let recorder = Arc::new(crate::record::Recorder::default());
+        let models = [Some("a"), Some("a"), None, None, Some("b"), Some("a")];
+        let errors = [None, Some("x"), Some("x"), None, Some("y"), Some("y")];
+        let statuses = [200u16, 200, 500, 500, 200, 404];
+        let prompt = [Some(1u64), Some(1), None, Some(2), Some(2), None];
+        let ttft = [Some(1.5), Some(1.5), None, Some(2.5), None, Some(2.5)];
+        let warm = [Some(true), Some(true), None, Some(false), Some(false), None];
+        let streamed = [true, true, false, false, true, true];
+        let entries: Vec<Entry> = (0..models.len())
+            .map(|i| {
+                let mut r = RequestRecord::new(
+                    recorder.clone(),
+                    format!("req-{i}"),
+                    http::Method::POST,
+                    "/v1/chat/completions".into(),
+                    Instant::now(),
+                );
+                r.model = models[i].map(Arc::from);
+                r.error = errors[i].map(str::to_owned);
+                r.status = statuses[i];
+                r.facts = Some(ResponseFacts {
+                    usage: Usage {
+                        prompt_tokens: prompt[i],
+                        ..Usage::default()
+                    },
+                    ..ResponseFacts::default()
+                });
+                r.phases.ttft = ttft[i];
+                r.warm = warm[i];
+                r.streamed = streamed[i];
+                let row = Row::from_record(&r);
+                r.finish();
+                Entry::Request(Box::new(row))
+            })
+            .collect();
+        writer.write(&entries, &[]).unwrap();
+
+        let conn = open_read_only(&path).unwrap();
+        let mut select = conn
+            .prepare(
+                "SELECT request_id, model, error, status, prompt_tokens, ttft_ms, warm, streamed
+                 FROM requests ORDER BY id",
+            )
+            .unwrap();
+        type Read = (
+            String,
+            Option<String>,
+            Option<String>,
+            i64,
+            Option<i64>,
+            Option<f64>,
+            Option<bool>,
+            bool,
+        );
+        let rows: Vec<Read> = select
+            .query_map([], |row| {
+                Ok((
+                    row.get(0)?,
+                    row.get(1)?,
+                    row.get(2)?,
+                    row.get(3)?,
+                    row.get(4)?,
+                    row.get(5)?,
+                    row.get(6)?,
+                    row.get(7)?,
+                ))
+            })
+            .unwrap()
+            .collect::<Result<_, _>>()
+            .unwrap();
+        assert_eq!(rows.len(), models.len());
+        for (i, row) in rows.iter().enumerate() {
+            let expected: Read = (
+                format!("req-{i}"),
+                models[i].map(str::to_owned),
+                errors[i].map(str::to_owned),
+                i64::from(statuses[i]),
+                prompt[i].map(|n| n as i64),
+                ttft[i],
+                warm[i],
+                streamed[i],
+            );
+            assert_eq!(*row, expected, "row {i}");
+        }
     }
 
     /// A row's texts come back as they went in: absent apart from empty, each between its
