@@ -673,12 +673,26 @@ impl Row {
 const REQUEST_PARAMS: usize = 34;
 
 /// One parameter value of the request insert, borrowed from its row.
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(Debug, Clone, Copy)]
 enum Param<'a> {
     Null,
     Int(i64),
     Real(f64),
     Text(&'a str),
+}
+
+/// Equal when binding one in place of the other would store the same value: reals compare bit
+/// for bit (`-0.0` is not `0.0` here).
+impl PartialEq for Param<'_> {
+    fn eq(&self, other: &Self) -> bool {
+        match (self, other) {
+            (Self::Null, Self::Null) => true,
+            (Self::Int(a), Self::Int(b)) => a == b,
+            (Self::Real(a), Self::Real(b)) => a.to_bits() == b.to_bits(),
+            (Self::Text(a), Self::Text(b)) => a == b,
+            _ => false,
+        }
+    }
 }
 
 impl<'a> Param<'a> {
