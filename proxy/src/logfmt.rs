@@ -100,10 +100,13 @@ pub(crate) fn decimal(buf: &mut [u8; 21], negative: bool, mut n: u64) -> &str {
     std::str::from_utf8(&buf[at..]).unwrap_or_default()
 }
 
-/// Whether `{:?}` would print `s` as it is, between quotes.
+/// Whether `{:?}` would print `s` as it is, between quotes. Every byte is looked at, without
+/// stopping at the first that is not plain: a loop the compiler can run many bytes at a time,
+/// where almost every string logged is plain.
 fn plain(s: &str) -> bool {
-    s.bytes()
-        .all(|b| (0x20..0x7f).contains(&b) && b != b'"' && b != b'\\')
+    s.bytes().fold(true, |plain, b| {
+        plain & (0x20..0x7f).contains(&b) & (b != b'"') & (b != b'\\')
+    })
 }
 
 impl Visit for TextVisitor<'_> {
@@ -295,6 +298,16 @@ mod tests {
             }
         }
         panic!("the timestamps differ in their second three times in a row");
+    }
+
+    proptest::proptest! {
+        /// The fast path holds only where `{:?}` would print the string as it is.
+        #[test]
+        fn plain_strings_are_what_debug_prints_unchanged(s in "\\PC*|[ -~]*") {
+            if plain(&s) {
+                proptest::prop_assert_eq!(format!("{s:?}"), format!("\"{s}\""));
+            }
+        }
     }
 
     #[test]
