@@ -53,20 +53,11 @@ pub enum ProxyError {
     UpstreamBroken { backend: String, why: String },
     #[error("Backend `{backend}` sent a response larger than the limit of {limit} bytes.")]
     UpstreamTooLarge { backend: String, limit: u64 },
-    /// Shutdown's drain timeout ran out while the request was still `waiting`.
-    #[error("Switchyard is shutting down and its drain timeout ran out while this request was {waiting} (backend `{backend}`). Retry it once Switchyard is back.")]
-    ShuttingDown {
-        backend: String,
-        waiting: &'static str,
-    },
+    /// Shutdown's drain timeout ran out while the request still waited for a slot.
+    #[error("Switchyard is shutting down and its drain timeout ran out while this request was waiting for a free slot on backend `{backend}`, so it was never sent to the engine. Retry it once Switchyard is back.")]
+    ShuttingDown { backend: String },
     #[error("Internal error.")]
     Internal(String),
-}
-
-impl ProxyError {
-    /// What [`ProxyError::ShuttingDown`] says of a request that waited for a slot.
-    pub const WAITING_FOR_SLOT: &'static str =
-        "waiting for a free slot, so it was never sent to the engine";
 }
 
 impl ProxyError {

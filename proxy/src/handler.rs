@@ -758,7 +758,6 @@ pub(crate) async fn attempt(
                     if state.drain_over.is_cancelled() {
                         ProxyError::ShuttingDown {
                             backend: backend.name.to_string(),
-                            waiting: ProxyError::WAITING_FOR_SLOT,
                         }
                     } else {
                         ProxyError::Internal(e.to_string())
