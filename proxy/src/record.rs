@@ -206,8 +206,8 @@ pub struct RequestRecord {
     pub warm_override: Option<bool>,
     /// Told the outcome once the record is written (shadow comparisons).
     pub hook: Option<RecordHook>,
-    /// When the request began waiting for a backend slot; if it is dropped still waiting, the
-    /// wait so far is its `queue` phase.
+    /// When the request began waiting for a backend slot; if its record is written while it
+    /// still waits (cut, or answered 503 at shutdown), the wait so far is its `queue` phase.
     pub queued_since: Option<Instant>,
     /// The last `server-timing` value stamped on the response, with the phases it was made of:
     /// the log line reuses it when the phases have not changed since.
