@@ -3,7 +3,7 @@
 //!
 //! Every finished request is observed exactly once, from [`crate::record::Recorder`], so the
 //! metrics count the same requests as the log and the ledger. In-flight requests are counted by
-//! an [`InFlightGuard`] taken when a request is forwarded to its backend and dropped when the
+//! a [`GaugeGuard`] taken when a request is forwarded to its backend and dropped when the
 //! engine's answer is complete or the client left.
 //!
 //! Families (OpenTelemetry GenAI names in Prometheus form where one exists, seconds as the unit):
@@ -166,29 +166,18 @@ struct BackendSeries {
     disconnects: AtomicU64,
 }
 
-/// Counts one request as in flight at a backend until dropped.
+/// Counts one request in one of a backend's gauges (in flight, waiting for a slot) until
+/// dropped.
 #[derive(Debug)]
-#[must_use = "the request counts as in flight only while the guard lives"]
-pub struct InFlightGuard {
+#[must_use = "the request is counted only while the guard lives"]
+pub struct GaugeGuard {
     backend: Arc<BackendSeries>,
+    gauge: PickGauge,
 }
 
-impl Drop for InFlightGuard {
+impl Drop for GaugeGuard {
     fn drop(&mut self) {
-        self.backend.in_flight.fetch_sub(1, Ordering::Relaxed);
-    }
-}
-
-/// Counts one request as waiting for a slot at a backend until dropped.
-#[derive(Debug)]
-#[must_use = "the request counts as waiting only while the guard lives"]
-pub struct WaitingGuard {
-    backend: Arc<BackendSeries>,
-}
-
-impl Drop for WaitingGuard {
-    fn drop(&mut self) {
-        self.backend.waiting.fetch_sub(1, Ordering::Relaxed);
+        (self.gauge)(&self.backend).fetch_sub(1, Ordering::Relaxed);
     }
 }
 
@@ -204,33 +193,36 @@ impl Metrics {
     }
 
     /// Marks one request as in flight at `backend`, until the guard is dropped.
-    pub fn in_flight(&self, backend: &str) -> InFlightGuard {
-        let backend = self.backend(backend);
-        backend.in_flight.fetch_add(1, Ordering::Relaxed);
-        InFlightGuard { backend }
+    pub fn in_flight(&self, backend: &str) -> GaugeGuard {
+        self.raise(backend, |b| &b.in_flight)
     }
 
     /// Marks one request as waiting for a slot at `backend`, until the guard is dropped.
-    pub fn waiting(&self, backend: &str) -> WaitingGuard {
-        let backend = self.backend(backend);
-        backend.waiting.fetch_add(1, Ordering::Relaxed);
-        WaitingGuard { backend }
+    pub fn waiting(&self, backend: &str) -> GaugeGuard {
+        self.raise(backend, |b| &b.waiting)
     }
 
-    /// Requests waiting for a slot at `backend` right now.
-    pub fn waiting_now(&self, backend: &str) -> u64 {
-        self.backends
-            .load()
-            .get(backend)
-            .map_or(0, |b| b.waiting.load(Ordering::Relaxed).max(0) as u64)
+    fn raise(&self, backend: &str, gauge: PickGauge) -> GaugeGuard {
+        let backend = self.backend(backend);
+        gauge(&backend).fetch_add(1, Ordering::Relaxed);
+        GaugeGuard { backend, gauge }
     }
 
     /// Requests in flight at `backend` right now.
     pub fn in_flight_now(&self, backend: &str) -> u64 {
+        self.gauge_now(backend, |b| &b.in_flight)
+    }
+
+    /// Requests waiting for a slot at `backend` right now.
+    pub fn waiting_now(&self, backend: &str) -> u64 {
+        self.gauge_now(backend, |b| &b.waiting)
+    }
+
+    fn gauge_now(&self, backend: &str, gauge: PickGauge) -> u64 {
         self.backends
             .load()
             .get(backend)
-            .map_or(0, |b| b.in_flight.load(Ordering::Relaxed).max(0) as u64)
+            .map_or(0, |b| gauge(b).load(Ordering::Relaxed).max(0) as u64)
     }
 
     /// Counts one recorded shadow comparison; `skipped` when the pool was full. Returns the

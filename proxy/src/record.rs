@@ -135,11 +135,10 @@ impl Recorder {
             self.stats.errors.fetch_add(1, Ordering::Relaxed);
         }
         let facts = r.facts.as_ref();
-        let server_timing = match &r.server_timing {
-            Some((phases, value)) if *phases == r.phases => value.to_str().ok().map(Cow::Borrowed),
-            _ => None,
-        }
-        .unwrap_or_else(|| Cow::Owned(r.phases.header_value()));
+        let server_timing = r
+            .stamped_server_timing()
+            .and_then(|v| v.to_str().ok())
+            .map_or_else(|| Cow::Owned(r.phases.header_value()), Cow::Borrowed);
         tracing::info!(
             target: "switchyard::request",
             request_id = %r.id,
@@ -312,16 +311,22 @@ impl RequestRecord {
 
     /// The `server-timing` header value of the phases as they are now.
     pub fn server_timing(&mut self) -> http::HeaderValue {
-        if let Some((phases, value)) = &self.server_timing {
-            if *phases == self.phases {
-                return value.clone();
-            }
+        if let Some(value) = self.stamped_server_timing() {
+            return value.clone();
         }
         // Digits, names and separators only: the text becomes the header without a copy.
         let value = http::HeaderValue::try_from(self.phases.header_value())
             .unwrap_or_else(|_| crate::backend::header_value(&self.phases.header_value()));
         self.server_timing = Some((self.phases.clone(), value.clone()));
         value
+    }
+
+    /// The `server-timing` value last stamped, while the phases are still the ones it was made of.
+    fn stamped_server_timing(&self) -> Option<&http::HeaderValue> {
+        self.server_timing
+            .as_ref()
+            .filter(|(phases, _)| *phases == self.phases)
+            .map(|(_, value)| value)
     }
 
     /// Writes the record now, with `total` measured to this instant unless already set.

@@ -28,7 +28,7 @@ use tokio::sync::OwnedSemaphorePermit;
 use crate::backend::Backend;
 use crate::body::BoxError;
 use crate::error::error_body;
-use crate::metrics::InFlightGuard;
+use crate::metrics::GaugeGuard;
 use crate::record::RequestRecord;
 use crate::timing::{between, Source, TokenPhase};
 use crate::upstream::UpstreamBody;
@@ -70,7 +70,7 @@ pub struct ObservedStream<B = UpstreamBody> {
 #[derive(Debug)]
 pub struct Held {
     pub permit: Option<OwnedSemaphorePermit>,
-    pub in_flight: InFlightGuard,
+    pub in_flight: GaugeGuard,
 }
 
 impl<B> ObservedStream<B> {
