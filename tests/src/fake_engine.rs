@@ -284,6 +284,14 @@ impl FakeEngineHandle {
         .await
     }
 
+    /// Waits (at most `timeout`) for the engine to receive a request; `Some` when it did.
+    pub async fn request(&mut self, timeout: Duration) -> Option<()> {
+        self.wait_for(timeout, |e| {
+            matches!(e, Event::Request { .. }).then_some(())
+        })
+        .await
+    }
+
     /// Waits for the first event that `pick` accepts, skipping others.
     pub async fn wait_for<T>(
         &mut self,

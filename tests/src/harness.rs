@@ -179,8 +179,23 @@ impl TestClient {
     }
 
     pub async fn post_json(&self, url: &str, body: &Value) -> anyhow::Result<TestResponse> {
-        self.post_raw(url, "application/json", body.to_string().into_bytes(), &[])
-            .await
+        self.post_json_with(url, body, &[]).await
+    }
+
+    /// `post_json` with extra request headers.
+    pub async fn post_json_with(
+        &self,
+        url: &str,
+        body: &Value,
+        headers: &[(&str, &str)],
+    ) -> anyhow::Result<TestResponse> {
+        self.post_raw(
+            url,
+            "application/json",
+            body.to_string().into_bytes(),
+            headers,
+        )
+        .await
     }
 
     pub async fn post_raw(

@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use http_body_util::BodyExt as _;
 use serde_json::{json, Value};
-use switchyard_tests::fake_engine::{Event, FakeEngine};
+use switchyard_tests::fake_engine::FakeEngine;
 use switchyard_tests::harness::{
     config_for, run_switchyard, start_switchyard, switchyard_comment, timing, wait_ready,
     TestClient,
@@ -410,13 +410,7 @@ async fn a_client_that_leaves_mid_body_is_recorded_as_a_disconnect() {
     );
     // Everything has drained: a request the engine had seen would already be in its events.
     assert!(
-        engine
-            .wait_for(Duration::from_millis(50), |e| match e {
-                Event::Request { .. } => Some(()),
-                _ => None,
-            })
-            .await
-            .is_none(),
+        engine.request(Duration::from_millis(50)).await.is_none(),
         "the engine was not asked"
     );
 }
@@ -451,21 +445,13 @@ async fn at_the_drain_end_a_request_waiting_for_a_slot_is_answered_503_and_one_a
         #[allow(clippy::disallowed_methods)] // the client side of the test
         tokio::spawn(async move {
             TestClient::new()
-                .post_raw(
-                    &url,
-                    "application/json",
-                    body.to_string().into_bytes(),
-                    &[("x-request-id", id)],
-                )
+                .post_json_with(&url, &body, &[("x-request-id", id)])
                 .await
         })
     };
     let at_engine = send("at-the-engine");
     engine
-        .wait_for(Duration::from_secs(5), |e| match e {
-            Event::Request { .. } => Some(()),
-            _ => None,
-        })
+        .request(Duration::from_secs(5))
         .await
         .expect("the engine got the first request");
     let waiting = send("waiting-for-a-slot");
@@ -500,13 +486,7 @@ async fn at_the_drain_end_a_request_waiting_for_a_slot_is_answered_503_and_one_a
         "the connection of the request at the engine was cut"
     );
     assert!(
-        engine
-            .wait_for(Duration::from_millis(50), |e| match e {
-                Event::Request { .. } => Some(()),
-                _ => None,
-            })
-            .await
-            .is_none(),
+        engine.request(Duration::from_millis(50)).await.is_none(),
         "the request waiting for a slot never reached the engine"
     );
     let rows = rows(&db);

@@ -28,10 +28,9 @@ async fn streamed_phases_fall_within_the_injected_delays() {
     let (_engine, _proxy, base) = setup().await;
     let client = TestClient::new();
     let r = client
-        .post_raw(
+        .post_json_with(
             &format!("{base}/v1/chat/completions"),
-            "application/json",
-            request(true).to_string().into_bytes(),
+            &request(true),
             &[("te", "trailers")],
         )
         .await

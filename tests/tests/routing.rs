@@ -526,10 +526,9 @@ async fn headers_named_in_connection_are_not_forwarded() {
     let (mut engine, _proxy, base) = fake_stack(FakeEngine::llama_cpp(), "").await.unwrap();
     let body = json!({"model": "smollm2", "messages": [{"role": "user", "content": "hi"}]});
     let r = TestClient::new()
-        .post_raw(
+        .post_json_with(
             &format!("{base}/v1/chat/completions"),
-            "application/json",
-            body.to_string().into_bytes(),
+            &body,
             &[
                 ("connection", "keep-alive, X-Private"),
                 ("x-private", "for this hop only"),

@@ -483,9 +483,7 @@ async fn after_primary_a_request_that_finds_the_pool_taken_is_skipped_and_counte
     assert_eq!(first.status, 200);
     // The first request's shadow has reached the candidate and holds the only slot (400 ms).
     s.cand
-        .wait_for(Duration::from_secs(5), |e| {
-            matches!(e, Event::Request { .. }).then_some(())
-        })
+        .request(Duration::from_secs(5))
         .await
         .expect("the first shadow reached the candidate");
     // The same request twice: skips of one kind may share a ledger row, with their count.

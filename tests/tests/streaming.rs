@@ -154,9 +154,7 @@ async fn client_leaving_during_prefill_closes_the_engine_request() {
     socket.write_all(head.as_bytes()).await.unwrap();
     // The engine has the request (and is in its prefill): now the client goes away.
     engine
-        .wait_for(Duration::from_secs(2), |e| {
-            matches!(e, Event::Request { .. }).then_some(())
-        })
+        .request(Duration::from_secs(2))
         .await
         .expect("engine received the request");
     let left = Instant::now();

@@ -237,10 +237,9 @@ async fn a_request_span_continues_the_clients_trace_and_reaches_the_engine() {
     let body = json!({"model": "default", "messages": [{"role": "user", "content": "Where does the time go?"}], "max_tokens": 4});
     let sent = SystemTime::now();
     let response = TestClient::new()
-        .post_raw(
+        .post_json_with(
             &format!("{base}/v1/chat/completions"),
-            "application/json",
-            body.to_string().into_bytes(),
+            &body,
             &[
                 ("traceparent", &client_traceparent()),
                 ("tracestate", CLIENT_TRACESTATE),
@@ -407,10 +406,9 @@ async fn with_telemetry_off_the_clients_trace_context_passes_through() {
         .unwrap();
     let body = json!({"model": "smollm2", "messages": [{"role": "user", "content": "hi"}]});
     let response = TestClient::new()
-        .post_raw(
+        .post_json_with(
             &format!("{base}/v1/chat/completions"),
-            "application/json",
-            body.to_string().into_bytes(),
+            &body,
             &[
                 ("traceparent", &client_traceparent()),
                 ("tracestate", CLIENT_TRACESTATE),
@@ -437,10 +435,9 @@ async fn shutdown_flushes_the_spans_still_waiting() {
     .unwrap();
     let body = json!({"model": "smollm2", "messages": [{"role": "user", "content": "stream it"}], "stream": true, "stream_options": {"include_usage": true}});
     let response = TestClient::new()
-        .post_raw(
+        .post_json_with(
             &format!("{base}/v1/chat/completions"),
-            "application/json",
-            body.to_string().into_bytes(),
+            &body,
             &[("x-request-id", "trace-stream")],
         )
         .await
@@ -510,12 +507,7 @@ async fn failures_are_marked_like_http_server_spans() {
         let body = json!({"model": model, "messages": [{"role": "user", "content": "hi"}]});
         async move {
             client
-                .post_raw(
-                    &url,
-                    "application/json",
-                    body.to_string().into_bytes(),
-                    &[("x-request-id", id)],
-                )
+                .post_json_with(&url, &body, &[("x-request-id", id)])
                 .await
         }
     };
@@ -567,12 +559,7 @@ async fn a_clients_unsampled_trace_is_continued_and_not_exported() {
         let mut headers = vec![("x-request-id", id)];
         headers.extend(traceparent.map(|t| ("traceparent", t)));
         let response = TestClient::new()
-            .post_raw(
-                &url,
-                "application/json",
-                body.to_string().into_bytes(),
-                &headers,
-            )
+            .post_json_with(&url, &body, &headers)
             .await
             .unwrap();
         assert_eq!(response.status, 200);
