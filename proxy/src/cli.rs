@@ -342,11 +342,18 @@ fn init_logging(format: LogFormat) {
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .with_timer(crate::logfmt::Timestamp)
-        .with_writer(std::io::stderr);
+        .with_timer(crate::logfmt::Timestamp);
+    let sink = crate::logsink::LogSink::stderr();
     let _ = match format {
-        LogFormat::Json => builder.json().flatten_event(true).try_init(),
-        LogFormat::Text => builder.fmt_fields(crate::logfmt::TextFields).try_init(),
+        LogFormat::Json => builder
+            .with_writer(sink)
+            .json()
+            .flatten_event(true)
+            .try_init(),
+        LogFormat::Text => builder
+            .with_writer(sink)
+            .fmt_fields(crate::logfmt::TextFields)
+            .try_init(),
     };
 }
 

@@ -16,6 +16,7 @@ pub mod error;
 pub mod handler;
 pub mod ledger;
 pub mod logfmt;
+pub mod logsink;
 pub mod metrics;
 pub mod record;
 pub mod report;

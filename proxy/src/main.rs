@@ -9,6 +9,8 @@ use clap::Parser;
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 fn main() -> anyhow::Result<()> {
-    let code = switchyard::cli::main(switchyard::cli::Cli::parse())?;
-    std::process::exit(code);
+    let code = switchyard::cli::main(switchyard::cli::Cli::parse());
+    // The log's gathered request lines, before the process ends (exit runs no destructors).
+    switchyard::logsink::flush();
+    std::process::exit(code?);
 }
