@@ -234,7 +234,12 @@ impl tower::Service<Request<Incoming>> for Router {
     fn call(&mut self, req: Request<Incoming>) -> Self::Future {
         let received = Instant::now();
         let state = self.state.clone();
-        Box::pin(async move { Ok(handler::handle(state, req, received).await) })
+        // The handler's future goes into its box as it is, without an `async` block around it:
+        // a block would hold a second copy of its size and move it in at the first poll.
+        Box::pin(futures_util::FutureExt::map(
+            handler::handle(state, req, received),
+            Ok,
+        ))
     }
 }
 

@@ -306,13 +306,15 @@ async fn forward(
     received: Instant,
     id: &HeaderValue,
 ) -> Response<ProxyBody> {
-    let mut record = RequestRecord::new(
+    // Boxed: the record (about a kilobyte) would otherwise sit in this future and in every
+    // copy the runtime makes of it on the way into its box.
+    let mut record = Box::new(RequestRecord::new(
         state.recorder.clone(),
         id.to_str().unwrap_or("").to_owned(),
         req.method().clone(),
         req.uri().path().to_owned(),
         received,
-    );
+    ));
     // The request's span (when traces are on) exists from here, dated from `received`, so that
     // its context is there to forward.
     record.trace = state
@@ -330,7 +332,7 @@ async fn forward(
 /// Turns an error into the client's response, stamped and recorded.
 pub(crate) fn fail(
     error: ProxyError,
-    record: Option<RequestRecord>,
+    record: Option<Box<RequestRecord>>,
     stamp: &Stamp,
 ) -> Response<ProxyBody> {
     let detail = error.to_string();
@@ -517,7 +519,7 @@ fn is_json(headers: &HeaderMap) -> Result<(), ProxyError> {
 async fn forward_inner(
     state: &Arc<AppState>,
     req: Request<Incoming>,
-    record_slot: &mut Option<RequestRecord>,
+    record_slot: &mut Option<Box<RequestRecord>>,
     stamp: &mut Stamp,
     id: &HeaderValue,
 ) -> Result<Response<ProxyBody>, ProxyError> {
@@ -627,7 +629,7 @@ async fn forward_inner(
 
 /// Names the backends that failed so far on the response (`x-switchyard-fallback-from`) and in
 /// the request's record (the ledger's `fallback_from`).
-fn note_fallback(stamp: &mut Stamp, record: &mut Option<RequestRecord>, failed: &[String]) {
+fn note_fallback(stamp: &mut Stamp, record: &mut Option<Box<RequestRecord>>, failed: &[String]) {
     let from = failed.join(", ");
     stamp.fallback_from = Some(header_value(&from));
     if let Some(record) = record.as_mut() {
@@ -714,7 +716,7 @@ pub(crate) async fn attempt(
     backend: Arc<Backend>,
     variant: &'static str,
     outgoing: &Outgoing,
-    record_slot: &mut Option<RequestRecord>,
+    record_slot: &mut Option<Box<RequestRecord>>,
     stamp: &mut Stamp,
     id: &HeaderValue,
 ) -> Result<Response<ProxyBody>, ProxyError> {
@@ -955,7 +957,7 @@ async fn respond(
     state: &Arc<AppState>,
     backend: Arc<Backend>,
     response: Response<UpstreamBody>,
-    record_slot: &mut Option<RequestRecord>,
+    record_slot: &mut Option<Box<RequestRecord>>,
     stamp: &Stamp,
     held: Held,
     want_trailers: bool,

@@ -337,17 +337,18 @@ impl RequestRecord {
     /// Writes the record once the current task yields, which for a handler's future is after
     /// its connection has written the response: the client does not wait for the record. While
     /// a reader waits in [`Recorder::settled`], writes it now instead.
-    pub fn finish_after_response(self) {
+    /// Boxed, the record moves into the task as a pointer.
+    pub fn finish_after_response(mut self: Box<Self>) {
         match Arc::clone(&self.recorder.deferred).try_read_owned() {
             Ok(permit) => {
                 #[allow(clippy::disallowed_methods)]
                 // tracked by its permit: `settled` and shutdown wait for it
                 tokio::spawn(async move {
-                    self.finish();
+                    self.write_once();
                     drop(permit);
                 });
             }
-            Err(_) => self.finish(),
+            Err(_) => self.write_once(),
         }
     }
 
@@ -398,14 +399,14 @@ mod tests {
 
     use super::*;
 
-    fn record(recorder: &Arc<Recorder>, id: &str) -> RequestRecord {
-        let mut r = RequestRecord::new(
+    fn record(recorder: &Arc<Recorder>, id: &str) -> Box<RequestRecord> {
+        let mut r = Box::new(RequestRecord::new(
             recorder.clone(),
             id.to_owned(),
             http::Method::POST,
             "/v1/chat/completions".to_owned(),
             Instant::now(),
-        );
+        ));
         r.status = 200;
         r
     }

@@ -469,13 +469,13 @@ pub async fn run_on(
 ) -> Side {
     let id = ulid::Ulid::new().to_string();
     let header_id = HeaderValue::from_str(&id).unwrap_or(HeaderValue::from_static("shadow"));
-    let mut record = RequestRecord::new(
+    let mut record = Box::new(RequestRecord::new(
         state.recorder.clone(),
         id,
         outgoing.head.method.clone(),
         outgoing.head.uri.path().to_owned(),
         Instant::now(),
-    );
+    ));
     record.describe(model, fingerprint.clone(), streamed);
     record.warm_override = warm;
     let (tx, rx) = oneshot::channel();

@@ -50,7 +50,7 @@ pub struct ObservedStream<B = UpstreamBody> {
     held: BytesMut,
     out: VecDeque<Frame<Bytes>>,
     observer: StreamObserver,
-    record: Option<RequestRecord>,
+    record: Option<Box<RequestRecord>>,
     backend: Arc<Backend>,
     want_trailers: bool,
     first_token: Option<Instant>,
@@ -76,7 +76,7 @@ pub struct Held {
 impl<B> ObservedStream<B> {
     pub fn new(
         inner: B,
-        record: RequestRecord,
+        record: Box<RequestRecord>,
         backend: Arc<Backend>,
         want_trailers: bool,
     ) -> Self {
@@ -417,13 +417,13 @@ mod tests {
                     .into_iter()
                     .map(|c| Ok::<_, std::io::Error>(Frame::data(c))),
             );
-            let record = RequestRecord::new(
+            let record = Box::new(RequestRecord::new(
                 Arc::new(Recorder::default()),
                 "t".into(),
                 http::Method::POST,
                 "/v1/chat/completions".into(),
                 Instant::now(),
-            );
+            ));
             let stream = ObservedStream::new(StreamBody::new(frames), record, backend(), true);
             let collected = stream.collect().await.unwrap();
             let trailers = collected.trailers().cloned();
