@@ -5,6 +5,7 @@
 //! engines that require it). Non-streaming answers are read whole (bounded), inspected and
 //! forwarded unchanged; streams pass through `ObservedStream`.
 
+use std::borrow::Cow;
 use std::collections::BTreeMap;
 use std::future::Future as _;
 use std::ops::Range;
@@ -366,7 +367,7 @@ pub(crate) fn fail(
 
 /// The parts of a request body the proxy needs: every top-level field's raw JSON text.
 struct ParsedBody<'a> {
-    fields: BTreeMap<String, &'a RawValue>,
+    fields: BTreeMap<Cow<'a, str>, &'a RawValue>,
 }
 
 impl<'a> ParsedBody<'a> {
@@ -382,14 +383,13 @@ impl<'a> ParsedBody<'a> {
 
 fn parse_body(bytes: &[u8]) -> Result<ParsedBody<'_>, ProxyError> {
     let mut duplicate = None;
-    let mut de = serde_json::Deserializer::from_slice(bytes);
-    let fields = serde::de::DeserializeSeed::deserialize(
-        TopLevelFields {
-            duplicate: &mut duplicate,
-        },
-        &mut de,
-    )
-    .and_then(|fields| de.end().map(|()| fields));
+    // Checked for UTF-8 once, whole, then parsed as a `str`: parsed from bytes, serde_json checks
+    // every key and every raw value on its own. A body that is not UTF-8 is parsed as bytes, for
+    // serde_json's own account of where it goes wrong.
+    let fields = match std::str::from_utf8(bytes) {
+        Ok(text) => top_level_fields(serde_json::Deserializer::from_str(text), &mut duplicate),
+        Err(_) => top_level_fields(serde_json::Deserializer::from_slice(bytes), &mut duplicate),
+    };
     match fields {
         Ok(fields) => Ok(ParsedBody { fields }),
         Err(_) if duplicate.is_some() => Err(ProxyError::DuplicateKey(
@@ -402,6 +402,15 @@ fn parse_body(bytes: &[u8]) -> Result<ParsedBody<'_>, ProxyError> {
     }
 }
 
+fn top_level_fields<'de, R: serde_json::de::Read<'de>>(
+    mut de: serde_json::Deserializer<R>,
+    duplicate: &mut Option<String>,
+) -> serde_json::Result<BTreeMap<Cow<'de, str>, &'de RawValue>> {
+    let fields = serde::de::DeserializeSeed::deserialize(TopLevelFields { duplicate }, &mut de)?;
+    de.end()?;
+    Ok(fields)
+}
+
 /// A body's top-level fields, raw, refusing a key given twice: engines differ on which of two
 /// `model`s (or `temperature`s, or `seed`s) counts, and Switchyard must route, fingerprint and
 /// stamp exactly what the engine will use. The repeated key is left in `duplicate`.
@@ -410,7 +419,7 @@ struct TopLevelFields<'d> {
 }
 
 impl<'de> serde::de::DeserializeSeed<'de> for TopLevelFields<'_> {
-    type Value = BTreeMap<String, &'de RawValue>;
+    type Value = BTreeMap<Cow<'de, str>, &'de RawValue>;
 
     fn deserialize<D: serde::Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
         d.deserialize_map(self)
@@ -418,7 +427,7 @@ impl<'de> serde::de::DeserializeSeed<'de> for TopLevelFields<'_> {
 }
 
 impl<'de> serde::de::Visitor<'de> for TopLevelFields<'_> {
-    type Value = BTreeMap<String, &'de RawValue>;
+    type Value = BTreeMap<Cow<'de, str>, &'de RawValue>;
 
     fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str("a JSON object")
@@ -426,19 +435,45 @@ impl<'de> serde::de::Visitor<'de> for TopLevelFields<'_> {
 
     fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
         let mut fields = BTreeMap::new();
-        while let Some(key) = map.next_key::<String>()? {
+        while let Some(Key(key)) = map.next_key()? {
             let value: &'de RawValue = map.next_value()?;
             match fields.entry(key) {
                 std::collections::btree_map::Entry::Vacant(v) => {
                     v.insert(value);
                 }
                 std::collections::btree_map::Entry::Occupied(o) => {
-                    *self.duplicate = Some(o.key().clone());
+                    *self.duplicate = Some(o.key().to_string());
                     return Err(serde::de::Error::custom("duplicate key"));
                 }
             }
         }
         Ok(fields)
+    }
+}
+
+/// A key of the body, borrowed from it unless it holds escapes: a request's keys cost no
+/// allocation each.
+struct Key<'de>(Cow<'de, str>);
+
+impl<'de> serde::Deserialize<'de> for Key<'de> {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> serde::de::Visitor<'de> for V {
+            type Value = Key<'de>;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a string")
+            }
+            fn visit_borrowed_str<E: serde::de::Error>(self, v: &'de str) -> Result<Key<'de>, E> {
+                Ok(Key(Cow::Borrowed(v)))
+            }
+            fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<Key<'de>, E> {
+                Ok(Key(Cow::Owned(v.to_owned())))
+            }
+            fn visit_string<E: serde::de::Error>(self, v: String) -> Result<Key<'de>, E> {
+                Ok(Key(Cow::Owned(v)))
+            }
+        }
+        d.deserialize_str(V)
     }
 }
 
@@ -644,7 +679,7 @@ fn fingerprint_fields(model: &str, parsed: &ParsedBody<'_>) -> WorkloadFingerpri
     for (key, raw) in &parsed.fields {
         if is_fingerprinted(key) {
             if let Ok(v) = serde_json::from_str::<Value>(raw.get()) {
-                relevant.insert(key.clone(), v);
+                relevant.insert(key.to_string(), v);
             }
         }
     }
@@ -1127,6 +1162,26 @@ mod tests {
         ));
         assert!(matches!(parse_body(b"[1,2]"), Err(ProxyError::NotAnObject)));
         assert!(matches!(parse_body(b""), Err(ProxyError::MalformedJson(_))));
+        // Not UTF-8: refused as malformed, in serde_json's words.
+        assert!(matches!(
+            parse_body(b"{\"model\": \"m\xff\"}"),
+            Err(ProxyError::MalformedJson(_))
+        ));
+    }
+
+    #[test]
+    fn keys_read_as_decoded_whether_borrowed_or_escaped() {
+        let parsed = parse_body(br#"{"mod\u0065l": "m", "messages": []}"#).unwrap();
+        assert_eq!(parsed.model().unwrap().0, "m");
+        assert!(matches!(
+            parsed.fields.get("model").unwrap().get(),
+            r#""m""#
+        ));
+        let parsed = parse_body(br#"{"model": "m", "messages": []}"#).unwrap();
+        assert!(matches!(
+            parsed.fields.keys().next(),
+            Some(Cow::Borrowed("messages"))
+        ));
     }
 
     #[test]
