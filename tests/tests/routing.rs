@@ -551,3 +551,61 @@ async fn headers_named_in_connection_are_not_forwarded() {
         .is_none_or(|v| v != "keep-alive, X-Private"));
     assert_eq!(headers.get("x-kept").unwrap(), "for the engine");
 }
+
+/// Each connection's protocol is told from its first bytes: HTTP/2 with prior knowledge, HTTP/1,
+/// and an HTTP/1 method that starts like HTTP/2's preface (`PR…`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http2_with_prior_knowledge_and_http1_are_both_served() {
+    let engine = FakeEngine::llama_cpp().spawn().await.unwrap();
+    let proxy = start_switchyard(&config_for(&engine.url(), ""))
+        .await
+        .unwrap();
+    let body = serde_json::to_vec(
+        &json!({"model": "smollm2", "messages": [{"role": "user", "content": "hi"}]}),
+    )
+    .unwrap();
+
+    let stream = tokio::net::TcpStream::connect(proxy.addr()).await.unwrap();
+    let (mut sender, connection) = hyper::client::conn::http2::handshake(
+        hyper_util::rt::TokioExecutor::new(),
+        hyper_util::rt::TokioIo::new(stream),
+    )
+    .await
+    .unwrap();
+    #[allow(clippy::disallowed_methods)] // the connection's driver, for this test's life
+    tokio::spawn(connection);
+    let request = http::Request::post(format!("http://{}/v1/chat/completions", proxy.addr()))
+        .header("content-type", "application/json")
+        .body(http_body_util::Full::new(bytes::Bytes::from(body.clone())))
+        .unwrap();
+    let response = sender.send_request(request).await.unwrap();
+    assert_eq!(response.version(), http::Version::HTTP_2);
+    assert_eq!(response.status(), 200);
+    assert_eq!(response.headers()["x-switchyard-backend"], "fake");
+    let answer = response.into_body().collect().await.unwrap().to_bytes();
+    let answer: serde_json::Value = serde_json::from_slice(&answer).unwrap();
+    assert!(
+        answer["choices"][0]["message"]["content"].is_string(),
+        "{answer}"
+    );
+
+    let base = format!("http://{}", proxy.addr());
+    let r = TestClient::new()
+        .post_raw(
+            &format!("{base}/v1/chat/completions"),
+            "application/json",
+            body,
+            &[],
+        )
+        .await
+        .unwrap();
+    assert_eq!(r.status, 200);
+    assert_eq!(r.header("x-switchyard-backend"), "fake");
+    let propfind = http::Request::builder()
+        .method(http::Method::from_bytes(b"PROPFIND").unwrap())
+        .uri(format!("{base}/v1/models"))
+        .body(http_body_util::Full::new(bytes::Bytes::new()))
+        .unwrap();
+    let r = TestClient::new().send(propfind).await.unwrap();
+    assert_eq!(r.status, 405, "{}", String::from_utf8_lossy(&r.body));
+}
