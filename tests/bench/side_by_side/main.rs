@@ -52,7 +52,8 @@ struct Args {
     #[arg(long, default_value_t = 3)]
     rounds: usize,
     /// Seconds (about: the rounds' rate times this many requests) of concurrency 32 held on
-    /// direct, nginx and Switchyard after the rounds; 0 to skip.
+    /// direct, nginx and Switchyard after the rounds, in two halves, the second in the reverse
+    /// order of the first; 0 to skip.
     #[arg(long, default_value_t = 10)]
     sustained_secs: u64,
     /// Rounds of the shadowing measurement (with, without and the control alternated), each of
@@ -352,17 +353,29 @@ async fn main() -> anyhow::Result<()> {
         "non-streaming chat, concurrency 32, sustained for {} s",
         args.sustained_secs
     ));
-    let mut sustained = Vec::new();
-    for (t, rounds) in targets.iter().zip(&c32) {
-        if is_litellm(t) || args.sustained_secs == 0 {
-            sustained.push(f64::NAN);
-            continue;
+    // Two halves, the second in the reverse order of the first: a target's place in the order
+    // moves its rate (see the README), and one pass would always run Switchyard last.
+    let mut held: Vec<Option<Sample>> = vec![None; targets.len()];
+    let order: Vec<usize> = (0..targets.len()).collect();
+    for pass in [order.clone(), order.into_iter().rev().collect()] {
+        for i in pass {
+            let t = &targets[i];
+            if is_litellm(t) || args.sustained_secs == 0 {
+                continue;
+            }
+            let n = ((c32[i].rps() * args.sustained_secs as f64 / 2.0) as usize).max(32);
+            let half = run_load(&client, &t.chat_url(Engine::Fast), &fast_body, n, 32).await?;
+            match &mut held[i] {
+                Some(sample) => sample.merge(half),
+                slot => *slot = Some(half),
+            }
         }
-        let n = ((rounds.rps() * args.sustained_secs as f64) as usize).max(32);
-        let held = run_load(&client, &t.chat_url(Engine::Fast), &fast_body, n, 32).await?;
-        sustained.push(held.rps());
     }
-    report.throughput(report::SUSTAINED, sustained.into_iter());
+    report.throughput(
+        report::SUSTAINED,
+        held.iter()
+            .map(|s| s.as_ref().map_or(f64::NAN, Sample::rps)),
+    );
 
     note("streaming, one at a time");
     let merge_streams = |a: &mut Streams, b: Streams| {
