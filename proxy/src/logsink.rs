@@ -59,7 +59,9 @@ struct State {
 
 impl LogSink {
     /// A sink writing to standard error, installed for [`flush`]. Should its flushing thread fail
-    /// to start, every line is written as it comes (and a line says so).
+    /// to start, every line is written as it comes (and a line says so). A panic writes the
+    /// gathered lines before its message: a panic that ends the process does not take the
+    /// requests' lines before it along.
     pub fn stderr() -> Self {
         let sink = Self::start(Box::new(io::stderr()), FLUSH_AFTER).unwrap_or_else(|e| {
             let _ = writeln!(
@@ -68,8 +70,22 @@ impl LogSink {
             );
             Self::new(Box::new(io::stderr()), false)
         });
-        let _ = INSTALLED.set(sink.clone());
+        if INSTALLED.set(sink.clone()).is_ok() {
+            sink.clone().flush_on_panic();
+        }
         sink
+    }
+
+    /// Has every panic write the gathered lines first (then the panic is reported as before).
+    fn flush_on_panic(self) {
+        let report = std::panic::take_hook();
+        std::panic::set_hook(Box::new(move |info| {
+            // Not if the panic came from inside the sink: its lock is then held.
+            if let Ok(mut state) = self.shared.state.try_lock() {
+                state.write_out(None);
+            }
+            report(info);
+        }));
     }
 
     /// A sink writing to `out`, whose gathered lines wait at most `flush_after`.
@@ -339,6 +355,20 @@ mod tests {
             "written before its deadline"
         );
         assert!(out.text().contains("request"));
+    }
+
+    #[test]
+    fn a_panic_writes_the_gathered_lines_first() {
+        let out = Captured::default();
+        let sink = LogSink::start(Box::new(out.clone()), Duration::from_secs(3600)).unwrap();
+        sink.clone().flush_on_panic();
+        tracing::subscriber::with_default(subscriber(sink), || {
+            tracing::info!(target: "switchyard::request", "before the panic");
+        });
+        assert_eq!(out.writes(), 0);
+        let caught = std::panic::catch_unwind(|| panic!("a test's panic"));
+        assert!(caught.is_err());
+        assert!(out.text().contains("before the panic"), "{}", out.text());
     }
 
     #[test]
