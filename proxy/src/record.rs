@@ -336,8 +336,8 @@ impl RequestRecord {
 
     /// Writes the record once the current task yields, which for a handler's future is after
     /// its connection has written the response: the client does not wait for the record. While
-    /// a reader waits in [`Recorder::settled`], writes it now instead.
-    /// Boxed, the record moves into the task as a pointer.
+    /// a reader waits in [`Recorder::settled`], writes it now instead. The record comes boxed
+    /// and moves into the task as a pointer.
     pub fn finish_after_response(mut self: Box<Self>) {
         match Arc::clone(&self.recorder.deferred).try_read_owned() {
             Ok(permit) => {
