@@ -20,9 +20,7 @@ use http_body_util::{BodyExt, Full, LengthLimitError, Limited};
 use hyper::body::Incoming;
 use serde_json::value::RawValue;
 use serde_json::{Map, Value};
-use switchyard_adapters::fingerprint::{
-    fingerprint_request, is_fingerprinted, WorkloadFingerprint,
-};
+use switchyard_adapters::fingerprint::{fingerprint_raw, WorkloadFingerprint};
 use switchyard_adapters::{inspect_response, Health};
 
 use crate::app::AppState;
@@ -672,18 +670,16 @@ fn note_fallback(stamp: &mut Stamp, record: &mut Option<Box<RequestRecord>>, fai
     }
 }
 
-/// The workload and sampling fingerprints of a parsed body: only the fields that define the work
-/// are parsed into values.
+/// The workload and sampling fingerprints of a parsed body, written straight from the raw text
+/// of the fields that define the work.
 fn fingerprint_fields(model: &str, parsed: &ParsedBody<'_>) -> WorkloadFingerprint {
-    let mut relevant = Map::new();
-    for (key, raw) in &parsed.fields {
-        if is_fingerprinted(key) {
-            if let Ok(v) = serde_json::from_str::<Value>(raw.get()) {
-                relevant.insert(key.to_string(), v);
-            }
-        }
-    }
-    fingerprint_request(model, relevant)
+    fingerprint_raw(
+        model,
+        parsed
+            .fields
+            .iter()
+            .map(|(key, raw)| (key.as_ref(), raw.get())),
+    )
 }
 
 /// The request line and headers as the client sent them, kept to build engine requests from.

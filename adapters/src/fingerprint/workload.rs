@@ -5,7 +5,7 @@ use serde_json::{Map, Value};
 use sha2::{Digest, Sha256};
 
 use super::artifact::prefixed_hex;
-use crate::canonical::{canonicalize, write_json};
+use crate::canonical::{canonicalize, write_canonical_raw, write_json};
 
 /// Fields that decide how tokens are picked. Any field not listed that an engine treats as
 /// sampling (e.g. llama.cpp's `mirostat`, `dry_*`, `xtc_*`) is added by [`is_sampling_field`].
@@ -105,6 +105,11 @@ pub fn fingerprint_request(model: &str, mut body: Map<String, Value>) -> Workloa
     }
     content.push(b'}');
 
+    digests(content, sampling_json, deterministic)
+}
+
+/// The fingerprints of the canonical content and sampling texts.
+fn digests(content: Vec<u8>, sampling_json: Vec<u8>, deterministic: bool) -> WorkloadFingerprint {
     let mut hasher = Sha256::new();
     hasher.update(&content);
     hasher.update(b"\n");
@@ -119,6 +124,68 @@ pub fn fingerprint_request(model: &str, mut body: Map<String, Value>) -> Workloa
         sampling_json: String::from_utf8(sampling_json).unwrap_or_default(),
         deterministic,
     }
+}
+
+/// [`fingerprint_request`] of a body given as its top-level fields' raw JSON texts, `fields` in
+/// key order (as a parsed object's are): each fingerprinted field's canonical text is written
+/// straight from its raw text ([`write_canonical_raw`]), without a `Value` in between. Fields
+/// that do not parse into a value are left out, as they are from the parsed map.
+pub fn fingerprint_raw<'a>(
+    model: &str,
+    fields: impl IntoIterator<Item = (&'a str, &'a str)> + Clone,
+) -> WorkloadFingerprint {
+    let mut greedy = false;
+    let mut seeded = false;
+    let mut sampling_json = Vec::with_capacity(64);
+    sampling_json.push(b'{');
+    let mut content = Vec::with_capacity(256);
+    content.push(b'{');
+    let mut model_written = false;
+    for (key, raw) in fields {
+        let sampling = is_sampling_field(key);
+        let out = if sampling {
+            &mut sampling_json
+        } else if CONTENT_FIELDS.contains(&key) {
+            if !model_written && key > "model" {
+                write_member(&mut content, "model", model);
+                content.push(b',');
+                model_written = true;
+            }
+            &mut content
+        } else {
+            continue;
+        };
+        let mark = out.len();
+        // Sampling members are separated before each; content members end with a comma, which
+        // the model's member or the closing brace follows.
+        if sampling && out.len() > 1 {
+            out.push(b',');
+        }
+        write_json(out, key);
+        out.push(b':');
+        if write_canonical_raw(out, raw).is_err() {
+            out.truncate(mark);
+            continue;
+        }
+        if !sampling {
+            out.push(b',');
+        }
+        match key {
+            "temperature" => {
+                greedy = serde_json::from_str::<f64>(raw).is_ok_and(|t| t == 0.0);
+            }
+            "seed" => seeded = raw.trim() != "null",
+            _ => {}
+        }
+    }
+    sampling_json.push(b'}');
+    if model_written {
+        content.pop();
+    } else {
+        write_member(&mut content, "model", model);
+    }
+    content.push(b'}');
+    digests(content, sampling_json, greedy || seeded)
 }
 
 /// Appends `"key":value` (the value already canonical).
@@ -219,5 +286,77 @@ mod tests {
             seeded.sampling_json,
             r#"{"mirostat":2,"seed":3,"temperature":0.7}"#
         );
+    }
+
+    /// `fingerprint_raw` of a body's raw fields, as a parser that keeps each top-level value's
+    /// text hands them over (in key order).
+    fn fp_raw(body: &str) -> WorkloadFingerprint {
+        let fields: std::collections::BTreeMap<String, Box<serde_json::value::RawValue>> =
+            serde_json::from_str(body).unwrap();
+        fingerprint_raw("smollm2", fields.iter().map(|(k, v)| (k.as_str(), v.get())))
+    }
+
+    /// `fingerprint_request` of the same body parsed into values (fields that do not parse into
+    /// one left out, as the proxy leaves them out).
+    fn fp_value(body: &str) -> WorkloadFingerprint {
+        let fields: std::collections::BTreeMap<String, Box<serde_json::value::RawValue>> =
+            serde_json::from_str(body).unwrap();
+        let map = fields
+            .iter()
+            .filter(|(k, _)| is_fingerprinted(k))
+            .filter_map(|(k, v)| Some((k.clone(), serde_json::from_str::<Value>(v.get()).ok()?)))
+            .collect();
+        fingerprint_request("smollm2", map)
+    }
+
+    #[test]
+    fn raw_fields_fingerprint_as_parsed_ones() {
+        for body in [
+            r#"{"model": "x", "messages": [{"role": "user", "content": "hi"}], "temperature": 0.0, "stream": true}"#,
+            r#"{"prompt": "a", "seed": null, "temperature": 0.5, "n": 1.0, "zzz": 1}"#,
+            r#"{"tools": [{"b": 1, "a": 2}], "tool_choice": "auto", "seed": 7, "stop": ["\n"]}"#,
+            r#"{"messages": [], "temperature": 1e400, "seed": 1e400, "top_p": 1}"#,
+            r#"{"temperature": "0", "input": "x", "response_format": {"type": "json_object"}}"#,
+            r#"{}"#,
+            r#"{"mirostat": 2, "dry_multiplier": 0.8, "grammar": "root ::= x", "suffix": "s"}"#,
+        ] {
+            assert_eq!(fp_raw(body), fp_value(body), "{body}");
+        }
+    }
+
+    use proptest::strategy::Strategy as _;
+
+    proptest::proptest! {
+        /// Bodies of any fields, fingerprinted or not, with any values, read alike both ways.
+        #[test]
+        fn raw_and_parsed_bodies_agree(
+            fields in proptest::collection::btree_map(
+                proptest::sample::select(vec![
+                    "messages", "prompt", "tools", "temperature", "seed", "stop", "top_k",
+                    "mirostat_tau", "stream", "model", "user", "a", "zz",
+                ]),
+                proptest::prop_oneof![
+                    proptest::strategy::Just("null".to_owned()),
+                    proptest::strategy::Just("0.0".to_owned()),
+                    proptest::strategy::Just("1e400".to_owned()),
+                    (-5.0f64..5.0).prop_map(|f| f.to_string()),
+                    proptest::prelude::any::<i32>().prop_map(|i| i.to_string()),
+                    "[a-c\"\\\\]{0,4}".prop_map(|s| serde_json::to_string(&s).unwrap()),
+                    proptest::strategy::Just(r#"[{"role": "user", "content": "hi", "role": "x"}]"#.to_owned()),
+                    proptest::strategy::Just(r#"{"b": [1.0, {"d": 2, "c": null}], "a": true}"#.to_owned()),
+                ],
+                0..8,
+            )
+        ) {
+            let body = format!(
+                "{{{}}}",
+                fields
+                    .iter()
+                    .map(|(k, v)| format!("\"{k}\": {v}"))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            );
+            proptest::prop_assert_eq!(fp_raw(&body), fp_value(&body));
+        }
     }
 }
