@@ -127,12 +127,13 @@ fn digests(content: Vec<u8>, sampling_json: Vec<u8>, deterministic: bool) -> Wor
 }
 
 /// [`fingerprint_request`] of a body given as its top-level fields' raw JSON texts, `fields` in
-/// key order (as a parsed object's are): each fingerprinted field's canonical text is written
+/// key order and each key once (as a parsed object's are): each fingerprinted field's canonical
+/// text is written
 /// straight from its raw text ([`write_canonical_raw`]), without a `Value` in between. Fields
 /// that do not parse into a value are left out, as they are from the parsed map.
 pub fn fingerprint_raw<'a>(
     model: &str,
-    fields: impl IntoIterator<Item = (&'a str, &'a str)> + Clone,
+    fields: impl IntoIterator<Item = (&'a str, &'a str)>,
 ) -> WorkloadFingerprint {
     let mut greedy = false;
     let mut seeded = false;
