@@ -13,7 +13,7 @@
 
 use std::borrow::Cow;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use switchyard_adapters::fingerprint::WorkloadFingerprint;
@@ -23,6 +23,16 @@ use tokio::sync::RwLock;
 
 use crate::shadow::RecordHook;
 use crate::timing::{between, Phases, Source, TokenPhase};
+
+/// See [`Recorder::queued`].
+#[derive(Debug, Default)]
+struct Queued {
+    /// Boxed as they come: a record is a kilobyte, and moves in and out of here as a pointer.
+    #[allow(clippy::vec_box)]
+    records: Vec<Box<RequestRecord>>,
+    /// A task is on its way to write them; it takes them all at once when it runs.
+    draining: bool,
+}
 
 /// Counters kept for every request, readable while serving (tests and the log).
 #[derive(Debug, Default)]
@@ -43,6 +53,9 @@ pub struct Recorder {
     /// written; taking the lock exclusively waits for exactly those (it is fair: once a writer
     /// waits, new records cannot take a permit and are written before their responses).
     deferred: Arc<RwLock<()>>,
+    /// Records whose responses went out, for the task on its way to write them, which holds one
+    /// permit of `deferred` for them all.
+    queued: Mutex<Queued>,
     /// Set when shutdown cuts the requests still running at the end of the drain: a record
     /// written unfinished from then on was cut by the server, not left by its client.
     cutting: std::sync::atomic::AtomicBool,
@@ -60,6 +73,12 @@ impl Recorder {
     /// `shutdown`), not as a client disconnect.
     pub fn cut_at_shutdown(&self) {
         self.cutting.store(true, Ordering::Relaxed);
+    }
+
+    fn queued(&self) -> std::sync::MutexGuard<'_, Queued> {
+        self.queued
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     /// Returns once every record whose response has gone out is written: what is read after
@@ -336,20 +355,40 @@ impl RequestRecord {
 
     /// Writes the record once the current task yields, which for a handler's future is after
     /// its connection has written the response: the client does not wait for the record. While
-    /// a reader waits in [`Recorder::settled`], writes it now instead. The record comes boxed
-    /// and moves into the task as a pointer.
+    /// a reader waits in [`Recorder::settled`], writes it now instead.
+    ///
+    /// A record that comes while a writing task is on its way joins it: under load one task
+    /// writes the records of every response that went out in a turn of the runtime, instead of a
+    /// task spawned, scheduled, polled and freed per record. The task takes what has gathered
+    /// once, when it runs, and later records start another: a reader waiting in `settled` waits
+    /// for one batch, never for a stream of them.
     pub fn finish_after_response(mut self: Box<Self>) {
-        match Arc::clone(&self.recorder.deferred).try_read_owned() {
-            Ok(permit) => {
-                #[allow(clippy::disallowed_methods)]
-                // tracked by its permit: `settled` and shutdown wait for it
-                tokio::spawn(async move {
-                    self.write_once();
-                    drop(permit);
-                });
-            }
-            Err(_) => self.write_once(),
+        let recorder = Arc::clone(&self.recorder);
+        let mut queued = recorder.queued();
+        if queued.draining {
+            queued.records.push(self);
+            return;
         }
+        let Ok(permit) = Arc::clone(&recorder.deferred).try_read_owned() else {
+            drop(queued);
+            return self.write_once();
+        };
+        queued.records.push(self);
+        queued.draining = true;
+        drop(queued);
+        #[allow(clippy::disallowed_methods)]
+        // tracked by its permit: `settled` and shutdown wait for it
+        tokio::spawn(async move {
+            let batch = {
+                let mut queued = recorder.queued();
+                queued.draining = false;
+                std::mem::take(&mut queued.records)
+            };
+            for mut record in batch {
+                record.write_once();
+            }
+            drop(permit);
+        });
     }
 
     fn write_once(&mut self) {
@@ -428,6 +467,32 @@ mod tests {
     }
 
     #[tokio::test(flavor = "current_thread")]
+    async fn records_of_one_turn_are_written_together_and_later_ones_apart() {
+        let recorder = Arc::new(Recorder::default());
+        record(&recorder, "a").finish_after_response();
+        record(&recorder, "b").finish_after_response();
+        assert_eq!(
+            written(&recorder),
+            0,
+            "written before the responses went out"
+        );
+        assert_eq!(
+            recorder.queued().records.len(),
+            2,
+            "the second joins the first's task"
+        );
+        tokio::task::yield_now().await;
+        assert_eq!(written(&recorder), 2);
+        assert!(!recorder.queued().draining);
+        // The next one starts a task of its own.
+        record(&recorder, "c").finish_after_response();
+        assert_eq!(written(&recorder), 2);
+        recorder.settled().await;
+        assert_eq!(written(&recorder), 3);
+        assert!(recorder.queued().records.is_empty());
+    }
+
+    #[tokio::test(flavor = "current_thread")]
     async fn a_deferred_record_is_written_after_the_task_yields_and_settled_waits_for_it() {
         let recorder = Arc::new(Recorder::default());
         record(&recorder, "a").finish_after_response();
@@ -446,18 +511,27 @@ mod tests {
         let recorder = Arc::new(Recorder::default());
         record(&recorder, "a").finish_after_response();
         // A scrape arrives: it waits for "a", and holds the gate against new permits.
-        let settling = {
+        let settle = |recorder: &Arc<Recorder>| {
             let recorder = recorder.clone();
             let mut settling = Box::pin(async move { recorder.settled().await });
-            assert!(
-                (&mut settling).now_or_never().is_none(),
-                "a is not written yet"
-            );
+            assert!((&mut settling).now_or_never().is_none(), "the scrape waits");
             settling
         };
+        let settling = settle(&recorder);
+        // "b" joins the batch on its way, which the scrape waits for.
         record(&recorder, "b").finish_after_response();
-        assert_eq!(written(&recorder), 1, "b was written at once");
+        assert_eq!(written(&recorder), 0);
         settling.await;
         assert_eq!(written(&recorder), 2);
+
+        // Once the batch is taken, a record that comes while a scrape waits is written at once.
+        record(&recorder, "c").finish_after_response();
+        let settling = settle(&recorder);
+        tokio::task::yield_now().await;
+        assert_eq!(written(&recorder), 3, "c's batch was written");
+        record(&recorder, "d").finish_after_response();
+        assert_eq!(written(&recorder), 4, "d was written at once");
+        settling.await;
+        assert_eq!(written(&recorder), 4);
     }
 }
