@@ -354,14 +354,14 @@ impl RequestRecord {
     }
 
     /// Writes the record once the current task yields, which for a handler's future is after
-    /// its connection has written the response: the client does not wait for the record. While
-    /// a reader waits in [`Recorder::settled`], writes it now instead.
+    /// its connection has written the response: the client does not wait for the record.
     ///
-    /// A record that comes while a writing task is on its way joins it: under load one task
-    /// writes the records of every response that went out in a turn of the runtime, instead of a
-    /// task spawned, scheduled, polled and freed per record. The task takes what has gathered
-    /// once, when it runs, and later records start another: a reader waiting in `settled` waits
-    /// for one batch, never for a stream of them.
+    /// A record that comes while a writing task is on its way joins it; else, while a reader
+    /// waits in [`Recorder::settled`], it is written now. Under load one task thus writes the
+    /// records of every response that went out in a turn of the runtime, instead of a task
+    /// spawned, scheduled, polled and freed per record. The task holds one permit for its batch
+    /// (the reader waits for it), takes what has gathered once, when it runs, and later records
+    /// start another: a reader waits for one batch, never for a stream of them.
     pub fn finish_after_response(mut self: Box<Self>) {
         let recorder = Arc::clone(&self.recorder);
         let mut queued = recorder.queued();
