@@ -48,7 +48,9 @@ impl ShadowRoute {
 /// Public names and aliases to routes.
 #[derive(Debug, Clone, Default)]
 pub struct RoutingTable {
-    by_name: HashMap<Box<str>, Arc<Route>>,
+    /// Looked up by the client's `model` on every request: a fast hasher (the table is built
+    /// once from the configuration; lookups cannot grow it).
+    by_name: HashMap<Box<str>, Arc<Route>, foldhash::fast::RandomState>,
     /// Public names in configuration order (sorted), for listings and error messages.
     names: Vec<Arc<str>>,
 }
@@ -56,7 +58,7 @@ pub struct RoutingTable {
 impl RoutingTable {
     /// Builds the table from a configuration that passed [`crate::validate`].
     pub fn new(config: &Config) -> Self {
-        let mut by_name = HashMap::new();
+        let mut by_name = HashMap::default();
         let mut names = Vec::with_capacity(config.models.len());
         for (name, model) in &config.models {
             let route = Arc::new(Route {

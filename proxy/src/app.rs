@@ -1,7 +1,6 @@
 //! The application: shared state, the tower stack, and the background work (artifact hashing,
 //! engine probes) that keeps identity current off the request path.
 
-use std::collections::HashMap;
 use std::convert::Infallible;
 use std::future::Future;
 use std::pin::Pin;
@@ -36,7 +35,7 @@ use crate::upstream::Upstream;
 pub struct AppState {
     pub config: Config,
     pub routes: RoutingTable,
-    pub backends: HashMap<Arc<str>, Arc<Backend>>,
+    pub backends: crate::NameMap<Arc<str>, Arc<Backend>>,
     pub upstream: Upstream,
     pub recorder: Arc<Recorder>,
     /// OpenTelemetry traces; `None` when they are off.
@@ -93,7 +92,7 @@ impl App {
     /// Builds the application from a validated configuration.
     pub fn new(config: Config) -> Result<Self, String> {
         let revision = Arc::new(tokio::sync::watch::Sender::new(0u64));
-        let mut backends = HashMap::new();
+        let mut backends = crate::NameMap::default();
         for (name, backend) in &config.backends {
             let mut backend = Backend::new(name, backend.clone())?;
             backend.revision = Some(revision.clone());

@@ -36,7 +36,6 @@
 //! exist from start-up for every configured backend.
 
 use std::borrow::Borrow;
-use std::collections::HashMap;
 use std::fmt::Write as _;
 use std::hash::Hash;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
@@ -48,6 +47,7 @@ use switchyard_policy::compare::Verdict;
 
 use crate::record::RequestRecord;
 use crate::timing::Source;
+use crate::NameMap;
 
 /// The `Content-Type` of the text exposition format.
 pub const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
@@ -76,8 +76,8 @@ const SOURCES: [&str; 2] = ["engine", "measured"];
 /// The registry. One per process, inside the [`crate::record::Recorder`].
 #[derive(Debug, Default)]
 pub struct Metrics {
-    series: ArcSwap<HashMap<SeriesKey, Arc<Series>>>,
-    backends: ArcSwap<HashMap<Arc<str>, Arc<BackendSeries>>>,
+    series: ArcSwap<NameMap<SeriesKey, Arc<Series>>>,
+    backends: ArcSwap<NameMap<Arc<str>, Arc<BackendSeries>>>,
     /// Hook for the run ledger: records it wrote. The ledger increments it; rendered as
     /// `switchyard_ledger_records_written_total`.
     pub ledger_written: AtomicU64,
@@ -87,7 +87,7 @@ pub struct Metrics {
     /// Connections closed because the client sent nothing within `server.client_idle_timeout_ms`
     /// of connecting; rendered as `switchyard_idle_connections_closed_total`.
     idle_closed: AtomicU64,
-    shadows: ArcSwap<HashMap<ShadowKey, Arc<ShadowSeries>>>,
+    shadows: ArcSwap<NameMap<ShadowKey, Arc<ShadowSeries>>>,
 }
 
 /// (public model, candidate backend).
@@ -535,7 +535,7 @@ impl Metrics {
 
 /// The value at `key`, inserted (copy-on-write) when missing. Entries are never removed.
 fn get_or_insert<K, Q, V>(
-    map: &ArcSwap<HashMap<K, Arc<V>>>,
+    map: &ArcSwap<NameMap<K, Arc<V>>>,
     key: &Q,
     owned: impl Fn() -> K,
     make: impl Fn() -> V,
@@ -549,7 +549,7 @@ where
     }
     let mut inserted = None;
     map.rcu(|current| {
-        let mut next = HashMap::clone(current);
+        let mut next = NameMap::clone(current);
         let v = next
             .entry(owned())
             .or_insert_with(|| Arc::new(make()))

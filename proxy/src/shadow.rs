@@ -12,7 +12,6 @@
 //! same streaming mode as the primary, so the phases compare.
 
 use std::collections::hash_map::RandomState;
-use std::collections::HashMap;
 use std::fmt;
 use std::hash::{BuildHasher, Hasher};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -37,7 +36,7 @@ use crate::record::{Recorder, RequestRecord};
 /// The shadow pools and their tasks, one pool per shadowed model.
 #[derive(Debug)]
 pub struct Shadowing {
-    pools: HashMap<Arc<str>, Pool>,
+    pools: crate::NameMap<Arc<str>, Pool>,
     tasks: TaskTracker,
     stop: CancellationToken,
     draws: AtomicU64,
