@@ -123,7 +123,7 @@ impl<'de> serde::de::Visitor<'de> for Canonical<'_> {
     fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<(), A::Error> {
         // Each member's value in its own text, then the members in key order.
         let mut members: Vec<(std::borrow::Cow<'de, str>, Vec<u8>)> = Vec::new();
-        while let Some(key) = map.next_key::<MemberKey<'de>>()? {
+        while let Some(key) = map.next_key::<Key<'de>>()? {
             let mut value = Vec::new();
             map.next_value_seed(Canonical(&mut value))?;
             members.push((key.0, value));
@@ -149,22 +149,26 @@ impl<'de> serde::de::Visitor<'de> for Canonical<'_> {
     }
 }
 
-/// An object's key, borrowed from the text unless it holds escapes.
-struct MemberKey<'de>(std::borrow::Cow<'de, str>);
+/// An object's key, borrowed from the text unless it holds escapes (then decoded into its own
+/// string): reading a key costs no allocation.
+pub struct Key<'de>(pub std::borrow::Cow<'de, str>);
 
-impl<'de> serde::Deserialize<'de> for MemberKey<'de> {
+impl<'de> serde::Deserialize<'de> for Key<'de> {
     fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
         struct V;
         impl<'de> serde::de::Visitor<'de> for V {
-            type Value = MemberKey<'de>;
+            type Value = Key<'de>;
             fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
                 f.write_str("a string")
             }
-            fn visit_borrowed_str<E>(self, v: &'de str) -> Result<MemberKey<'de>, E> {
-                Ok(MemberKey(std::borrow::Cow::Borrowed(v)))
+            fn visit_borrowed_str<E>(self, v: &'de str) -> Result<Key<'de>, E> {
+                Ok(Key(std::borrow::Cow::Borrowed(v)))
             }
-            fn visit_str<E>(self, v: &str) -> Result<MemberKey<'de>, E> {
-                Ok(MemberKey(std::borrow::Cow::Owned(v.to_owned())))
+            fn visit_str<E>(self, v: &str) -> Result<Key<'de>, E> {
+                Ok(Key(std::borrow::Cow::Owned(v.to_owned())))
+            }
+            fn visit_string<E>(self, v: String) -> Result<Key<'de>, E> {
+                Ok(Key(std::borrow::Cow::Owned(v)))
             }
         }
         d.deserialize_str(V)

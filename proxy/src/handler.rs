@@ -20,6 +20,7 @@ use http_body_util::{BodyExt, Full, LengthLimitError, Limited};
 use hyper::body::Incoming;
 use serde_json::value::RawValue;
 use serde_json::{Map, Value};
+use switchyard_adapters::canonical::Key;
 use switchyard_adapters::fingerprint::{fingerprint_raw, WorkloadFingerprint};
 use switchyard_adapters::{inspect_response, Health};
 
@@ -446,32 +447,6 @@ impl<'de> serde::de::Visitor<'de> for TopLevelFields<'_> {
             }
         }
         Ok(fields)
-    }
-}
-
-/// A key of the body, borrowed from it unless it holds escapes: a request's keys cost no
-/// allocation each.
-struct Key<'de>(Cow<'de, str>);
-
-impl<'de> serde::Deserialize<'de> for Key<'de> {
-    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct V;
-        impl<'de> serde::de::Visitor<'de> for V {
-            type Value = Key<'de>;
-            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-                f.write_str("a string")
-            }
-            fn visit_borrowed_str<E: serde::de::Error>(self, v: &'de str) -> Result<Key<'de>, E> {
-                Ok(Key(Cow::Borrowed(v)))
-            }
-            fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<Key<'de>, E> {
-                Ok(Key(Cow::Owned(v.to_owned())))
-            }
-            fn visit_string<E: serde::de::Error>(self, v: String) -> Result<Key<'de>, E> {
-                Ok(Key(Cow::Owned(v)))
-            }
-        }
-        d.deserialize_str(V)
     }
 }
 
