@@ -6,4 +6,4 @@ pub mod workload;
 
 pub use artifact::{hex, prefixed_hex, ArtifactDigest, DigestCache};
 pub use output::OutputHasher;
-pub use workload::{fingerprint_raw, fingerprint_request, is_fingerprinted, WorkloadFingerprint};
+pub use workload::{fingerprint_raw, WorkloadFingerprint};

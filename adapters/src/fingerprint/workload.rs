@@ -1,11 +1,10 @@
 //! Workload and sampling fingerprints: what a request asks for, independent of field order,
 //! whitespace, client-side names and transport (streaming or not).
 
-use serde_json::{Map, Value};
 use sha2::{Digest, Sha256};
 
 use super::artifact::prefixed_hex;
-use crate::canonical::{canonicalize, write_canonical_raw, write_json};
+use crate::canonical::{write_canonical_raw, write_json};
 
 /// Fields that decide how tokens are picked. Any field not listed that an engine treats as
 /// sampling (e.g. llama.cpp's `mirostat`, `dry_*`, `xtc_*`) is added by [`is_sampling_field`].
@@ -64,50 +63,6 @@ pub struct WorkloadFingerprint {
     pub deterministic: bool,
 }
 
-/// Fingerprints a request `body` (a JSON object) sent for the public model `model`.
-///
-/// The canonical texts are written field by field (`body` is a sorted map, so its order is the
-/// canonical order) rather than assembled as new `Value`s first: this runs for every request.
-pub fn fingerprint_request(model: &str, mut body: Map<String, Value>) -> WorkloadFingerprint {
-    let deterministic = is_deterministic(&body);
-    body.values_mut().for_each(canonicalize);
-
-    let mut sampling_json = Vec::with_capacity(64);
-    sampling_json.push(b'{');
-    for (key, value) in body.iter().filter(|(k, _)| is_sampling_field(k)) {
-        if sampling_json.len() > 1 {
-            sampling_json.push(b',');
-        }
-        write_member(&mut sampling_json, key, value);
-    }
-    sampling_json.push(b'}');
-
-    // The content fields present, and the public model in its sorted place among them.
-    let mut content = Vec::with_capacity(256);
-    content.push(b'{');
-    let mut model_written = false;
-    for (key, value) in body
-        .iter()
-        .filter(|(k, _)| CONTENT_FIELDS.contains(&k.as_str()))
-    {
-        if !model_written && key.as_str() > "model" {
-            write_member(&mut content, "model", model);
-            content.push(b',');
-            model_written = true;
-        }
-        write_member(&mut content, key, value);
-        content.push(b',');
-    }
-    if model_written {
-        content.pop();
-    } else {
-        write_member(&mut content, "model", model);
-    }
-    content.push(b'}');
-
-    digests(content, sampling_json, deterministic)
-}
-
 /// The fingerprints of the canonical content and sampling texts.
 fn digests(content: Vec<u8>, sampling_json: Vec<u8>, deterministic: bool) -> WorkloadFingerprint {
     let mut hasher = Sha256::new();
@@ -126,11 +81,11 @@ fn digests(content: Vec<u8>, sampling_json: Vec<u8>, deterministic: bool) -> Wor
     }
 }
 
-/// [`fingerprint_request`] of a body given as its top-level fields' raw JSON texts, `fields` in
-/// key order and each key once (as a parsed object's are): each fingerprinted field's canonical
-/// text is written
-/// straight from its raw text ([`write_canonical_raw`]), without a `Value` in between. Fields
-/// that do not parse into a value are left out, as they are from the parsed map.
+/// Fingerprints a request body sent for the public model `model`, given as its top-level fields'
+/// raw JSON texts, `fields` in key order and each key once (as a parsed object's are). Each
+/// fingerprinted field's canonical text is written straight from its raw text
+/// ([`write_canonical_raw`]), without a `Value` in between: this runs for every request. A field
+/// whose text does not parse into a value (a number out of range) is left out.
 pub fn fingerprint_raw<'a>(
     model: &str,
     fields: impl IntoIterator<Item = (&'a str, &'a str)>,
@@ -196,30 +151,73 @@ fn write_member(out: &mut Vec<u8>, key: &str, value: &(impl serde::Serialize + ?
     write_json(out, value);
 }
 
-/// Whether the fingerprint reads field `key` of a request body (a sampling or a content field);
-/// callers may leave the others out.
-pub fn is_fingerprinted(key: &str) -> bool {
-    is_sampling_field(key) || CONTENT_FIELDS.contains(&key)
-}
-
-/// Temperature 0 or a seed (both sampling fields) in the request `body`.
-fn is_deterministic(body: &Map<String, Value>) -> bool {
-    let greedy = body
-        .get("temperature")
-        .and_then(Value::as_f64)
-        .is_some_and(|t| t == 0.0);
-    let seeded = body.get("seed").is_some_and(|s| !s.is_null());
-    greedy || seeded
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use serde_json::json;
+    use crate::canonical::canonicalize;
+    use serde_json::{json, Map, Value};
 
+    /// The fingerprints of a request `body` parsed into values: the definition, which
+    /// [`fingerprint_raw`] must match byte for byte (`body` is a sorted map, so its order is the
+    /// canonical order).
+    fn fingerprint_request(model: &str, mut body: Map<String, Value>) -> WorkloadFingerprint {
+        let deterministic = is_deterministic(&body);
+        body.values_mut().for_each(canonicalize);
+
+        let mut sampling_json = Vec::with_capacity(64);
+        sampling_json.push(b'{');
+        for (key, value) in body.iter().filter(|(k, _)| is_sampling_field(k)) {
+            if sampling_json.len() > 1 {
+                sampling_json.push(b',');
+            }
+            write_member(&mut sampling_json, key, value);
+        }
+        sampling_json.push(b'}');
+
+        // The content fields present, and the public model in its sorted place among them.
+        let mut content = Vec::with_capacity(256);
+        content.push(b'{');
+        let mut model_written = false;
+        for (key, value) in body
+            .iter()
+            .filter(|(k, _)| CONTENT_FIELDS.contains(&k.as_str()))
+        {
+            if !model_written && key.as_str() > "model" {
+                write_member(&mut content, "model", model);
+                content.push(b',');
+                model_written = true;
+            }
+            write_member(&mut content, key, value);
+            content.push(b',');
+        }
+        if model_written {
+            content.pop();
+        } else {
+            write_member(&mut content, "model", model);
+        }
+        content.push(b'}');
+
+        digests(content, sampling_json, deterministic)
+    }
+
+    /// Whether the fingerprint reads field `key` of a request body (a sampling or a content field).
+    fn is_fingerprinted(key: &str) -> bool {
+        is_sampling_field(key) || CONTENT_FIELDS.contains(&key)
+    }
+
+    /// Temperature 0 or a seed (both sampling fields) in the request `body`.
+    fn is_deterministic(body: &Map<String, Value>) -> bool {
+        let greedy = body
+            .get("temperature")
+            .and_then(Value::as_f64)
+            .is_some_and(|t| t == 0.0);
+        let seeded = body.get("seed").is_some_and(|s| !s.is_null());
+        greedy || seeded
+    }
+
+    /// The request path's fingerprint of `v`'s fields.
     fn fp(v: Value) -> WorkloadFingerprint {
-        let Value::Object(map) = v else { panic!() };
-        fingerprint_request("smollm2", map)
+        fp_raw(&v.to_string())
     }
 
     #[test]
