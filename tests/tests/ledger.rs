@@ -415,6 +415,18 @@ async fn a_client_that_leaves_mid_body_is_recorded_as_a_disconnect() {
     );
 }
 
+/// Shuts `proxy` down, configured with `drain_timeout_ms = 300`, while requests still run: the
+/// drain's 300 ms, then the answers and the cuts at once (not the engine's 10 s).
+async fn shut_down_through_the_drain(proxy: switchyard::Running) {
+    let started = std::time::Instant::now();
+    proxy.shutdown().await;
+    let took = started.elapsed();
+    assert!(
+        took >= Duration::from_millis(300) && took < Duration::from_secs(3),
+        "{took:?}"
+    );
+}
+
 /// When the drain timeout runs out, a request still waiting for a free slot is answered 503 in
 /// OpenAI's shape (it was never sent) before its connection closes, and the one the engine is
 /// answering is cut with its connection; both records say so (error class `shutdown`) and reach
@@ -465,14 +477,7 @@ async fn at_the_drain_end_a_request_waiting_for_a_slot_is_answered_503_and_one_a
         );
         tokio::task::yield_now().await;
     }
-    let started = std::time::Instant::now();
-    proxy.shutdown().await;
-    let took = started.elapsed();
-    // The drain's 300 ms, then the answer and the cut at once (not the engine's 10 s).
-    assert!(
-        took >= Duration::from_millis(300) && took < Duration::from_secs(3),
-        "{took:?}"
-    );
+    shut_down_through_the_drain(proxy).await;
     let response = waiting.await.unwrap().expect("an answer, not a cut");
     assert_eq!(response.status, 503);
     let v: Value = serde_json::from_slice(&response.body).unwrap();
@@ -558,13 +563,7 @@ async fn a_stream_under_way_when_the_drain_runs_out_is_cut_and_recorded_as_such(
         }
         (text, false)
     });
-    let started = std::time::Instant::now();
-    proxy.shutdown().await;
-    let took = started.elapsed();
-    assert!(
-        took >= Duration::from_millis(300) && took < Duration::from_secs(3),
-        "{took:?}"
-    );
+    shut_down_through_the_drain(proxy).await;
     let (text, broken) = rest.await.unwrap();
     let text = String::from_utf8_lossy(&text);
     assert!(
