@@ -241,6 +241,15 @@ pub async fn run_load(
 /// records dropped (queue full or write failed). A benchmark whose recording target dropped
 /// records measured less work than a user's ledger does, so the benchmarks print both.
 pub async fn ledger_counts(client: &BenchClient, base: &str) -> anyhow::Result<(u64, u64)> {
+    let text = metrics_text(client, base).await?;
+    Ok((
+        metric(&text, "switchyard_ledger_records_written_total")? as u64,
+        metric(&text, "switchyard_ledger_records_dropped_total")? as u64,
+    ))
+}
+
+/// Switchyard's `/metrics` page.
+pub async fn metrics_text(client: &BenchClient, base: &str) -> anyhow::Result<String> {
     let resp = client
         .request(http::Request::get(format!("{base}/metrics")).body(Full::new(Bytes::new()))?)
         .await
@@ -248,22 +257,19 @@ pub async fn ledger_counts(client: &BenchClient, base: &str) -> anyhow::Result<(
     let status = resp.status();
     let text = resp.into_body().collect().await?.to_bytes();
     anyhow::ensure!(status == 200, "{base}/metrics: status {status}");
-    let text = std::str::from_utf8(&text)?;
-    let counter = |name: &str| -> anyhow::Result<u64> {
-        let line = text
-            .lines()
-            .find(|l| l.split_whitespace().next() == Some(name))
-            .with_context(|| format!("{base}/metrics has no {name}"))?;
-        let value = line.split_whitespace().nth(1).unwrap_or_default();
-        value
-            .parse::<f64>()
-            .map(|v| v as u64)
-            .with_context(|| format!("{name}: {value:?}"))
-    };
-    Ok((
-        counter("switchyard_ledger_records_written_total")?,
-        counter("switchyard_ledger_records_dropped_total")?,
-    ))
+    Ok(String::from_utf8(text.to_vec())?)
+}
+
+/// The value of one series (`name` or `name{labels}`, as the page writes it) on a metrics page.
+pub fn metric(text: &str, series: &str) -> anyhow::Result<f64> {
+    let line = text
+        .lines()
+        .find(|l| l.split_whitespace().next() == Some(series))
+        .with_context(|| format!("the metrics have no {series}"))?;
+    let value = line.split_whitespace().nth(1).unwrap_or_default();
+    value
+        .parse::<f64>()
+        .with_context(|| format!("{series}: {value:?}"))
 }
 
 /// A JSON POST.

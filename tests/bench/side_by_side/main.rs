@@ -20,13 +20,14 @@ use clap::Parser;
 use http_body_util::BodyExt;
 use serde_json::json;
 use switchyard_tests::bench::{
-    client, ledger_counts, percentile, run_load, stream_once, vm_rss_kib, BenchClient, Sample,
+    client, ledger_counts, metric, metrics_text, percentile, run_load, stream_once, vm_rss_kib,
+    BenchClient, Sample,
 };
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use report::Report;
-use targets::{Engine, Engines, Launcher, Target, CONTROL, UNSHADOWED};
+use targets::{Engine, Engines, Launcher, Target, CANDIDATE, CONTROL, UNSHADOWED};
 
 #[derive(Debug, Parser)]
 struct Args {
@@ -58,9 +59,24 @@ struct Args {
     sustained_secs: u64,
     /// Rounds of the shadowing measurement (with, without and the control alternated), each of
     /// half `--requests` at concurrency 1 and twice it at 32. Each round's p99 is read apart and
-    /// the median round's is compared: one noisy round moves a pooled p99 by 10-20% here.
-    #[arg(long, default_value_t = 21)]
+    /// the median round's is compared: one noisy round moves a pooled p99 by 10-20% here. A round
+    /// with shadows is followed by a wait for them to finish, so none runs in the next round.
+    /// Round p99s move by about ±30% here; with 63 rounds the ratio's resampled range is still
+    /// about ±10% at concurrency 1, wider at 32 (the target's verdict says when it cannot tell).
+    #[arg(long, default_value_t = 63)]
     shadow_rounds: usize,
+    /// Only the shadowing measurement (no nginx, LiteLLM or other phases): for studying it.
+    #[arg(long)]
+    shadow_only: bool,
+    /// How much slower than the primary the shadow candidate answers: its prefill, in ms.
+    #[arg(long, default_value_t = 50)]
+    candidate_prefill_ms: u64,
+    /// The shadow pool's `max_in_flight`.
+    #[arg(long, default_value_t = 4)]
+    shadow_max_in_flight: u32,
+    /// CPUs for the shadow candidate engine, as `taskset -c` takes them (default: the servers').
+    #[arg(long)]
+    candidate_cpus: Option<String>,
     /// Streams per round and target (read one at a time).
     #[arg(long, default_value_t = 30)]
     streams: usize,
@@ -267,7 +283,16 @@ async fn main() -> anyhow::Result<()> {
         args.token_ms,
     )?;
     let hold = launcher.fake_engine(&args.bin_dir, Engine::Hold, 0, 0)?;
-    let slow = launcher.fake_engine(&args.bin_dir, Engine::Slow, 0, 0)?;
+    let candidate_launcher = Launcher {
+        cpus: args.candidate_cpus.clone().or(args.server_cpus.clone()),
+        ..launcher.clone()
+    };
+    let slow = candidate_launcher.fake_engine(
+        &args.bin_dir,
+        Engine::Slow,
+        0,
+        args.candidate_prefill_ms,
+    )?;
     let engines = Engines {
         fast: fast.1.clone(),
         paced: paced.1.clone(),
@@ -277,6 +302,11 @@ async fn main() -> anyhow::Result<()> {
     let _engine_procs = (fast.0, paced.0, hold.0, slow.0);
 
     let client = client(64);
+    if args.shadow_only {
+        let mut report = Report::new(vec!["Switchyard"]);
+        shadowing(&args, &launcher, &engines, &client, &mut report).await?;
+        return finish(&args, &report);
+    }
     let mut targets = vec![Target::direct(engines.clone())];
     if let Some(nginx) = &args.nginx {
         targets.push(launcher.nginx(nginx, &engines).await?);
@@ -424,66 +454,7 @@ async fn main() -> anyhow::Result<()> {
     let large: Vec<Sample> = large.into_iter().map(Sample::sorted).collect();
     report.latency("1 MiB prompt p50 µs", large.iter().map(|s| s.p(50.0)));
 
-    note("shadowing at sample 1.0 to a 50 ms slower candidate, concurrency 1 and 32");
-    // One Switchyard, three models on the same primary, alternated: the first shadows every
-    // request (after the primary; at most 4 shadows at once, the rest skipped and recorded), the
-    // other two none; the third is the control: how far two identical conditions' p99 differ in
-    // this run is the noise a ratio is read against. One process for all three: two processes
-    // alike differ by up to 20% in p99 here (their memory layout, their place on the core), more
-    // than the effect measured.
-    let shadowing = launcher.switchyard_as(
-        "Switchyard+shadow",
-        &args.bin_dir,
-        &engines,
-        Some(Engine::Slow),
-    )?;
-    wait_ready(&client, shadowing.base().unwrap_or_default()).await?;
-    let url = shadowing.chat_url(Engine::Fast);
-    let bodies: Vec<Bytes> = [UNSHADOWED, Engine::Fast.name(), CONTROL]
-        .into_iter()
-        .map(|model| chat_for(model, "benchmark", false))
-        .collect();
-    for body in &bodies {
-        run_load(&client, &url, body, 200, 4).await?;
-    }
-    for (concurrency, n) in [(1, args.requests / 2), (32, args.requests * 2)] {
-        let rounds = alternate_n(
-            bodies.len(),
-            args.shadow_rounds,
-            |all: &mut Vec<Sample>, one| all.extend(one),
-            |i| {
-                let (client, url, body) = (&client, &url, &bodies[i]);
-                async move {
-                    let round = run_load(client, url, body, n, concurrency).await?;
-                    Ok(vec![round.sorted()])
-                }
-            },
-        )
-        .await?;
-        let median_p99: Vec<f64> = rounds
-            .iter()
-            .map(|r| {
-                // The median round's p99, by the same nearest rank as every percentile here.
-                let mut p99s: Vec<f64> = r.iter().map(|s| s.p(99.0)).collect();
-                p99s.sort_by(f64::total_cmp);
-                percentile(&p99s, 50.0)
-            })
-            .collect();
-        let pooled_p99: Vec<f64> = rounds
-            .into_iter()
-            .map(|r| {
-                let mut all = Sample::default();
-                r.into_iter().for_each(|s| all.merge(s));
-                all.sorted().p(99.0)
-            })
-            .collect();
-        report.shadow(
-            &format!("shadow 1.0, chat c={concurrency} p99: with ÷ without"),
-            [median_p99[0], median_p99[1], median_p99[2]],
-            [pooled_p99[0], pooled_p99[1], pooled_p99[2]],
-        );
-    }
-    drop(shadowing);
+    shadowing(&args, &launcher, &engines, &client, &mut report).await?;
 
     note(&format!(
         "memory: {} open streams through Switchyard",
@@ -518,17 +489,128 @@ async fn main() -> anyhow::Result<()> {
         Err(e) => report.pending("Switchyard ledger records", &format!("failed: {e:#}")),
     }
 
-    let (table, json) = report.render(&args_json(&args));
-    std::io::stdout().lock().write_all(table.as_bytes())?;
-    if let Some(path) = &args.json {
-        std::fs::write(path, serde_json::to_string_pretty(&json)?)?;
-    }
+    finish(&args, &report)?;
     for t in &mut targets {
         if let Some(p) = t.proc.as_mut() {
             p.check_alive()?;
         }
     }
     Ok(())
+}
+
+/// Prints the table and writes its JSON where asked.
+fn finish(args: &Args, report: &Report) -> anyhow::Result<()> {
+    let (table, json) = report.render(&args_json(args));
+    std::io::stdout().lock().write_all(table.as_bytes())?;
+    if let Some(path) = &args.json {
+        std::fs::write(path, serde_json::to_string_pretty(&json)?)?;
+    }
+    Ok(())
+}
+
+/// The primary's p99 with shadowing every request against without, and the control, at
+/// concurrency 1 and 32 (the rows `shadow 1.0, chat c=N p99: with ÷ without`).
+async fn shadowing(
+    args: &Args,
+    launcher: &Launcher,
+    engines: &Engines,
+    client: &BenchClient,
+    report: &mut Report,
+) -> anyhow::Result<()> {
+    note(&format!(
+        "shadowing at sample 1.0 to a {} ms slower candidate (max_in_flight {}), concurrency 1 and 32",
+        args.candidate_prefill_ms, args.shadow_max_in_flight
+    ));
+    // One Switchyard, three models on the same primary, alternated: the first shadows every
+    // request (after the primary; at most `--shadow-max-in-flight` at once, the rest skipped and
+    // recorded), the
+    // other two none; the third is the control: how far two identical conditions' p99 differ in
+    // this run is the noise a ratio is read against. One process for all three: two processes
+    // alike differ by up to 20% in p99 here (their memory layout, their place on the core), more
+    // than the effect measured.
+    let shadowing = launcher.switchyard_as(
+        "Switchyard+shadow",
+        &args.bin_dir,
+        engines,
+        Some(args.shadow_max_in_flight),
+    )?;
+    let base = shadowing.base().unwrap_or_default();
+    wait_ready(client, base).await?;
+    let url = shadowing.chat_url(Engine::Fast);
+    let bodies: Vec<Bytes> = [UNSHADOWED, Engine::Fast.name(), CONTROL]
+        .into_iter()
+        .map(|model| chat_for(model, "benchmark", false))
+        .collect();
+    for body in &bodies {
+        run_load(client, &url, body, 200, 4).await?;
+    }
+    for (concurrency, n) in [(1, args.requests / 2), (32, args.requests * 2)] {
+        let rounds = alternate_n(
+            bodies.len(),
+            args.shadow_rounds,
+            |all: &mut Vec<Sample>, one| all.extend(one),
+            |i| {
+                let (url, body) = (&url, &bodies[i]);
+                async move {
+                    let round = run_load(client, url, body, n, concurrency).await?;
+                    // The shadows still running would land in the next round, which may be one
+                    // without shadows: it starts once they are done.
+                    shadows_settled(client, base).await?;
+                    Ok(vec![round.sorted()])
+                }
+            },
+        )
+        .await?;
+        let round_p99s: Vec<Vec<f64>> = rounds
+            .iter()
+            .map(|r| r.iter().map(|s| s.p(99.0)).collect())
+            .collect();
+        let median_p99: Vec<f64> = round_p99s
+            .iter()
+            .map(|p99s| {
+                // The median round's p99, by the same nearest rank as every percentile here.
+                let mut p99s = p99s.clone();
+                p99s.sort_by(f64::total_cmp);
+                percentile(&p99s, 50.0)
+            })
+            .collect();
+        let pooled_p99: Vec<f64> = rounds
+            .into_iter()
+            .map(|r| {
+                let mut all = Sample::default();
+                r.into_iter().for_each(|s| all.merge(s));
+                all.sorted().p(99.0)
+            })
+            .collect();
+        report.shadow(
+            &format!("shadow 1.0, chat c={concurrency} p99: with ÷ without"),
+            [median_p99[0], median_p99[1], median_p99[2]],
+            [pooled_p99[0], pooled_p99[1], pooled_p99[2]],
+            [
+                round_p99s[0].clone(),
+                round_p99s[1].clone(),
+                round_p99s[2].clone(),
+            ],
+        );
+    }
+    drop(shadowing);
+    Ok(())
+}
+
+/// Waits until no request is in flight at the shadow candidate (polling `/metrics`).
+async fn shadows_settled(client: &BenchClient, base: &str) -> anyhow::Result<()> {
+    let series = format!("switchyard_in_flight_requests{{backend=\"{CANDIDATE}\"}}");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        if metric(&metrics_text(client, base).await?, &series)? == 0.0 {
+            return Ok(());
+        }
+        anyhow::ensure!(
+            Instant::now() < deadline,
+            "shadows still running after 20 s"
+        );
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
 }
 
 /// Progress on stderr (the table goes to stdout).
@@ -541,6 +623,8 @@ fn args_json(args: &Args) -> serde_json::Value {
         "requests": args.requests, "litellm_requests": args.litellm_requests, "rounds": args.rounds,
         "streams": args.streams, "stream_tokens": args.stream_tokens, "token_ms": args.token_ms,
         "large_requests": args.large_requests, "open_streams": args.open_streams,
-        "server_cpus": args.server_cpus,
+        "server_cpus": args.server_cpus, "shadow_rounds": args.shadow_rounds,
+        "candidate_prefill_ms": args.candidate_prefill_ms,
+        "shadow_max_in_flight": args.shadow_max_in_flight, "candidate_cpus": args.candidate_cpus,
     })
 }

@@ -13,6 +13,8 @@ use switchyard_tests::bench::{free_port, launch, wait_port, Proc};
 /// the shadowed one, without shadows.
 pub(crate) const UNSHADOWED: &str = "fast-unshadowed";
 pub(crate) const CONTROL: &str = "fast-control";
+/// The shadow candidate's backend name in a shadowing Switchyard.
+pub(crate) const CANDIDATE: &str = "candidate";
 
 /// The fake engines every target forwards to: one per kind of work, since a fake engine's
 /// delays are fixed per process.
@@ -24,7 +26,8 @@ pub(crate) enum Engine {
     Paced,
     /// Streams one token a second: keeps many streams open for the memory measurement.
     Hold,
-    /// A shadow candidate: the fast engine's answers after a 50 ms prefill.
+    /// A shadow candidate: the fast engine's answers after a prefill (`--candidate-prefill-ms`,
+    /// 50 ms by default).
     Slow,
 }
 
@@ -133,12 +136,14 @@ impl Launcher {
         Ok(std::fs::File::create(self.dir.join(format!("{name}.log")))?.into())
     }
 
+    /// The fake engine for `engine`. `tokens` and `pause_ms` are the paced engine's tokens per
+    /// stream and pause before each, and the slow engine's prefill; the others ignore them.
     pub(crate) fn fake_engine(
         &self,
         bin_dir: &Path,
         engine: Engine,
-        stream_tokens: usize,
-        token_ms: u64,
+        tokens: usize,
+        pause_ms: u64,
     ) -> anyhow::Result<(Proc, String)> {
         let mut c = self.command(bin_dir.join("fake-engine"));
         c.args(["--listen", "127.0.0.1:0"]);
@@ -146,14 +151,14 @@ impl Launcher {
             Engine::Fast => c.args(["--tokens", "10"]),
             Engine::Paced => c.args([
                 "--tokens",
-                &stream_tokens.to_string(),
+                &tokens.to_string(),
                 "--token-ms",
-                &token_ms.to_string(),
+                &pause_ms.to_string(),
                 "--stamp-chunks",
             ]),
             Engine::Hold => c.args(["--tokens", "3600", "--token-ms", "1000"]),
-            // A candidate slower than the primary by a 50 ms prefill, for shadowing.
-            Engine::Slow => c.args(["--tokens", "10", "--prefill-ms", "50"]),
+            // A candidate slower than the primary by its prefill, for shadowing.
+            Engine::Slow => c.args(["--tokens", "10", "--prefill-ms", &pause_ms.to_string()]),
         };
         c.stderr(self.log(&format!("fake-engine-{}", engine.name()))?);
         launch(c, &format!("fake-engine ({})", engine.name()))
@@ -165,25 +170,25 @@ impl Launcher {
         self.switchyard_as("Switchyard", bin_dir, engines, None)
     }
 
-    /// A Switchyard of its own (its own ledger and log) named `name`; with `shadow_to` (the slow
-    /// engine), the `fast` model shadows every request to it, and two more models on the same
-    /// backend, [`UNSHADOWED`] and [`CONTROL`], shadow none.
+    /// A Switchyard of its own (its own ledger and log) named `name`; with `shadow_pool` (its
+    /// `max_in_flight`), the `fast` model shadows every request to the slow engine, and two more
+    /// models on the same backend, [`UNSHADOWED`] and [`CONTROL`], shadow none.
     pub(crate) fn switchyard_as(
         &self,
         name: &'static str,
         bin_dir: &Path,
         engines: &Engines,
-        shadow_to: Option<Engine>,
+        shadow_pool: Option<u32>,
     ) -> anyhow::Result<Target> {
         let file = name.replace(['+', ' '], "-").to_lowercase();
         let mut toml = format!(
             "[server]\nlisten = \"127.0.0.1:0\"\n\n[ledger]\npath = \"{}\"\n",
             self.dir.join(format!("{file}-ledger.db")).display()
         );
-        if shadow_to.is_some() {
+        if shadow_pool.is_some() {
             let url = engines.url(Engine::Slow);
             toml.push_str(&format!(
-                "\n[backends.candidate]\nengine = \"llama.cpp\"\nurl = \"{url}\"\nmax_concurrency = 64\n"
+                "\n[backends.{CANDIDATE}]\nengine = \"llama.cpp\"\nurl = \"{url}\"\nmax_concurrency = 64\n"
             ));
         }
         for engine in Engine::ALL {
@@ -194,10 +199,10 @@ impl Launcher {
                 name = engine.name(),
                 url = engines.url(engine),
             ));
-            if engine == Engine::Fast && shadow_to.is_some() {
-                toml.push_str(
-                    "shadow = { backend = \"candidate\", sample = 1.0, max_in_flight = 4 }\n",
-                );
+            if let (Engine::Fast, Some(pool)) = (engine, shadow_pool) {
+                toml.push_str(&format!(
+                    "shadow = {{ backend = \"{CANDIDATE}\", sample = 1.0, max_in_flight = {pool} }}\n",
+                ));
                 for model in [UNSHADOWED, CONTROL] {
                     toml.push_str(&format!(
                         "\n[models.{model}]\nprimary = \"{}\"\n",
