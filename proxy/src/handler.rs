@@ -576,17 +576,13 @@ async fn forward_inner(
         want_trailers,
     });
     if let Some(record) = record_slot.as_mut() {
-        match &route.shadow {
-            // The shadow's plan keeps the fingerprint to compare with; the record, a copy.
-            Some(shadow) => {
-                record.describe(&route.model, fingerprint.clone(), streamed);
-                record.hook =
-                    state
-                        .shadowing
-                        .plan(state, &route, shadow, &outgoing, streamed, fingerprint);
-            }
-            None => record.describe(&route.model, fingerprint, streamed),
+        if let Some(shadow) = &route.shadow {
+            record.hook =
+                state
+                    .shadowing
+                    .plan(state, &route, shadow, &outgoing, streamed, &fingerprint);
         }
+        record.describe(&route.model, fingerprint, streamed);
     }
 
     let candidates = std::iter::once(&route.primary).chain(route.fallback.iter());

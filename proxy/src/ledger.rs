@@ -595,9 +595,10 @@ impl Row {
         values[Text::Backend as usize] = r.backend.as_deref();
         values[Text::Engine as usize] = r.engine.as_deref();
         values[Text::Artifact as usize] = r.artifact.as_deref();
-        values[Text::Workload as usize] = r.workload.as_deref();
-        values[Text::Sampling as usize] = r.sampling.as_deref();
-        values[Text::SamplingJson as usize] = r.sampling_json.as_deref();
+        let fingerprint = r.fingerprint.as_ref();
+        values[Text::Workload as usize] = fingerprint.map(|f| f.workload.as_str());
+        values[Text::Sampling as usize] = fingerprint.map(|f| f.sampling.as_str());
+        values[Text::SamplingJson as usize] = fingerprint.map(|f| f.sampling_json.as_str());
         values[Text::Output as usize] = facts.and_then(|f| f.output.as_deref());
         values[Text::Error as usize] = r.error.as_deref();
         values[Text::FallbackFrom as usize] = r.fallback_from.as_deref();
@@ -1262,6 +1263,7 @@ impl Writer {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use switchyard_adapters::fingerprint::WorkloadFingerprint;
     use switchyard_adapters::observe::{ResponseFacts, Usage};
 
     fn config(path: PathBuf, max_rows: Option<u64>) -> LedgerConfig {
@@ -1501,9 +1503,12 @@ mod tests {
             r.variant = "canary";
             r.engine = Some(format!("engine-{i}").into());
             r.artifact = Some(format!("artifact-{i}").into());
-            r.workload = Some(format!("workload-{i}"));
-            r.sampling = Some(format!("sampling-{i}"));
-            r.sampling_json = Some(format!("{{\"seed\":{i}}}"));
+            r.fingerprint = Some(WorkloadFingerprint {
+                workload: format!("workload-{i}"),
+                sampling: format!("sampling-{i}"),
+                sampling_json: format!("{{\"seed\":{i}}}"),
+                deterministic: true,
+            });
             r.status = 200 + i as u16;
             r.error_class = Some("upstream");
             r.error = Some(format!("error-{i}"));

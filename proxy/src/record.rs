@@ -167,7 +167,7 @@ impl Recorder {
             model = r.model.as_deref().unwrap_or("-"),
             backend = r.backend.as_deref().unwrap_or("-"),
             variant = r.variant,
-            workload = r.workload.as_deref().unwrap_or("-"),
+            workload = r.fingerprint.as_ref().map_or("-", |f| f.workload.as_str()),
             streamed = r.streamed,
             status = r.status,
             error_class = r.error_class.unwrap_or("-"),
@@ -196,10 +196,8 @@ pub struct RequestRecord {
     pub model: Option<Arc<str>>,
     pub backend: Option<Arc<str>>,
     pub variant: &'static str,
-    pub workload: Option<String>,
-    /// `sp:` fingerprint and canonical JSON of the sampling settings.
-    pub sampling: Option<String>,
-    pub sampling_json: Option<String>,
+    /// The workload and sampling fingerprints (`wl:`, `sp:`, the sampling's canonical JSON).
+    pub fingerprint: Option<WorkloadFingerprint>,
     /// The identity stamped on the response (`x-switchyard-engine`, `x-switchyard-artifact`).
     pub engine: Option<Arc<str>>,
     pub artifact: Option<Arc<str>>,
@@ -251,9 +249,7 @@ impl RequestRecord {
             backend: None,
             // Set when the request is routed to a backend; empty for one that never was.
             variant: "",
-            workload: None,
-            sampling: None,
-            sampling_json: None,
+            fingerprint: None,
             engine: None,
             artifact: None,
             warm: None,
@@ -278,9 +274,7 @@ impl RequestRecord {
     /// What the request asks for: its public model, fingerprints and transport.
     pub fn describe(&mut self, model: &Arc<str>, fingerprint: WorkloadFingerprint, streamed: bool) {
         self.model = Some(model.clone());
-        self.workload = Some(fingerprint.workload);
-        self.sampling = Some(fingerprint.sampling);
-        self.sampling_json = Some(fingerprint.sampling_json);
+        self.fingerprint = Some(fingerprint);
         self.streamed = streamed;
     }
 

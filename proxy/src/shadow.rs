@@ -96,7 +96,8 @@ impl Shadowing {
     }
 
     /// Decides whether this request is shadowed; if so, returns the hook its record carries.
-    /// In `concurrent` mode the shadow starts here.
+    /// In `concurrent` mode the shadow starts here. Otherwise nothing of the request is copied
+    /// until its shadow is known to run: a skip reads the fingerprints from the primary's record.
     pub fn plan(
         &self,
         state: &Arc<AppState>,
@@ -104,20 +105,18 @@ impl Shadowing {
         shadow: &ShadowRoute,
         outgoing: &Arc<Outgoing>,
         streamed: bool,
-        fingerprint: WorkloadFingerprint,
+        fingerprint: &WorkloadFingerprint,
     ) -> Option<RecordHook> {
         if !shadow.sampled(self.draw()) {
             return None;
         }
-        let comparison = Comparison {
+        let plan = Planned {
             state: state.clone(),
             model: route.model.clone(),
             primary: route.primary.clone(),
             candidate: shadow.backend.clone(),
             when: shadow.when,
             streamed,
-            fingerprint,
-            in_flight: (None, None),
         };
         let skip = if outgoing.head.uri.path() == "/v1/embeddings" {
             // Outputs are compared as generated text; vectors are not, so nothing is sent.
@@ -128,27 +127,36 @@ impl Shadowing {
             None
         };
         if let Some(skip) = skip {
-            return Some(RecordHook::Shadow(Ticket::Skipped(
-                Box::new(comparison),
-                skip,
-            )));
+            return Some(RecordHook::Shadow(Ticket::Skipped(Box::new(plan), skip)));
         }
         // The copy shares the primary's request: nothing is copied but a reference count.
-        let job = Box::new(ShadowJob {
-            comparison,
-            outgoing: outgoing.clone(),
-        });
+        let outgoing = outgoing.clone();
         match shadow.when {
             // The pool is asked when the primary is done: a client's next request usually
             // arrives while the previous shadow still runs.
-            ShadowWhen::AfterPrimary => Some(RecordHook::Shadow(Ticket::AfterPrimary(job))),
-            ShadowWhen::Concurrent => Some(RecordHook::Shadow(self.start_concurrent(job))),
+            ShadowWhen::AfterPrimary => Some(RecordHook::Shadow(Ticket::AfterPrimary(Box::new(
+                PlannedJob { plan, outgoing },
+            )))),
+            ShadowWhen::Concurrent => Some(RecordHook::Shadow(self.start_concurrent(
+                plan,
+                outgoing,
+                fingerprint,
+            ))),
         }
     }
 
-    fn start_concurrent(&self, mut job: Box<ShadowJob>) -> Ticket {
-        let Some(permit) = self.permit(&job.comparison.model) else {
-            return Ticket::Skipped(Box::new(job.comparison), Skip::PoolFull);
+    fn start_concurrent(
+        &self,
+        plan: Planned,
+        outgoing: Arc<Outgoing>,
+        fingerprint: &WorkloadFingerprint,
+    ) -> Ticket {
+        let Some(permit) = self.permit(&plan.model) else {
+            return Ticket::Skipped(Box::new(plan), Skip::PoolFull);
+        };
+        let mut job = ShadowJob {
+            comparison: plan.comparison(fingerprint.clone()),
+            outgoing,
         };
         job.comparison.in_flight = job.comparison.contention(None);
         let (tx, rx) = oneshot::channel();
@@ -234,12 +242,12 @@ impl RecordHook {
 
 /// A sampled request's shadow, by mode.
 pub enum Ticket {
-    /// Starts when the primary is done.
-    AfterPrimary(Box<ShadowJob>),
+    /// Starts when the primary is done, if the pool has room then.
+    AfterPrimary(Box<PlannedJob>),
     /// Already running; waits for the primary's outcome.
     Concurrent(oneshot::Sender<Side>),
     /// Sampled but not run: recorded as skipped, with the reason, once the primary is done.
-    Skipped(Box<Comparison>, Skip),
+    Skipped(Box<Planned>, Skip),
 }
 
 impl Ticket {
@@ -248,30 +256,32 @@ impl Ticket {
             Self::Concurrent(tx) => {
                 let _ = tx.send(record.side());
             }
-            Self::Skipped(comparison, skip) => comparison.skipped(record, skip),
+            Self::Skipped(plan, skip) => plan.skipped(record, skip),
             Self::AfterPrimary(job) => {
-                let ShadowJob {
-                    mut comparison,
-                    outgoing,
-                } = *job;
-                let shadowing = &comparison.state.shadowing;
+                let PlannedJob { plan, outgoing } = *job;
+                let shadowing = &plan.state.shadowing;
                 if shadowing.stop.is_cancelled() || tokio::runtime::Handle::try_current().is_err() {
-                    return comparison.skipped(record, Skip::ShuttingDown);
+                    return plan.skipped(record, Skip::ShuttingDown);
                 }
+                let Some(fingerprint) = record.fingerprint.as_ref() else {
+                    return plan.lost("the primary's record has no fingerprint");
+                };
                 if record.failed() {
                     // Nothing to compare against: recorded as such, without loading the candidate.
-                    comparison.finish(record.side(), None, None);
+                    plan.comparison(fingerprint.clone())
+                        .finish(record.side(), None, None);
                     return;
                 }
-                // The pool is asked before the primary's side is built: with a candidate slower
-                // than the traffic, most sampled requests end here, and a skip must cost next to
-                // nothing.
-                let Some(permit) = shadowing.permit(&comparison.model) else {
-                    return comparison.skipped(record, Skip::PoolFull);
+                // The pool is asked before anything of the primary is copied: with a candidate
+                // slower than the traffic, most sampled requests end here, and a skip must cost
+                // next to nothing.
+                let Some(permit) = shadowing.permit(&plan.model) else {
+                    return plan.skipped(record, Skip::PoolFull);
                 };
-                let primary = record.side();
                 let stop = shadowing.stop.clone();
                 let tasks = shadowing.tasks.clone();
+                let mut comparison = plan.comparison(fingerprint.clone());
+                let primary = record.side();
                 comparison.in_flight = comparison.contention(Some(primary.backend.as_str()));
                 let job = ShadowJob {
                     comparison,
@@ -309,6 +319,104 @@ impl Skip {
             Self::ShuttingDown => "shutting down",
             Self::Embeddings => "embeddings are not compared",
         }
+    }
+}
+
+/// A sampled request's shadow as planned when the request arrived. Running it takes a copy of
+/// the primary's fingerprints ([`Planned::comparison`]); recording its skip reads them from the
+/// primary's record.
+pub struct Planned {
+    state: Arc<AppState>,
+    model: Arc<str>,
+    /// The route's primary backend (the one that serves unless a fallback was used).
+    primary: Arc<str>,
+    candidate: Arc<str>,
+    when: ShadowWhen,
+    streamed: bool,
+}
+
+/// A planned `after-primary` shadow and the request it copies.
+pub struct PlannedJob {
+    plan: Planned,
+    outgoing: Arc<Outgoing>,
+}
+
+impl Planned {
+    fn comparison(self, fingerprint: WorkloadFingerprint) -> Comparison {
+        Comparison {
+            state: self.state,
+            model: self.model,
+            primary: self.primary,
+            candidate: self.candidate,
+            when: self.when,
+            streamed: self.streamed,
+            fingerprint,
+            in_flight: (None, None),
+        }
+    }
+
+    /// A shadow that can be neither run nor recorded as a comparison (a record without the
+    /// fingerprints every proxied request's record gets): said in the log, never silent.
+    fn lost(self, why: &str) {
+        tracing::warn!(
+            model = %self.model,
+            candidate = %self.candidate,
+            "shadow comparison lost: {why}"
+        );
+    }
+
+    /// Records a sampled request whose shadow never ran: counted, and in the ledger by kind.
+    /// Skips for a full pool come in bursts as long as the candidate is slower than the traffic:
+    /// the log gets the first and then every power of two, with the count so far.
+    fn skipped(self, primary: &RequestRecord, skip: Skip) {
+        let Some(fingerprint) = primary.fingerprint.as_ref() else {
+            return self.lost("the primary's record has no fingerprint");
+        };
+        let shadowing = &self.state.shadowing;
+        let pool = shadowing.pools.get(&self.model);
+        let reason: Arc<str> = match (skip, pool) {
+            (Skip::PoolFull, Some(pool)) => pool.full.clone(),
+            _ => format!("shadow skipped: {}", skip.why()).into(),
+        };
+        // Only pool-full skips are counted in switchyard_shadow_skipped_total.
+        let pool_full = skip == Skip::PoolFull;
+        let recorder = &self.state.recorder;
+        let skipped_so_far = recorder.metrics.observe_comparison(
+            &self.model,
+            &self.candidate,
+            Verdict::Incomparable,
+            pool_full,
+        );
+        if !pool_full || skipped_so_far.is_power_of_two() {
+            tracing::info!(
+                target: "switchyard::comparison",
+                source = "shadow",
+                model = %self.model,
+                candidate = %self.candidate,
+                primary_request_id = %primary.id,
+                skipped = pool_full.then_some(skipped_so_far),
+                "{reason}{}",
+                if pool_full {
+                    " (each skip is in the ledger and in switchyard_shadow_skipped_total)"
+                } else {
+                    ""
+                },
+            );
+        }
+        recorder.skipped(SkipKind {
+            model: &self.model,
+            mode: self.when.as_str(),
+            workload: &fingerprint.workload,
+            sampling: &fingerprint.sampling,
+            sampling_json: &fingerprint.sampling_json,
+            streamed: self.streamed,
+            reason: &reason,
+            primary_backend: primary.backend.as_ref(),
+            primary_engine: primary.engine.as_deref(),
+            primary_artifact: primary.artifact.as_deref(),
+            primary_warm: primary.warm,
+        });
+        shadowing.recorded.send_modify(|n| *n += 1);
     }
 }
 
@@ -399,57 +507,6 @@ impl Comparison {
         Recorder::log_comparison(&pair, "shadow");
         recorder.comparison(pair, &self.fingerprint.sampling_json, "shadow");
         self.state.shadowing.recorded.send_modify(|n| *n += 1);
-    }
-
-    /// Records a sampled request whose shadow never ran: counted, and in the ledger by kind.
-    /// Skips for a full pool come in bursts as long as the candidate is slower than the traffic:
-    /// the log gets the first and then every power of two, with the count so far.
-    fn skipped(self, primary: &RequestRecord, skip: Skip) {
-        let shadowing = &self.state.shadowing;
-        let pool = shadowing.pools.get(&self.model);
-        let reason: Arc<str> = match (skip, pool) {
-            (Skip::PoolFull, Some(pool)) => pool.full.clone(),
-            _ => format!("shadow skipped: {}", skip.why()).into(),
-        };
-        // Only pool-full skips are counted in switchyard_shadow_skipped_total.
-        let pool_full = skip == Skip::PoolFull;
-        let recorder = &self.state.recorder;
-        let skipped_so_far = recorder.metrics.observe_comparison(
-            &self.model,
-            &self.candidate,
-            Verdict::Incomparable,
-            pool_full,
-        );
-        if !pool_full || skipped_so_far.is_power_of_two() {
-            tracing::info!(
-                target: "switchyard::comparison",
-                source = "shadow",
-                model = %self.model,
-                candidate = %self.candidate,
-                primary_request_id = %primary.id,
-                skipped = pool_full.then_some(skipped_so_far),
-                "{reason}{}",
-                if pool_full {
-                    " (each skip is in the ledger and in switchyard_shadow_skipped_total)"
-                } else {
-                    ""
-                },
-            );
-        }
-        recorder.skipped(SkipKind {
-            model: &self.model,
-            mode: self.when.as_str(),
-            workload: &self.fingerprint.workload,
-            sampling: &self.fingerprint.sampling,
-            sampling_json: &self.fingerprint.sampling_json,
-            streamed: self.streamed,
-            reason: &reason,
-            primary_backend: primary.backend.as_ref(),
-            primary_engine: primary.engine.as_deref(),
-            primary_artifact: primary.artifact.as_deref(),
-            primary_warm: primary.warm,
-        });
-        shadowing.recorded.send_modify(|n| *n += 1);
     }
 }
 

@@ -502,8 +502,8 @@ fn attributes(buf: &mut Vec<u8>, field: u32, operation: &'static str, r: &Reques
     if let Some(artifact) = &r.artifact {
         otlp::kv_str(buf, field, "switchyard.artifact", artifact);
     }
-    if let Some(workload) = &r.workload {
-        otlp::kv_str(buf, field, "switchyard.workload", workload);
+    if let Some(fingerprint) = &r.fingerprint {
+        otlp::kv_str(buf, field, "switchyard.workload", &fingerprint.workload);
     }
     if let Some(warm) = r.warm {
         otlp::kv_bool(buf, field, "switchyard.warm", warm);
