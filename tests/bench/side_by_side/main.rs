@@ -71,6 +71,9 @@ struct Args {
     /// How much slower than the primary the shadow candidate answers: its prefill, in ms.
     #[arg(long, default_value_t = 50)]
     candidate_prefill_ms: u64,
+    /// The share of the shadowed model's requests sampled for a shadow (`sample`).
+    #[arg(long, default_value_t = 1.0)]
+    shadow_sample: f64,
     /// The shadow pool's `max_in_flight`.
     #[arg(long, default_value_t = 4)]
     shadow_max_in_flight: u32,
@@ -518,8 +521,8 @@ async fn shadowing(
     report: &mut Report,
 ) -> anyhow::Result<()> {
     note(&format!(
-        "shadowing at sample 1.0 to a {} ms slower candidate (max_in_flight {}), concurrency 1 and 32",
-        args.candidate_prefill_ms, args.shadow_max_in_flight
+        "shadowing at sample {} to a {} ms slower candidate (max_in_flight {}), concurrency 1 and 32",
+        args.shadow_sample, args.candidate_prefill_ms, args.shadow_max_in_flight
     ));
     // One Switchyard, three models on the same primary, alternated: the first shadows every
     // request (after the primary; at most `--shadow-max-in-flight` at once, the rest skipped and
@@ -532,7 +535,7 @@ async fn shadowing(
         "Switchyard+shadow",
         &args.bin_dir,
         engines,
-        Some(args.shadow_max_in_flight),
+        Some((args.shadow_sample, args.shadow_max_in_flight)),
     )?;
     let base = shadowing.base().unwrap_or_default();
     wait_ready(client, base).await?;
@@ -625,6 +628,6 @@ fn args_json(args: &Args) -> serde_json::Value {
         "large_requests": args.large_requests, "open_streams": args.open_streams,
         "server_cpus": args.server_cpus, "shadow_rounds": args.shadow_rounds,
         "candidate_prefill_ms": args.candidate_prefill_ms,
-        "shadow_max_in_flight": args.shadow_max_in_flight, "candidate_cpus": args.candidate_cpus,
+        "shadow_max_in_flight": args.shadow_max_in_flight, "shadow_sample": args.shadow_sample, "candidate_cpus": args.candidate_cpus,
     })
 }

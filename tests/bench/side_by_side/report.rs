@@ -195,8 +195,12 @@ impl Report {
             {
                 let r = with / without;
                 let (lo, hi) = resampled_ratio_range(r_with, r_without);
-                // The verdict only where the rounds can tell: the whole range on one side of it.
-                let verdict = if hi <= SHADOW_TARGET {
+                // The verdict only where the rounds can tell: enough of them to resample, and the
+                // whole range on one side of the target.
+                let few = r_with.len().min(r_without.len()) < MIN_ROUNDS;
+                let verdict = if few {
+                    Verdict::Inconclusive
+                } else if hi <= SHADOW_TARGET {
                     Verdict::Met
                 } else if lo > SHADOW_TARGET {
                     Verdict::Missed
@@ -351,6 +355,9 @@ impl Report {
 
 /// The shadowing rows' target: the primary's p99 with shadowing at most this many times without.
 const SHADOW_TARGET: f64 = 1.05;
+/// Rounds per side below which resampling says nothing of the spread (one round resamples to
+/// itself): the verdict is then inconclusive whatever the ratio.
+const MIN_ROUNDS: usize = 5;
 
 /// A target, as one run's numbers read against it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -473,5 +480,11 @@ mod tests {
         assert_eq!(verdict(times(0.8), base.clone()), Verdict::Met);
         assert_eq!(verdict(times(1.4), base.clone()), Verdict::Missed);
         assert_eq!(verdict(times(1.0), base.clone()), Verdict::Inconclusive);
+        let one = vec![base[0]];
+        assert_eq!(
+            verdict(vec![base[0] * 0.8], one),
+            Verdict::Inconclusive,
+            "one round says nothing of the spread"
+        );
     }
 }

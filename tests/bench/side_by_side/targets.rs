@@ -170,22 +170,22 @@ impl Launcher {
         self.switchyard_as("Switchyard", bin_dir, engines, None)
     }
 
-    /// A Switchyard of its own (its own ledger and log) named `name`; with `shadow_pool` (its
-    /// `max_in_flight`), the `fast` model shadows every request to the slow engine, and two more
-    /// models on the same backend, [`UNSHADOWED`] and [`CONTROL`], shadow none.
+    /// A Switchyard of its own (its own ledger and log) named `name`; with `shadow` (its `sample`
+    /// and `max_in_flight`), the `fast` model shadows to the slow engine, and two more models on
+    /// the same backend, [`UNSHADOWED`] and [`CONTROL`], shadow none.
     pub(crate) fn switchyard_as(
         &self,
         name: &'static str,
         bin_dir: &Path,
         engines: &Engines,
-        shadow_pool: Option<u32>,
+        shadow: Option<(f64, u32)>,
     ) -> anyhow::Result<Target> {
         let file = name.replace(['+', ' '], "-").to_lowercase();
         let mut toml = format!(
             "[server]\nlisten = \"127.0.0.1:0\"\n\n[ledger]\npath = \"{}\"\n",
             self.dir.join(format!("{file}-ledger.db")).display()
         );
-        if shadow_pool.is_some() {
+        if shadow.is_some() {
             let url = engines.url(Engine::Slow);
             toml.push_str(&format!(
                 "\n[backends.{CANDIDATE}]\nengine = \"llama.cpp\"\nurl = \"{url}\"\nmax_concurrency = 64\n"
@@ -199,9 +199,9 @@ impl Launcher {
                 name = engine.name(),
                 url = engines.url(engine),
             ));
-            if let (Engine::Fast, Some(pool)) = (engine, shadow_pool) {
+            if let (Engine::Fast, Some((sample, pool))) = (engine, shadow) {
                 toml.push_str(&format!(
-                    "shadow = {{ backend = \"{CANDIDATE}\", sample = 1.0, max_in_flight = {pool} }}\n",
+                    "shadow = {{ backend = \"{CANDIDATE}\", sample = {sample:?}, max_in_flight = {pool} }}\n",
                 ));
                 for model in [UNSHADOWED, CONTROL] {
                     toml.push_str(&format!(
