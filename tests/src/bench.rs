@@ -202,6 +202,20 @@ pub async fn run_load(
     total: usize,
     concurrency: usize,
 ) -> anyhow::Result<Sample> {
+    run_load_after(client, url, body, total, concurrency, 0).await
+}
+
+/// [`run_load`] without the latencies of each worker's first `warmup` requests (sent and awaited
+/// all the same, within `total`): after an idle moment the first requests also measure the
+/// machine waking up (a halted virtual CPU rescheduled, cold caches), not the server.
+pub async fn run_load_after(
+    client: &BenchClient,
+    url: &str,
+    body: &Bytes,
+    total: usize,
+    concurrency: usize,
+    warmup: usize,
+) -> anyhow::Result<Sample> {
     let next = Arc::new(AtomicUsize::new(0));
     let started = Instant::now();
     let mut workers = Vec::new();
@@ -213,7 +227,9 @@ pub async fn run_load(
         #[allow(clippy::disallowed_methods)] // load-generator workers, all awaited below
         workers.push(tokio::spawn(async move {
             let mut lat = Vec::new();
+            let mut sent = 0;
             while next.fetch_add(1, Ordering::Relaxed) < total {
+                sent += 1;
                 let t = Instant::now();
                 let resp = client
                     .request(post_json(&url, body.clone())?)
@@ -222,7 +238,9 @@ pub async fn run_load(
                 let status = resp.status();
                 resp.into_body().collect().await?;
                 anyhow::ensure!(status == 200, "{url}: status {status}");
-                lat.push(t.elapsed().as_secs_f64() * 1e6);
+                if sent > warmup {
+                    lat.push(t.elapsed().as_secs_f64() * 1e6);
+                }
             }
             Ok::<_, anyhow::Error>(lat)
         }));

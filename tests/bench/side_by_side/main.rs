@@ -20,8 +20,8 @@ use clap::Parser;
 use http_body_util::BodyExt;
 use serde_json::json;
 use switchyard_tests::bench::{
-    client, ledger_counts, metric, metrics_text, percentile, run_load, stream_once, vm_rss_kib,
-    BenchClient, Sample,
+    client, ledger_counts, metric, metrics_text, percentile, run_load, run_load_after, stream_once,
+    vm_rss_kib, BenchClient, Sample,
 };
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -68,6 +68,11 @@ struct Args {
     /// Only the shadowing measurement (no nginx, LiteLLM or other phases): for studying it.
     #[arg(long)]
     shadow_only: bool,
+    /// Requests per load-generator worker at the start of each shadowing round that are sent but
+    /// not counted: every round starts after a wait (see `settled`), and the first requests after
+    /// an idle moment also measure the machine waking up.
+    #[arg(long, default_value_t = 2)]
+    shadow_warmup: usize,
     /// How much slower than the primary the shadow candidate answers: its prefill, in ms.
     #[arg(long, default_value_t = 50)]
     candidate_prefill_ms: u64,
@@ -555,10 +560,12 @@ async fn shadowing(
             |i| {
                 let (url, body) = (&url, &bodies[i]);
                 async move {
-                    let round = run_load(client, url, body, n, concurrency).await?;
-                    // The shadows still running would land in the next round, which may be one
-                    // without shadows: it starts once they are done.
-                    shadows_settled(client, base).await?;
+                    // Each round starts with no shadow running (a round's shadows would land in
+                    // the next, which may be one without) and the ledger caught up.
+                    settled(client, base).await?;
+                    let round =
+                        run_load_after(client, url, body, n, concurrency, args.shadow_warmup)
+                            .await?;
                     Ok(vec![round.sorted()])
                 }
             },
@@ -586,7 +593,10 @@ async fn shadowing(
             })
             .collect();
         report.shadow(
-            &format!("shadow 1.0, chat c={concurrency} p99: with ÷ without"),
+            &format!(
+                "shadow {:?}, chat c={concurrency} p99: with ÷ without",
+                args.shadow_sample
+            ),
             [median_p99[0], median_p99[1], median_p99[2]],
             [pooled_p99[0], pooled_p99[1], pooled_p99[2]],
             [
@@ -600,17 +610,29 @@ async fn shadowing(
     Ok(())
 }
 
-/// Waits until no request is in flight at the shadow candidate (polling `/metrics`).
-async fn shadows_settled(client: &BenchClient, base: &str) -> anyhow::Result<()> {
-    let series = format!("switchyard_in_flight_requests{{backend=\"{CANDIDATE}\"}}");
+/// Waits until no request is in flight at the shadow candidate and the ledger has written (or
+/// dropped) the record of every request finished so far (polling `/metrics`). Every round starts
+/// from that state: a round that began while the ledger's writer still worked off the round
+/// before would share the core with it, and only rounds after a round with shadows would not
+/// (their wait for the shadows lets the writer catch up).
+async fn settled(client: &BenchClient, base: &str) -> anyhow::Result<()> {
+    let in_flight = format!("switchyard_in_flight_requests{{backend=\"{CANDIDATE}\"}}");
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
-        if metric(&metrics_text(client, base).await?, &series)? == 0.0 {
+        let text = metrics_text(client, base).await?;
+        let finished: f64 = text
+            .lines()
+            .filter(|l| l.starts_with("switchyard_requests_total{"))
+            .filter_map(|l| l.split_whitespace().nth(1)?.parse::<f64>().ok())
+            .sum();
+        let recorded = metric(&text, "switchyard_ledger_records_written_total")?
+            + metric(&text, "switchyard_ledger_records_dropped_total")?;
+        if metric(&text, &in_flight)? == 0.0 && recorded >= finished {
             return Ok(());
         }
         anyhow::ensure!(
             Instant::now() < deadline,
-            "shadows still running after 20 s"
+            "not settled after 20 s: shadows still running, or the ledger {recorded} records behind {finished} requests"
         );
         tokio::time::sleep(Duration::from_millis(2)).await;
     }
@@ -628,6 +650,6 @@ fn args_json(args: &Args) -> serde_json::Value {
         "large_requests": args.large_requests, "open_streams": args.open_streams,
         "server_cpus": args.server_cpus, "shadow_rounds": args.shadow_rounds,
         "candidate_prefill_ms": args.candidate_prefill_ms,
-        "shadow_max_in_flight": args.shadow_max_in_flight, "shadow_sample": args.shadow_sample, "candidate_cpus": args.candidate_cpus,
+        "shadow_max_in_flight": args.shadow_max_in_flight, "shadow_sample": args.shadow_sample, "shadow_warmup": args.shadow_warmup, "candidate_cpus": args.candidate_cpus,
     })
 }

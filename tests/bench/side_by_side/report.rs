@@ -1,6 +1,7 @@
 //! The table `switchyard-perf` prints (Markdown) and writes (JSON): each measure per target, and
 //! Switchyard's as a ratio to direct and to nginx; latencies also as the time added over direct;
-//! then the targets, met or missed.
+//! then the targets, met, missed, or (the shadowing rows) inconclusive where the run's own
+//! spread reaches both sides.
 
 use serde_json::{json, Value};
 use switchyard_tests::bench::percentile;
@@ -166,7 +167,7 @@ impl Report {
         }
     }
 
-    /// The targets: (what, value, limit, met). Throughput is met only if the sustained
+    /// The targets: (what, value, verdict). Throughput is met only if the sustained
     /// reading (when taken) meets it too.
     fn targets(&self) -> Vec<(String, String, Verdict)> {
         let sw_added = self.value(&added_label("chat c=1 p50 µs"), "Switchyard");
