@@ -553,6 +553,12 @@ async fn shadowing(
         run_load(client, &url, body, 200, 4).await?;
     }
     for (concurrency, n) in [(1, args.requests / 2), (32, args.requests * 2)] {
+        anyhow::ensure!(
+            n > concurrency * args.shadow_warmup,
+            "{n} requests per round at concurrency {concurrency} leave none counted after \
+             --shadow-warmup {} per worker",
+            args.shadow_warmup
+        );
         let rounds = alternate_n(
             bodies.len(),
             args.shadow_rounds,
