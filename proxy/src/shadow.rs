@@ -174,8 +174,8 @@ impl Shadowing {
                 // The primary's record is always written, so its outcome always arrives; if the
                 // process is going down first, nothing remains to compare against.
                 (_, Err(_)) => tracing::warn!(
-                    model = %c.model,
-                    candidate = %c.candidate,
+                    model = %c.plan.model,
+                    candidate = %c.plan.candidate,
                     "shadow comparison lost: the primary's outcome never arrived"
                 ),
             }
@@ -344,12 +344,7 @@ pub struct PlannedJob {
 impl Planned {
     fn comparison(self, fingerprint: WorkloadFingerprint) -> Comparison {
         Comparison {
-            state: self.state,
-            model: self.model,
-            primary: self.primary,
-            candidate: self.candidate,
-            when: self.when,
-            streamed: self.streamed,
+            plan: self,
             fingerprint,
             in_flight: (None, None),
         }
@@ -420,15 +415,10 @@ impl Planned {
     }
 }
 
-/// What judging and recording a comparison needs from the primary request.
+/// What judging and recording a comparison needs: the plan, and a copy of the primary's
+/// fingerprints.
 pub struct Comparison {
-    state: Arc<AppState>,
-    model: Arc<str>,
-    /// The route's primary backend (the one that serves unless a fallback was used).
-    primary: Arc<str>,
-    candidate: Arc<str>,
-    when: ShadowWhen,
-    streamed: bool,
+    plan: Planned,
     fingerprint: WorkloadFingerprint,
     /// Requests in flight at the primary's and the candidate's backend when the shadow started.
     in_flight: (Option<u64>, Option<u64>),
@@ -444,21 +434,21 @@ impl ShadowJob {
     /// Sends the copy to the candidate and reads its answer to the end.
     async fn run_candidate(&self) -> Side {
         let c = &self.comparison;
-        let Some(backend) = c.state.backends.get(&c.candidate).cloned() else {
+        let Some(backend) = c.plan.state.backends.get(&c.plan.candidate).cloned() else {
             return Side {
-                backend: c.candidate.to_string(),
+                backend: c.plan.candidate.to_string(),
                 error: Some("no such backend".to_owned()),
                 ..Side::default()
             };
         };
         run_on(
-            &c.state,
+            &c.plan.state,
             backend,
             "shadow",
             &self.outgoing,
-            &c.model,
+            &c.plan.model,
             &c.fingerprint,
-            c.streamed,
+            c.plan.streamed,
             None,
         )
         .await
@@ -468,11 +458,11 @@ impl ShadowJob {
 impl Comparison {
     /// In-flight counts on both sides now. `primary` names the backend that served, when known.
     fn contention(&self, primary: Option<&str>) -> (Option<u64>, Option<u64>) {
-        let metrics = &self.state.recorder.metrics;
-        let primary = primary.unwrap_or(&self.primary);
+        let metrics = &self.plan.state.recorder.metrics;
+        let primary = primary.unwrap_or(&self.plan.primary);
         (
             Some(metrics.in_flight_now(primary)),
-            Some(metrics.in_flight_now(&self.candidate)),
+            Some(metrics.in_flight_now(&self.plan.candidate)),
         )
     }
 
@@ -489,24 +479,27 @@ impl Comparison {
             skip.map(Skip::why),
         );
         let pair = Pair {
-            model: self.model.to_string(),
+            model: self.plan.model.to_string(),
             workload: self.fingerprint.workload.clone(),
             sampling: self.fingerprint.sampling.clone(),
-            streamed: self.streamed,
-            mode: self.when.as_str().to_owned(),
+            streamed: self.plan.streamed,
+            mode: self.plan.when.as_str().to_owned(),
             primary,
             candidate,
             verdict,
             reason,
             count: 1,
         };
-        let recorder = &self.state.recorder;
-        recorder
-            .metrics
-            .observe_comparison(&self.model, &self.candidate, pair.verdict, false);
+        let recorder = &self.plan.state.recorder;
+        recorder.metrics.observe_comparison(
+            &self.plan.model,
+            &self.plan.candidate,
+            pair.verdict,
+            false,
+        );
         Recorder::log_comparison(&pair, "shadow");
         recorder.comparison(pair, &self.fingerprint.sampling_json, "shadow");
-        self.state.shadowing.recorded.send_modify(|n| *n += 1);
+        self.plan.state.shadowing.recorded.send_modify(|n| *n += 1);
     }
 }
 

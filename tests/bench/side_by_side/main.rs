@@ -20,8 +20,8 @@ use clap::Parser;
 use http_body_util::BodyExt;
 use serde_json::json;
 use switchyard_tests::bench::{
-    client, ledger_counts, metric, metrics_text, percentile, run_load, run_load_after, stream_once,
-    vm_rss_kib, BenchClient, Sample,
+    client, ledger_counts, metric, metrics_text, run_load, run_load_after, stream_once, vm_rss_kib,
+    BenchClient, Sample,
 };
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -531,8 +531,7 @@ async fn shadowing(
     ));
     // One Switchyard, three models on the same primary, alternated: the first shadows every
     // request (after the primary; at most `--shadow-max-in-flight` at once, the rest skipped and
-    // recorded), the
-    // other two none; the third is the control: how far two identical conditions' p99 differ in
+    // recorded), the other two none; the third is the control: how far two identical conditions' p99 differ in
     // this run is the noise a ratio is read against. One process for all three: two processes
     // alike differ by up to 20% in p99 here (their memory layout, their place on the core), more
     // than the effect measured.
@@ -581,15 +580,6 @@ async fn shadowing(
             .iter()
             .map(|r| r.iter().map(|s| s.p(99.0)).collect())
             .collect();
-        let median_p99: Vec<f64> = round_p99s
-            .iter()
-            .map(|p99s| {
-                // The median round's p99, by the same nearest rank as every percentile here.
-                let mut p99s = p99s.clone();
-                p99s.sort_by(f64::total_cmp);
-                percentile(&p99s, 50.0)
-            })
-            .collect();
         let pooled_p99: Vec<f64> = rounds
             .into_iter()
             .map(|r| {
@@ -603,13 +593,10 @@ async fn shadowing(
                 "shadow {:?}, chat c={concurrency} p99: with ÷ without",
                 args.shadow_sample
             ),
-            [median_p99[0], median_p99[1], median_p99[2]],
             [pooled_p99[0], pooled_p99[1], pooled_p99[2]],
-            [
-                round_p99s[0].clone(),
-                round_p99s[1].clone(),
-                round_p99s[2].clone(),
-            ],
+            round_p99s
+                .try_into()
+                .map_err(|_| anyhow::anyhow!("three models' rounds"))?,
         );
     }
     drop(shadowing);
@@ -656,6 +643,7 @@ fn args_json(args: &Args) -> serde_json::Value {
         "large_requests": args.large_requests, "open_streams": args.open_streams,
         "server_cpus": args.server_cpus, "shadow_rounds": args.shadow_rounds,
         "candidate_prefill_ms": args.candidate_prefill_ms,
-        "shadow_max_in_flight": args.shadow_max_in_flight, "shadow_sample": args.shadow_sample, "shadow_warmup": args.shadow_warmup, "candidate_cpus": args.candidate_cpus,
+        "shadow_max_in_flight": args.shadow_max_in_flight, "shadow_sample": args.shadow_sample,
+        "shadow_warmup": args.shadow_warmup, "candidate_cpus": args.candidate_cpus,
     })
 }

@@ -26,10 +26,9 @@ pub(crate) enum Measure {
     Text(String),
     /// Switchyard's primary p99 without and with shadowing (µs), and a control's: a second
     /// Switchyard without shadows, alternated with the two. `[without, with, control]`, each the
-    /// median of the rounds' p99s (what the target is read from) and the p99 of all rounds'
-    /// latencies pooled; and each round's p99, in the order the rounds ran.
+    /// p99 of all rounds' latencies pooled, and each round's p99 in the order the rounds ran
+    /// (the median round's is what the target is read from).
     Shadow {
-        median: [f64; 3],
         pooled: [f64; 3],
         rounds: [Vec<f64>; 3],
     },
@@ -115,20 +114,10 @@ impl Report {
     /// shadowing every request, and through a second one without shadows (the control: `control
     /// ÷ without` is what the same comparison reads when nothing differs); as the median round's
     /// and pooled over the rounds.
-    pub(crate) fn shadow(
-        &mut self,
-        metric: &str,
-        median: [f64; 3],
-        pooled: [f64; 3],
-        rounds: [Vec<f64>; 3],
-    ) {
+    pub(crate) fn shadow(&mut self, metric: &str, pooled: [f64; 3], rounds: [Vec<f64>; 3]) {
         self.rows.push(Row {
             metric: metric.to_owned(),
-            measure: Measure::Shadow {
-                median,
-                pooled,
-                rounds,
-            },
+            measure: Measure::Shadow { pooled, rounds },
             values: vec![f64::NAN; self.names.len()],
         });
     }
@@ -189,11 +178,11 @@ impl Report {
         let mut targets = Vec::new();
         for row in &self.rows {
             if let Measure::Shadow {
-                median: [without, with, control],
                 pooled: [p_without, p_with, p_control],
-                rounds: [ref r_without, ref r_with, _],
+                rounds: [ref r_without, ref r_with, ref r_control],
             } = row.measure
             {
+                let [without, with, control] = [r_without, r_with, r_control].map(|r| median(r));
                 let r = with / without;
                 let (lo, hi) = resampled_ratio_range(r_with, r_without);
                 // The verdict only where the rounds can tell: enough of them to resample, and the
@@ -282,11 +271,11 @@ impl Report {
                 continue;
             }
             if let Measure::Shadow {
-                median: [without, with, control],
                 pooled: [p_without, p_with, p_control],
                 rounds: [ref r_without, ref r_with, ref r_control],
             } = row.measure
             {
+                let [without, with, control] = [r_without, r_with, r_control].map(|r| median(r));
                 let (lo, hi) = resampled_ratio_range(r_with, r_without);
                 let cells = format!(
                     "median round: {with:.0} µs with ÷ {without:.0} µs without = {:.2} \
@@ -397,15 +386,21 @@ fn resampled_ratio_range(with: &[f64], without: &[f64]) -> (f64, f64) {
         ((z ^ (z >> 31)) % n as u64) as usize
     };
     let mut median_of_draw = |v: &[f64]| {
-        let mut draw: Vec<f64> = (0..v.len()).map(|_| v[next(v.len())]).collect();
-        draw.sort_by(f64::total_cmp);
-        percentile(&draw, 50.0)
+        let draw: Vec<f64> = (0..v.len()).map(|_| v[next(v.len())]).collect();
+        median(&draw)
     };
     let mut ratios: Vec<f64> = (0..2000)
         .map(|_| median_of_draw(with) / median_of_draw(without))
         .collect();
     ratios.sort_by(f64::total_cmp);
     (percentile(&ratios, 5.0), percentile(&ratios, 95.0))
+}
+
+/// The median, by the same nearest rank as every percentile here.
+fn median(values: &[f64]) -> f64 {
+    let mut sorted = values.to_vec();
+    sorted.sort_by(f64::total_cmp);
+    percentile(&sorted, 50.0)
 }
 
 fn added_label(metric: &str) -> String {
@@ -462,15 +457,9 @@ mod tests {
     fn a_shadow_row_is_met_missed_or_inconclusive_by_its_range() {
         let verdict = |with: Vec<f64>, without: Vec<f64>| {
             let mut report = Report::new(vec!["Switchyard"]);
-            let median = |v: &[f64]| {
-                let mut v = v.to_vec();
-                v.sort_by(f64::total_cmp);
-                percentile(&v, 50.0)
-            };
             let (m_with, m_without) = (median(&with), median(&without));
             report.shadow(
                 "shadow 1.0, chat c=1 p99: with ÷ without",
-                [m_without, m_with, m_without],
                 [m_without, m_with, m_without],
                 [without.clone(), with, without],
             );
