@@ -35,8 +35,16 @@ pub trait Adapter: Send + Sync + fmt::Debug + 'static {
     fn interpret(&self, results: &[ProbeResult]) -> EngineReport;
 
     /// The engine's build, when it can be read from a response's `system_fingerprint`.
-    fn build_from_fingerprint(&self, _system_fingerprint: &str) -> Option<String> {
+    fn build_from_fingerprint<'a>(&self, _system_fingerprint: &'a str) -> Option<&'a str> {
         None
+    }
+
+    /// Whether every answer's `model` is the engine's served model id (what `/v1/models` lists),
+    /// whatever the request named: then an answer that names another model comes from an
+    /// engine that changed since it was probed. Engines that echo the request's `model` (MLX)
+    /// say nothing of their identity there.
+    fn answers_with_served_model(&self) -> bool {
+        false
     }
 
     /// A small generation request (path and JSON body) that makes the engine name its build in

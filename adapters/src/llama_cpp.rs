@@ -29,6 +29,18 @@ impl Adapter for LlamaCpp {
         PROBES
     }
 
+    /// `system_fingerprint` is the same `build_info` that `/props` reports.
+    fn build_from_fingerprint<'a>(&self, system_fingerprint: &'a str) -> Option<&'a str> {
+        (!system_fingerprint.is_empty() && system_fingerprint != UNKNOWN_BUILD)
+            .then_some(system_fingerprint)
+    }
+
+    /// llama-server names its `model_alias` (the `/v1/models` id; the model's path unless
+    /// `--alias` was given) in every answer, whatever the request's `model` said.
+    fn answers_with_served_model(&self) -> bool {
+        true
+    }
+
     fn interpret(&self, results: &[ProbeResult]) -> EngineReport {
         let mut identity = EngineIdentity::unknown(EngineKind::LlamaCpp);
         let health = match results.first() {

@@ -98,8 +98,8 @@ impl Adapter for Mlx {
         changed
     }
 
-    fn build_from_fingerprint(&self, system_fingerprint: &str) -> Option<String> {
-        (!system_fingerprint.is_empty()).then(|| system_fingerprint.to_owned())
+    fn build_from_fingerprint<'a>(&self, system_fingerprint: &'a str) -> Option<&'a str> {
+        (!system_fingerprint.is_empty()).then_some(system_fingerprint)
     }
 
     fn normalize_error(&self, status: u16, body: &[u8]) -> Option<(u16, Bytes)> {

@@ -203,6 +203,15 @@ impl StreamObserver {
         facts
     }
 
+    /// The `model` (from the first event that named one) and `system_fingerprint` (the latest)
+    /// the stream named so far.
+    pub fn named_identity(&self) -> (Option<&str>, Option<&str>) {
+        (
+            self.facts.model.as_deref(),
+            self.facts.system_fingerprint.as_deref(),
+        )
+    }
+
     /// The content of choice `index` accumulated so far.
     pub fn content(&self, index: u64) -> Option<&str> {
         self.output.content(index)

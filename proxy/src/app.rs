@@ -363,17 +363,36 @@ async fn probe_loop(state: Arc<AppState>, backend: Arc<Backend>, stop: Cancellat
                 learn_build(&state, &backend, path, body).await;
             }
         }
-        if let Some(ledger) = &state.recorder.ledger {
-            // Identity over time: a row whenever what would be stamped changes.
-            let now = snapshot(&backend);
-            if last_snapshot.as_ref() != Some(&now) {
-                ledger.identity(now.clone());
-                last_snapshot = Some(now);
-            }
-        }
+        note_identity(&state, &backend, &mut last_snapshot);
+        let probed = tokio::time::Instant::now();
         tokio::select! {
             _ = stop.cancelled() => return,
             _ = tokio::time::sleep(interval) => {}
+            _ = backend.reprobe.notified() => {
+                // An answer contradicted this identity: the ledger keeps the moment it stood
+                // contradicted, and a probe looks again, though no sooner than `REPROBE_GAP`
+                // after the last, so that answers that keep contradicting the probes do not
+                // have the engine probed in a loop.
+                note_identity(&state, &backend, &mut last_snapshot);
+                tokio::select! {
+                    _ = stop.cancelled() => return,
+                    _ = tokio::time::sleep_until(probed + REPROBE_GAP.min(interval)) => {}
+                }
+            }
+        }
+    }
+}
+
+/// The least time between two probes of a backend when answers ask for the second.
+const REPROBE_GAP: Duration = Duration::from_millis(250);
+
+/// Identity over time: a row in the ledger whenever what would be stamped changes.
+fn note_identity(state: &AppState, backend: &Backend, last: &mut Option<IdentitySnapshot>) {
+    if let Some(ledger) = &state.recorder.ledger {
+        let now = snapshot(backend);
+        if last.as_ref() != Some(&now) {
+            ledger.identity(now.clone());
+            *last = Some(now);
         }
     }
 }

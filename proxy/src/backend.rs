@@ -45,6 +45,10 @@ pub struct BackendState {
     pub binary: Digest,
     /// A build read from responses (`system_fingerprint`), for engines whose probes do not say.
     pub observed_build: Option<String>,
+    /// Why the identity stands contradicted: an answer named a model or build other than the
+    /// last probe found (an engine restarted on another model, or upgraded, between two probes).
+    /// Cleared by the next probe, which is asked for at once.
+    pub drift: Option<String>,
 }
 
 impl BackendState {
@@ -85,6 +89,8 @@ pub struct Backend {
     served: std::sync::atomic::AtomicU64,
     /// Kept-alive connections to the engine, waiting for the next request.
     pub(crate) connections: Arc<crate::upstream::Connections>,
+    /// Asks the backend's prober to look again now (an answer contradicted its identity).
+    pub(crate) reprobe: tokio::sync::Notify,
 }
 
 impl Backend {
@@ -110,6 +116,7 @@ impl Backend {
                 Digest::NotConfigured
             },
             observed_build: None,
+            drift: None,
         };
         let admission = config
             .max_concurrency
@@ -127,6 +134,7 @@ impl Backend {
             revision: None,
             served: std::sync::atomic::AtomicU64::new(0),
             connections: Arc::default(),
+            reprobe: tokio::sync::Notify::new(),
         })
     }
 
@@ -172,15 +180,25 @@ impl Backend {
                 tracing::info!(backend = %self.name, slots, "admission limit set to the engine's slot count");
             }
         }
-        let before = self.state.load().health();
+        let previous = self.state.load_full();
+        let before = previous.health();
         let after = report.health.clone();
-        if after.is_ready() && !before.is_ready() {
-            // A (re)started engine: its caches are cold again.
+        let renamed = after.is_ready()
+            && previous
+                .report
+                .as_ref()
+                .is_some_and(|p| names_differ(&p.identity, &report.identity));
+        if renamed {
+            tracing::info!(backend = %self.name, "the engine's identity changed since the last probe; its caches are cold");
+        }
+        if renamed || (after.is_ready() && !before.is_ready()) {
+            // A (re)started engine, or one serving something else: its caches are cold again.
             self.served.store(0, std::sync::atomic::Ordering::Relaxed);
         }
         self.update(|s| {
             s.report = Some(report.clone());
             s.probed_at = Some(SystemTime::now());
+            s.drift = None;
         });
         (before != after).then_some(before)
     }
@@ -195,14 +213,83 @@ impl Backend {
 
     /// Records the build an engine named in a response, for engines whose probes do not say.
     pub fn observe_fingerprint(&self, system_fingerprint: &str) {
-        let Some(build) = self.adapter.build_from_fingerprint(system_fingerprint) else {
-            return;
-        };
-        if self.state.load().observed_build.as_deref() == Some(build.as_str()) {
-            return;
+        if let Some(build) = self.adapter.build_from_fingerprint(system_fingerprint) {
+            if self.state.load().observed_build.as_deref() != Some(build) {
+                self.learn_build(build);
+            }
         }
+    }
+
+    fn learn_build(&self, build: &str) {
         tracing::info!(backend = %self.name, build = %build, "engine build learned from a response");
-        self.update(|s| s.observed_build = Some(build.clone()));
+        self.update(|s| s.observed_build = Some(build.to_owned()));
+    }
+
+    /// Checks the identity an answer names (its `model`, where the adapter says that is the
+    /// served model id, and the build in its `system_fingerprint`) against what the last probe
+    /// found. `None`: nothing contradicts it (a build named for the first time is learned).
+    /// `Some`: the identity to stamp on this answer, unverified with the reason. The backend's
+    /// own identity stays unverified until its prober, asked to look now, has probed again.
+    pub fn check_answer(
+        &self,
+        model: Option<&str>,
+        system_fingerprint: Option<&str>,
+    ) -> Option<Arc<IdentityHeaders>> {
+        let state = self.state.load();
+        let probed = state.report.as_ref().map(|r| &r.identity);
+        let mut contradictions: Vec<String> = Vec::new();
+        if self.adapter.answers_with_served_model() {
+            if let (Some(answered), Some(served)) =
+                (model, probed.and_then(|i| i.served_model.as_deref()))
+            {
+                if answered != served {
+                    contradictions.push(format!(
+                        "the engine answered as model `{answered}`, but its last probe found `{served}`"
+                    ));
+                }
+            }
+        }
+        let mut learned = None;
+        if let Some(answered) =
+            system_fingerprint.and_then(|fp| self.adapter.build_from_fingerprint(fp))
+        {
+            match probed
+                .and_then(|i| i.build.as_deref())
+                .or(state.observed_build.as_deref())
+            {
+                Some(known) if known != answered => contradictions.push(format!(
+                    "the engine answered as build `{answered}`, but it was known as `{known}`"
+                )),
+                Some(_) => {}
+                None => learned = Some(answered),
+            }
+        }
+        if contradictions.is_empty() {
+            drop(state);
+            if let Some(build) = learned {
+                self.learn_build(build);
+            }
+            return None;
+        }
+        let why = format!(
+            "{} (the engine changed since it was probed; probing it again)",
+            contradictions.join("; ")
+        );
+        let mut answered = BackendState::clone(&state);
+        drop(state);
+        answered.drift = Some(why.clone());
+        if self.state.load().drift.as_deref() != Some(why.as_str()) {
+            tracing::warn!(backend = %self.name, reason = %why, "an answer contradicts the engine's probed identity; answers are stamped unverified until a probe looks again");
+            self.update(|s| s.drift = Some(why.clone()));
+        }
+        self.reprobe.notify_one();
+        // Computed from this answer's view, whatever a probe publishes meanwhile.
+        Some(Arc::new(compute_headers(
+            &self.name,
+            &self.config,
+            self.adapter.as_ref(),
+            &answered,
+        )))
     }
 
     /// How often probes run, given the server's setting.
@@ -231,6 +318,8 @@ fn compute_headers(
     };
     let verification = if state.report.is_none() {
         Verification::Unknown("the engine has not been probed yet".to_owned())
+    } else if let Some(why) = &state.drift {
+        Verification::Unverified(why.clone())
     } else {
         verify(config.artifact.as_deref(), &state.artifact, &identity)
     };
@@ -285,6 +374,14 @@ fn verify(configured: Option<&Path>, digest: &Digest, identity: &EngineIdentity)
             "the engine serves {served}, which does not resolve to a file here"
         )),
     }
+}
+
+/// Whether two probes found the engine serving under different names or builds.
+fn names_differ(a: &EngineIdentity, b: &EngineIdentity) -> bool {
+    let named = |i: &EngineIdentity| i.served_model.is_some() || i.model_path.is_some();
+    named(a)
+        && named(b)
+        && (a.served_model != b.served_model || a.model_path != b.model_path || a.build != b.build)
 }
 
 /// A header value from text that may contain anything an engine sent; bytes outside visible

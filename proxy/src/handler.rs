@@ -960,7 +960,7 @@ async fn respond(
     backend: Arc<Backend>,
     response: Response<UpstreamBody>,
     record_slot: &mut Option<Box<RequestRecord>>,
-    stamp: &Stamp,
+    stamp: &mut Stamp,
     held: Held,
     want_trailers: bool,
 ) -> Result<Response<ProxyBody>, ProxyError> {
@@ -1021,6 +1021,7 @@ async fn respond(
     let mut status = parts.status;
     let mut out_body = bytes;
     let mut identity = backend.identity_headers();
+    let mut contradicted = false;
     let mut replaced_content_type = false;
     let Some(mut record) = record_slot.take() else {
         return Err(ProxyError::Internal("request record missing".to_owned()));
@@ -1030,13 +1031,35 @@ async fn respond(
         if let Some(t) = &facts.timings {
             record.phases.apply_engine_timings(t);
         }
-        if let Some(fp) = facts.system_fingerprint.as_deref() {
-            backend.observe_fingerprint(fp);
-        }
+        let answered = backend.check_answer(
+            facts.model.as_deref(),
+            facts.system_fingerprint.as_deref(),
+        );
         record.facts = Some(facts);
-        // The answer may just have named the engine's build: stamp what is known now.
-        identity = backend.identity_headers();
+        match answered {
+            Some(unverified) => {
+                contradicted = true;
+                identity = unverified;
+                record.identity_contradicted = true;
+                record.artifact = identity.artifact_text.clone();
+                stamp.identity = Some(identity.clone());
+            }
+            // The answer may just have named the engine's build: stamp what is known now.
+            None => identity = backend.identity_headers(),
+        }
         record.engine = identity.engine_text.clone();
+        if contradicted && backend.config.require_verified_identity {
+            // The answer is from an engine other than the one verified: it is not forwarded.
+            let why = match &identity.verification {
+                Verification::Unverified(w) | Verification::Unknown(w) => w.clone(),
+                Verification::Verified => String::new(),
+            };
+            *record_slot = Some(record);
+            return Err(ProxyError::IdentityUnverified {
+                backend: backend.name.to_string(),
+                why,
+            });
+        }
     } else {
         if let Some((new_status, new_body)) =
             backend.adapter.normalize_error(status.as_u16(), &out_body)

@@ -18,6 +18,7 @@
 //! | `switchyard_requests_total` | counter | `model`, `backend`, `variant`, `status_class` |
 //! | `switchyard_request_errors_total` | counter | `model`, `backend`, `variant`, `error_class` |
 //! | `switchyard_client_disconnects_total` | counter | `backend` |
+//! | `switchyard_identity_contradictions_total` | counter | `backend` |
 //! | `switchyard_in_flight_requests` | gauge | `backend` |
 //! | `switchyard_waiting_requests` | gauge | `backend` |
 //! | `switchyard_ledger_records_written_total` | counter | none |
@@ -164,6 +165,8 @@ struct BackendSeries {
     /// Requests waiting for a slot (the backend's `max_concurrency`).
     waiting: AtomicI64,
     disconnects: AtomicU64,
+    /// Answers that named a model or build other than the backend's last probe found.
+    contradictions: AtomicU64,
 }
 
 /// Counts one request in one of a backend's gauges (in flight, waiting for a slot) until
@@ -291,6 +294,11 @@ impl Metrics {
                 .disconnects
                 .fetch_add(1, Ordering::Relaxed);
         }
+        if r.identity_contradicted {
+            self.backend(r.backend.as_deref().unwrap_or(""))
+                .contradictions
+                .fetch_add(1, Ordering::Relaxed);
+        }
     }
 
     /// Counts a connection closed because its client sent nothing within the idle timeout.
@@ -411,21 +419,29 @@ impl Metrics {
             }
         }
 
-        let name = "switchyard_client_disconnects_total";
-        header(
-            &mut out,
-            name,
-            "Requests whose client went away before the response was complete.",
-            "counter",
-        );
-        for (backend, b) in &backends {
-            let labels = [("backend", backend.to_string())];
-            sample(
-                &mut out,
-                name,
-                &labels,
-                b.disconnects.load(Ordering::Relaxed) as f64,
-            );
+        let counters: [(&str, &str, fn(&BackendSeries) -> &AtomicU64); 2] = [
+            (
+                "switchyard_client_disconnects_total",
+                "Requests whose client went away before the response was complete.",
+                |b| &b.disconnects,
+            ),
+            (
+                "switchyard_identity_contradictions_total",
+                "Answers that named a model or build other than the backend's last probe found (the engine changed between probes); each was stamped unverified, and refused where the backend requires a verified identity.",
+                |b| &b.contradictions,
+            ),
+        ];
+        for (name, help, counter) in counters {
+            header(&mut out, name, help, "counter");
+            for (backend, b) in &backends {
+                let labels = [("backend", backend.to_string())];
+                sample(
+                    &mut out,
+                    name,
+                    &labels,
+                    counter(b).load(Ordering::Relaxed) as f64,
+                );
+            }
         }
 
         let gauges: [(&str, &str, PickGauge); 2] = [

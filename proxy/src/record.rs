@@ -201,6 +201,9 @@ pub struct RequestRecord {
     /// The identity stamped on the response (`x-switchyard-engine`, `x-switchyard-artifact`).
     pub engine: Option<Arc<str>>,
     pub artifact: Option<Arc<str>>,
+    /// The answer named a model or build other than the backend's last probe found: `engine`
+    /// and `artifact` are what was stamped for it (unverified), not what the probe said.
+    pub identity_contradicted: bool,
     /// `false` for the first request a backend served since it became ready (cold caches).
     pub warm: Option<bool>,
     /// Wall-clock time the request arrived.
@@ -252,6 +255,7 @@ impl RequestRecord {
             fingerprint: None,
             engine: None,
             artifact: None,
+            identity_contradicted: false,
             warm: None,
             started_at: std::time::SystemTime::now(),
             streamed: false,

@@ -25,9 +25,9 @@ use switchyard_adapters::observe::is_done;
 use switchyard_adapters::{EventKind, StreamFixState, StreamObserver};
 use tokio::sync::OwnedSemaphorePermit;
 
-use crate::backend::Backend;
+use crate::backend::{Backend, IdentityHeaders, Verification};
 use crate::body::BoxError;
-use crate::error::error_body;
+use crate::error::{error_body, ProxyError};
 use crate::metrics::GaugeGuard;
 use crate::record::RequestRecord;
 use crate::timing::{between, Source, TokenPhase};
@@ -59,6 +59,11 @@ pub struct ObservedStream<B = UpstreamBody> {
     upstream_error: Option<String>,
     fix_state: StreamFixState,
     observed_unchanged: Option<EventKind>,
+    /// Whether the identity the stream names (its `model`, its `system_fingerprint`) was
+    /// checked against the backend's probed one.
+    identity_checked: bool,
+    /// The identity stamped for this answer when it contradicted the probed one.
+    contradicted: Option<Arc<IdentityHeaders>>,
     /// The admission slot and the in-flight mark, held until the engine's stream ends or the
     /// client leaves.
     holding: Option<Held>,
@@ -96,6 +101,8 @@ impl<B> ObservedStream<B> {
             holding: None,
             fix_state: StreamFixState::default(),
             observed_unchanged: None,
+            identity_checked: false,
+            contradicted: None,
         }
     }
 
@@ -146,22 +153,32 @@ impl<B> ObservedStream<B> {
         for end in memchr::memchr_iter(b'\n', &chunk) {
             let line = trim_cr(&chunk[start..end]);
             if let Some(payload) = line.strip_prefix(b"data:") {
-                let kind = match self.rewrite(payload) {
-                    Some((kind, rewritten)) => {
-                        // Send what came before this line, then the rewritten line in its place.
-                        if start > emit_from {
-                            self.out
-                                .push_back(Frame::data(chunk.slice(emit_from..start)));
-                        }
-                        self.out.push_back(Frame::data(rewritten));
-                        emit_from = end + 1;
-                        kind
-                    }
+                let (kind, rewritten) = match self.rewrite(payload) {
+                    Some((kind, rewritten)) => (kind, Some(rewritten)),
                     None => match self.observed_unchanged.take() {
-                        Some(kind) => kind,
-                        None => self.observer.observe(payload),
+                        Some(kind) => (kind, None),
+                        None => (self.observer.observe(payload), None),
                     },
                 };
+                if !self.identity_checked && self.check_identity() {
+                    // Nothing from this line on reaches the client: it is the answer of an
+                    // engine other than the one verified.
+                    if start > emit_from {
+                        self.out
+                            .push_back(Frame::data(chunk.slice(emit_from..start)));
+                    }
+                    self.refuse();
+                    return;
+                }
+                if let Some(rewritten) = rewritten {
+                    // Send what came before this line, then the rewritten line in its place.
+                    if start > emit_from {
+                        self.out
+                            .push_back(Frame::data(chunk.slice(emit_from..start)));
+                    }
+                    self.out.push_back(Frame::data(rewritten));
+                    emit_from = end + 1;
+                }
                 match kind {
                     EventKind::Token => {
                         let now = Instant::now();
@@ -211,14 +228,64 @@ impl<B> ObservedStream<B> {
         Some((kind, Bytes::from(format!("data: {value}\n"))))
     }
 
+    /// Checks the identity the stream names, once it names one, against the backend's probed
+    /// identity; returns whether the stream must be refused (it contradicts it, and the backend
+    /// requires a verified identity).
+    fn check_identity(&mut self) -> bool {
+        let (model, fingerprint) = self.observer.named_identity();
+        if model.is_none() && fingerprint.is_none() {
+            return false;
+        }
+        self.identity_checked = true;
+        let Some(unverified) = self.backend.check_answer(model, fingerprint) else {
+            return false;
+        };
+        if let Some(record) = self.record.as_mut() {
+            record.identity_contradicted = true;
+            record.engine = unverified.engine_text.clone();
+            record.artifact = unverified.artifact_text.clone();
+        }
+        self.contradicted = Some(unverified);
+        self.backend.config.require_verified_identity
+    }
+
+    /// Ends the stream with an error event instead of the rest of the engine's answer, which
+    /// is dropped (closing its connection, so the engine stops generating).
+    fn refuse(&mut self) {
+        let why = match self.contradicted.as_ref().map(|i| &i.verification) {
+            Some(Verification::Unverified(w) | Verification::Unknown(w)) => w.clone(),
+            _ => String::new(),
+        };
+        let error = ProxyError::IdentityUnverified {
+            backend: self.backend.name.to_string(),
+            why,
+        };
+        tracing::warn!(backend = %self.backend.name, error = %error, "stream refused");
+        self.state = State::Ended;
+        self.inner = None;
+        self.holding = None;
+        self.held.clear();
+        let event = error.body();
+        let mut bytes = BytesMut::with_capacity(event.len() + 10);
+        bytes.extend_from_slice(b"data: ");
+        bytes.extend_from_slice(&event);
+        bytes.extend_from_slice(b"\n\n");
+        self.out.push_back(Frame::data(bytes.freeze()));
+        let comment = self.comment();
+        self.out.push_back(Frame::data(comment));
+        let trailers = self.want_trailers;
+        self.finish_record(Some(error.to_string()), trailers);
+    }
+
     /// The end-of-stream comment. Fixes the phases at this instant (the last bytes follow at once).
     fn comment(&mut self) -> Bytes {
         self.comment_sent = true;
         let now = Instant::now();
-        let facts = self.observer.facts();
-        if let Some(fp) = facts.system_fingerprint.as_deref() {
-            self.backend.observe_fingerprint(fp);
+        if !self.identity_checked {
+            // Too late to hold anything back; what the answer named is still recorded.
+            self.check_identity();
         }
+        let facts = self.observer.facts();
         let Some(record) = self.record.as_mut() else {
             return Bytes::new();
         };
@@ -240,7 +307,7 @@ impl<B> ObservedStream<B> {
             }
         }
         phases.total = Some(between(record.received, now));
-        let body = json!({
+        let mut body = json!({
             "server_timing": phases.to_json(),
             // Re-serialized: one line, whatever the engine's spacing.
             "usage": facts
@@ -250,6 +317,15 @@ impl<B> ObservedStream<B> {
                 .unwrap_or(Value::Null),
             "output": facts.output.clone(),
         });
+        if let Some(identity) = &self.contradicted {
+            // The headers went out with the probed identity; the answer contradicted it.
+            body["artifact"] = json!(identity.artifact_text.as_deref());
+            if let Verification::Unverified(why) | Verification::Unknown(why) =
+                &identity.verification
+            {
+                body["identity_note"] = json!(why);
+            }
+        }
         record.facts = Some(facts);
         Bytes::from(format!(": switchyard {body}\n\n"))
     }

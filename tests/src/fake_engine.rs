@@ -183,6 +183,10 @@ impl FakeEngine {
         let tasks = TaskTracker::new();
         let mut keep_alive = Vec::new();
         let accepted = Arc::new(AtomicU64::new(0));
+        let serving = Arc::new(std::sync::Mutex::new(Serving {
+            model_path: self.config.model_path.clone(),
+            build_info: self.config.build_info.clone(),
+        }));
         let local = match self.config.fault {
             Fault::Refuse => {
                 let listener = TcpListener::bind(addr).await?;
@@ -212,6 +216,7 @@ impl FakeEngine {
                 let local = listener.local_addr()?;
                 let shared = Arc::new(Shared {
                     config: self.config.clone(),
+                    serving: serving.clone(),
                     accepted: accepted.clone(),
                     started: Instant::now(),
                     events: events_tx,
@@ -224,6 +229,7 @@ impl FakeEngine {
         Ok(FakeEngineHandle {
             addr: local,
             accepted,
+            serving,
             events: events_rx,
             stop,
             tasks,
@@ -242,6 +248,7 @@ async fn hold(listener: TcpListener, conns: Vec<TcpStream>, stop: CancellationTo
 pub struct FakeEngineHandle {
     pub addr: SocketAddr,
     accepted: Arc<AtomicU64>,
+    serving: Arc<std::sync::Mutex<Serving>>,
     events: mpsc::UnboundedReceiver<Event>,
     stop: CancellationToken,
     tasks: TaskTracker,
@@ -251,6 +258,15 @@ impl FakeEngineHandle {
     /// `http://127.0.0.1:PORT`.
     pub fn url(&self) -> String {
         format!("http://{}", self.addr)
+    }
+
+    /// Names another model path and build from now on, in probes and answers alike: what an
+    /// engine restarted on another model between two probes does (without the restart's
+    /// closed connections).
+    pub fn serve_as(&self, model_path: impl Into<String>, build_info: impl Into<String>) {
+        let mut serving = self.serving.lock().unwrap_or_else(|e| e.into_inner());
+        serving.model_path = model_path.into();
+        serving.build_info = build_info.into();
     }
 
     /// Connections accepted so far.
@@ -322,12 +338,28 @@ impl Drop for FakeEngineHandle {
     }
 }
 
+/// The model path and build an engine names in its probes and answers.
+#[derive(Debug)]
+struct Serving {
+    model_path: String,
+    build_info: String,
+}
+
 struct Shared {
     config: FakeEngineConfig,
+    serving: Arc<std::sync::Mutex<Serving>>,
     accepted: Arc<AtomicU64>,
     started: Instant,
     events: mpsc::UnboundedSender<Event>,
     requests: Mutex<u64>,
+}
+
+impl Shared {
+    /// The model path and build named now.
+    fn serving(&self) -> (String, String) {
+        let serving = self.serving.lock().unwrap_or_else(|e| e.into_inner());
+        (serving.model_path.clone(), serving.build_info.clone())
+    }
 }
 
 async fn accept_loop(
@@ -444,20 +476,23 @@ async fn route(shared: Arc<Shared>, req: Request<Incoming>) -> Response<FakeBody
                 json_response(StatusCode::OK, json!({"status": "ok"}))
             }
         }
-        ("GET", "/props") => json_response(
-            StatusCode::OK,
-            json!({
-                "default_generation_settings": {"n_ctx": 2048, "params": {"temperature": 0.8}},
-                "total_slots": config.slots,
-                "model_alias": config.model_path,
-                "model_path": config.model_path,
-                "build_info": config.build_info,
-                "is_sleeping": false,
-            }),
-        ),
+        ("GET", "/props") => {
+            let (model_path, build_info) = shared.serving();
+            json_response(
+                StatusCode::OK,
+                json!({
+                    "default_generation_settings": {"n_ctx": 2048, "params": {"temperature": 0.8}},
+                    "total_slots": config.slots,
+                    "model_alias": model_path,
+                    "model_path": model_path,
+                    "build_info": build_info,
+                    "is_sleeping": false,
+                }),
+            )
+        }
         ("GET", "/v1/models") => json_response(
             StatusCode::OK,
-            json!({"object": "list", "data": [{"id": config.model_path, "object": "model", "created": now_secs(), "owned_by": "llamacpp",
+            json!({"object": "list", "data": [{"id": shared.serving().0, "object": "model", "created": now_secs(), "owned_by": "llamacpp",
                    "meta": {"n_ctx_train": 8192, "n_params": 134515008, "size": 96576768}}]}),
         ),
         ("POST", "/v1/chat/completions" | "/v1/completions") => {
@@ -611,12 +646,11 @@ async fn complete(
         .and_then(Value::as_bool)
         .unwrap_or(false);
     let id = format!("chatcmpl-fake{:08x}", *shared.requests.lock().await);
-    let model = config.model_path.clone();
+    let (model, fingerprint) = shared.serving();
     let prefill_ms = config.prefill.as_secs_f64() * 1000.0;
     let decode_ms = config.per_token.as_secs_f64() * 1000.0 * n as f64;
     let timings = json!({"cache_n": 0, "prompt_n": prompt_n, "prompt_ms": prefill_ms, "predicted_n": n, "predicted_ms": decode_ms});
     let usage = json!({"completion_tokens": n, "prompt_tokens": prompt_n, "total_tokens": n + prompt_n, "prompt_tokens_details": {"cached_tokens": 0}});
-    let fingerprint = config.build_info.clone();
     let object = if chat {
         "chat.completion"
     } else {

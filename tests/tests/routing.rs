@@ -8,7 +8,9 @@ use http_body_util::BodyExt;
 use serde_json::json;
 use sha2::{Digest, Sha256};
 use switchyard_tests::fake_engine::{Event, FakeEngine};
-use switchyard_tests::harness::{config_for, fake_stack, start_switchyard, wait_ready, TestClient};
+use switchyard_tests::harness::{
+    config_for, fake_stack, start_switchyard, switchyard_comment, wait_ready, TestClient,
+};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn only_model_is_replaced_and_unknown_fields_pass_through() {
@@ -608,4 +610,167 @@ async fn http2_with_prior_knowledge_and_http1_are_both_served() {
         .unwrap();
     let r = TestClient::new().send(propfind).await.unwrap();
     assert_eq!(r.status, 405, "{}", String::from_utf8_lossy(&r.body));
+}
+
+/// An engine that changes what it serves between two probes (restarted on another model, say)
+/// is caught by its first answer, which names the model it now serves: that answer is stamped
+/// unverified (the stream, whose headers went out first, says so in its end-of-stream comment),
+/// or refused where the backend requires a verified identity, whole or streamed, with no byte
+/// of the engine's answer passed on. A probe looks again at once, though the next one is an
+/// hour away; its finding stands from then on, and the next request meets cold caches.
+async fn an_answer_that_contradicts_the_probe(require: bool, stream: bool) {
+    let case = format!("require_verified_identity = {require}, stream = {stream}");
+    let dir = tempfile::tempdir().unwrap();
+    let (probed, swapped) = (dir.path().join("probed.gguf"), dir.path().join("swapped.gguf"));
+    std::fs::write(&probed, b"GGUF probed weights").unwrap();
+    std::fs::write(&swapped, b"GGUF swapped weights").unwrap();
+    let hex: String = Sha256::digest(b"GGUF probed weights")
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    let db = dir.path().join("ledger.db");
+    let engine = FakeEngine::llama_cpp()
+        .model_path(probed.display().to_string())
+        .build_info("b6100-abc1234")
+        .tokens(3)
+        .spawn()
+        .await
+        .unwrap();
+    let config = artifact_config(&engine.url(), &probed, require).replace(
+        "probe_interval_ms = 100",
+        "probe_interval_ms = 3600000",
+    ) + &format!("\n[ledger]\npath = \"{}\"\nbatch = 1\n", db.display());
+    let proxy = start_switchyard(&config).await.unwrap();
+    let base = format!("http://{}", proxy.addr());
+    wait_ready(&proxy, Duration::from_secs(5), |v| {
+        v["backends"]["fake"]["identity"] == "verified"
+    })
+    .await
+    .unwrap();
+    let client = TestClient::new();
+    let url = format!("{base}/v1/chat/completions");
+    let chat = json!({"model": "smollm2", "messages": [{"role": "user", "content": "hi"}], "stream": stream});
+    let r = client.post_json(&url, &chat).await.unwrap();
+    assert_eq!(r.status, 200, "{case}");
+    assert_eq!(r.header("x-switchyard-artifact"), format!("sha256:{hex}"), "{case}");
+
+    engine.serve_as(swapped.display().to_string(), "b6100-abc1234");
+    let r = client
+        .post_json_with(&url, &chat, &[("x-request-id", "contradicted")])
+        .await
+        .unwrap();
+    let text = String::from_utf8_lossy(&r.body).into_owned();
+    let unverified = format!("unverified:sha256:{hex}");
+    let named = format!("answered as model `{}`", swapped.display());
+    match (require, stream) {
+        (false, false) => {
+            assert_eq!(r.status, 200, "{case}: {text}");
+            assert_eq!(r.header("x-switchyard-artifact"), unverified, "{case}");
+            assert_eq!(r.json()["choices"][0]["message"]["role"], "assistant", "{case}");
+        }
+        (false, true) => {
+            assert_eq!(r.status, 200, "{case}: {text}");
+            // Sent before the answer named its model.
+            assert_eq!(r.header("x-switchyard-artifact"), format!("sha256:{hex}"), "{case}");
+            let comment = switchyard_comment(&text).expect("the end-of-stream comment");
+            assert_eq!(comment["artifact"], unverified.as_str(), "{case}: {comment}");
+            assert!(
+                comment["identity_note"].as_str().unwrap().contains(&named),
+                "{case}: {comment}"
+            );
+            assert!(text.contains("data: [DONE]"), "{case}: {text}");
+        }
+        (true, false) => {
+            assert_eq!(r.status, 503, "{case}: {text}");
+            assert_eq!(r.json()["error"]["code"], "identity_unverified", "{case}");
+            assert!(
+                r.json()["error"]["message"].as_str().unwrap().contains(&named),
+                "{case}: {text}"
+            );
+            assert_eq!(r.header("x-switchyard-artifact"), unverified, "{case}");
+        }
+        (true, true) => {
+            assert_eq!(r.status, 200, "{case}: {text}");
+            let events: Vec<&str> = text.lines().filter(|l| l.starts_with("data:")).collect();
+            assert_eq!(events.len(), 1, "{case}: only the error event: {text}");
+            let error: serde_json::Value =
+                serde_json::from_str(events[0].trim_start_matches("data:").trim()).unwrap();
+            assert_eq!(error["error"]["code"], "identity_unverified", "{case}: {text}");
+            assert!(
+                error["error"]["message"].as_str().unwrap().contains(&named),
+                "{case}: {text}"
+            );
+            assert_eq!(
+                switchyard_comment(&text).expect("the comment")["artifact"],
+                unverified.as_str(),
+                "{case}"
+            );
+        }
+    }
+    let metrics = client.get(&format!("{base}/metrics")).await.unwrap();
+    let metrics = String::from_utf8_lossy(&metrics.body).into_owned();
+    assert!(
+        metrics.contains("switchyard_identity_contradictions_total{backend=\"fake\"} 1\n"),
+        "{case}: {metrics}"
+    );
+
+    // The probe asked for finds the engine serving the other file.
+    let swapped_name = swapped.display().to_string();
+    wait_ready(&proxy, Duration::from_secs(5), |v| {
+        v["backends"]["fake"]["identity_note"]
+            .as_str()
+            .is_some_and(|n| n.contains(&swapped_name) && !n.contains("answered as"))
+    })
+    .await
+    .unwrap();
+    let r = client
+        .post_json_with(&url, &chat, &[("x-request-id", "after-probe")])
+        .await
+        .unwrap();
+    assert_eq!(r.header("x-switchyard-artifact"), unverified, "{case}");
+    assert_eq!(r.status, if require { 503 } else { 200 }, "{case}");
+    proxy.shutdown().await;
+
+    let conn = switchyard::ledger::open_read_only(&db).unwrap();
+    let row = |id: &str| -> (String, Option<i64>, Option<String>) {
+        conn.query_row(
+            "SELECT artifact, warm, error FROM requests WHERE request_id = ?1",
+            [id],
+            |row| Ok((row.get(0)?, row.get(1)?, row.get(2)?)),
+        )
+        .unwrap()
+    };
+    let (artifact, warm, error) = row("contradicted");
+    assert_eq!(artifact, unverified, "{case}");
+    assert_eq!(warm, Some(1), "{case}");
+    assert_eq!(error.is_some(), require, "{case}: {error:?}");
+    if !require {
+        // Forwarded after the probe: the engine serves something new, its caches are cold.
+        assert_eq!(row("after-probe").1, Some(0), "{case}");
+    }
+    let notes: Vec<String> = conn
+        .prepare("SELECT verification || ': ' || coalesce(note, '') FROM identities WHERE backend = 'fake' ORDER BY id")
+        .unwrap()
+        .query_map([], |row| row.get(0))
+        .unwrap()
+        .collect::<Result<_, _>>()
+        .unwrap();
+    // The ledger keeps the moment the identity stood contradicted, then the probe's finding.
+    let [.., contradicted, reprobed] = notes.as_slice() else {
+        panic!("{case}: {notes:?}");
+    };
+    assert!(contradicted.starts_with("unverified: ") && contradicted.contains(&named), "{case}: {notes:?}");
+    assert!(reprobed.starts_with("unverified: ") && reprobed.contains(&swapped_name), "{case}: {notes:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_answer_that_contradicts_the_probe_is_stamped_unverified() {
+    an_answer_that_contradicts_the_probe(false, false).await;
+    an_answer_that_contradicts_the_probe(false, true).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_answer_that_contradicts_the_probe_is_refused_when_verification_is_required() {
+    an_answer_that_contradicts_the_probe(true, false).await;
+    an_answer_that_contradicts_the_probe(true, true).await;
 }
