@@ -401,3 +401,113 @@ pub fn header_value(text: &str) -> HeaderValue {
         HeaderValue::from_str(&clean).unwrap_or(HeaderValue::from_static("invalid"))
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use switchyard_policy::EngineKind;
+
+    fn backend(engine: &str) -> Backend {
+        let config: BackendConfig = serde_json::from_value(
+            serde_json::json!({"engine": engine, "url": "http://127.0.0.1:9"}),
+        )
+        .unwrap();
+        Backend::new("b", config).unwrap()
+    }
+
+    fn ready(kind: EngineKind, served: &str, build: Option<&str>) -> EngineReport {
+        let mut identity = EngineIdentity::unknown(kind);
+        identity.served_model = Some(served.to_owned());
+        identity.model_path = Some(format!("/models/{served}.gguf"));
+        identity.build = build.map(str::to_owned);
+        EngineReport {
+            health: Health::Ready,
+            identity,
+        }
+    }
+
+    fn note(headers: &IdentityHeaders) -> &str {
+        match &headers.verification {
+            Verification::Unverified(why) | Verification::Unknown(why) => why,
+            Verification::Verified => "",
+        }
+    }
+
+    #[test]
+    fn an_answer_naming_the_probed_model_and_build_passes() {
+        let b = backend("llama.cpp");
+        b.record_probe(ready(EngineKind::LlamaCpp, "one", Some("b1-aaa")));
+        assert!(b.check_answer(Some("one"), Some("b1-aaa")).is_none());
+        // llama.cpp built without git metadata names no build.
+        assert!(b.check_answer(Some("one"), Some("b0-unknown")).is_none());
+        assert!(b.check_answer(None, None).is_none());
+        assert!(b.state().drift.is_none());
+    }
+
+    #[test]
+    fn another_model_or_build_contradicts_until_the_next_probe() {
+        let b = backend("llama.cpp");
+        b.record_probe(ready(EngineKind::LlamaCpp, "one", Some("b1-aaa")));
+        let stamped = b
+            .check_answer(Some("two"), Some("b1-aaa"))
+            .expect("contradicted");
+        assert!(
+            note(&stamped).contains("answered as model `two`"),
+            "{}",
+            note(&stamped)
+        );
+        assert!(note(&b.identity_headers()).contains("answered as model `two`"));
+        let stamped = b
+            .check_answer(Some("one"), Some("b2-bbb"))
+            .expect("contradicted");
+        assert!(
+            note(&stamped).contains("answered as build `b2-bbb`"),
+            "{}",
+            note(&stamped)
+        );
+
+        // The probe asked for clears the contradiction with what it finds.
+        // Warm by now: this is not the first request since it became ready.
+        assert!(!b.mark_served());
+        assert!(b.mark_served());
+        b.record_probe(ready(EngineKind::LlamaCpp, "two", Some("b1-aaa")));
+        assert!(b.state().drift.is_none());
+        assert!(b.check_answer(Some("two"), Some("b1-aaa")).is_none());
+        // It serves something else now: the next request meets cold caches.
+        assert!(!b.mark_served());
+        assert!(b.mark_served());
+    }
+
+    #[test]
+    fn a_probe_that_finds_the_same_identity_keeps_the_caches_warm() {
+        let b = backend("llama.cpp");
+        b.record_probe(ready(EngineKind::LlamaCpp, "one", None));
+        assert!(!b.mark_served());
+        b.record_probe(ready(EngineKind::LlamaCpp, "one", None));
+        assert!(b.mark_served());
+    }
+
+    #[test]
+    fn an_engine_that_echoes_the_requested_model_is_judged_by_its_build_alone() {
+        let b = backend("mlx");
+        let mut report = ready(EngineKind::Mlx, "/models/smollm2-mlx", None);
+        report.identity.model_path = None;
+        b.record_probe(report);
+        // The build is learned from the first answer that names it.
+        assert!(b
+            .check_answer(Some("smollm2"), Some("0.32.2-0.32.4"))
+            .is_none());
+        assert_eq!(b.state().observed_build.as_deref(), Some("0.32.2-0.32.4"));
+        assert!(b
+            .check_answer(Some("anything"), Some("0.32.2-0.32.4"))
+            .is_none());
+        let stamped = b
+            .check_answer(None, Some("0.33.0-0.33.0"))
+            .expect("contradicted");
+        assert!(
+            note(&stamped).contains("known as `0.32.2-0.32.4`"),
+            "{}",
+            note(&stamped)
+        );
+    }
+}

@@ -155,6 +155,9 @@ type PickOne = fn(&Series) -> &Histogram;
 /// Chooses one of a series' per-`source` histogram pairs.
 type PickBySource = fn(&Series) -> &[Histogram; SOURCES.len()];
 
+/// Chooses one of a backend's counters when rendering a family.
+type PickCounter = fn(&BackendSeries) -> &AtomicU64;
+
 /// Chooses one of a backend's gauges when rendering a family.
 type PickGauge = fn(&BackendSeries) -> &AtomicI64;
 
@@ -419,7 +422,7 @@ impl Metrics {
             }
         }
 
-        let counters: [(&str, &str, fn(&BackendSeries) -> &AtomicU64); 2] = [
+        let counters: [(&str, &str, PickCounter); 2] = [
             (
                 "switchyard_client_disconnects_total",
                 "Requests whose client went away before the response was complete.",
@@ -992,7 +995,7 @@ mod tests {
                 assert!(ok, "{name} after # TYPE {family} {kind}");
             }
         }
-        assert_eq!(declared.len(), 15);
+        assert_eq!(declared.len(), 16);
         assert!(text.contains("switchyard_ledger_records_written_total 3\n"));
     }
 }

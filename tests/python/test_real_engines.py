@@ -449,6 +449,105 @@ def test_the_ledger_records_what_the_responses_carried(engines: Engines, tmp_pat
     assert "| smollm2-mlx | mlx | primary | cold | 1 |" in md
 
 
+def test_a_llama_server_restarted_on_another_model_between_probes_is_caught_by_its_answers(engines: Engines, tmp_path: Path) -> None:
+    """llama-server names its served model (`--alias`, else the model's path) in every answer.
+    Restarted under another name between two probes (an hour apart here), its first answers
+    contradict the probed identity: stamped unverified, refused by a backend that requires a
+    verified identity, counted; a probe then looks again, and the engine, on the same GGUF,
+    is verified anew, with cold caches."""
+    import sqlite3
+
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+
+    def llama(name: str, *extra: str) -> Proc:
+        proc = Proc(name, [str(engines.llama_bin), "-m", str(engines.gguf), "-c", "2048", "--host", "127.0.0.1", "--port", str(port), *extra], tmp_path / f"{name}.log")
+        with httpx.Client(timeout=5.0) as http:
+            poll(name, lambda: http.get(f"{url}/health").status_code == 200, proc)
+        return proc
+
+    db = tmp_path / "ledger.db"
+    config = f"""
+[server]
+listen = "127.0.0.1:0"
+probe_interval_ms = 3600000
+first_byte_timeout_ms = 120000
+
+[backends.lenient]
+engine = "llama.cpp"
+url = "{url}"
+artifact = "{engines.gguf}"
+
+[backends.strict]
+engine = "llama.cpp"
+url = "{url}"
+artifact = "{engines.gguf}"
+require_verified_identity = true
+
+[models.lenient]
+primary = "lenient"
+
+[models.strict]
+primary = "strict"
+
+[ledger]
+path = "{db}"
+"""
+
+    def verified(v: dict) -> bool:
+        b = v.get("backends", {})
+        return all(b.get(n, {}).get("identity") == "verified" for n in ("lenient", "strict"))
+
+    digest = "sha256:" + sha256_file(engines.gguf)
+    first = llama("llama-server-first")
+    try:
+        with start_switchyard(tmp_path, config, verified) as p:
+            client = p.client()
+
+            def ask(model: str, request_id: str):  # noqa: ANN202
+                return client.chat.completions.with_raw_response.create(
+                    model=model, messages=PROMPT, temperature=0, max_tokens=4, extra_headers={"x-request-id": request_id}
+                )
+
+            assert ask("lenient", "before").headers["x-switchyard-artifact"] == digest
+            first.stop()
+            second = llama("llama-server-second", "--alias", "smollm2-restarted")
+            try:
+                raw = ask("lenient", "contradicted")
+                assert raw.headers["x-switchyard-artifact"] == "unverified:" + digest
+                assert raw.parse().choices[0].message.content
+                with pytest.raises(openai.APIStatusError) as refused:
+                    ask("strict", "refused")
+                assert refused.value.status_code == 503
+                error = refused.value.response.json()["error"]
+                assert error["code"] == "identity_unverified"
+                assert "answered as model `smollm2-restarted`" in error["message"], error
+                with httpx.Client(timeout=5.0) as http:
+                    metrics = http.get(f"{p.url}/metrics").text
+                for backend in ("lenient", "strict"):
+                    assert f'switchyard_identity_contradictions_total{{backend="{backend}"}} 1\n' in metrics
+
+                def reprobed(v: dict) -> bool:
+                    return verified(v) and all(
+                        v["backends"][n].get("served_model") == "smollm2-restarted" for n in ("lenient", "strict")
+                    )
+
+                with httpx.Client(timeout=5.0) as http:
+                    poll("the probe asked for", lambda: reprobed(http.get(f"{p.url}/readyz").json()), p.proc)
+                assert ask("strict", "after-probe").headers["x-switchyard-artifact"] == digest
+            finally:
+                second.stop()
+    finally:
+        first.stop()
+    conn = sqlite3.connect(db)
+    conn.row_factory = sqlite3.Row
+    rows = {r["request_id"]: r for r in conn.execute("SELECT * FROM requests")}
+    assert rows["contradicted"]["artifact"] == "unverified:" + digest
+    assert rows["refused"]["status"] == 503
+    # The engine serves under a new name: its caches are cold again.
+    assert rows["after-probe"]["warm"] == 0
+
+
 # --- Shadow traffic and `switchyard compare` on the real engines --------------------------------
 
 SUITE = Path(__file__).resolve().parents[1] / "prompts" / "suite.jsonl"

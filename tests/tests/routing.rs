@@ -621,7 +621,10 @@ async fn http2_with_prior_knowledge_and_http1_are_both_served() {
 async fn an_answer_that_contradicts_the_probe(require: bool, stream: bool) {
     let case = format!("require_verified_identity = {require}, stream = {stream}");
     let dir = tempfile::tempdir().unwrap();
-    let (probed, swapped) = (dir.path().join("probed.gguf"), dir.path().join("swapped.gguf"));
+    let (probed, swapped) = (
+        dir.path().join("probed.gguf"),
+        dir.path().join("swapped.gguf"),
+    );
     std::fs::write(&probed, b"GGUF probed weights").unwrap();
     std::fs::write(&swapped, b"GGUF swapped weights").unwrap();
     let hex: String = Sha256::digest(b"GGUF probed weights")
@@ -636,10 +639,9 @@ async fn an_answer_that_contradicts_the_probe(require: bool, stream: bool) {
         .spawn()
         .await
         .unwrap();
-    let config = artifact_config(&engine.url(), &probed, require).replace(
-        "probe_interval_ms = 100",
-        "probe_interval_ms = 3600000",
-    ) + &format!("\n[ledger]\npath = \"{}\"\nbatch = 1\n", db.display());
+    let config = artifact_config(&engine.url(), &probed, require)
+        .replace("probe_interval_ms = 100", "probe_interval_ms = 3600000")
+        + &format!("\n[ledger]\npath = \"{}\"\nbatch = 1\n", db.display());
     let proxy = start_switchyard(&config).await.unwrap();
     let base = format!("http://{}", proxy.addr());
     wait_ready(&proxy, Duration::from_secs(5), |v| {
@@ -652,7 +654,11 @@ async fn an_answer_that_contradicts_the_probe(require: bool, stream: bool) {
     let chat = json!({"model": "smollm2", "messages": [{"role": "user", "content": "hi"}], "stream": stream});
     let r = client.post_json(&url, &chat).await.unwrap();
     assert_eq!(r.status, 200, "{case}");
-    assert_eq!(r.header("x-switchyard-artifact"), format!("sha256:{hex}"), "{case}");
+    assert_eq!(
+        r.header("x-switchyard-artifact"),
+        format!("sha256:{hex}"),
+        "{case}"
+    );
 
     engine.serve_as(swapped.display().to_string(), "b6100-abc1234");
     let r = client
@@ -666,14 +672,26 @@ async fn an_answer_that_contradicts_the_probe(require: bool, stream: bool) {
         (false, false) => {
             assert_eq!(r.status, 200, "{case}: {text}");
             assert_eq!(r.header("x-switchyard-artifact"), unverified, "{case}");
-            assert_eq!(r.json()["choices"][0]["message"]["role"], "assistant", "{case}");
+            assert_eq!(
+                r.json()["choices"][0]["message"]["role"],
+                "assistant",
+                "{case}"
+            );
         }
         (false, true) => {
             assert_eq!(r.status, 200, "{case}: {text}");
             // Sent before the answer named its model.
-            assert_eq!(r.header("x-switchyard-artifact"), format!("sha256:{hex}"), "{case}");
+            assert_eq!(
+                r.header("x-switchyard-artifact"),
+                format!("sha256:{hex}"),
+                "{case}"
+            );
             let comment = switchyard_comment(&text).expect("the end-of-stream comment");
-            assert_eq!(comment["artifact"], unverified.as_str(), "{case}: {comment}");
+            assert_eq!(
+                comment["artifact"],
+                unverified.as_str(),
+                "{case}: {comment}"
+            );
             assert!(
                 comment["identity_note"].as_str().unwrap().contains(&named),
                 "{case}: {comment}"
@@ -684,7 +702,10 @@ async fn an_answer_that_contradicts_the_probe(require: bool, stream: bool) {
             assert_eq!(r.status, 503, "{case}: {text}");
             assert_eq!(r.json()["error"]["code"], "identity_unverified", "{case}");
             assert!(
-                r.json()["error"]["message"].as_str().unwrap().contains(&named),
+                r.json()["error"]["message"]
+                    .as_str()
+                    .unwrap()
+                    .contains(&named),
                 "{case}: {text}"
             );
             assert_eq!(r.header("x-switchyard-artifact"), unverified, "{case}");
@@ -695,7 +716,10 @@ async fn an_answer_that_contradicts_the_probe(require: bool, stream: bool) {
             assert_eq!(events.len(), 1, "{case}: only the error event: {text}");
             let error: serde_json::Value =
                 serde_json::from_str(events[0].trim_start_matches("data:").trim()).unwrap();
-            assert_eq!(error["error"]["code"], "identity_unverified", "{case}: {text}");
+            assert_eq!(
+                error["error"]["code"], "identity_unverified",
+                "{case}: {text}"
+            );
             assert!(
                 error["error"]["message"].as_str().unwrap().contains(&named),
                 "{case}: {text}"
@@ -759,8 +783,14 @@ async fn an_answer_that_contradicts_the_probe(require: bool, stream: bool) {
     let [.., contradicted, reprobed] = notes.as_slice() else {
         panic!("{case}: {notes:?}");
     };
-    assert!(contradicted.starts_with("unverified: ") && contradicted.contains(&named), "{case}: {notes:?}");
-    assert!(reprobed.starts_with("unverified: ") && reprobed.contains(&swapped_name), "{case}: {notes:?}");
+    assert!(
+        contradicted.starts_with("unverified: ") && contradicted.contains(&named),
+        "{case}: {notes:?}"
+    );
+    assert!(
+        reprobed.starts_with("unverified: ") && reprobed.contains(&swapped_name),
+        "{case}: {notes:?}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
