@@ -39,11 +39,11 @@ pub trait Adapter: Send + Sync + fmt::Debug + 'static {
         None
     }
 
-    /// Whether every answer's `model` is the engine's served model id (what `/v1/models` lists),
-    /// whatever the request named: then an answer that names another model comes from an
-    /// engine that changed since it was probed. Engines that echo the request's `model` (MLX)
-    /// say nothing of their identity there.
-    fn answers_with_served_model(&self) -> bool {
+    /// Whether the answers on `path` name the engine's served model id (what `/v1/models`
+    /// lists) in `model`, whatever the request named: then an answer that names another model
+    /// comes from an engine that changed since it was probed. Answers that echo the request's
+    /// `model` (MLX's, llama.cpp's embeddings) say nothing of the engine's identity there.
+    fn answers_with_served_model(&self, _path: &str) -> bool {
         false
     }
 

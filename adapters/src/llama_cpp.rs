@@ -36,9 +36,10 @@ impl Adapter for LlamaCpp {
     }
 
     /// llama-server names its `model_alias` (the `/v1/models` id; the model's path unless
-    /// `--alias` was given) in every answer, whatever the request's `model` said.
-    fn answers_with_served_model(&self) -> bool {
-        true
+    /// `--alias` was given) in every generation's answer, streamed or not, whatever the
+    /// request's `model` said; its embeddings echo the request's `model`.
+    fn answers_with_served_model(&self, path: &str) -> bool {
+        matches!(path, "/v1/chat/completions" | "/v1/completions")
     }
 
     fn interpret(&self, results: &[ProbeResult]) -> EngineReport {

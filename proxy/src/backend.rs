@@ -225,20 +225,21 @@ impl Backend {
         self.update(|s| s.observed_build = Some(build.to_owned()));
     }
 
-    /// Checks the identity an answer names (its `model`, where the adapter says that is the
-    /// served model id, and the build in its `system_fingerprint`) against what the last probe
+    /// Checks the identity an answer on `path` names (its `model`, where the adapter says that
+    /// is the served model id, and the build in its `system_fingerprint`) against what the last probe
     /// found. `None`: nothing contradicts it (a build named for the first time is learned).
     /// `Some`: the identity to stamp on this answer, unverified with the reason. The backend's
     /// own identity stays unverified until its prober, asked to look now, has probed again.
     pub fn check_answer(
         &self,
+        path: &str,
         model: Option<&str>,
         system_fingerprint: Option<&str>,
     ) -> Option<Arc<IdentityHeaders>> {
         let state = self.state.load();
         let probed = state.report.as_ref().map(|r| &r.identity);
         let mut contradictions: Vec<String> = Vec::new();
-        if self.adapter.answers_with_served_model() {
+        if self.adapter.answers_with_served_model(path) {
             if let (Some(answered), Some(served)) =
                 (model, probed.and_then(|i| i.served_model.as_deref()))
             {
@@ -407,6 +408,8 @@ mod tests {
     use super::*;
     use switchyard_policy::EngineKind;
 
+    const CHAT: &str = "/v1/chat/completions";
+
     fn backend(engine: &str) -> Backend {
         let config: BackendConfig = serde_json::from_value(
             serde_json::json!({"engine": engine, "url": "http://127.0.0.1:9"}),
@@ -437,10 +440,16 @@ mod tests {
     fn an_answer_naming_the_probed_model_and_build_passes() {
         let b = backend("llama.cpp");
         b.record_probe(ready(EngineKind::LlamaCpp, "one", Some("b1-aaa")));
-        assert!(b.check_answer(Some("one"), Some("b1-aaa")).is_none());
+        assert!(b.check_answer(CHAT, Some("one"), Some("b1-aaa")).is_none());
         // llama.cpp built without git metadata names no build.
-        assert!(b.check_answer(Some("one"), Some("b0-unknown")).is_none());
-        assert!(b.check_answer(None, None).is_none());
+        assert!(b
+            .check_answer(CHAT, Some("one"), Some("b0-unknown"))
+            .is_none());
+        assert!(b.check_answer(CHAT, None, None).is_none());
+        // Embeddings echo the request's `model`.
+        assert!(b
+            .check_answer("/v1/embeddings", Some("smollm2"), None)
+            .is_none());
         assert!(b.state().drift.is_none());
     }
 
@@ -449,7 +458,7 @@ mod tests {
         let b = backend("llama.cpp");
         b.record_probe(ready(EngineKind::LlamaCpp, "one", Some("b1-aaa")));
         let stamped = b
-            .check_answer(Some("two"), Some("b1-aaa"))
+            .check_answer(CHAT, Some("two"), Some("b1-aaa"))
             .expect("contradicted");
         assert!(
             note(&stamped).contains("answered as model `two`"),
@@ -458,7 +467,7 @@ mod tests {
         );
         assert!(note(&b.identity_headers()).contains("answered as model `two`"));
         let stamped = b
-            .check_answer(Some("one"), Some("b2-bbb"))
+            .check_answer(CHAT, Some("one"), Some("b2-bbb"))
             .expect("contradicted");
         assert!(
             note(&stamped).contains("answered as build `b2-bbb`"),
@@ -472,7 +481,7 @@ mod tests {
         assert!(b.mark_served());
         b.record_probe(ready(EngineKind::LlamaCpp, "two", Some("b1-aaa")));
         assert!(b.state().drift.is_none());
-        assert!(b.check_answer(Some("two"), Some("b1-aaa")).is_none());
+        assert!(b.check_answer(CHAT, Some("two"), Some("b1-aaa")).is_none());
         // It serves something else now: the next request meets cold caches.
         assert!(!b.mark_served());
         assert!(b.mark_served());
@@ -495,14 +504,14 @@ mod tests {
         b.record_probe(report);
         // The build is learned from the first answer that names it.
         assert!(b
-            .check_answer(Some("smollm2"), Some("0.32.2-0.32.4"))
+            .check_answer(CHAT, Some("smollm2"), Some("0.32.2-0.32.4"))
             .is_none());
         assert_eq!(b.state().observed_build.as_deref(), Some("0.32.2-0.32.4"));
         assert!(b
-            .check_answer(Some("anything"), Some("0.32.2-0.32.4"))
+            .check_answer(CHAT, Some("anything"), Some("0.32.2-0.32.4"))
             .is_none());
         let stamped = b
-            .check_answer(None, Some("0.33.0-0.33.0"))
+            .check_answer(CHAT, None, Some("0.33.0-0.33.0"))
             .expect("contradicted");
         assert!(
             note(&stamped).contains("known as `0.32.2-0.32.4`"),

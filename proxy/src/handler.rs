@@ -1031,8 +1031,11 @@ async fn respond(
         if let Some(t) = &facts.timings {
             record.phases.apply_engine_timings(t);
         }
-        let answered =
-            backend.check_answer(facts.model.as_deref(), facts.system_fingerprint.as_deref());
+        let answered = backend.check_answer(
+            &record.path,
+            facts.model.as_deref(),
+            facts.system_fingerprint.as_deref(),
+        );
         record.facts = Some(facts);
         match answered {
             Some(unverified) => {

@@ -237,7 +237,8 @@ impl<B> ObservedStream<B> {
             return false;
         }
         self.identity_checked = true;
-        let Some(unverified) = self.backend.check_answer(model, fingerprint) else {
+        let path = self.record.as_ref().map_or("", |r| r.path.as_str());
+        let Some(unverified) = self.backend.check_answer(path, model, fingerprint) else {
             return false;
         };
         if let Some(record) = self.record.as_mut() {
