@@ -35,6 +35,16 @@ pub enum Verification {
     Unknown(String),
 }
 
+impl Verification {
+    /// Why the identity is not verified; empty when it is.
+    pub fn reason(&self) -> &str {
+        match self {
+            Self::Verified => "",
+            Self::Unverified(why) | Self::Unknown(why) => why,
+        }
+    }
+}
+
 /// Everything known about a backend at one moment.
 #[derive(Debug, Clone)]
 pub struct BackendState {
@@ -430,10 +440,7 @@ mod tests {
     }
 
     fn note(headers: &IdentityHeaders) -> &str {
-        match &headers.verification {
-            Verification::Unverified(why) | Verification::Unknown(why) => why,
-            Verification::Verified => "",
-        }
+        headers.verification.reason()
     }
 
     #[test]

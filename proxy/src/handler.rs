@@ -733,13 +733,9 @@ pub(crate) async fn attempt(
     }
 
     if backend.config.require_verified_identity && identity.verification != Verification::Verified {
-        let why = match &identity.verification {
-            Verification::Unverified(w) | Verification::Unknown(w) => w.clone(),
-            Verification::Verified => String::new(),
-        };
         return Err(ProxyError::IdentityUnverified {
             backend: backend.name.to_string(),
-            why,
+            why: identity.verification.reason().to_owned(),
         });
     }
 
@@ -1051,14 +1047,10 @@ async fn respond(
         record.engine = identity.engine_text.clone();
         if contradicted && backend.config.require_verified_identity {
             // The answer is from an engine other than the one verified: it is not forwarded.
-            let why = match &identity.verification {
-                Verification::Unverified(w) | Verification::Unknown(w) => w.clone(),
-                Verification::Verified => String::new(),
-            };
             *record_slot = Some(record);
             return Err(ProxyError::IdentityUnverified {
                 backend: backend.name.to_string(),
-                why,
+                why: identity.verification.reason().to_owned(),
             });
         }
     } else {

@@ -25,7 +25,7 @@ use switchyard_adapters::observe::is_done;
 use switchyard_adapters::{EventKind, StreamFixState, StreamObserver};
 use tokio::sync::OwnedSemaphorePermit;
 
-use crate::backend::{Backend, IdentityHeaders, Verification};
+use crate::backend::{Backend, IdentityHeaders};
 use crate::body::BoxError;
 use crate::error::{error_body, ProxyError};
 use crate::metrics::GaugeGuard;
@@ -253,13 +253,13 @@ impl<B> ObservedStream<B> {
     /// Ends the stream with an error event instead of the rest of the engine's answer, which
     /// is dropped (closing its connection, so the engine stops generating).
     fn refuse(&mut self) {
-        let why = match self.contradicted.as_ref().map(|i| &i.verification) {
-            Some(Verification::Unverified(w) | Verification::Unknown(w)) => w.clone(),
-            _ => String::new(),
-        };
         let error = ProxyError::IdentityUnverified {
             backend: self.backend.name.to_string(),
-            why,
+            why: self
+                .contradicted
+                .as_ref()
+                .map_or("", |i| i.verification.reason())
+                .to_owned(),
         };
         tracing::warn!(backend = %self.backend.name, error = %error, "stream refused");
         self.state = State::Ended;
@@ -321,11 +321,7 @@ impl<B> ObservedStream<B> {
         if let Some(identity) = &self.contradicted {
             // The headers went out with the probed identity; the answer contradicted it.
             body["artifact"] = json!(identity.artifact_text.as_deref());
-            if let Verification::Unverified(why) | Verification::Unknown(why) =
-                &identity.verification
-            {
-                body["identity_note"] = json!(why);
-            }
+            body["identity_note"] = json!(identity.verification.reason());
         }
         record.facts = Some(facts);
         Bytes::from(format!(": switchyard {body}\n\n"))
