@@ -101,6 +101,11 @@ pub struct Backend {
     pub(crate) connections: Arc<crate::upstream::Connections>,
     /// Asks the backend's prober to look again now (an answer contradicted its identity).
     pub(crate) reprobe: tokio::sync::Notify,
+    /// The last contradiction warned about and probed again for, until a probe finds another
+    /// identity: answers that keep contradicting a probe that keeps finding the same (an engine
+    /// whose answers name another model than it lists) are each stamped unverified and
+    /// counted, but neither warned about nor probed for again and again.
+    contradiction: std::sync::Mutex<Option<String>>,
 }
 
 impl Backend {
@@ -145,6 +150,7 @@ impl Backend {
             served: std::sync::atomic::AtomicU64::new(0),
             connections: Arc::default(),
             reprobe: tokio::sync::Notify::new(),
+            contradiction: std::sync::Mutex::new(None),
         })
     }
 
@@ -200,6 +206,7 @@ impl Backend {
                 .is_some_and(|p| names_differ(&p.identity, &report.identity));
         if renamed {
             tracing::info!(backend = %self.name, "the engine's identity changed since the last probe; its caches are cold");
+            *self.contradiction.lock().unwrap_or_else(|e| e.into_inner()) = None;
         }
         if renamed || (after.is_ready() && !before.is_ready()) {
             // A (re)started engine, or one serving something else: its caches are cold again.
@@ -230,8 +237,18 @@ impl Backend {
         }
     }
 
+    /// Keeps the build an engine names in its answers, for engines whose probes do not say. A
+    /// different one than before means the engine was restarted on another version: the
+    /// answers are the only word on it, so from now on it is stamped.
     fn learn_build(&self, build: &str) {
-        tracing::info!(backend = %self.name, build = %build, "engine build learned from a response");
+        match self.state.load().observed_build.as_deref() {
+            None => {
+                tracing::info!(backend = %self.name, build = %build, "engine build learned from a response");
+            }
+            Some(before) => {
+                tracing::warn!(backend = %self.name, build = %build, before = %before, "the engine names another build in its answers than before; it was restarted on another version");
+            }
+        }
         self.update(|s| s.observed_build = Some(build.to_owned()));
     }
 
@@ -264,15 +281,16 @@ impl Backend {
         if let Some(answered) =
             system_fingerprint.and_then(|fp| self.adapter.build_from_fingerprint(fp))
         {
-            match probed
-                .and_then(|i| i.build.as_deref())
-                .or(state.observed_build.as_deref())
-            {
-                Some(known) if known != answered => contradictions.push(format!(
-                    "the engine answered as build `{answered}`, but it was known as `{known}`"
+            match probed.and_then(|i| i.build.as_deref()) {
+                Some(probed) if probed != answered => contradictions.push(format!(
+                    "the engine answered as build `{answered}`, but its last probe found `{probed}`"
                 )),
                 Some(_) => {}
-                None => learned = Some(answered),
+                // Only the answers say: the latest one is the word on it.
+                None if state.observed_build.as_deref() != Some(answered) => {
+                    learned = Some(answered);
+                }
+                None => {}
             }
         }
         if contradictions.is_empty() {
@@ -283,17 +301,24 @@ impl Backend {
             return None;
         }
         let why = format!(
-            "{} (the engine changed since it was probed; probing it again)",
+            "{} (the engine changed since it was probed)",
             contradictions.join("; ")
         );
         let mut answered = BackendState::clone(&state);
         drop(state);
         answered.drift = Some(why.clone());
         if self.state.load().drift.as_deref() != Some(why.as_str()) {
-            tracing::warn!(backend = %self.name, reason = %why, "an answer contradicts the engine's probed identity; answers are stamped unverified until a probe looks again");
             self.update(|s| s.drift = Some(why.clone()));
         }
-        self.reprobe.notify_one();
+        let mut last = self.contradiction.lock().unwrap_or_else(|e| e.into_inner());
+        if last.as_deref() == Some(why.as_str()) {
+            tracing::debug!(backend = %self.name, reason = %why, "an answer contradicts the engine's probed identity again");
+        } else {
+            tracing::warn!(backend = %self.name, reason = %why, "an answer contradicts the engine's probed identity; answers are stamped unverified until a probe finds another identity, and one is asked for now");
+            *last = Some(why);
+            self.reprobe.notify_one();
+        }
+        drop(last);
         // Computed from this answer's view, whatever a probe publishes meanwhile.
         Some(Arc::new(compute_headers(
             &self.name,
@@ -504,12 +529,12 @@ mod tests {
     }
 
     #[test]
-    fn an_engine_that_echoes_the_requested_model_is_judged_by_its_build_alone() {
+    fn a_build_only_the_answers_name_is_the_latest_answer_s() {
         let b = backend("mlx");
         let mut report = ready(EngineKind::Mlx, "/models/smollm2-mlx", None);
         report.identity.model_path = None;
         b.record_probe(report);
-        // The build is learned from the first answer that names it.
+        // Learned from the first answer that names it; MLX echoes the request's `model`.
         assert!(b
             .check_answer(CHAT, Some("smollm2"), Some("0.32.2-0.32.4"))
             .is_none());
@@ -517,13 +542,38 @@ mod tests {
         assert!(b
             .check_answer(CHAT, Some("anything"), Some("0.32.2-0.32.4"))
             .is_none());
-        let stamped = b
-            .check_answer(CHAT, None, Some("0.33.0-0.33.0"))
-            .expect("contradicted");
-        assert!(
-            note(&stamped).contains("known as `0.32.2-0.32.4`"),
-            "{}",
-            note(&stamped)
+        // No probe to contradict: an engine restarted on another version is stamped as such.
+        assert!(b.check_answer(CHAT, None, Some("0.33.0-0.33.0")).is_none());
+        assert!(b
+            .identity_headers()
+            .engine
+            .to_str()
+            .unwrap()
+            .contains("0.33.0-0.33.0"));
+    }
+
+    #[test]
+    fn answers_that_keep_contradicting_an_unchanged_probe_ask_for_one_probe() {
+        let b = backend("llama.cpp");
+        b.record_probe(ready(EngineKind::LlamaCpp, "one", None));
+        assert!(b.check_answer(CHAT, Some("two"), None).is_some());
+        assert_eq!(
+            b.contradiction
+                .lock()
+                .unwrap()
+                .as_deref()
+                .map(|w| w.contains("`two`")),
+            Some(true)
         );
+        // The probe asked for finds the same identity; the answers still contradict it.
+        b.record_probe(ready(EngineKind::LlamaCpp, "one", None));
+        let again = b
+            .check_answer(CHAT, Some("two"), None)
+            .expect("still contradicted");
+        assert!(note(&again).contains("answered as model `two`"));
+        assert!(note(&b.identity_headers()).contains("answered as model `two`"));
+        // Another identity found by a probe: a later contradiction is news again.
+        b.record_probe(ready(EngineKind::LlamaCpp, "two", None));
+        assert!(b.contradiction.lock().unwrap().is_none());
     }
 }

@@ -7,7 +7,10 @@ use std::path::Path;
 
 use figment::providers::{Env, Format, Toml};
 use figment::Figment;
-use switchyard_policy::{validate, Config, Problem};
+use switchyard_policy::{
+    validate, BackendConfig, Config, LedgerConfig, ModelConfig, Problem, ServerConfig,
+    TelemetryConfig,
+};
 
 /// Exit status for an invalid configuration (BSD `EX_USAGE`).
 pub const EX_USAGE: i32 = 64;
@@ -63,19 +66,14 @@ pub fn overrides() -> Env {
 
 /// Validates a figment (used by `load`, and by tests with in-memory sources).
 pub fn from_figment(figment: Figment) -> Result<Config, ConfigError> {
-    let config: Config = figment.extract().map_err(|errors| ConfigError {
-        problems: errors
-            .into_iter()
-            .map(|e| Problem {
-                path: if e.path.is_empty() {
-                    "(file)".to_owned()
-                } else {
-                    e.path.join(".")
-                },
-                message: describe_kind(&e),
+    let config: Config = match figment.extract() {
+        Ok(config) => config,
+        Err(whole) => {
+            return Err(ConfigError {
+                problems: every_value_problem(&figment, whole),
             })
-            .collect(),
-    })?;
+        }
+    };
     let problems = validate(&config);
     if problems.is_empty() {
         Ok(config)
@@ -117,6 +115,104 @@ pub fn missing_files(config: &Config) -> Vec<Problem> {
         }
     }
     problems
+}
+
+/// Every value that does not read, not only the first: deserializing stops at a struct's first
+/// error, so each section, each backend and each model is read on its own as well, and one bad
+/// value does not hide the next one elsewhere (within one section or entry, the first is
+/// reported). `whole` is the error of reading the whole file, which also covers what belongs to
+/// no part (an unknown top-level key).
+fn every_value_problem(figment: &Figment, whole: figment::Error) -> Vec<Problem> {
+    let mut errors: Vec<figment::Error> = Vec::new();
+    let mut read = |key: String, result: Result<(), figment::Error>| {
+        if let Err(e) = result {
+            let prefix: Vec<String> = key
+                .split('.')
+                .filter(|s| !s.is_empty())
+                .map(str::to_owned)
+                .collect();
+            errors.extend(e.into_iter().map(|mut e| {
+                // Reported from the file's root: figment puts `key` after the path within it.
+                let within = match e.path.strip_suffix(prefix.as_slice()) {
+                    Some(within) => within.to_vec(),
+                    None if e.path.starts_with(&prefix) => e.path[prefix.len()..].to_vec(),
+                    None => e.path.clone(),
+                };
+                e.path = prefix.iter().cloned().chain(within).collect();
+                e
+            }));
+        }
+    };
+    // Top-level keys of no section.
+    read(String::new(), figment.extract::<Sections>().map(drop));
+    let present = |key: &str| figment.find_value(key).is_ok();
+    if present("server") {
+        read(
+            "server".into(),
+            figment.extract_inner::<ServerConfig>("server").map(drop),
+        );
+    }
+    if present("ledger") {
+        read(
+            "ledger".into(),
+            figment.extract_inner::<LedgerConfig>("ledger").map(drop),
+        );
+    }
+    if present("telemetry") {
+        read(
+            "telemetry".into(),
+            figment
+                .extract_inner::<TelemetryConfig>("telemetry")
+                .map(drop),
+        );
+    }
+    for section in ["backends", "models"] {
+        let Ok(figment::value::Value::Dict(_, entries)) = figment.find_value(section) else {
+            continue;
+        };
+        // A name with a dot in it cannot be addressed as a figment path; the whole file's
+        // error still reports it.
+        for name in entries.keys().filter(|n| !n.contains('.')) {
+            let key = format!("{section}.{name}");
+            let result = if section == "backends" {
+                figment.extract_inner::<BackendConfig>(&key).map(drop)
+            } else {
+                figment.extract_inner::<ModelConfig>(&key).map(drop)
+            };
+            read(key, result);
+        }
+    }
+    errors.extend(whole);
+    let mut problems: Vec<Problem> = Vec::new();
+    for e in errors {
+        let problem = Problem {
+            path: if e.path.is_empty() {
+                "(file)".to_owned()
+            } else {
+                e.path.join(".")
+            },
+            message: describe_kind(&e),
+        };
+        if !problems
+            .iter()
+            .any(|p| p.path == problem.path && p.message == problem.message)
+        {
+            problems.push(problem);
+        }
+    }
+    problems
+}
+
+/// The file's sections, read for their names only.
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+#[allow(dead_code)] // read to refuse unknown names; the values are the sections' own business
+struct Sections {
+    server: Option<serde::de::IgnoredAny>,
+    ledger: Option<serde::de::IgnoredAny>,
+    telemetry: Option<serde::de::IgnoredAny>,
+    backends: Option<serde::de::IgnoredAny>,
+    models: Option<serde::de::IgnoredAny>,
 }
 
 fn describe_kind(e: &figment::Error) -> String {
@@ -200,6 +296,42 @@ mod tests {
             "{}",
             problems[1]
         );
+    }
+
+    #[test]
+    fn every_bad_value_is_reported_not_only_the_first() {
+        let figment = Figment::new().merge(Toml::string(
+            r#"
+            [server]
+            probe_interval_ms = "fast"
+            [backends.llama]
+            engine = "llama"
+            url = "http://127.0.0.1:8081"
+            [backends.mlx]
+            engine = "mlx"
+            url = "http://127.0.0.1:8082"
+            max_concurrency = -1
+            [models.smollm2]
+            primary = 7
+            [sever]
+            listen = "x"
+        "#,
+        ));
+        let err = from_figment(figment).unwrap_err();
+        let mut paths: Vec<_> = err.problems.iter().map(|p| p.path.as_str()).collect();
+        paths.sort_unstable();
+        assert_eq!(
+            paths,
+            vec![
+                "backends.llama.engine",
+                "backends.mlx.max_concurrency",
+                "models.smollm2.primary",
+                "server.probe_interval_ms",
+                "sever"
+            ],
+            "{err}"
+        );
+        assert!(err.problems[0].message.contains("unknown field"), "{err}");
     }
 
     #[test]
