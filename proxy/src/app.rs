@@ -173,11 +173,20 @@ impl App {
     ///    called: when the request head arrived, the start of every phase. (A layer of its own
     ///    used to stamp it into the request's extensions: three allocations per request.)
     pub fn service(&self) -> Stack {
+        self.service_on(None)
+    }
+
+    /// The service for one connection; with `activity`, each request counts as under way on
+    /// the connection until its response body is done with (see [`crate::server::Activity`]).
+    pub(crate) fn service_on(&self, activity: Option<Arc<crate::server::Activity>>) -> Stack {
         ServiceBuilder::new()
             .layer(CatchPanicLayer::custom(PanicResponder))
-            .service(Router {
-                state: self.state.clone(),
-            })
+            .service(crate::server::Counted::new(
+                Router {
+                    state: self.state.clone(),
+                },
+                activity,
+            ))
     }
 }
 
@@ -197,7 +206,7 @@ impl tower_http::catch_panic::ResponseForPanic for PanicResponder {
 }
 
 /// The service [`App::service`] builds.
-pub type Stack = CatchPanic<Router, PanicResponder>;
+pub type Stack = CatchPanic<crate::server::Counted<Router>, PanicResponder>;
 
 fn panic_response() -> Response<ProxyBody> {
     tracing::error!("request handler panicked; answered 500");

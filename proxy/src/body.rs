@@ -15,6 +15,9 @@ pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 #[derive(Debug)]
 pub struct ProxyBody {
     kind: Kind,
+    /// Marks the request active on its connection until the body is done with (see
+    /// `server::Activity`); only on connections whose idleness Switchyard times itself.
+    active: Option<crate::server::Active>,
 }
 
 #[derive(Debug)]
@@ -28,6 +31,7 @@ impl ProxyBody {
     pub fn full(bytes: impl Into<Bytes>) -> Self {
         Self {
             kind: Kind::Full(Some(bytes.into())),
+            active: None,
         }
     }
 
@@ -38,7 +42,14 @@ impl ProxyBody {
     pub fn stream(stream: ObservedStream) -> Self {
         Self {
             kind: Kind::Stream(Box::new(stream)),
+            active: None,
         }
+    }
+
+    /// Keeps the request counted active on its connection while this body lives.
+    pub(crate) fn hold(mut self, active: crate::server::Active) -> Self {
+        self.active = Some(active);
+        self
     }
 }
 

@@ -86,7 +86,8 @@ pub struct Metrics {
     /// increments it; rendered as `switchyard_ledger_records_dropped_total`.
     pub ledger_dropped: AtomicU64,
     /// Connections closed because the client sent nothing within `server.client_idle_timeout_ms`
-    /// of connecting; rendered as `switchyard_idle_connections_closed_total`.
+    /// of connecting, or (HTTP/2) had no request under way for that long; rendered as
+    /// `switchyard_idle_connections_closed_total`.
     idle_closed: AtomicU64,
     shadows: ArcSwap<NameMap<ShadowKey, Arc<ShadowSeries>>>,
 }
@@ -485,7 +486,7 @@ impl Metrics {
             ),
             (
                 "switchyard_idle_connections_closed_total",
-                "Connections closed because the client sent nothing within the idle timeout of connecting.",
+                "Connections closed because the client sent nothing within the idle timeout of connecting, or, over HTTP/2, had no request under way for that long.",
                 &self.idle_closed,
             ),
         ] {

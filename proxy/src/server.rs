@@ -1,21 +1,27 @@
 //! The listener: accepts connections, serves each with hyper, and drains on shutdown.
 
 use std::convert::Infallible;
+use std::future::Future;
 use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
+use std::task::{Context, Poll};
 use std::time::Duration;
 
-use http::Request;
+use http::{Request, Response};
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
 use hyper_util::server::graceful::GracefulShutdown;
 use hyper_util::service::TowerToHyperService;
 use tokio::net::{TcpListener, TcpSocket};
+use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::app::{App, AppState};
+use crate::body::ProxyBody;
 use crate::handler;
 
 /// A Switchyard serving on a bound socket.
@@ -96,6 +102,114 @@ pub fn start_on(app: App, listener: TcpListener) -> std::io::Result<Running> {
     })
 }
 
+/// Requests under way on one connection, for timing its idleness where hyper does not: an
+/// HTTP/2 connection (hyper times an HTTP/1 connection's wait for its next request head, but
+/// nothing of HTTP/2's) is closed once it has had no request under way for the idle timeout.
+#[derive(Debug, Default)]
+pub struct Activity {
+    under_way: AtomicUsize,
+    changed: Notify,
+}
+
+/// One request under way on its connection, from the service call until its response body is
+/// dropped (sent, or the stream reset).
+#[derive(Debug)]
+pub struct Active(Arc<Activity>);
+
+impl Activity {
+    fn start(self: &Arc<Self>) -> Active {
+        self.under_way.fetch_add(1, Ordering::AcqRel);
+        self.changed.notify_waiters();
+        Active(self.clone())
+    }
+
+    /// Returns once no request has been under way for `idle`.
+    async fn idle_for(&self, idle: Duration) {
+        loop {
+            let changed = self.changed.notified();
+            tokio::pin!(changed);
+            changed.as_mut().enable();
+            if self.under_way.load(Ordering::Acquire) == 0 {
+                tokio::select! {
+                    () = tokio::time::sleep(idle) => return,
+                    () = &mut changed => {}
+                }
+            } else {
+                changed.await;
+            }
+        }
+    }
+}
+
+impl Drop for Active {
+    fn drop(&mut self) {
+        self.0.under_way.fetch_sub(1, Ordering::AcqRel);
+        self.0.changed.notify_waiters();
+    }
+}
+
+/// A service on one connection; on a connection whose idleness is timed here (`activity`),
+/// each request counts as under way until its response body is done with.
+#[derive(Debug, Clone)]
+pub struct Counted<S> {
+    inner: S,
+    activity: Option<Arc<Activity>>,
+}
+
+impl<S> Counted<S> {
+    pub(crate) fn new(inner: S, activity: Option<Arc<Activity>>) -> Self {
+        Self { inner, activity }
+    }
+}
+
+impl<S> tower::Service<Request<Incoming>> for Counted<S>
+where
+    S: tower::Service<Request<Incoming>, Response = Response<ProxyBody>, Error = Infallible>,
+    S::Future: Unpin,
+{
+    type Response = Response<ProxyBody>;
+    type Error = Infallible;
+    type Future = CountedFuture<S::Future>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, req: Request<Incoming>) -> Self::Future {
+        CountedFuture {
+            active: self.activity.as_ref().map(Activity::start),
+            inner: self.inner.call(req),
+        }
+    }
+}
+
+/// The response future of [`Counted`]: hands the request's [`Active`] on to its body.
+pub struct CountedFuture<F> {
+    inner: F,
+    active: Option<Active>,
+}
+
+impl<F> Future for CountedFuture<F>
+where
+    F: Future<Output = Result<Response<ProxyBody>, Infallible>> + Unpin,
+{
+    type Output = F::Output;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let response = std::task::ready!(Pin::new(&mut self.inner).poll(cx));
+        Poll::Ready(response.map(|r| match self.active.take() {
+            Some(active) => r.map(|body| body.hold(active)),
+            None => r,
+        }))
+    }
+}
+
+/// Whether a connection that began with `first` bytes may be HTTP/2 with prior knowledge
+/// (its preface begins `PRI`). Fewer than three bytes beginning with `P` may be either.
+fn maybe_http2(first: &[u8]) -> bool {
+    matches!(first, [b'P', b'R', b'I', ..] | [b'P'] | [b'P', b'R'])
+}
+
 /// How long, once the drain timeout has run out, connections get to send the 503 of a request
 /// that was still waiting for a slot, before every connection still open is cut.
 const ANSWER_AT_DRAIN_END: Duration = Duration::from_millis(250);
@@ -104,7 +218,8 @@ const ANSWER_AT_DRAIN_END: Duration = Duration::from_millis(250);
 pub async fn serve(app: App, listener: TcpListener, stop: CancellationToken, drain: Duration) {
     let tasks = TaskTracker::new();
     app.start_background(&tasks, stop.clone());
-    let graceful = GracefulShutdown::new();
+    // The connections' own tasks: drained once every one of them has ended.
+    let connections = TaskTracker::new();
     let idle = Duration::from_millis(app.state().config.server.client_idle_timeout_ms);
     // Cancelled when the drain times out: each connection still open is dropped with its
     // requests, whose records are written then, before the ledger's last flush.
@@ -116,44 +231,71 @@ pub async fn serve(app: App, listener: TcpListener, stop: CancellationToken, dra
         .header_read_timeout(idle);
     while let Some((stream, peer)) = accept(&listener, &stop, "main listener").await {
         let _ = stream.set_nodelay(true);
-        let service = TowerToHyperService::new(app.service());
         let builder = builder.clone();
-        let watcher = graceful.watcher();
         let stop = stop.clone();
         let cut = cut.clone();
         let state = app.state().clone();
-        tasks.spawn(async move {
+        let app = app.clone();
+        connections.spawn(async move {
             // hyper's protocol detection (HTTP/1 or HTTP/2) waits for the first bytes with no
             // timer, and the head's timeout starts only after it: a client that connects and
             // says nothing would hold its socket for good. It gets `idle` to start.
             // (`readable()` may report readiness with nothing to read; `peek` waits for a byte
             // or the end of the stream, and leaves it for hyper.)
-            let mut first = [0u8; 1];
-            tokio::select! {
+            let mut first = [0u8; 3];
+            let peeked = tokio::select! {
                 biased;
-                peeked = tokio::time::timeout(idle, stream.peek(&mut first)) => {
-                    if peeked.is_err() {
+                peeked = tokio::time::timeout(idle, stream.peek(&mut first)) => match peeked {
+                    Ok(Ok(n)) => n,
+                    Ok(Err(_)) => 0,
+                    Err(_) => {
                         state.recorder.metrics.idle_connection_closed();
                         tracing::debug!(%peer, "connection closed: nothing received within the idle timeout");
                         return;
                     }
-                }
+                },
                 _ = stop.cancelled() => return,
-            }
-            let connection = builder.serve_connection_with_upgrades(TokioIo::new(stream), service);
-            tokio::select! {
-                ended = watcher.watch(connection.into_owned()) => {
-                    if let Err(e) = ended {
-                        tracing::debug!(%peer, error = %e, "connection ended with an error");
-                    }
+            };
+            let activity = maybe_http2(&first[..peeked]).then(Arc::<Activity>::default);
+            let service = TowerToHyperService::new(app.service_on(activity.clone()));
+            let connection = builder
+                .serve_connection_with_upgrades(TokioIo::new(stream), service)
+                .into_owned();
+            tokio::pin!(connection);
+            let idle_watch = async {
+                match &activity {
+                    Some(activity) => activity.idle_for(idle).await,
+                    None => std::future::pending().await,
                 }
-                _ = cut.cancelled() => {}
+            };
+            tokio::pin!(idle_watch);
+            let mut closing = false;
+            let ended = loop {
+                tokio::select! {
+                    ended = connection.as_mut() => break ended,
+                    _ = stop.cancelled(), if !closing => {
+                        // Drain: no new requests; those under way finish.
+                        connection.as_mut().graceful_shutdown();
+                        closing = true;
+                    }
+                    () = &mut idle_watch, if !closing => {
+                        state.recorder.metrics.idle_connection_closed();
+                        tracing::debug!(%peer, "connection closed: no request under way within the idle timeout");
+                        connection.as_mut().graceful_shutdown();
+                        closing = true;
+                    }
+                    _ = cut.cancelled() => break Ok(()),
+                }
+            };
+            if let Err(e) = ended {
+                tracing::debug!(%peer, error = %e, "connection ended with an error");
             }
         });
     }
     drop(listener);
     tracing::info!("shutting down: draining in-flight requests");
-    let drained = graceful.shutdown();
+    connections.close();
+    let drained = connections.wait();
     tokio::pin!(drained);
     let in_time = tokio::select! {
         () = &mut drained => true,
@@ -179,7 +321,11 @@ pub async fn serve(app: App, listener: TcpListener, stop: CancellationToken, dra
     }
     // Connection tasks end at once now (drained, or cut); background loops watch `stop`.
     tasks.close();
-    if tokio::time::timeout(Duration::from_secs(1), tasks.wait())
+    let ended = async {
+        drained.await;
+        tasks.wait().await;
+    };
+    if tokio::time::timeout(Duration::from_secs(1), ended)
         .await
         .is_err()
     {
@@ -290,4 +436,19 @@ async fn serve_metrics(app: App, listener: TcpListener, stop: CancellationToken)
     let _ = tokio::time::timeout(Duration::from_secs(1), graceful.shutdown()).await;
     tasks.close();
     let _ = tokio::time::timeout(Duration::from_secs(1), tasks.wait()).await;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_what_may_be_the_http2_preface_is_timed_here() {
+        assert!(maybe_http2(b"PRI"));
+        assert!(maybe_http2(b"P"));
+        assert!(maybe_http2(b"PR"));
+        for http1 in [&b"POS"[..], b"PUT", b"PAT", b"PRO", b"GET", b"", b"DEL"] {
+            assert!(!maybe_http2(http1), "{}", String::from_utf8_lossy(http1));
+        }
+    }
 }

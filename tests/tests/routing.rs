@@ -612,6 +612,72 @@ async fn http2_with_prior_knowledge_and_http1_are_both_served() {
     assert_eq!(r.status, 405, "{}", String::from_utf8_lossy(&r.body));
 }
 
+/// An HTTP/2 connection with no request under way for `client_idle_timeout_ms` is closed (hyper
+/// times only HTTP/1's wait for a next request), and counted; a stream that lasts longer than
+/// the timeout keeps its connection open.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_http2_connection_is_closed_and_a_busy_one_is_not() {
+    use std::time::Instant;
+    let engine = FakeEngine::llama_cpp()
+        .tokens(3)
+        .pause_after_first_ms(600)
+        .spawn()
+        .await
+        .unwrap();
+    let config = config_for(&engine.url(), "").replace(
+        "probe_interval_ms = 100",
+        "probe_interval_ms = 100\nclient_idle_timeout_ms = 300",
+    );
+    let proxy = start_switchyard(&config).await.unwrap();
+    let stream = tokio::net::TcpStream::connect(proxy.addr()).await.unwrap();
+    let (mut sender, connection) = hyper::client::conn::http2::handshake(
+        hyper_util::rt::TokioExecutor::new(),
+        hyper_util::rt::TokioIo::new(stream),
+    )
+    .await
+    .unwrap();
+    #[allow(clippy::disallowed_methods)] // the connection's driver; awaited below
+    let driver = tokio::spawn(connection);
+    let body = json!({"model": "smollm2", "stream": true, "messages": [{"role": "user", "content": "hi"}]});
+    let request = http::Request::post(format!("http://{}/v1/chat/completions", proxy.addr()))
+        .header("content-type", "application/json")
+        .body(http_body_util::Full::new(bytes::Bytes::from(
+            body.to_string(),
+        )))
+        .unwrap();
+    let started = Instant::now();
+    let response = sender.send_request(request).await.unwrap();
+    assert_eq!(response.version(), http::Version::HTTP_2);
+    let text = response.into_body().collect().await.unwrap().to_bytes();
+    let busy = started.elapsed();
+    assert!(busy >= Duration::from_millis(600), "{busy:?}");
+    assert!(String::from_utf8_lossy(&text).contains("data: [DONE]"));
+
+    let idle_from = Instant::now();
+    tokio::time::timeout(Duration::from_secs(5), driver)
+        .await
+        .expect("the idle connection is closed")
+        .unwrap()
+        .unwrap();
+    let idle = idle_from.elapsed();
+    // The server's timer starts when it drops the answer's body, just before the client has
+    // read its end.
+    assert!(
+        idle >= Duration::from_millis(280) && idle < Duration::from_millis(2300),
+        "{idle:?}"
+    );
+    let metrics = TestClient::new()
+        .get(&format!("http://{}/metrics", proxy.addr()))
+        .await
+        .unwrap();
+    assert!(
+        String::from_utf8_lossy(&metrics.body)
+            .contains("switchyard_idle_connections_closed_total 1\n"),
+        "{}",
+        String::from_utf8_lossy(&metrics.body)
+    );
+}
+
 /// An engine that changes what it serves between two probes (restarted on another model, say)
 /// is caught by its first answer, which names the model it now serves: that answer is stamped
 /// unverified (the stream, whose headers went out first, says so in its end-of-stream comment),
