@@ -335,6 +335,15 @@ mod tests {
     }
 
     #[test]
+    fn the_sections_read_for_their_names_are_the_configuration_s() {
+        let config = from_figment(Figment::new().merge(Toml::string(BASE))).unwrap();
+        let value = serde_json::to_value(&config).unwrap();
+        let keys: Vec<&String> = value.as_object().unwrap().keys().collect();
+        assert_eq!(keys.len(), 5, "{keys:?}");
+        serde_json::from_value::<Sections>(value.clone()).unwrap();
+    }
+
+    #[test]
     fn semantic_problems_all_listed() {
         let figment = Figment::new().merge(Toml::string(
             r#"
