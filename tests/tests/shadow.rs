@@ -57,6 +57,16 @@ struct Stack {
 /// Starts both engines (the same artifact file, different builds) and Switchyard, and waits
 /// until both identities are verified (or, for a candidate that is down, until the primary is).
 async fn stack(main: FakeEngine, cand: FakeEngine, shadow: &str) -> Stack {
+    stack_with(main, cand, shadow, |config| config).await
+}
+
+/// [`stack`], with its configuration changed by `tweak` first.
+async fn stack_with(
+    main: FakeEngine,
+    cand: FakeEngine,
+    shadow: &str,
+    tweak: impl FnOnce(String) -> String,
+) -> Stack {
     let dir = tempfile::tempdir().unwrap();
     let model = dir.path().join("model.gguf");
     std::fs::write(&model, b"GGUF shadow test weights").unwrap();
@@ -74,13 +84,13 @@ async fn stack(main: FakeEngine, cand: FakeEngine, shadow: &str) -> Stack {
         .spawn()
         .await
         .unwrap();
-    let proxy = start_switchyard(&shadow_config(
+    let proxy = start_switchyard(&tweak(shadow_config(
         &main.url(),
         &cand.url(),
         &model,
         shadow,
         &ledger,
-    ))
+    )))
     .await
     .unwrap();
     let base = format!("http://{}", proxy.addr());
@@ -353,6 +363,44 @@ async fn a_faster_wrong_candidate_is_a_correctness_failure_never_faster() {
     assert!(report["summaries"][0]["ratios"].is_null());
     let markdown = s.report("markdown");
     assert!(markdown.contains("correctness failed"), "{markdown}");
+}
+
+/// A candidate restarted on another model between two probes is caught by its answer: the
+/// comparison is no comparison (identity incomplete), never a match or a mismatch, though the
+/// next probe is an hour away; the client's answer is the primary's as before.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_candidate_whose_identity_changed_between_probes_is_incomparable() {
+    let s = stack_with(
+        FakeEngine::llama_cpp(),
+        FakeEngine::llama_cpp(),
+        r#"{ backend = "cand", sample = 1.0, max_in_flight = 1 }"#,
+        |config| config.replace("probe_interval_ms = 100", "probe_interval_ms = 3600000"),
+    )
+    .await;
+    let before = s.chat("The capital of France is", json!({})).await;
+    s.settle(1).await;
+    let other = s.model.with_file_name("other.gguf");
+    std::fs::write(&other, b"GGUF other weights").unwrap();
+    s.cand.serve_as(other.display().to_string(), "b200-cand");
+    let after = s.chat("The capital of France is", json!({})).await;
+    assert_eq!(stable_body(&after.body), stable_body(&before.body));
+    assert_eq!(
+        after.header("x-switchyard-artifact"),
+        before.header("x-switchyard-artifact")
+    );
+    s.settle(2).await;
+    let rows = s.comparisons();
+    assert_eq!(rows[0]["verdict"], "match", "{rows:#?}");
+    assert_eq!(rows[1]["verdict"], "incomparable", "{rows:#?}");
+    let reason = rows[1]["reason"].as_str().unwrap();
+    assert!(
+        reason.contains("identity incomplete") && reason.contains("candidate artifact unverified"),
+        "{reason}"
+    );
+    assert!(s
+        .metrics()
+        .await
+        .contains("switchyard_identity_contradictions_total{backend=\"cand\"} 1\n"));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
