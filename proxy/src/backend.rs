@@ -300,10 +300,7 @@ impl Backend {
             }
             return None;
         }
-        let why = format!(
-            "{} (the engine changed since it was probed)",
-            contradictions.join("; ")
-        );
+        let why = contradictions.join("; ");
         let mut answered = BackendState::clone(&state);
         drop(state);
         answered.drift = Some(why.clone());
