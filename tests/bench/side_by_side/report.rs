@@ -185,11 +185,16 @@ impl Report {
                 let [without, with, control] = [r_without, r_with, r_control].map(|r| median(r));
                 let r = with / without;
                 let (lo, hi) = resampled_ratio_range(r_with, r_without);
-                // The verdict only where the rounds can tell: enough of them to resample, and the
-                // whole range on one side of the target.
+                let (control_lo, control_hi) = resampled_ratio_range(r_control, r_without);
+                // The verdict only where the rounds can tell: enough of them to resample, a
+                // control that reads alike within the rounds' own spread (two identical
+                // conditions told apart say the run's noise is not in its spread), and the whole
+                // range on one side of the target.
                 let few = r_with.len().min(r_without.len()) < MIN_ROUNDS;
                 let verdict = if few {
                     Verdict::Inconclusive
+                } else if !(control_lo <= 1.0 && 1.0 <= control_hi) {
+                    Verdict::Unsteady
                 } else if hi <= SHADOW_TARGET {
                     Verdict::Met
                 } else if lo > SHADOW_TARGET {
@@ -205,7 +210,8 @@ impl Report {
                     format!(
                         "{with:.0} µs with, {without:.0} µs without: {r:.2}× (90% of resamples \
                          of the rounds: {lo:.2}–{hi:.2}×; control, alike without shadows: \
-                         {:.2}×; pooled over the rounds: {:.2}×, control {:.2}×)",
+                         {:.2}×, resampled {control_lo:.2}–{control_hi:.2}×; pooled over the \
+                         rounds: {:.2}×, control {:.2}×)",
                         control / without,
                         p_with / p_without,
                         p_control / p_without
@@ -334,6 +340,9 @@ impl Report {
                 Verdict::Met => "met",
                 Verdict::Missed => "MISSED",
                 Verdict::Inconclusive => "inconclusive (the rounds cannot tell)",
+                Verdict::Unsteady => {
+                    "inconclusive (the control, alike without shadows, reads apart from 1 beyond the rounds' spread: this run's noise is larger than its spread says)"
+                }
             };
             md.push_str(&format!("- {what}: {value} — {verdict}\n"));
             targets.push(json!({"target": what, "value": value, "verdict": verdict}));
@@ -356,6 +365,8 @@ enum Verdict {
     Missed,
     /// The run's own spread reaches both sides of the target.
     Inconclusive,
+    /// The control, alike without shadows, reads apart from 1 beyond the rounds' spread.
+    Unsteady,
 }
 
 impl From<bool> for Verdict {
@@ -455,21 +466,30 @@ mod tests {
 
     #[test]
     fn a_shadow_row_is_met_missed_or_inconclusive_by_its_range() {
-        let verdict = |with: Vec<f64>, without: Vec<f64>| {
+        let verdict_with_control = |with: Vec<f64>, without: Vec<f64>, control: Vec<f64>| {
             let mut report = Report::new(vec!["Switchyard"]);
-            let (m_with, m_without) = (median(&with), median(&without));
+            let (m_with, m_without, m_control) =
+                (median(&with), median(&without), median(&control));
             report.shadow(
                 "shadow 1.0, chat c=1 p99: with ÷ without",
-                [m_without, m_with, m_without],
-                [without.clone(), with, without],
+                [m_without, m_with, m_control],
+                [without, with, control],
             );
             report.targets()[0].2
+        };
+        let verdict = |with: Vec<f64>, without: Vec<f64>| {
+            verdict_with_control(with, without.clone(), without)
         };
         let base: Vec<f64> = (0..21).map(|i| 300.0 + f64::from(i % 7) * 30.0).collect();
         let times = |k: f64| base.iter().map(|v| v * k).collect::<Vec<_>>();
         assert_eq!(verdict(times(0.8), base.clone()), Verdict::Met);
         assert_eq!(verdict(times(1.4), base.clone()), Verdict::Missed);
         assert_eq!(verdict(times(1.0), base.clone()), Verdict::Inconclusive);
+        assert_eq!(
+            verdict_with_control(times(0.8), base.clone(), times(0.7)),
+            Verdict::Unsteady,
+            "a control told apart from its twin: the run's noise is not in its spread"
+        );
         let one = vec![base[0]];
         assert_eq!(
             verdict(vec![base[0] * 0.8], one),
