@@ -124,8 +124,8 @@ pub fn missing_files(config: &Config) -> Vec<Problem> {
 /// no part (an unknown top-level key).
 fn every_value_problem(figment: &Figment, whole: figment::Error) -> Vec<Problem> {
     let mut errors: Vec<figment::Error> = Vec::new();
-    let mut read = |key: String, result: Result<(), figment::Error>| {
-        if let Err(e) = result {
+    let mut read = |key: String, error: Option<figment::Error>| {
+        if let Some(e) = error {
             let prefix: Vec<String> = key
                 .split('.')
                 .filter(|s| !s.is_empty())
@@ -144,28 +144,19 @@ fn every_value_problem(figment: &Figment, whole: figment::Error) -> Vec<Problem>
         }
     };
     // Top-level keys of no section.
-    read(String::new(), figment.extract::<Sections>().map(drop));
-    let present = |key: &str| figment.find_value(key).is_ok();
-    if present("server") {
-        read(
-            "server".into(),
-            figment.extract_inner::<ServerConfig>("server").map(drop),
-        );
-    }
-    if present("ledger") {
-        read(
-            "ledger".into(),
-            figment.extract_inner::<LedgerConfig>("ledger").map(drop),
-        );
-    }
-    if present("telemetry") {
-        read(
-            "telemetry".into(),
-            figment
-                .extract_inner::<TelemetryConfig>("telemetry")
-                .map(drop),
-        );
-    }
+    read(String::new(), figment.extract::<Sections>().err());
+    read(
+        "server".into(),
+        read_part::<ServerConfig>(figment, "server"),
+    );
+    read(
+        "ledger".into(),
+        read_part::<LedgerConfig>(figment, "ledger"),
+    );
+    read(
+        "telemetry".into(),
+        read_part::<TelemetryConfig>(figment, "telemetry"),
+    );
     for section in ["backends", "models"] {
         let Ok(figment::value::Value::Dict(_, entries)) = figment.find_value(section) else {
             continue;
@@ -174,12 +165,12 @@ fn every_value_problem(figment: &Figment, whole: figment::Error) -> Vec<Problem>
         // error still reports it.
         for name in entries.keys().filter(|n| !n.contains('.')) {
             let key = format!("{section}.{name}");
-            let result = if section == "backends" {
-                figment.extract_inner::<BackendConfig>(&key).map(drop)
+            let error = if section == "backends" {
+                read_part::<BackendConfig>(figment, &key)
             } else {
-                figment.extract_inner::<ModelConfig>(&key).map(drop)
+                read_part::<ModelConfig>(figment, &key)
             };
-            read(key, result);
+            read(key, error);
         }
     }
     errors.extend(whole);
@@ -201,6 +192,16 @@ fn every_value_problem(figment: &Figment, whole: figment::Error) -> Vec<Problem>
         }
     }
     problems
+}
+
+/// Reads the part of the file at `key` as a `T`, for its errors alone; an absent part reads
+/// as its default.
+fn read_part<T: serde::de::DeserializeOwned>(
+    figment: &Figment,
+    key: &str,
+) -> Option<figment::Error> {
+    figment.find_value(key).ok()?;
+    figment.extract_inner::<T>(key).err()
 }
 
 /// The file's sections, read for their names only.

@@ -234,9 +234,9 @@ pub async fn serve(app: App, listener: TcpListener, stop: CancellationToken, dra
         let builder = builder.clone();
         let stop = stop.clone();
         let cut = cut.clone();
-        let state = app.state().clone();
         let app = app.clone();
         connections.spawn(async move {
+            let state = app.state();
             // hyper's protocol detection (HTTP/1 or HTTP/2) waits for the first bytes with no
             // timer, and the head's timeout starts only after it: a client that connects and
             // says nothing would hold its socket for good. It gets `idle` to start.

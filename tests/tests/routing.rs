@@ -556,6 +556,26 @@ async fn headers_named_in_connection_are_not_forwarded() {
 
 /// Each connection's protocol is told from its first bytes: HTTP/2 with prior knowledge, HTTP/1,
 /// and an HTTP/1 method that starts like HTTP/2's preface (`PR…`).
+/// An HTTP/2 connection with prior knowledge to `addr`, and the task driving it, which ends
+/// when the connection does.
+async fn http2_connection(
+    addr: std::net::SocketAddr,
+) -> (
+    hyper::client::conn::http2::SendRequest<http_body_util::Full<bytes::Bytes>>,
+    tokio::task::JoinHandle<hyper::Result<()>>,
+) {
+    let stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let (sender, connection) = hyper::client::conn::http2::handshake(
+        hyper_util::rt::TokioExecutor::new(),
+        hyper_util::rt::TokioIo::new(stream),
+    )
+    .await
+    .unwrap();
+    #[allow(clippy::disallowed_methods)] // the connection's driver, for the caller to await
+    let driver = tokio::spawn(connection);
+    (sender, driver)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn http2_with_prior_knowledge_and_http1_are_both_served() {
     let engine = FakeEngine::llama_cpp().spawn().await.unwrap();
@@ -567,15 +587,7 @@ async fn http2_with_prior_knowledge_and_http1_are_both_served() {
     )
     .unwrap();
 
-    let stream = tokio::net::TcpStream::connect(proxy.addr()).await.unwrap();
-    let (mut sender, connection) = hyper::client::conn::http2::handshake(
-        hyper_util::rt::TokioExecutor::new(),
-        hyper_util::rt::TokioIo::new(stream),
-    )
-    .await
-    .unwrap();
-    #[allow(clippy::disallowed_methods)] // the connection's driver, for this test's life
-    tokio::spawn(connection);
+    let (mut sender, _driver) = http2_connection(proxy.addr()).await;
     let request = http::Request::post(format!("http://{}/v1/chat/completions", proxy.addr()))
         .header("content-type", "application/json")
         .body(http_body_util::Full::new(bytes::Bytes::from(body.clone())))
@@ -629,15 +641,7 @@ async fn an_idle_http2_connection_is_closed_and_a_busy_one_is_not() {
         "probe_interval_ms = 100\nclient_idle_timeout_ms = 300",
     );
     let proxy = start_switchyard(&config).await.unwrap();
-    let stream = tokio::net::TcpStream::connect(proxy.addr()).await.unwrap();
-    let (mut sender, connection) = hyper::client::conn::http2::handshake(
-        hyper_util::rt::TokioExecutor::new(),
-        hyper_util::rt::TokioIo::new(stream),
-    )
-    .await
-    .unwrap();
-    #[allow(clippy::disallowed_methods)] // the connection's driver; awaited below
-    let driver = tokio::spawn(connection);
+    let (mut sender, driver) = http2_connection(proxy.addr()).await;
     let body = json!({"model": "smollm2", "stream": true, "messages": [{"role": "user", "content": "hi"}]});
     let request = http::Request::post(format!("http://{}/v1/chat/completions", proxy.addr()))
         .header("content-type", "application/json")
