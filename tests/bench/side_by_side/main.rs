@@ -26,7 +26,7 @@ use switchyard_tests::bench::{
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use report::Report;
+use report::{Report, ROUNDS_PER_BLOCK};
 use targets::{Engine, Engines, Launcher, Target, CANDIDATE, CONTROL, UNSHADOWED};
 
 #[derive(Debug, Parser)]
@@ -57,12 +57,14 @@ struct Args {
     /// order of the first; 0 to skip.
     #[arg(long, default_value_t = 10)]
     sustained_secs: u64,
-    /// Rounds of the shadowing measurement (with, without and the control alternated), each of
-    /// half `--requests` at concurrency 1 and twice it at 32. Each round's p99 is read apart and
-    /// the median round's is compared: one noisy round moves a pooled p99 by 10-20% here. A round
-    /// with shadows is followed by a wait for them to finish, so none runs in the next round.
-    /// Round p99s move by about ±30% here; with 63 rounds the ratio's resampled range is still
-    /// about ±10% at concurrency 1, wider at 32 (the target's verdict says when it cannot tell).
+    /// Rounds of each condition of the shadowing measurement (with, without and the control),
+    /// each of half `--requests` at concurrency 1 and twice it at 32, in blocks of two rounds of
+    /// each (rounded up to whole blocks) where each condition follows each other once. Each
+    /// round's p99 is read apart (one noisy round moves a pooled p99 by 10-20% here), and each
+    /// block's with over its without: the median block's ratio is compared. A round with shadows
+    /// is followed by a wait for them to finish, so none runs in the next round. Round p99s move
+    /// by about ±30% here, much of it the VM's speed drifting, which a block's ratio cancels (the
+    /// target's verdict says when the run cannot tell).
     #[arg(long, default_value_t = 63)]
     shadow_rounds: usize,
     /// Only the shadowing measurement (no nginx, LiteLLM or other phases): for studying it.
@@ -158,6 +160,16 @@ where
         }
     }
     Ok(merged)
+}
+
+/// The shadowing rounds' order, `blocks` blocks of [`ROUNDS_PER_BLOCK`] rounds of each of the
+/// three conditions (0 without shadows, 1 with, 2 the control): every ordered pair of two
+/// conditions follows once per block, the last round of a block leading into the first of the
+/// next. With plain rotation the control always came right after a round with shadows, and read
+/// 4% apart from its twin over 200 rounds.
+fn balanced_order(blocks: usize) -> impl Iterator<Item = usize> {
+    const BLOCK: [usize; 3 * ROUNDS_PER_BLOCK] = [0, 1, 2, 0, 2, 1];
+    std::iter::repeat_n(BLOCK, blocks).flatten()
 }
 
 fn is_litellm(target: &Target) -> bool {
@@ -558,24 +570,20 @@ async fn shadowing(
              --shadow-warmup {} per worker",
             args.shadow_warmup
         );
-        let rounds = alternate_n(
-            bodies.len(),
-            args.shadow_rounds,
-            |all: &mut Vec<Sample>, one| all.extend(one),
-            |i| {
-                let (url, body) = (&url, &bodies[i]);
-                async move {
-                    // Each round starts with no shadow running (a round's shadows would land in
-                    // the next, which may be one without) and the ledger caught up.
-                    settled(client, base).await?;
-                    let round =
-                        run_load_after(client, url, body, n, concurrency, args.shadow_warmup)
-                            .await?;
-                    Ok(vec![round.sorted()])
-                }
-            },
-        )
-        .await?;
+        // Blocks of six rounds in which each condition follows each other once: whatever a
+        // round leaves behind (the wait for a round's shadows to finish, an idle core, the
+        // ledger's last batch) falls on every condition alike, and each block's ratio compares
+        // rounds run a moment apart (see `report::paired_ratio`).
+        let mut rounds: Vec<Vec<Sample>> = vec![Vec::new(); bodies.len()];
+        for i in balanced_order(args.shadow_rounds.div_ceil(ROUNDS_PER_BLOCK)) {
+            // Each round starts with no shadow running (a round's shadows would land in the
+            // next, which may be one without) and the ledger caught up.
+            settled(client, base).await?;
+            let round =
+                run_load_after(client, &url, &bodies[i], n, concurrency, args.shadow_warmup)
+                    .await?;
+            rounds[i].push(round.sorted());
+        }
         let round_p99s: Vec<Vec<f64>> = rounds
             .iter()
             .map(|r| r.iter().map(|s| s.p(99.0)).collect())
@@ -646,4 +654,29 @@ fn args_json(args: &Args) -> serde_json::Value {
         "shadow_max_in_flight": args.shadow_max_in_flight, "shadow_sample": args.shadow_sample,
         "shadow_warmup": args.shadow_warmup, "candidate_cpus": args.candidate_cpus,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_condition_follows_every_other_once_per_block() {
+        let order: Vec<usize> = balanced_order(3).collect();
+        assert_eq!(order.len(), 3 * 3 * ROUNDS_PER_BLOCK);
+        for c in 0..3 {
+            assert_eq!(order.iter().filter(|&&i| i == c).count(), 3 * ROUNDS_PER_BLOCK);
+        }
+        // Over the blocks' boundaries too: the pairs of three blocks in a row, less the two at
+        // either end that lead in from or out to nothing, hold each ordered pair three times.
+        let mut pairs = std::collections::HashMap::new();
+        for w in order.windows(2) {
+            assert_ne!(w[0], w[1], "a condition never follows itself");
+            *pairs.entry((w[0], w[1])).or_insert(0) += 1;
+        }
+        assert_eq!(pairs.len(), 6);
+        let mut counts: Vec<i32> = pairs.values().copied().collect();
+        counts.sort_unstable();
+        assert_eq!(counts, [2, 3, 3, 3, 3, 3], "{pairs:?}");
+    }
 }

@@ -24,10 +24,10 @@ pub(crate) enum Measure {
     Pending(String),
     /// A count or fact stated in words (the ledger's records written and dropped).
     Text(String),
-    /// Switchyard's primary p99 without and with shadowing (µs), and a control's: a second
-    /// Switchyard without shadows, alternated with the two. `[without, with, control]`, each the
-    /// p99 of all rounds' latencies pooled, and each round's p99 in the order the rounds ran
-    /// (the median round's is what the target is read from).
+    /// Switchyard's primary p99 without and with shadowing (µs), and a control's: a model alike
+    /// but for the shadow, alternated with the two. `[without, with, control]`, each the p99 of
+    /// all rounds' latencies pooled, and each round's p99 in the order the rounds ran, in blocks
+    /// of [`ROUNDS_PER_BLOCK`] (the target is read from the blocks' ratios, [`block_ratios`]).
     Shadow {
         pooled: [f64; 3],
         rounds: [Vec<f64>; 3],
@@ -182,15 +182,17 @@ impl Report {
                 rounds: [ref r_without, ref r_with, ref r_control],
             } = row.measure
             {
-                let [without, with, control] = [r_without, r_with, r_control].map(|r| median(r));
-                let r = with / without;
-                let (lo, hi) = resampled_ratio_range(r_with, r_without);
-                let (control_lo, control_hi) = resampled_ratio_range(r_control, r_without);
-                // The verdict only where the rounds can tell: enough of them to resample, a
-                // control that reads alike within the rounds' own spread (two identical
+                let [without, with] = [r_without, r_with].map(|r| median(r));
+                let blocks = block_ratios(r_with, r_without);
+                let control_blocks = block_ratios(r_control, r_without);
+                let (r, control) = (median(&blocks), median(&control_blocks));
+                let (lo, hi) = resampled_median_range(&blocks);
+                let (control_lo, control_hi) = resampled_median_range(&control_blocks);
+                // The verdict only where the blocks can tell: enough of them to resample, a
+                // control that reads alike within the blocks' own spread (two identical
                 // conditions told apart say the run's noise is not in its spread), and the whole
                 // range on one side of the target.
-                let few = r_with.len().min(r_without.len()) < MIN_ROUNDS;
+                let few = blocks.len() < MIN_BLOCKS;
                 let verdict = if few {
                     Verdict::Inconclusive
                 } else if !(control_lo <= 1.0 && 1.0 <= control_hi) {
@@ -204,15 +206,16 @@ impl Report {
                 };
                 targets.push((
                     format!(
-                        "{} (median round): ≤ {SHADOW_TARGET}",
+                        "{} (median block): ≤ {SHADOW_TARGET}",
                         row.metric.trim_end_matches(": with ÷ without")
                     ),
                     format!(
-                        "{with:.0} µs with, {without:.0} µs without: {r:.2}× (90% of resamples \
-                         of the rounds: {lo:.2}–{hi:.2}×; control, alike without shadows: \
-                         {:.2}×, resampled {control_lo:.2}–{control_hi:.2}×; pooled over the \
-                         rounds: {:.2}×, control {:.2}×)",
-                        control / without,
+                        "{r:.2}× over {} blocks (90% of resamples of the blocks: \
+                         {lo:.2}–{hi:.2}×; median rounds {with:.0} µs with, {without:.0} µs \
+                         without; control, alike without shadows: {control:.2}×, resampled \
+                         {control_lo:.2}–{control_hi:.2}×; pooled over the rounds: {:.2}×, \
+                         control {:.2}×)",
+                        blocks.len(),
                         p_with / p_without,
                         p_control / p_without
                     ),
@@ -282,13 +285,16 @@ impl Report {
             } = row.measure
             {
                 let [without, with, control] = [r_without, r_with, r_control].map(|r| median(r));
-                let (lo, hi) = resampled_ratio_range(r_with, r_without);
+                let blocks = block_ratios(r_with, r_without);
+                let control_blocks = block_ratios(r_control, r_without);
+                let (ratio, control_ratio) = (median(&blocks), median(&control_blocks));
+                let (lo, hi) = resampled_median_range(&blocks);
+                let (control_lo, control_hi) = resampled_median_range(&control_blocks);
                 let cells = format!(
-                    "median round: {with:.0} µs with ÷ {without:.0} µs without = {:.2} \
-                     (resampled: {lo:.2}–{hi:.2}); control {control:.0} µs = {:.2} (pooled: \
-                     {:.2}, control {:.2})",
-                    with / without,
-                    control / without,
+                    "median block: {ratio:.2} (resampled: {lo:.2}–{hi:.2}; {} blocks; median \
+                     rounds {with:.0} µs with, {without:.0} µs without); control {control_ratio:.2} \
+                     (resampled: {control_lo:.2}–{control_hi:.2}) (pooled: {:.2}, control {:.2})",
+                    blocks.len(),
                     p_with / p_without,
                     p_control / p_without
                 );
@@ -296,8 +302,10 @@ impl Report {
                     " {cells} |{}\n",
                     " |".repeat(self.names.len() + 1)
                 ));
-                rows.push(json!({"measure": row.metric, "with_us": number(with), "without_us": number(without), "ratio": number(with / without),
-                    "control_us": number(control), "control_ratio": number(control / without),
+                rows.push(json!({"measure": row.metric, "with_us": number(with), "without_us": number(without),
+                    "control_us": number(control), "ratio": number(ratio), "control_ratio": number(control_ratio),
+                    "blocks": blocks.len(), "rounds_per_block": ROUNDS_PER_BLOCK,
+                    "control_resampled_ratio_5_95": [number(control_lo), number(control_hi)],
                     "pooled": {"with_us": number(p_with), "without_us": number(p_without), "ratio": number(p_with / p_without),
                         "control_us": number(p_control), "control_ratio": number(p_control / p_without)},
                     "resampled_ratio_5_95": [number(lo), number(hi)],
@@ -354,9 +362,11 @@ impl Report {
 
 /// The shadowing rows' target: the primary's p99 with shadowing at most this many times without.
 const SHADOW_TARGET: f64 = 1.05;
-/// Rounds per side below which resampling says nothing of the spread (one round resamples to
-/// itself): the verdict is then inconclusive whatever the ratio.
-const MIN_ROUNDS: usize = 5;
+/// Rounds of each shadowing condition in one block (see `balanced_order` in `main.rs`).
+pub(crate) const ROUNDS_PER_BLOCK: usize = 2;
+/// Blocks below which resampling says nothing of the spread (one block resamples to itself):
+/// the verdict is then inconclusive whatever the ratio.
+const MIN_BLOCKS: usize = 5;
 
 /// A target, as one run's numbers read against it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -379,12 +389,26 @@ impl From<bool> for Verdict {
     }
 }
 
-/// How far the median round's ratio `with ÷ without` moves when the rounds are drawn again: the
-/// 5th and 95th percentiles of the ratio over 2,000 resamples (with replacement, each side's
-/// rounds apart), by a fixed seed so the same rounds always give the same range. Per-round p99s
-/// here move by ±30% from round to round; this range is what one run can resolve.
-fn resampled_ratio_range(with: &[f64], without: &[f64]) -> (f64, f64) {
-    if with.is_empty() || without.is_empty() {
+/// The ratio of two conditions block by block: the geometric mean of a block's round p99s of
+/// `with` over that of its rounds of `without`. Round p99s here move by ±30%, much of it the
+/// VM's speed drifting over the run (200 rounds at concurrency 1 went from about 1,000 µs to
+/// about 350); rounds a moment apart share the moment, so their ratio cancels the drift: on those
+/// 200 rounds the resampled range of the median ratio went from ±14% (each side's median round,
+/// rounds drawn apart) to ±4%.
+fn block_ratios(with: &[f64], without: &[f64]) -> Vec<f64> {
+    let geometric_mean =
+        |v: &[f64]| (v.iter().map(|x| x.ln()).sum::<f64>() / v.len() as f64).exp();
+    with.chunks_exact(ROUNDS_PER_BLOCK)
+        .zip(without.chunks_exact(ROUNDS_PER_BLOCK))
+        .map(|(w, wo)| geometric_mean(w) / geometric_mean(wo))
+        .collect()
+}
+
+/// How far the median of `values` moves when they are drawn again: its 5th and 95th
+/// percentiles over 2,000 resamples (with replacement), by a fixed seed so the same values
+/// always give the same range. This is what one run can resolve.
+fn resampled_median_range(values: &[f64]) -> (f64, f64) {
+    if values.is_empty() {
         return (f64::NAN, f64::NAN);
     }
     let mut state: u64 = 0x5eed_5a4d_0517_ad0e;
@@ -396,15 +420,14 @@ fn resampled_ratio_range(with: &[f64], without: &[f64]) -> (f64, f64) {
         z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
         ((z ^ (z >> 31)) % n as u64) as usize
     };
-    let mut median_of_draw = |v: &[f64]| {
-        let draw: Vec<f64> = (0..v.len()).map(|_| v[next(v.len())]).collect();
-        median(&draw)
-    };
-    let mut ratios: Vec<f64> = (0..2000)
-        .map(|_| median_of_draw(with) / median_of_draw(without))
+    let mut medians: Vec<f64> = (0..2000)
+        .map(|_| {
+            let draw: Vec<f64> = (0..values.len()).map(|_| values[next(values.len())]).collect();
+            median(&draw)
+        })
         .collect();
-    ratios.sort_by(f64::total_cmp);
-    (percentile(&ratios, 5.0), percentile(&ratios, 95.0))
+    medians.sort_by(f64::total_cmp);
+    (percentile(&medians, 5.0), percentile(&medians, 95.0))
 }
 
 /// The median, by the same nearest rank as every percentile here.
@@ -445,23 +468,40 @@ fn number(v: f64) -> Value {
 mod tests {
     use super::*;
 
+    /// Rounds' p99s `k` times 400 µs, each block's two rounds by one of five factors around 1.
+    fn noisy(n: usize, k: f64) -> Vec<f64> {
+        const NOISE: [f64; 5] = [0.85, 1.15, 1.0, 0.9, 1.1];
+        (0..n)
+            .map(|i| 400.0 * k * NOISE[(i / ROUNDS_PER_BLOCK) % NOISE.len()])
+            .collect()
+    }
+
     #[test]
-    fn the_resampled_range_brackets_the_ratio_and_is_repeatable() {
-        let without: Vec<f64> = (0..21).map(|i| 300.0 + f64::from(i % 7) * 20.0).collect();
-        let slower: Vec<f64> = without.iter().map(|v| v * 1.5).collect();
-        let (lo, hi) = resampled_ratio_range(&slower, &without);
+    fn the_resampled_range_brackets_the_median_and_is_repeatable() {
+        let slower = noisy(21, 1.5).iter().map(|v| v / 400.0).collect::<Vec<_>>();
+        let (lo, hi) = resampled_median_range(&slower);
         assert!(lo <= 1.5 && 1.5 <= hi, "{lo}–{hi}");
         assert!(
             lo > 1.05,
             "a 50% slower side is told apart from the target: {lo}"
         );
-        assert_eq!(resampled_ratio_range(&slower, &without), (lo, hi));
-        let (lo, hi) = resampled_ratio_range(&without, &without);
-        assert!(
-            lo < 1.0 && hi > 1.0,
-            "identical sides straddle 1: {lo}–{hi}"
-        );
-        assert!(resampled_ratio_range(&[], &without).0.is_nan());
+        assert_eq!(resampled_median_range(&slower), (lo, hi));
+        let alike = noisy(21, 1.0).iter().map(|v| v / 400.0).collect::<Vec<_>>();
+        let (lo, hi) = resampled_median_range(&alike);
+        assert!(lo < 1.0 && hi > 1.0, "alike sides straddle 1: {lo}–{hi}");
+        assert!(resampled_median_range(&[]).0.is_nan());
+    }
+
+    #[test]
+    fn a_drift_over_the_run_cancels_block_by_block() {
+        // The machine slows from 1,000 µs to 400 over the run; shadowing costs 10% throughout.
+        let without: Vec<f64> = (0..20).map(|i| 1000.0 - 30.0 * f64::from(i)).collect();
+        let with: Vec<f64> = without.iter().map(|v| v * 1.1).collect();
+        let blocks = block_ratios(&with, &without);
+        assert_eq!(blocks.len(), 20 / ROUNDS_PER_BLOCK);
+        assert!(blocks.iter().all(|r| (r - 1.1).abs() < 1e-9), "{blocks:?}");
+        // A round left over from an unfinished block is not paired with anything.
+        assert_eq!(block_ratios(&with[..3], &without[..3]).len(), 1);
     }
 
     #[test]
@@ -480,21 +520,21 @@ mod tests {
         let verdict = |with: Vec<f64>, without: Vec<f64>| {
             verdict_with_control(with, without.clone(), without)
         };
-        let base: Vec<f64> = (0..21).map(|i| 300.0 + f64::from(i % 7) * 30.0).collect();
-        let times = |k: f64| base.iter().map(|v| v * k).collect::<Vec<_>>();
-        assert_eq!(verdict(times(0.8), base.clone()), Verdict::Met);
-        assert_eq!(verdict(times(1.4), base.clone()), Verdict::Missed);
-        assert_eq!(verdict(times(1.0), base.clone()), Verdict::Inconclusive);
+        let base = noisy(22, 1.0);
+        let flat = vec![400.0; 22];
+        assert_eq!(verdict(noisy(22, 0.8), flat.clone()), Verdict::Met);
+        assert_eq!(verdict(noisy(22, 1.4), flat.clone()), Verdict::Missed);
+        assert_eq!(verdict(base.clone(), flat.clone()), Verdict::Inconclusive);
         assert_eq!(
-            verdict_with_control(times(0.8), base.clone(), times(0.7)),
+            verdict_with_control(noisy(22, 0.8), flat.clone(), noisy(22, 0.7)),
             Verdict::Unsteady,
             "a control told apart from its twin: the run's noise is not in its spread"
         );
-        let one = vec![base[0]];
+        let few = 2 * ROUNDS_PER_BLOCK;
         assert_eq!(
-            verdict(vec![base[0] * 0.8], one),
+            verdict(noisy(few, 0.8), flat[..few].to_vec()),
             Verdict::Inconclusive,
-            "one round says nothing of the spread"
+            "two blocks say nothing of the spread"
         );
     }
 }
