@@ -665,7 +665,10 @@ mod tests {
         let order: Vec<usize> = balanced_order(3).collect();
         assert_eq!(order.len(), 3 * 3 * ROUNDS_PER_BLOCK);
         for c in 0..3 {
-            assert_eq!(order.iter().filter(|&&i| i == c).count(), 3 * ROUNDS_PER_BLOCK);
+            assert_eq!(
+                order.iter().filter(|&&i| i == c).count(),
+                3 * ROUNDS_PER_BLOCK
+            );
         }
         // Over the blocks' boundaries too: the pairs of three blocks in a row, less the two at
         // either end that lead in from or out to nothing, hold each ordered pair three times.

@@ -396,8 +396,7 @@ impl From<bool> for Verdict {
 /// 200 rounds the resampled range of the median ratio went from ±14% (each side's median round,
 /// rounds drawn apart) to ±4%.
 fn block_ratios(with: &[f64], without: &[f64]) -> Vec<f64> {
-    let geometric_mean =
-        |v: &[f64]| (v.iter().map(|x| x.ln()).sum::<f64>() / v.len() as f64).exp();
+    let geometric_mean = |v: &[f64]| (v.iter().map(|x| x.ln()).sum::<f64>() / v.len() as f64).exp();
     with.chunks_exact(ROUNDS_PER_BLOCK)
         .zip(without.chunks_exact(ROUNDS_PER_BLOCK))
         .map(|(w, wo)| geometric_mean(w) / geometric_mean(wo))
@@ -422,7 +421,9 @@ fn resampled_median_range(values: &[f64]) -> (f64, f64) {
     };
     let mut medians: Vec<f64> = (0..2000)
         .map(|_| {
-            let draw: Vec<f64> = (0..values.len()).map(|_| values[next(values.len())]).collect();
+            let draw: Vec<f64> = (0..values.len())
+                .map(|_| values[next(values.len())])
+                .collect();
             median(&draw)
         })
         .collect();
