@@ -26,7 +26,7 @@ use switchyard_tests::bench::{
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use report::{Report, ROUNDS_PER_BLOCK};
+use report::{Report, C1_CYCLES, ROUNDS_PER_BLOCK};
 use targets::{Engine, Engines, Launcher, Target, CANDIDATE, CONTROL, UNSHADOWED};
 
 #[derive(Debug, Parser)]
@@ -52,6 +52,12 @@ struct Args {
     /// Rounds, alternating between targets.
     #[arg(long, default_value_t = 3)]
     rounds: usize,
+    /// Rounds of non-streaming chat at concurrency 1, alternating between targets, each of half
+    /// `--requests` (LiteLLM: `--litellm-requests`). The added p50 target is read cycle by cycle
+    /// (each target's p50 minus direct's in the same cycle, rounds a moment apart), over at
+    /// least five cycles: this VM's speed drifts by more between cycles than the target's margin.
+    #[arg(long, default_value_t = 12)]
+    c1_rounds: usize,
     /// Seconds (about: the rounds' rate times this many requests) of concurrency 32 held on
     /// direct, nginx and Switchyard after the rounds, in two halves, the second in the reverse
     /// order of the first; 0 to skip.
@@ -373,15 +379,32 @@ async fn main() -> anyhow::Result<()> {
     }
 
     note("non-streaming chat, concurrency 1");
-    let c1 = alternate(&targets, args.rounds, Sample::merge, |t| {
-        let url = t.chat_url(Engine::Fast);
-        let n = count(t, args.requests);
-        let (client, body) = (&client, &fast_body);
-        async move { run_load(client, &url, body, n, 1).await }
-    })
+    let c1 = alternate(
+        &targets,
+        args.c1_rounds,
+        |all: &mut Vec<Sample>, one| all.extend(one),
+        |t| {
+            let url = t.chat_url(Engine::Fast);
+            let n = count(t, (args.requests / 2).max(1));
+            let (client, body) = (&client, &fast_body);
+            async move { Ok(vec![run_load(client, &url, body, n, 1).await?.sorted()]) }
+        },
+    )
     .await?;
-    let c1: Vec<Sample> = c1.into_iter().map(Sample::sorted).collect();
+    let cycles: Vec<Vec<f64>> = c1
+        .iter()
+        .map(|rounds| rounds.iter().map(|s| s.p(50.0)).collect())
+        .collect();
+    let c1: Vec<Sample> = c1
+        .into_iter()
+        .map(|rounds| {
+            let mut all = Sample::default();
+            rounds.into_iter().for_each(|s| all.merge(s));
+            all.sorted()
+        })
+        .collect();
     report.latency("chat c=1 p50 µs", c1.iter().map(|s| s.p(50.0)));
+    report.cycles(C1_CYCLES, cycles);
     report.latency("chat c=1 p99 µs", c1.iter().map(|s| s.p(99.0)));
 
     note("non-streaming chat, concurrency 32");
@@ -646,7 +669,7 @@ fn note(text: &str) {
 
 fn args_json(args: &Args) -> serde_json::Value {
     json!({
-        "requests": args.requests, "litellm_requests": args.litellm_requests, "rounds": args.rounds,
+        "requests": args.requests, "litellm_requests": args.litellm_requests, "rounds": args.rounds, "c1_rounds": args.c1_rounds,
         "streams": args.streams, "stream_tokens": args.stream_tokens, "token_ms": args.token_ms,
         "large_requests": args.large_requests, "open_streams": args.open_streams,
         "server_cpus": args.server_cpus, "shadow_rounds": args.shadow_rounds,
