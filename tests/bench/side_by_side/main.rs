@@ -55,8 +55,10 @@ struct Args {
     /// Rounds of non-streaming chat at concurrency 1, alternating between targets, each of half
     /// `--requests` (LiteLLM: `--litellm-requests`). The added p50 target is read cycle by cycle
     /// (each target's p50 minus direct's in the same cycle, rounds a moment apart), over at
-    /// least five cycles: this VM's speed drifts by more between cycles than the target's margin.
-    #[arg(long, default_value_t = 12)]
+    /// least five cycles: this VM's speed drifts by more between cycles than the target's margin,
+    /// and one round's p50 moves by tens of µs (12 cycles left a range of 0.60-2.07×, 40 one of
+    /// 1.46-1.98×).
+    #[arg(long, default_value_t = 40)]
     c1_rounds: usize,
     /// Seconds (about: the rounds' rate times this many requests) of concurrency 32 held on
     /// direct, nginx and Switchyard after the rounds, in two halves, the second in the reverse

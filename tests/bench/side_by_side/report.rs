@@ -415,7 +415,14 @@ impl Report {
             md.push_str(&format!("- {what}: {value} — {verdict}\n"));
             targets.push(json!({"target": what, "value": value, "verdict": verdict}));
         }
-        let json = json!({"config": config, "rows": rows, "targets": targets});
+        let c1_rounds: serde_json::Map<String, Value> = self
+            .names
+            .iter()
+            .zip(&self.c1_cycles)
+            .map(|(name, p50s)| ((*name).to_owned(), json!(p50s)))
+            .collect();
+        let json = json!({"config": config, "rows": rows, "targets": targets,
+            "c1_rounds_p50_us": c1_rounds});
         (md, json)
     }
 }
