@@ -43,7 +43,9 @@ struct Args {
     /// CPUs for the servers (fake engines and proxies), as `taskset -c` takes them.
     #[arg(long)]
     server_cpus: Option<String>,
-    /// Non-streaming requests per round and target at concurrency 1 (four times as many at 32).
+    /// Non-streaming requests per round and target: four times this many at concurrency 32, half
+    /// of it in each cycle at concurrency 1 (see `--c1-rounds`) and in each shadowing round at
+    /// concurrency 1 (twice it at 32).
     #[arg(long, default_value_t = 2000)]
     requests: usize,
     /// The same for LiteLLM, which is two orders of magnitude slower.
@@ -598,7 +600,7 @@ async fn shadowing(
         // Blocks of six rounds in which each condition follows each other once: whatever a
         // round leaves behind (the wait for a round's shadows to finish, an idle core, the
         // ledger's last batch) falls on every condition alike, and each block's ratio compares
-        // rounds run a moment apart (see `report::paired_ratio`).
+        // rounds run a moment apart (see `report::block_ratios`).
         let mut rounds: Vec<Vec<Sample>> = vec![Vec::new(); bodies.len()];
         for i in balanced_order(args.shadow_rounds.div_ceil(ROUNDS_PER_BLOCK)) {
             // Each round starts with no shadow running (a round's shadows would land in the
