@@ -182,6 +182,26 @@ fn balanced_order(blocks: usize) -> impl Iterator<Item = usize> {
     std::iter::repeat_n(BLOCK, blocks).flatten()
 }
 
+/// Each target's (or condition's) rounds' percentile `p`, round by round.
+fn each_round(rounds: &[Vec<Sample>], p: f64) -> Vec<Vec<f64>> {
+    rounds
+        .iter()
+        .map(|r| r.iter().map(|s| s.p(p)).collect())
+        .collect()
+}
+
+/// Each target's (or condition's) rounds as one sample.
+fn pooled(rounds: Vec<Vec<Sample>>) -> Vec<Sample> {
+    rounds
+        .into_iter()
+        .map(|r| {
+            let mut all = Sample::default();
+            r.into_iter().for_each(|s| all.merge(s));
+            all.sorted()
+        })
+        .collect()
+}
+
 fn is_litellm(target: &Target) -> bool {
     target.name == "LiteLLM"
 }
@@ -395,18 +415,8 @@ async fn main() -> anyhow::Result<()> {
         },
     )
     .await?;
-    let cycles: Vec<Vec<f64>> = c1
-        .iter()
-        .map(|rounds| rounds.iter().map(|s| s.p(50.0)).collect())
-        .collect();
-    let c1: Vec<Sample> = c1
-        .into_iter()
-        .map(|rounds| {
-            let mut all = Sample::default();
-            rounds.into_iter().for_each(|s| all.merge(s));
-            all.sorted()
-        })
-        .collect();
+    let cycles = each_round(&c1, 50.0);
+    let c1 = pooled(c1);
     report.latency("chat c=1 p50 µs", c1.iter().map(|s| s.p(50.0)));
     report.cycles(C1_CYCLES, cycles);
     report.latency("chat c=1 p99 µs", c1.iter().map(|s| s.p(99.0)));
@@ -611,18 +621,8 @@ async fn shadowing(
                     .await?;
             rounds[i].push(round.sorted());
         }
-        let round_p99s: Vec<Vec<f64>> = rounds
-            .iter()
-            .map(|r| r.iter().map(|s| s.p(99.0)).collect())
-            .collect();
-        let pooled_p99: Vec<f64> = rounds
-            .into_iter()
-            .map(|r| {
-                let mut all = Sample::default();
-                r.into_iter().for_each(|s| all.merge(s));
-                all.sorted().p(99.0)
-            })
-            .collect();
+        let round_p99s = each_round(&rounds, 99.0);
+        let pooled_p99: Vec<f64> = pooled(rounds).iter().map(|s| s.p(99.0)).collect();
         report.shadow(
             &format!(
                 "shadow {:?}, chat c={concurrency} p99: with ÷ without",

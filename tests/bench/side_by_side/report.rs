@@ -230,26 +230,16 @@ impl Report {
             } = row.measure
             {
                 let [without, with] = [r_without, r_with].map(|r| median(r));
-                let blocks = block_ratios(r_with, r_without);
-                let control_blocks = block_ratios(r_control, r_without);
-                let (r, control) = (median(&blocks), median(&control_blocks));
-                let (lo, hi) = resampled_median_range(&blocks);
-                let (control_lo, control_hi) = resampled_median_range(&control_blocks);
-                // The verdict only where the blocks can tell: enough of them to resample, a
-                // control that reads alike within the blocks' own spread (two identical
-                // conditions told apart say the run's noise is not in its spread), and the whole
-                // range on one side of the target.
-                let few = blocks.len() < MIN_BLOCKS;
-                let verdict = if few {
-                    Verdict::Inconclusive
-                } else if !(control_lo <= 1.0 && 1.0 <= control_hi) {
+                let b = Blocks::read(r_with, r_without, r_control);
+                let (r, lo, hi) = b.ratio;
+                let (control, control_lo, control_hi) = b.control;
+                // The verdict only where the blocks can tell: a control that reads alike within
+                // the blocks' own spread (two identical conditions told apart say the run's noise
+                // is not in its spread), then enough blocks and the whole range on one side.
+                let verdict = if !(control_lo <= 1.0 && 1.0 <= control_hi) && b.n >= MIN_BLOCKS {
                     Verdict::Unsteady
-                } else if hi <= SHADOW_TARGET {
-                    Verdict::Met
-                } else if lo > SHADOW_TARGET {
-                    Verdict::Missed
                 } else {
-                    Verdict::Inconclusive
+                    Verdict::by_range(b.n, lo, hi, SHADOW_TARGET)
                 };
                 targets.push((
                     format!(
@@ -262,7 +252,7 @@ impl Report {
                          without; control, alike without shadows: {control:.2}×, resampled \
                          {control_lo:.2}–{control_hi:.2}×; pooled over the rounds: {:.2}×, \
                          control {:.2}×)",
-                        blocks.len(),
+                        b.n,
                         p_with / p_without,
                         p_control / p_without
                     ),
@@ -279,15 +269,7 @@ impl Report {
                      {pooled_a:.2}×)",
                     sw_cycles.len()
                 ),
-                if sw_cycles.len() < MIN_BLOCKS {
-                    Verdict::Inconclusive
-                } else if a_hi <= C1_TARGET {
-                    Verdict::Met
-                } else if a_lo > C1_TARGET {
-                    Verdict::Missed
-                } else {
-                    Verdict::Inconclusive
-                },
+                Verdict::by_range(sw_cycles.len(), a_lo, a_hi, C1_TARGET),
             ),
             (
                 "throughput at c=32 ≥ 0.8 × nginx's".to_owned(),
@@ -345,16 +327,14 @@ impl Report {
             } = row.measure
             {
                 let [without, with, control] = [r_without, r_with, r_control].map(|r| median(r));
-                let blocks = block_ratios(r_with, r_without);
-                let control_blocks = block_ratios(r_control, r_without);
-                let (ratio, control_ratio) = (median(&blocks), median(&control_blocks));
-                let (lo, hi) = resampled_median_range(&blocks);
-                let (control_lo, control_hi) = resampled_median_range(&control_blocks);
+                let b = Blocks::read(r_with, r_without, r_control);
+                let (ratio, lo, hi) = b.ratio;
+                let (control_ratio, control_lo, control_hi) = b.control;
                 let cells = format!(
                     "median block: {ratio:.2} (resampled: {lo:.2}–{hi:.2}; {} blocks; median \
                      rounds {with:.0} µs with, {without:.0} µs without); control {control_ratio:.2} \
                      (resampled: {control_lo:.2}–{control_hi:.2}) (pooled: {:.2}, control {:.2})",
-                    blocks.len(),
+                    b.n,
                     p_with / p_without,
                     p_control / p_without
                 );
@@ -364,7 +344,7 @@ impl Report {
                 ));
                 rows.push(json!({"measure": row.metric, "with_us": number(with), "without_us": number(without),
                     "control_us": number(control), "ratio": number(ratio), "control_ratio": number(control_ratio),
-                    "blocks": blocks.len(), "rounds_per_block": ROUNDS_PER_BLOCK,
+                    "blocks": b.n, "rounds_per_block": ROUNDS_PER_BLOCK,
                     "control_resampled_ratio_5_95": [number(control_lo), number(control_hi)],
                     "pooled": {"with_us": number(p_with), "without_us": number(p_without), "ratio": number(p_with / p_without),
                         "control_us": number(p_control), "control_ratio": number(p_control / p_without)},
@@ -446,6 +426,46 @@ enum Verdict {
     Inconclusive,
     /// The control, alike without shadows, reads apart from 1 beyond the blocks' spread.
     Unsteady,
+}
+
+impl Verdict {
+    /// A ratio whose target is `at most target`, read from `n` resampled observations' range
+    /// `lo`–`hi`: met or missed only when the whole range is on one side, and never from fewer
+    /// than [`MIN_BLOCKS`].
+    fn by_range(n: usize, lo: f64, hi: f64, target: f64) -> Self {
+        if n < MIN_BLOCKS {
+            Self::Inconclusive
+        } else if hi <= target {
+            Self::Met
+        } else if lo > target {
+            Self::Missed
+        } else {
+            Self::Inconclusive
+        }
+    }
+}
+
+/// The shadowing rows read by blocks: `(median block ratio, 5th, 95th percentile)` of with over
+/// without, and of the control over without, over `n` blocks.
+struct Blocks {
+    n: usize,
+    ratio: (f64, f64, f64),
+    control: (f64, f64, f64),
+}
+
+impl Blocks {
+    fn read(with: &[f64], without: &[f64], control: &[f64]) -> Self {
+        let reading = |blocks: Vec<f64>| {
+            let (lo, hi) = resampled_median_range(&blocks);
+            (median(&blocks), lo, hi)
+        };
+        let ratios = block_ratios(with, without);
+        Self {
+            n: ratios.len(),
+            ratio: reading(ratios),
+            control: reading(block_ratios(control, without)),
+        }
+    }
 }
 
 impl From<bool> for Verdict {
