@@ -135,7 +135,7 @@ fn chat_for(model: &str, content: &str, stream: bool) -> Bytes {
 async fn alternate<'a, T, F, Fut>(
     targets: &'a [Target],
     rounds: usize,
-    merge: impl FnMut(&mut T, T),
+    mut merge: impl FnMut(&mut T, T),
     mut round: F,
 ) -> anyhow::Result<Vec<T>>
 where
@@ -143,20 +143,7 @@ where
     F: FnMut(&'a Target) -> Fut,
     Fut: std::future::Future<Output = anyhow::Result<T>>,
 {
-    alternate_n(targets.len(), rounds, merge, |i| round(&targets[i])).await
-}
-
-/// [`alternate`] over `n` of anything, by index.
-async fn alternate_n<T, Fut>(
-    n: usize,
-    rounds: usize,
-    mut merge: impl FnMut(&mut T, T),
-    mut round: impl FnMut(usize) -> Fut,
-) -> anyhow::Result<Vec<T>>
-where
-    T: Default,
-    Fut: std::future::Future<Output = anyhow::Result<T>>,
-{
+    let n = targets.len();
     let mut merged: Vec<T> = (0..n).map(|_| T::default()).collect();
     // Each round starts one target further on: a target's place in the round matters (in
     // `switchyard-bench`, the Switchyard that always ran right after direct was 6-25% slower
@@ -165,7 +152,7 @@ where
     for r in 0..rounds {
         for k in 0..n {
             let i = (r + k) % n;
-            let result = round(i).await?;
+            let result = round(&targets[i]).await?;
             merge(&mut merged[i], result);
         }
     }
