@@ -339,11 +339,15 @@ fn init_logging(format: LogFormat) {
     let filter =
         EnvFilter::try_from_env("SWITCHYARD_LOG").unwrap_or_else(|_| EnvFilter::new("info"));
     // Colour codes only for a person at a terminal, never into a log file or a collector.
+    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .with_ansi(ansi)
         .with_timer(crate::logfmt::Timestamp);
-    let sink = crate::logsink::LogSink::stderr();
+    let sink = crate::logsink::LogSink::stderr(match format {
+        LogFormat::Json => crate::logfmt::LineForm::Json,
+        LogFormat::Text => crate::logfmt::LineForm::Text { ansi },
+    });
     let _ = match format {
         LogFormat::Json => builder
             .with_writer(sink)

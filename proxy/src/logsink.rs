@@ -22,6 +22,8 @@ use std::time::{Duration, Instant};
 use tracing::{Level, Metadata};
 use tracing_subscriber::fmt::MakeWriter;
 
+use crate::logfmt::{AccessLine, LineForm, Written};
+
 /// How long a gathered line waits at most before it is written.
 pub const FLUSH_AFTER: Duration = Duration::from_millis(100);
 /// How many bytes of gathered lines are written at once, whatever their age.
@@ -30,8 +32,8 @@ pub const GATHER_BYTES: usize = 64 * 1024;
 /// The targets whose lines are gathered, at `INFO` and the levels more verbose.
 const GATHERED_TARGETS: [&str; 2] = ["switchyard::request", "switchyard::comparison"];
 
-/// The sink of the running process, for [`flush`].
-static INSTALLED: OnceLock<LogSink> = OnceLock::new();
+/// The sink of the running process and the form of its lines, for [`flush`] and [`access`].
+static INSTALLED: OnceLock<(LogSink, LineForm)> = OnceLock::new();
 
 /// A [`MakeWriter`] for tracing-subscriber's `fmt` layer; cheap to clone (one shared buffer).
 #[derive(Clone)]
@@ -58,11 +60,12 @@ struct State {
 }
 
 impl LogSink {
-    /// A sink writing to standard error, installed for [`flush`]. Should its flushing thread fail
+    /// A sink writing to standard error, installed for [`flush`] and for [`access`] lines in
+    /// `form` (the form the subscriber writing to it writes). Should its flushing thread fail
     /// to start, every line is written as it comes (and a line says so). A panic writes the
     /// gathered lines before its message: a panic that ends the process does not take the
     /// requests' lines before it along.
-    pub fn stderr() -> Self {
+    pub fn stderr(form: LineForm) -> Self {
         let sink = Self::start(Box::new(io::stderr()), FLUSH_AFTER).unwrap_or_else(|e| {
             let _ = writeln!(
                 io::stderr(),
@@ -70,7 +73,7 @@ impl LogSink {
             );
             Self::new(Box::new(io::stderr()), false)
         });
-        if INSTALLED.set(sink.clone()).is_ok() {
+        if INSTALLED.set((sink.clone(), form)).is_ok() {
             sink.clone().flush_on_panic();
         }
         sink
@@ -117,6 +120,11 @@ impl LogSink {
     pub fn flush(&self) {
         self.shared.lock().write_out(None);
     }
+
+    /// Gathers `bytes`, one or more whole lines (written at once without a flushing thread).
+    fn gather(&self, bytes: &[u8]) {
+        self.shared.write(bytes, self.shared.gathering);
+    }
 }
 
 impl std::fmt::Debug for LogSink {
@@ -127,14 +135,88 @@ impl std::fmt::Debug for LogSink {
 
 /// Writes the installed sink's gathered lines (see [`LogSink::stderr`]); for the process's exit.
 pub fn flush() {
-    if let Some(sink) = INSTALLED.get() {
+    if let Some((sink, _)) = INSTALLED.get() {
         sink.flush();
     }
+}
+
+/// The targets whose lines [`access`] writes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Access {
+    /// `switchyard::request`, message `request`.
+    Request,
+    /// `switchyard::comparison`, message `comparison`.
+    Comparison,
+}
+
+thread_local! {
+    /// Where [`access`] writes a line before handing it to the sink.
+    static ACCESS: std::cell::RefCell<String> = const { std::cell::RefCell::new(String::new()) };
+}
+
+/// Writes one `INFO` line of `kind` with the fields `fields` writes, if `SWITCHYARD_LOG` lets
+/// that target's `INFO` lines through: straight into the installed sink's gathered lines, in
+/// the sink's form, as the `fmt` layer would have written the event (see [`AccessLine`]).
+/// Without an installed sink (the library run without [`LogSink::stderr`], as in tests), the
+/// fields go out as the message of a tracing event of the same target.
+pub(crate) fn access(kind: Access, fields: impl FnOnce(&mut AccessLine<'_>)) {
+    let enabled = match kind {
+        Access::Request => tracing::enabled!(target: "switchyard::request", Level::INFO),
+        Access::Comparison => tracing::enabled!(target: "switchyard::comparison", Level::INFO),
+    };
+    if !enabled {
+        return;
+    }
+    let (target, message) = match kind {
+        Access::Request => ("switchyard::request", "request"),
+        Access::Comparison => ("switchyard::comparison", "comparison"),
+    };
+    let installed = INSTALLED.get();
+    let written = installed.map_or(Written::Message, |(_, form)| Written::Line(*form));
+    ACCESS.with(|scratch| {
+        let mut own = String::new();
+        // A line written while another is being written on this thread (a field's formatting
+        // logging) gets a buffer of its own.
+        let mut taken = scratch.try_borrow_mut();
+        let out = match &mut taken {
+            Ok(buf) => &mut **buf,
+            Err(_) => &mut own,
+        };
+        out.clear();
+        let mut line = AccessLine::start(out, written, target, message);
+        fields(&mut line);
+        line.finish();
+        match installed {
+            Some((sink, _)) => sink.gather(out.as_bytes()),
+            None => match kind {
+                Access::Request => tracing::info!(target: "switchyard::request", "{out}"),
+                Access::Comparison => tracing::info!(target: "switchyard::comparison", "{out}"),
+            },
+        }
+    });
 }
 
 impl Shared {
     fn lock(&self) -> MutexGuard<'_, State> {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Gathers `bytes` (`gather`), or writes them at once after whatever was gathered.
+    fn write(&self, bytes: &[u8], gather: bool) {
+        let mut state = self.lock();
+        if !gather {
+            return state.write_out(Some(bytes));
+        }
+        state.buf.extend_from_slice(bytes);
+        if state.buf.len() >= GATHER_BYTES {
+            state.write_out(None);
+        } else if state.since.is_none() {
+            state.since = Some(Instant::now());
+            if state.idle {
+                state.idle = false;
+                self.gathered.notify_one();
+            }
+        }
     }
 
     /// The flushing thread: waits for a gathered line, then for its deadline, then writes
@@ -193,21 +275,7 @@ pub struct Line<'a> {
 
 impl Write for Line<'_> {
     fn write(&mut self, bytes: &[u8]) -> io::Result<usize> {
-        let mut state = self.shared.lock();
-        if !self.gather {
-            state.write_out(Some(bytes));
-            return Ok(bytes.len());
-        }
-        state.buf.extend_from_slice(bytes);
-        if state.buf.len() >= GATHER_BYTES {
-            state.write_out(None);
-        } else if state.since.is_none() {
-            state.since = Some(Instant::now());
-            if state.idle {
-                state.idle = false;
-                self.shared.gathered.notify_one();
-            }
-        }
+        self.shared.write(bytes, self.gather);
         Ok(bytes.len())
     }
 

@@ -21,6 +21,7 @@ use switchyard_adapters::ResponseFacts;
 use switchyard_policy::compare::{Pair, Side, TokenTiming};
 use tokio::sync::RwLock;
 
+use crate::logsink::Access;
 use crate::shadow::RecordHook;
 use crate::timing::{between, Phases, Source, TokenPhase};
 
@@ -118,22 +119,32 @@ impl Recorder {
     /// One log line for a comparison.
     pub fn log_comparison(pair: &Pair, source: &'static str) {
         let c = pair.candidate.as_ref();
-        tracing::info!(
-            target: "switchyard::comparison",
-            source,
-            mode = %pair.mode,
-            model = %pair.model,
-            workload = %pair.workload,
-            primary = %pair.primary.backend,
-            primary_request_id = pair.primary.request_id.as_deref().unwrap_or("-"),
-            candidate = c.map_or("-", |c| c.backend.as_str()),
-            candidate_request_id = c.and_then(|c| c.request_id.as_deref()).unwrap_or("-"),
-            verdict = pair.verdict.as_str(),
-            reason = pair.reason.as_deref().unwrap_or("-"),
-            primary_output = pair.primary.output.as_deref().unwrap_or("-"),
-            candidate_output = c.and_then(|c| c.output.as_deref()).unwrap_or("-"),
-            "comparison"
-        );
+        crate::logsink::access(Access::Comparison, |line| {
+            line.text("source", source);
+            line.shown("mode", &pair.mode);
+            line.shown("model", &pair.model);
+            line.shown("workload", &pair.workload);
+            line.shown("primary", &pair.primary.backend);
+            line.text(
+                "primary_request_id",
+                pair.primary.request_id.as_deref().unwrap_or("-"),
+            );
+            line.text("candidate", c.map_or("-", |c| c.backend.as_str()));
+            line.text(
+                "candidate_request_id",
+                c.and_then(|c| c.request_id.as_deref()).unwrap_or("-"),
+            );
+            line.text("verdict", pair.verdict.as_str());
+            line.text("reason", pair.reason.as_deref().unwrap_or("-"));
+            line.text(
+                "primary_output",
+                pair.primary.output.as_deref().unwrap_or("-"),
+            );
+            line.text(
+                "candidate_output",
+                c.and_then(|c| c.output.as_deref()).unwrap_or("-"),
+            );
+        });
     }
 
     fn write(&self, r: &RequestRecord) {
@@ -158,30 +169,44 @@ impl Recorder {
             .stamped_server_timing()
             .and_then(|v| v.to_str().ok())
             .map_or_else(|| Cow::Owned(r.phases.header_value()), Cow::Borrowed);
-        tracing::info!(
-            target: "switchyard::request",
-            request_id = %r.id,
-            trace_id = r.trace.as_ref().map(|t| tracing::field::display(t.trace_id())),
-            method = %r.method,
-            path = %r.path,
-            model = r.model.as_deref().unwrap_or("-"),
-            backend = r.backend.as_deref().unwrap_or("-"),
-            variant = r.variant,
-            workload = r.fingerprint.as_ref().map_or("-", |f| f.workload.as_str()),
-            streamed = r.streamed,
-            status = r.status,
-            error_class = r.error_class.unwrap_or("-"),
-            error = r.error.as_deref().unwrap_or("-"),
-            client_disconnected = r.client_disconnected,
-            warm = r.warm,
-            engine = r.engine.as_deref().unwrap_or("-"),
-            artifact = r.artifact.as_deref().unwrap_or("-"),
-            server_timing = %server_timing,
-            prompt_tokens = facts.and_then(|f| f.usage.prompt_tokens),
-            completion_tokens = facts.and_then(|f| f.usage.completion_tokens),
-            output = facts.and_then(|f| f.output.as_deref()).unwrap_or("-"),
-            "request"
-        );
+        crate::logsink::access(Access::Request, |line| {
+            line.shown("request_id", &r.id);
+            if let Some(trace) = &r.trace {
+                let mut id = [0u8; 32];
+                line.shown("trace_id", trace.trace_id_hex(&mut id));
+            }
+            line.shown("method", r.method.as_str());
+            line.shown("path", &r.path);
+            line.text("model", r.model.as_deref().unwrap_or("-"));
+            line.text("backend", r.backend.as_deref().unwrap_or("-"));
+            line.text("variant", r.variant);
+            line.text(
+                "workload",
+                r.fingerprint.as_ref().map_or("-", |f| f.workload.as_str()),
+            );
+            line.flag("streamed", r.streamed);
+            line.number("status", r.status.into());
+            line.text("error_class", r.error_class.unwrap_or("-"));
+            line.text("error", r.error.as_deref().unwrap_or("-"));
+            line.flag("client_disconnected", r.client_disconnected);
+            if let Some(warm) = r.warm {
+                line.flag("warm", warm);
+            }
+            line.text("engine", r.engine.as_deref().unwrap_or("-"));
+            line.text("artifact", r.artifact.as_deref().unwrap_or("-"));
+            line.shown("server_timing", &server_timing);
+            let usage = facts.map(|f| &f.usage);
+            if let Some(n) = usage.and_then(|u| u.prompt_tokens) {
+                line.number("prompt_tokens", n);
+            }
+            if let Some(n) = usage.and_then(|u| u.completion_tokens) {
+                line.number("completion_tokens", n);
+            }
+            line.text(
+                "output",
+                facts.and_then(|f| f.output.as_deref()).unwrap_or("-"),
+            );
+        });
     }
 }
 

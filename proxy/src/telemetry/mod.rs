@@ -312,6 +312,17 @@ impl RequestSpan {
         self.context.trace_id()
     }
 
+    /// The trace id as its `Display` writes it (32 lowercase hex digits), written into `buf`.
+    pub fn trace_id_hex<'b>(&self, buf: &'b mut [u8; 32]) -> &'b str {
+        const HEX: &[u8; 16] = b"0123456789abcdef";
+        for (i, byte) in self.context.trace_id().to_bytes().iter().enumerate() {
+            buf[2 * i] = HEX[usize::from(byte >> 4)];
+            buf[2 * i + 1] = HEX[usize::from(byte & 0xf)];
+        }
+        // Hex digits: always UTF-8.
+        std::str::from_utf8(buf).unwrap_or_default()
+    }
+
     /// The request is being forwarded now (`at`, the end of `queue` and the start of `ttfb`):
     /// puts this span's context into the engine's request `headers`, replacing whatever trace
     /// context the client sent, so the engine continues this trace.
