@@ -63,12 +63,32 @@ pub struct WorkloadFingerprint {
     pub deterministic: bool,
 }
 
-/// The fingerprints of the canonical content and sampling texts.
-fn digests(content: Vec<u8>, sampling_json: Vec<u8>, deterministic: bool) -> WorkloadFingerprint {
+/// The fingerprints of the canonical content and sampling texts, and of the fingerprinted
+/// fields whose text has no canonical form (`unparsed`: key and raw text, in key order).
+///
+/// A field that does not parse into a value (a number out of range, a string holding a lone
+/// surrogate, nesting deeper than the parser goes) cannot be written canonically, but an engine
+/// may still accept it (Python's `json` reads `1e400` as infinity and keeps lone surrogates):
+/// left out, two requests differing only there would share a workload. Such a field enters the
+/// workload digest as sent, after the canonical texts, each with its length (canonical JSON holds
+/// no raw newline, so the first section after the sampling text can only be these). A body without
+/// one hashes as it always has.
+fn digests(
+    content: Vec<u8>,
+    sampling_json: Vec<u8>,
+    unparsed: &[(&str, &str)],
+    deterministic: bool,
+) -> WorkloadFingerprint {
     let mut hasher = Sha256::new();
     hasher.update(&content);
     hasher.update(b"\n");
     hasher.update(&sampling_json);
+    for (key, raw) in unparsed {
+        for part in [*key, *raw] {
+            hasher.update(format!("\n{}:", part.len()).as_bytes());
+            hasher.update(part.as_bytes());
+        }
+    }
     // 128 bits of each digest: 32 hex digits.
     let workload = prefixed_hex("wl:", &hasher.finalize()[..16]);
     let sampling = prefixed_hex("sp:", &Sha256::digest(&sampling_json)[..16]);
@@ -85,7 +105,8 @@ fn digests(content: Vec<u8>, sampling_json: Vec<u8>, deterministic: bool) -> Wor
 /// raw JSON texts, `fields` in key order and each key once (as a parsed object's are). Each
 /// fingerprinted field's canonical text is written straight from its raw text
 /// ([`write_canonical_raw`]), without a `Value` in between: this runs for every request. A field
-/// whose text does not parse into a value (a number out of range) is left out.
+/// whose text does not parse into a value (a number out of range) enters the workload as sent
+/// (see [`digests`]).
 pub fn fingerprint_raw<'a>(
     model: &str,
     fields: impl IntoIterator<Item = (&'a str, &'a str)>,
@@ -97,6 +118,7 @@ pub fn fingerprint_raw<'a>(
     let mut content = Vec::with_capacity(256);
     content.push(b'{');
     let mut model_written = false;
+    let mut unparsed = Vec::new();
     for (key, raw) in fields {
         let sampling = is_sampling_field(key);
         let out = if sampling {
@@ -121,6 +143,7 @@ pub fn fingerprint_raw<'a>(
         out.push(b':');
         if write_canonical_raw(out, raw).is_err() {
             out.truncate(mark);
+            unparsed.push((key, raw));
             continue;
         }
         if !sampling {
@@ -141,7 +164,7 @@ pub fn fingerprint_raw<'a>(
         write_member(&mut content, "model", model);
     }
     content.push(b'}');
-    digests(content, sampling_json, greedy || seeded)
+    digests(content, sampling_json, &unparsed, greedy || seeded)
 }
 
 /// Appends `"key":value` (the value already canonical).
@@ -157,10 +180,15 @@ mod tests {
     use crate::canonical::canonicalize;
     use serde_json::{json, Map, Value};
 
-    /// The fingerprints of a request `body` parsed into values: the definition, which
+    /// The fingerprints of a request `body` parsed into values, and of the fingerprinted fields
+    /// `unparsed` that do not parse (key and raw text, in key order): the definition, which
     /// [`fingerprint_raw`] must match byte for byte (`body` is a sorted map, so its order is the
     /// canonical order).
-    fn fingerprint_request(model: &str, mut body: Map<String, Value>) -> WorkloadFingerprint {
+    fn fingerprint_request(
+        model: &str,
+        mut body: Map<String, Value>,
+        unparsed: &[(&str, &str)],
+    ) -> WorkloadFingerprint {
         let deterministic = is_deterministic(&body);
         body.values_mut().for_each(canonicalize);
 
@@ -197,7 +225,7 @@ mod tests {
         }
         content.push(b'}');
 
-        digests(content, sampling_json, deterministic)
+        digests(content, sampling_json, unparsed, deterministic)
     }
 
     /// Whether the fingerprint reads field `key` of a request body (a sampling or a content field).
@@ -296,16 +324,57 @@ mod tests {
     }
 
     /// `fingerprint_request` of the same body parsed into values (fields that do not parse into
-    /// one left out, as the proxy leaves them out).
+    /// one given as sent).
     fn fp_value(body: &str) -> WorkloadFingerprint {
         let fields: std::collections::BTreeMap<String, Box<serde_json::value::RawValue>> =
             serde_json::from_str(body).unwrap();
-        let map = fields
-            .iter()
-            .filter(|(k, _)| is_fingerprinted(k))
-            .filter_map(|(k, v)| Some((k.clone(), serde_json::from_str::<Value>(v.get()).ok()?)))
-            .collect();
-        fingerprint_request("smollm2", map)
+        let mut map = Map::new();
+        let mut unparsed = Vec::new();
+        for (k, v) in fields.iter().filter(|(k, _)| is_fingerprinted(k)) {
+            match serde_json::from_str::<Value>(v.get()) {
+                Ok(value) => {
+                    map.insert(k.clone(), value);
+                }
+                Err(_) => unparsed.push((k.as_str(), v.get())),
+            }
+        }
+        fingerprint_request("smollm2", map, &unparsed)
+    }
+
+    #[test]
+    fn fields_without_a_canonical_form_still_tell_workloads_apart() {
+        let deep = |inner: &str| {
+            format!(
+                r#"{{"messages": [{{"role": "user", "content": {}{inner}{}}}]}}"#,
+                "[".repeat(200),
+                "]".repeat(200)
+            )
+        };
+        let surrogate =
+            |c: &str| format!(r#"{{"messages": [{{"role": "user", "content": "\ud800{c}"}}]}}"#);
+        let bodies = [
+            deep("1"),
+            deep("2"),
+            surrogate("a"),
+            surrogate("b"),
+            r#"{"messages": [], "temperature": 1e400}"#.to_owned(),
+            r#"{"messages": [], "temperature": 2e400}"#.to_owned(),
+            r#"{"messages": []}"#.to_owned(),
+            r#"{}"#.to_owned(),
+        ];
+        let workloads: std::collections::HashSet<String> =
+            bodies.iter().map(|b| fp_raw(b).workload).collect();
+        assert_eq!(workloads.len(), bodies.len(), "{workloads:?}");
+        for body in &bodies {
+            assert_eq!(fp_raw(body), fp_raw(body), "{body}");
+        }
+        // The same unparsed text sent with other whitespace around it is the same field.
+        assert_eq!(
+            fp_raw(r#"{"messages": [],"temperature":1e400}"#),
+            fp_raw(r#"{"messages": [], "temperature": 1e400 }"#)
+        );
+        // The sampling fingerprint is its canonical text's: an unparsed sampling field is not in it.
+        assert_eq!(fp_raw(&bodies[4]).sampling, fp_raw(&bodies[6]).sampling);
     }
 
     #[test]
