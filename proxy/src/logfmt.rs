@@ -22,16 +22,7 @@ impl<'w> FormatFields<'w> for TextFields {
         // The fields are written into a String of this thread's, then handed to the writer in
         // one call: the writer is a `dyn fmt::Write`, and a line of twenty fields makes some
         // sixty small writes.
-        FIELDS.with(|scratch| {
-            let mut own = String::new();
-            // Never taken here (tracing drops events raised inside its subscriber, say by a
-            // field's `Debug`), but a borrow failure must not lose the line.
-            let mut taken = scratch.try_borrow_mut();
-            let out = match &mut taken {
-                Ok(buf) => &mut **buf,
-                Err(_) => &mut own,
-            };
-            out.clear();
+        with_scratch(&FIELDS, |out| {
             let mut visitor = TextVisitor {
                 out,
                 result: Ok(()),
@@ -47,6 +38,22 @@ impl<'w> FormatFields<'w> for TextFields {
 thread_local! {
     /// Where [`TextFields`] formats an event's fields before writing them out.
     static FIELDS: std::cell::RefCell<String> = const { std::cell::RefCell::new(String::new()) };
+}
+
+/// Runs `f` with `scratch`, this thread's buffer, emptied; or with a buffer of its own should
+/// `scratch` be in use further up this thread's stack (a line formatted while another is, say by
+/// a field's formatting logging): a borrow failure must not lose the line.
+pub(crate) fn with_scratch<R>(
+    scratch: &'static std::thread::LocalKey<std::cell::RefCell<String>>,
+    f: impl FnOnce(&mut String) -> R,
+) -> R {
+    scratch.with(|cell| match cell.try_borrow_mut() {
+        Ok(mut buf) => {
+            buf.clear();
+            f(&mut buf)
+        }
+        Err(_) => f(&mut String::new()),
+    })
 }
 
 struct TextVisitor<'a> {

@@ -173,16 +173,7 @@ pub(crate) fn access(kind: Access, fields: impl FnOnce(&mut AccessLine<'_>)) {
     };
     let installed = INSTALLED.get();
     let written = installed.map_or(Written::Message, |(_, form)| Written::Line(*form));
-    ACCESS.with(|scratch| {
-        let mut own = String::new();
-        // A line written while another is being written on this thread (a field's formatting
-        // logging) gets a buffer of its own.
-        let mut taken = scratch.try_borrow_mut();
-        let out = match &mut taken {
-            Ok(buf) => &mut **buf,
-            Err(_) => &mut own,
-        };
-        out.clear();
+    crate::logfmt::with_scratch(&ACCESS, |out| {
         let mut line = AccessLine::start(out, written, target, message);
         fields(&mut line);
         line.finish();
