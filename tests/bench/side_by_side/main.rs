@@ -395,19 +395,28 @@ async fn main() -> anyhow::Result<()> {
         streams(&client, t, 2).await?;
     }
 
+    // `rounds` cycles of `requests` chat requests per target at `concurrency`, each round's
+    // sample kept apart (sorted), by target.
+    let cycles_at = |rounds: usize, requests: usize, concurrency: usize| {
+        let (client, body, targets) = (&client, &fast_body, &targets);
+        alternate(
+            targets,
+            rounds,
+            |all: &mut Vec<Sample>, one| all.extend(one),
+            move |t| {
+                let url = t.chat_url(Engine::Fast);
+                let n = count(t, requests);
+                async move {
+                    Ok(vec![run_load(client, &url, body, n, concurrency)
+                        .await?
+                        .sorted()])
+                }
+            },
+        )
+    };
+
     note("non-streaming chat, concurrency 1");
-    let c1 = alternate(
-        &targets,
-        args.c1_rounds,
-        |all: &mut Vec<Sample>, one| all.extend(one),
-        |t| {
-            let url = t.chat_url(Engine::Fast);
-            let n = count(t, (args.requests / 2).max(1));
-            let (client, body) = (&client, &fast_body);
-            async move { Ok(vec![run_load(client, &url, body, n, 1).await?.sorted()]) }
-        },
-    )
-    .await?;
+    let c1 = cycles_at(args.c1_rounds, (args.requests / 2).max(1), 1).await?;
     let cycles = each_round(&c1, 50.0);
     let c1 = pooled(c1);
     report.latency("chat c=1 p50 µs", c1.iter().map(|s| s.p(50.0)));
@@ -415,18 +424,7 @@ async fn main() -> anyhow::Result<()> {
     report.latency("chat c=1 p99 µs", c1.iter().map(|s| s.p(99.0)));
 
     note("non-streaming chat, concurrency 32");
-    let c32 = alternate(
-        &targets,
-        args.c32_rounds,
-        |all: &mut Vec<Sample>, one| all.extend(one),
-        |t| {
-            let url = t.chat_url(Engine::Fast);
-            let n = count(t, args.requests * 2);
-            let (client, body) = (&client, &fast_body);
-            async move { Ok(vec![run_load(client, &url, body, n, 32).await?]) }
-        },
-    )
-    .await?;
+    let c32 = cycles_at(args.c32_rounds, args.requests * 2, 32).await?;
     let rates: Vec<Vec<f64>> = c32
         .iter()
         .map(|r| r.iter().map(Sample::rps).collect())
