@@ -14,7 +14,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use rusqlite::types::{ToSqlOutput, ValueRef};
-use rusqlite::{params, params_from_iter, Connection};
+use rusqlite::{params, Connection};
 use switchyard_policy::compare::{Pair, Side, TokenTiming, Verdict};
 use switchyard_policy::LedgerConfig;
 use tokio::sync::mpsc;
@@ -1107,6 +1107,9 @@ impl Writer {
             // most of a row repeats (model, backend, identity, sampling, sources), and binding
             // a text has SQLite allocate and copy it.
             let mut bound: Option<[Param<'_>; REQUEST_PARAMS]> = None;
+            // The same for the comparison insert: a comparison row holds both sides' identity
+            // (engine builds and artifact digests, repeated from row to row) among its 53 values.
+            let mut compared: Option<Vec<ValueRef<'_>>> = None;
             for entry in entries {
                 // A batch under load is a hundred rows or more, a millisecond of work at a
                 // stretch. Where the writer shares a core with the request path, a request that
@@ -1163,9 +1166,14 @@ impl Writer {
                         ]);
                         side_values(Some(&p.primary), &mut values);
                         side_values(p.candidate.as_ref(), &mut values);
-                        insert_comparison.execute(params_from_iter(
-                            values.into_iter().map(ToSqlOutput::Borrowed),
-                        ))?;
+                        for (i, value) in values.iter().enumerate() {
+                            if compared.as_ref().is_none_or(|b| b[i] != *value) {
+                                insert_comparison
+                                    .raw_bind_parameter(i + 1, ToSqlOutput::Borrowed(*value))?;
+                            }
+                        }
+                        insert_comparison.raw_execute()?;
+                        compared = Some(values);
                     }
                     Entry::Identity(at, s) => {
                         insert_identity.execute(params![
@@ -1440,6 +1448,95 @@ mod tests {
             );
             assert_eq!(*row, expected, "row {i}");
         }
+    }
+
+    /// Comparisons of one batch bind only what changed from the row before: each still reads
+    /// back as recorded, values repeated, changed, and gone (a side that did not run, a reason
+    /// that is absent) alike.
+    #[test]
+    fn comparisons_of_one_batch_that_repeat_or_change_values_read_back_as_recorded() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("ledger.db");
+        let config = config(path.clone(), None);
+        let (_tx, rx) = mpsc::channel(1);
+        let mut writer = Writer::new(
+            open(&path).unwrap(),
+            rx,
+            Arc::new(LedgerCounters::default()),
+            &config,
+        );
+        let side = |backend: &str, i: usize, output: Option<&str>| Side {
+            request_id: Some(format!("{backend}-{i}")),
+            backend: backend.to_owned(),
+            engine: Some("llama.cpp/b1-abc".to_owned()),
+            artifact: Some("sha256:00ff".to_owned()),
+            status: 200,
+            error: None,
+            output: output.map(str::to_owned),
+            prompt_tokens: Some(9),
+            completion_tokens: (i % 2 == 0).then_some(4),
+            queue_ms: Some(0.0),
+            ttft_ms: (i != 2).then_some(1.5),
+            total_ms: Some(2.0 + i as f64),
+            prefill: (i < 3).then_some(TokenTiming {
+                ms: 1.0,
+                tokens: Some(9),
+                engine: true,
+            }),
+            decode: None,
+            warm: (i != 1).then_some(true),
+            in_flight: Some(1),
+            client_disconnected: false,
+        };
+        let outputs = [
+            Some("sha256:a"),
+            Some("sha256:a"),
+            None,
+            Some("sha256:b"),
+            Some("sha256:b"),
+        ];
+        let pairs: Vec<Pair> = (0..outputs.len())
+            .map(|i| {
+                let ran = i != 2;
+                let verdict = match i {
+                    2 => Verdict::CandidateError,
+                    3 => Verdict::Mismatch,
+                    _ => Verdict::Match,
+                };
+                Pair {
+                    model: if i < 3 { "m" } else { "n" }.to_owned(),
+                    workload: format!("wl:{}", i / 2),
+                    sampling: "sp:1".to_owned(),
+                    streamed: i == 4,
+                    mode: "after-primary".to_owned(),
+                    primary: side("main", i, outputs[i]),
+                    candidate: ran.then(|| {
+                        side(
+                            "cand",
+                            i,
+                            if i == 3 { Some("sha256:c") } else { outputs[i] },
+                        )
+                    }),
+                    verdict,
+                    reason: (i == 2).then(|| "candidate failed".to_owned()),
+                    count: 1,
+                }
+            })
+            .collect();
+        let entries: Vec<Entry> = pairs
+            .iter()
+            .map(|pair| {
+                Entry::Comparison(Box::new(ComparisonRow {
+                    ts_ms: 1,
+                    source: "shadow",
+                    sampling_json: "{}".to_owned(),
+                    pair: pair.clone(),
+                }))
+            })
+            .collect();
+        writer.write(&entries, &[]).unwrap();
+        let read = read_comparisons(&open_read_only(&path).unwrap(), None).unwrap();
+        assert_eq!(read, pairs);
     }
 
     /// A row's texts come back as they went in: absent apart from empty, each between its
