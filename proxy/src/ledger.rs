@@ -1349,6 +1349,17 @@ mod tests {
         assert_eq!(request_ids(&path), vec!["req-3", "req-4", "req-5"]);
     }
 
+    /// A writer on a new ledger at `path`, for handing batches to `Writer::write` directly.
+    fn batch_writer(path: &Path) -> Writer {
+        let (_tx, rx) = mpsc::channel(1);
+        Writer::new(
+            open(path).unwrap(),
+            rx,
+            Arc::new(LedgerCounters::default()),
+            &config(path.to_path_buf(), None),
+        )
+    }
+
     /// Within a batch a row binds only the values that differ from the row before: every
     /// change (a value to another, to NULL, from NULL) and every repeat still reads back as
     /// that row's own value, for each kind of column.
@@ -1356,14 +1367,7 @@ mod tests {
     fn rows_of_one_batch_that_repeat_or_change_values_read_back_as_recorded() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("ledger.db");
-        let config = config(path.clone(), None);
-        let (_tx, rx) = mpsc::channel(1);
-        let mut writer = Writer::new(
-            open(&path).unwrap(),
-            rx,
-            Arc::new(LedgerCounters::default()),
-            &config,
-        );
+        let mut writer = batch_writer(&path);
         let recorder = Arc::new(crate::record::Recorder::default());
         let models = [Some("a"), Some("a"), None, None, Some("b"), Some("a")];
         let errors = [None, Some("x"), Some("x"), None, Some("y"), Some("y")];
@@ -1457,14 +1461,7 @@ mod tests {
     fn comparisons_of_one_batch_that_repeat_or_change_values_read_back_as_recorded() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("ledger.db");
-        let config = config(path.clone(), None);
-        let (_tx, rx) = mpsc::channel(1);
-        let mut writer = Writer::new(
-            open(&path).unwrap(),
-            rx,
-            Arc::new(LedgerCounters::default()),
-            &config,
-        );
+        let mut writer = batch_writer(&path);
         let side = |backend: &str, i: usize, output: Option<&str>| Side {
             request_id: Some(format!("{backend}-{i}")),
             backend: backend.to_owned(),
