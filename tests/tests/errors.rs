@@ -347,14 +347,17 @@ async fn a_long_unknown_model_name_is_quoted_cut() {
 }
 
 /// Sends `bytes` on a new connection to the proxy and reads until the proxy closes it (at most
-/// five seconds); returns what was read and how long after sending the close came.
+/// five seconds); returns what was read and how long after connecting the close came. Timed from
+/// before the connect: the proxy's timers for the connection start once it has accepted it or
+/// read from it, which may come before this task gets back from its connect or its write (the
+/// proxy runs on other threads), so only a start taken before both bounds them from below.
 async fn raw_exchange(base: &str, bytes: &[u8]) -> (String, Duration) {
     use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let started = std::time::Instant::now();
     let mut stream = tokio::net::TcpStream::connect(base.trim_start_matches("http://"))
         .await
         .unwrap();
     stream.write_all(bytes).await.unwrap();
-    let sent = std::time::Instant::now();
     let mut read = Vec::new();
     tokio::time::timeout(Duration::from_secs(5), stream.read_to_end(&mut read))
         .await
@@ -366,7 +369,10 @@ async fn raw_exchange(base: &str, bytes: &[u8]) -> (String, Duration) {
             )
         })
         .unwrap();
-    (String::from_utf8_lossy(&read).into_owned(), sent.elapsed())
+    (
+        String::from_utf8_lossy(&read).into_owned(),
+        started.elapsed(),
+    )
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
