@@ -160,17 +160,22 @@ thread_local! {
 /// Without an installed sink (the library run without [`LogSink::stderr`], as in tests), the
 /// fields go out as the message of a tracing event of the same target.
 pub(crate) fn access(kind: Access, fields: impl FnOnce(&mut AccessLine<'_>)) {
-    let enabled = match kind {
-        Access::Request => tracing::enabled!(target: "switchyard::request", Level::INFO),
-        Access::Comparison => tracing::enabled!(target: "switchyard::comparison", Level::INFO),
+    // The targets are literals here: tracing's macros need them so.
+    let (enabled, target, message) = match kind {
+        Access::Request => (
+            tracing::enabled!(target: "switchyard::request", Level::INFO),
+            "switchyard::request",
+            "request",
+        ),
+        Access::Comparison => (
+            tracing::enabled!(target: "switchyard::comparison", Level::INFO),
+            "switchyard::comparison",
+            "comparison",
+        ),
     };
     if !enabled {
         return;
     }
-    let (target, message) = match kind {
-        Access::Request => ("switchyard::request", "request"),
-        Access::Comparison => ("switchyard::comparison", "comparison"),
-    };
     let installed = INSTALLED.get();
     let written = installed.map_or(Written::Message, |(_, form)| Written::Line(*form));
     crate::logfmt::with_scratch(&ACCESS, |out| {

@@ -314,11 +314,7 @@ impl RequestSpan {
 
     /// The trace id as its `Display` writes it (32 lowercase hex digits), written into `buf`.
     pub fn trace_id_hex<'b>(&self, buf: &'b mut [u8; 32]) -> &'b str {
-        const HEX: &[u8; 16] = b"0123456789abcdef";
-        for (i, byte) in self.context.trace_id().to_bytes().iter().enumerate() {
-            buf[2 * i] = HEX[usize::from(byte >> 4)];
-            buf[2 * i + 1] = HEX[usize::from(byte & 0xf)];
-        }
+        hex_into(buf, &self.context.trace_id().to_bytes());
         // Hex digits: always UTF-8.
         std::str::from_utf8(buf).unwrap_or_default()
     }
@@ -539,7 +535,6 @@ fn int(n: u64) -> i64 {
 /// `00-{trace id}-{span id}-{flags}`: what `TraceContextPropagator` injects (only the sampled
 /// flag), written without the formatting machinery, on every forwarded request.
 fn traceparent(context: &SpanContext) -> [u8; 55] {
-    const HEX: &[u8; 16] = b"0123456789abcdef";
     let mut out = [b'-'; 55];
     let flags = (context.trace_flags() & TraceFlags::SAMPLED).to_u8();
     let fields: [(usize, &[u8]); 4] = [
@@ -549,12 +544,18 @@ fn traceparent(context: &SpanContext) -> [u8; 55] {
         (53, &[flags]),
     ];
     for (at, bytes) in fields {
-        for (i, byte) in bytes.iter().enumerate() {
-            out[at + 2 * i] = HEX[usize::from(byte >> 4)];
-            out[at + 2 * i + 1] = HEX[usize::from(byte & 0x0f)];
-        }
+        hex_into(&mut out[at..], bytes);
     }
     out
+}
+
+/// Writes `bytes` as lowercase hex into the start of `out` (two digits a byte).
+fn hex_into(out: &mut [u8], bytes: &[u8]) {
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    for (i, byte) in bytes.iter().enumerate() {
+        out[2 * i] = HEX[usize::from(byte >> 4)];
+        out[2 * i + 1] = HEX[usize::from(byte & 0x0f)];
+    }
 }
 
 #[cfg(test)]

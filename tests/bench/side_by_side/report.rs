@@ -430,20 +430,16 @@ impl Report {
             md.push_str(&format!("- {what}: {value} — {verdict}\n"));
             targets.push(json!({"target": what, "value": value, "verdict": verdict}));
         }
-        let c1_rounds: serde_json::Map<String, Value> = self
-            .names
-            .iter()
-            .zip(&self.c1_cycles)
-            .map(|(name, p50s)| ((*name).to_owned(), json!(p50s)))
-            .collect();
-        let c32_rounds: serde_json::Map<String, Value> = self
-            .names
-            .iter()
-            .zip(&self.c32_cycles)
-            .map(|(name, rates)| ((*name).to_owned(), json!(rates)))
-            .collect();
+        // Each target's rounds by cycle, by the target's name.
+        let by_name = |cycles: &[Vec<f64>]| -> serde_json::Map<String, Value> {
+            self.names
+                .iter()
+                .zip(cycles)
+                .map(|(name, values)| ((*name).to_owned(), json!(values)))
+                .collect()
+        };
         let json = json!({"config": config, "rows": rows, "targets": targets,
-            "c1_rounds_p50_us": c1_rounds, "c32_rounds_rps": c32_rounds});
+            "c1_rounds_p50_us": by_name(&self.c1_cycles), "c32_rounds_rps": by_name(&self.c32_cycles)});
         (md, json)
     }
 }
