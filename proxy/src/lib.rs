@@ -14,6 +14,7 @@ pub mod compare;
 pub mod config;
 pub mod error;
 pub mod handler;
+pub mod head_errors;
 pub mod ledger;
 pub mod logfmt;
 pub mod logsink;

@@ -26,6 +26,7 @@
 //! | `switchyard_shadow_comparisons_total` | counter | `model`, `candidate`, `verdict` |
 //! | `switchyard_shadow_skipped_total` | counter | `model`, `candidate` |
 //! | `switchyard_idle_connections_closed_total` | counter | none |
+//! | `switchyard_rejected_request_heads_total` | counter | `status` (`400`, `414`, `431`) |
 //!
 //! Label values come from configuration (public model names, backend names), never from what a
 //! client sent: a request that was not routed (unknown model, malformed body) is counted with
@@ -89,6 +90,9 @@ pub struct Metrics {
     /// of connecting, or (HTTP/2) had no request under way for that long; rendered as
     /// `switchyard_idle_connections_closed_total`.
     idle_closed: AtomicU64,
+    /// Request heads hyper could not parse and answered itself, by status in the order of
+    /// [`crate::head_errors::STATUSES`]; rendered as `switchyard_rejected_request_heads_total`.
+    rejected_heads: [AtomicU64; 3],
     shadows: ArcSwap<NameMap<ShadowKey, Arc<ShadowSeries>>>,
 }
 
@@ -310,6 +314,17 @@ impl Metrics {
         self.idle_closed.fetch_add(1, Ordering::Relaxed);
     }
 
+    /// Counts a request head hyper could not parse and answered with `status`, one of
+    /// [`crate::head_errors::STATUSES`].
+    pub fn rejected_request_head(&self, status: u16) {
+        if let Some(i) = crate::head_errors::STATUSES
+            .iter()
+            .position(|&s| s == status)
+        {
+            self.rejected_heads[i].fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
     /// The text exposition of every family, series sorted by their labels.
     pub fn render(&self) -> String {
         let mut series: Vec<(SeriesKey, Arc<Series>)> = self
@@ -492,6 +507,24 @@ impl Metrics {
         ] {
             header(&mut out, name, help, "counter");
             sample(&mut out, name, &[], counter.load(Ordering::Relaxed) as f64);
+        }
+        let name = "switchyard_rejected_request_heads_total";
+        header(
+            &mut out,
+            name,
+            "Request heads that could not be parsed (a malformed request line or header, a URI or head too large), answered before routing.",
+            "counter",
+        );
+        for (status, counter) in crate::head_errors::STATUSES
+            .iter()
+            .zip(&self.rejected_heads)
+        {
+            sample(
+                &mut out,
+                name,
+                &[("status", status.to_string())],
+                counter.load(Ordering::Relaxed) as f64,
+            );
         }
         self.render_shadows(&mut out);
         out
@@ -996,7 +1029,7 @@ mod tests {
                 assert!(ok, "{name} after # TYPE {family} {kind}");
             }
         }
-        assert_eq!(declared.len(), 16);
+        assert_eq!(declared.len(), 17);
         assert!(text.contains("switchyard_ledger_records_written_total 3\n"));
     }
 }

@@ -23,6 +23,7 @@ use tokio_util::task::TaskTracker;
 use crate::app::{App, AppState};
 use crate::body::ProxyBody;
 use crate::handler;
+use crate::head_errors::HeadErrors;
 
 /// A Switchyard serving on a bound socket.
 #[derive(Debug)]
@@ -204,6 +205,12 @@ where
     }
 }
 
+/// Whether a connection ended on a head hyper could not parse, and answered itself (in OpenAI's
+/// shape, by [`HeadErrors`]).
+fn is_rejected_head(e: &hyper::Error) -> bool {
+    e.is_parse() || e.is_parse_too_large()
+}
+
 /// Whether a connection that began with `first` bytes may be HTTP/2 with prior knowledge
 /// (its preface begins `PRI`). Fewer than three bytes beginning with `P` may be either.
 fn maybe_http2(first: &[u8]) -> bool {
@@ -259,7 +266,10 @@ pub async fn serve(app: App, listener: TcpListener, stop: CancellationToken, dra
             let activity = maybe_http2(&first[..peeked]).then(Arc::<Activity>::default);
             let service = TowerToHyperService::new(app.service_on(activity.clone()));
             let connection = builder
-                .serve_connection_with_upgrades(TokioIo::new(stream), service)
+                .serve_connection_with_upgrades(
+                    TokioIo::new(HeadErrors::new(stream, state.clone())),
+                    service,
+                )
                 .into_owned();
             tokio::pin!(connection);
             let idle_watch = async {
@@ -287,8 +297,12 @@ pub async fn serve(app: App, listener: TcpListener, stop: CancellationToken, dra
                     _ = cut.cancelled() => break Ok(()),
                 }
             };
-            if let Err(e) = ended {
-                tracing::debug!(%peer, error = %e, "connection ended with an error");
+            match ended {
+                Err(e) if e.downcast_ref().is_some_and(is_rejected_head) => {
+                    tracing::info!(%peer, error = %e, "request head rejected before routing");
+                }
+                Err(e) => tracing::debug!(%peer, error = %e, "connection ended with an error"),
+                Ok(()) => {}
             }
         });
     }
@@ -425,10 +439,17 @@ async fn serve_metrics(app: App, listener: TcpListener, stop: CancellationToken)
                 Ok::<_, Infallible>(response)
             }
         });
-        let connection = graceful.watch(builder.serve_connection(TokioIo::new(stream), service));
+        let io = TokioIo::new(HeadErrors::new(stream, app.state().clone()));
+        let connection = graceful.watch(builder.serve_connection(io, service));
         tasks.spawn(async move {
-            if let Err(e) = connection.await {
-                tracing::debug!(%peer, error = %e, "metrics connection ended with an error");
+            match connection.await {
+                Err(e) if is_rejected_head(&e) => {
+                    tracing::info!(%peer, error = %e, "metrics listener: request head rejected");
+                }
+                Err(e) => {
+                    tracing::debug!(%peer, error = %e, "metrics connection ended with an error")
+                }
+                Ok(()) => {}
             }
         });
     }

@@ -346,6 +346,80 @@ async fn a_long_unknown_model_name_is_quoted_cut() {
     s.still_serves().await;
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn heads_hyper_cannot_parse_get_openai_shaped_answers_and_are_counted() {
+    let s = setup(Fault::None, "").await;
+    let scrape = || async {
+        let r = s.client.get(&format!("{}/metrics", s.base)).await.unwrap();
+        String::from_utf8_lossy(&r.body).into_owned()
+    };
+    let requests = |text: &str| -> Vec<String> {
+        text.lines()
+            .filter(|l| l.starts_with("switchyard_requests_total"))
+            .map(str::to_owned)
+            .collect()
+    };
+    let before = requests(&scrape().await);
+
+    let many_headers: String = (0..101).map(|i| format!("x-h{i}: v\r\n")).collect();
+    let cases = [
+        (
+            "POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\nnot a header\r\n\r\n".to_owned(),
+            "400 Bad Request",
+            "malformed_request_head",
+        ),
+        (
+            format!("GET /v1/models HTTP/1.1\r\nhost: x\r\n{many_headers}\r\n"),
+            "431 Request Header Fields Too Large",
+            "request_head_too_large",
+        ),
+        (
+            format!("GET /{} HTTP/1.1\r\nhost: x\r\n\r\n", "a".repeat(70_000)),
+            "414 URI Too Long",
+            "uri_too_long",
+        ),
+    ];
+    for (sent, status, code) in &cases {
+        let (read, _) = raw_exchange(&s.base, sent.as_bytes()).await;
+        let (head, body) = read.split_once("\r\n\r\n").expect("a whole head");
+        let mut lines = head.split("\r\n");
+        assert_eq!(
+            lines.next(),
+            Some(format!("HTTP/1.1 {status}").as_str()),
+            "{read}"
+        );
+        let headers: Vec<String> = lines.map(str::to_ascii_lowercase).collect();
+        assert!(
+            headers.contains(&"content-type: application/json".to_owned()),
+            "{read}"
+        );
+        assert!(headers.contains(&"connection: close".to_owned()), "{read}");
+        assert!(
+            headers.contains(&format!("content-length: {}", body.len())),
+            "{read}"
+        );
+        let v: Value = serde_json::from_str(body).unwrap_or_else(|e| panic!("{e}: {read}"));
+        assert_eq!(v["error"]["type"], "invalid_request_error", "{v}");
+        assert_eq!(v["error"]["code"], *code, "{v}");
+        assert!(
+            v["error"]["message"]
+                .as_str()
+                .is_some_and(|m| !m.is_empty()),
+            "{v}"
+        );
+        assert!(v["error"].get("param").is_some(), "{v}");
+    }
+
+    // Counted by status; nothing reached the request path, so no request is counted.
+    let text = scrape().await;
+    for status in ["400", "414", "431"] {
+        let line = format!("switchyard_rejected_request_heads_total{{status=\"{status}\"}} 1\n");
+        assert!(text.contains(&line), "{line}{text}");
+    }
+    assert_eq!(requests(&text), before);
+    s.still_serves().await;
+}
+
 /// Sends `bytes` on a new connection to the proxy and reads until the proxy closes it (at most
 /// five seconds); returns what was read and how long after connecting the close came. Timed from
 /// before the connect: the proxy's timers for the connection start once it has accepted it or
