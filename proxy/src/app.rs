@@ -20,7 +20,6 @@ use tokio_util::task::TaskTracker;
 use tower::ServiceBuilder;
 use tower_http::catch_panic::{CatchPanic, CatchPanicLayer};
 
-use crate::backend::{Backend, Digest};
 use crate::body::ProxyBody;
 use crate::error::{error_body, ProxyError};
 use crate::handler;
@@ -28,7 +27,8 @@ use crate::ledger::{IdentitySnapshot, Ledger};
 use crate::record::Recorder;
 use crate::shadow::Shadowing;
 use crate::telemetry::Telemetry;
-use crate::upstream::Upstream;
+use switchyard_engine::Upstream;
+use switchyard_engine::{Backend, Digest};
 
 /// State shared by every request.
 #[derive(Debug)]
@@ -94,8 +94,7 @@ impl App {
         let revision = Arc::new(tokio::sync::watch::Sender::new(0u64));
         let mut backends = crate::NameMap::default();
         for (name, backend) in &config.backends {
-            let mut backend = Backend::new(name, backend.clone())?;
-            backend.revision = Some(revision.clone());
+            let backend = Backend::new(name, backend.clone())?.with_revision(revision.clone());
             backends.insert(backend.name.clone(), Arc::new(backend));
         }
         let routes = RoutingTable::new(&config);
@@ -287,9 +286,9 @@ fn snapshot(backend: &Backend) -> IdentitySnapshot {
     let headers = backend.identity_headers();
     let identity = state.report.as_ref().map(|r| &r.identity);
     let (verification, note) = match &headers.verification {
-        crate::backend::Verification::Verified => ("verified", None),
-        crate::backend::Verification::Unverified(w) => ("unverified", Some(w.clone())),
-        crate::backend::Verification::Unknown(w) => ("unknown", Some(w.clone())),
+        switchyard_engine::Verification::Verified => ("verified", None),
+        switchyard_engine::Verification::Unverified(w) => ("unverified", Some(w.clone())),
+        switchyard_engine::Verification::Unknown(w) => ("unknown", Some(w.clone())),
     };
     IdentitySnapshot {
         backend: backend.name.to_string(),
@@ -377,7 +376,7 @@ async fn probe_loop(state: Arc<AppState>, backend: Arc<Backend>, stop: Cancellat
         tokio::select! {
             _ = stop.cancelled() => return,
             _ = tokio::time::sleep(interval) => {}
-            _ = backend.reprobe.notified() => {
+            _ = backend.reprobe_requested() => {
                 // An answer contradicted this identity: the ledger keeps the moment it stood
                 // contradicted, and a probe looks again, though no sooner than `REPROBE_GAP`
                 // after the last, so that answers that keep contradicting the probes do not

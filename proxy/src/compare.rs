@@ -19,11 +19,11 @@ use switchyard_policy::compare::{
 };
 
 use crate::app::AppState;
-use crate::backend::Verification;
 use crate::handler::Outgoing;
 use crate::record::Recorder;
 use crate::report::Format;
 use crate::shadow::run_on;
+use switchyard_engine::Verification;
 
 /// One request of a suite, as read from its JSONL file.
 #[derive(Debug, Clone)]

@@ -161,6 +161,26 @@ impl ProxyError {
         }
     }
 
+    /// The error of an exchange with backend `backend` that failed.
+    pub fn from_engine(backend: &str, error: switchyard_engine::Error) -> Self {
+        use switchyard_engine::Error as E;
+        let backend = backend.to_owned();
+        match error {
+            E::ConnectTimeout { ms } => Self::ConnectTimeout { backend, ms },
+            E::Unreachable(why) => Self::UpstreamUnreachable { backend, why },
+            E::FirstByteTimeout { ms } => Self::FirstByteTimeout { backend, ms },
+            E::Broken(why) => Self::UpstreamBroken { backend, why },
+        }
+    }
+
+    /// Whether nothing of the request reached the engine, so another backend may be tried.
+    pub fn nothing_sent(&self) -> bool {
+        matches!(
+            self,
+            Self::UpstreamUnreachable { .. } | Self::ConnectTimeout { .. }
+        )
+    }
+
     /// The JSON error body.
     pub fn body(&self) -> Bytes {
         let message = match self {

@@ -25,13 +25,13 @@ use switchyard_adapters::fingerprint::{fingerprint_raw, WorkloadFingerprint};
 use switchyard_adapters::{inspect_response, Health};
 
 use crate::app::AppState;
-use crate::backend::{header_value, Backend, IdentityHeaders, Verification};
 use crate::body::ProxyBody;
 use crate::error::ProxyError;
 use crate::record::RequestRecord;
 use crate::stream::{Held, ObservedStream};
 use crate::timing::between;
-use crate::upstream::{Upstream, UpstreamBody};
+use switchyard_engine::UpstreamBody;
+use switchyard_engine::{header_value, Backend, IdentityHeaders, Verification};
 
 pub const X_REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
 pub const X_BACKEND: HeaderName = HeaderName::from_static("x-switchyard-backend");
@@ -619,7 +619,7 @@ async fn forward_inner(
         .await
         {
             Ok(response) => return Ok(response),
-            Err(error) if Upstream::is_retryable(&error) && another_remains => {
+            Err(error) if error.nothing_sent() && another_remains => {
                 tracing::warn!(backend = %backend.name, error = %error, "backend unreachable; trying the next configured fallback");
                 failed.push(format!("{}; code={}", backend.name, error.code()));
                 note_fallback(stamp, record_slot, &failed);
@@ -787,7 +787,11 @@ pub(crate) async fn attempt(
         permit,
         in_flight: state.recorder.metrics.in_flight(&backend.name),
     };
-    let response = state.upstream.send(&backend, request).await?;
+    let response = state
+        .upstream
+        .send(&backend, request)
+        .await
+        .map_err(|e| ProxyError::from_engine(&backend.name, e))?;
     if let Some(record) = record_slot.as_mut() {
         record.phases.ttfb = Some(between(forwarded, Instant::now()));
     }
@@ -844,7 +848,7 @@ async fn read_body(
             if client_left(&e) {
                 ProxyError::ClientGone
             } else {
-                ProxyError::BodyRead(crate::upstream::describe_chain(&e))
+                ProxyError::BodyRead(switchyard_engine::describe_chain(&e))
             }
         })?;
         let Ok(data) = frame.into_data() else {
@@ -1007,7 +1011,7 @@ async fn respond(
             } else {
                 ProxyError::UpstreamBroken {
                     backend: backend.name.to_string(),
-                    why: crate::upstream::describe_chain(e.as_ref()),
+                    why: switchyard_engine::describe_chain(e.as_ref()),
                 }
             }
         })?

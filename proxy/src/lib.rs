@@ -7,7 +7,6 @@
 //! path. [`config`] loads and validates the file.
 
 pub mod app;
-pub mod backend;
 pub mod body;
 pub mod cli;
 pub mod compare;
@@ -26,7 +25,6 @@ pub mod shadow;
 pub mod stream;
 pub mod telemetry;
 pub mod timing;
-pub mod upstream;
 
 pub use app::App;
 

@@ -358,7 +358,7 @@ impl RequestRecord {
         }
         // Digits, names and separators only: the text becomes the header without a copy.
         let value = http::HeaderValue::try_from(self.phases.header_value())
-            .unwrap_or_else(|_| crate::backend::header_value(&self.phases.header_value()));
+            .unwrap_or_else(|_| switchyard_engine::header_value(&self.phases.header_value()));
         self.server_timing = Some((self.phases.clone(), value.clone()));
         value
     }

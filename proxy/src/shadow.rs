@@ -28,10 +28,10 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::app::AppState;
-use crate::backend::Backend;
 use crate::handler::{attempt, fail, Outgoing, Stamp};
 use crate::ledger::SkipKind;
 use crate::record::{Recorder, RequestRecord};
+use switchyard_engine::Backend;
 
 /// The shadow pools and their tasks, one pool per shadowed model.
 #[derive(Debug)]

@@ -25,13 +25,13 @@ use switchyard_adapters::observe::is_done;
 use switchyard_adapters::{EventKind, StreamFixState, StreamObserver};
 use tokio::sync::OwnedSemaphorePermit;
 
-use crate::backend::{Backend, IdentityHeaders};
 use crate::body::BoxError;
 use crate::error::{error_body, ProxyError};
 use crate::metrics::GaugeGuard;
 use crate::record::RequestRecord;
 use crate::timing::{between, Source, TokenPhase};
-use crate::upstream::UpstreamBody;
+use switchyard_engine::UpstreamBody;
+use switchyard_engine::{Backend, IdentityHeaders};
 
 /// Longest line held while waiting for its end; a longer one is forwarded as it is.
 const MAX_HELD_LINE: usize = 1 << 20;
@@ -442,7 +442,7 @@ where
                     // Engine trailers are not forwarded: the proxy's own phases replace them.
                 }
                 Poll::Ready(Some(Err(e))) => {
-                    this.on_end(Some(crate::upstream::describe_chain(&e)));
+                    this.on_end(Some(switchyard_engine::describe_chain(&e)));
                 }
                 Poll::Ready(None) => this.on_end(None),
             }

@@ -1,6 +1,5 @@
 //! The HTTP client to engines: kept-alive HTTP/1 connections per engine, `TCP_NODELAY`, the
-//! connect and first-byte timeouts, and the classification of failures into client-visible
-//! errors.
+//! connect and first-byte timeouts, and the classification of failures ([`Error`]).
 //!
 //! Each backend keeps its idle connections ([`Connections`]); a request takes the most recently
 //! used one or opens a new one, and its response body hands the connection back once read to
@@ -26,7 +25,6 @@ use switchyard_adapters::ProbeResult;
 use tokio::net::TcpStream;
 
 use crate::backend::Backend;
-use crate::error::ProxyError;
 
 /// How long a connection may wait idle before it is closed rather than reused: below
 /// llama-server's own keep-alive of 5 s, so a reused connection is never one the engine is
@@ -158,11 +156,10 @@ impl Upstream {
         &self,
         backend: &Backend,
         request: http::Request<Full<Bytes>>,
-    ) -> Result<http::Response<UpstreamBody>, ProxyError> {
+    ) -> Result<http::Response<UpstreamBody>, Error> {
         match tokio::time::timeout(self.first_byte_timeout, self.exchange(backend, request)).await {
-            Ok(result) => result.map_err(|e| e.into_proxy_error(backend, self.connect_timeout)),
-            Err(_) => Err(ProxyError::FirstByteTimeout {
-                backend: backend.name.to_string(),
+            Ok(result) => result.map_err(|e| e.into_error(self.connect_timeout)),
+            Err(_) => Err(Error::FirstByteTimeout {
                 ms: self.first_byte_timeout.as_millis() as u64,
             }),
         }
@@ -315,16 +312,39 @@ enum Failure {
     Broken(String),
 }
 
+/// Why an exchange with an engine failed, as the request path sees it.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Error {
+    /// No connection within the connect timeout: nothing reached the engine.
+    #[error("did not accept the connection within {ms} ms")]
+    ConnectTimeout { ms: u64 },
+    /// No connection (refused, unreachable, no such host): nothing reached the engine.
+    #[error("could not be reached: {0}")]
+    Unreachable(String),
+    /// No response head within the first-byte timeout.
+    #[error("sent no response within {ms} ms")]
+    FirstByteTimeout { ms: u64 },
+    /// The connection failed while sending or waiting for the answer.
+    #[error("failed while answering: {0}")]
+    Broken(String),
+}
+
+impl Error {
+    /// Whether the request may be sent to another backend: only when nothing reached the engine
+    /// (the connection was never made).
+    pub fn nothing_sent(&self) -> bool {
+        matches!(self, Self::ConnectTimeout { .. } | Self::Unreachable(_))
+    }
+}
+
 impl Failure {
-    fn into_proxy_error(self, backend: &Backend, connect_timeout: Duration) -> ProxyError {
-        let backend = backend.name.to_string();
+    fn into_error(self, connect_timeout: Duration) -> Error {
         match self {
-            Self::ConnectTimeout => ProxyError::ConnectTimeout {
-                backend,
+            Self::ConnectTimeout => Error::ConnectTimeout {
                 ms: connect_timeout.as_millis() as u64,
             },
-            Self::Connect(why) => ProxyError::UpstreamUnreachable { backend, why },
-            Self::Broken(why) => ProxyError::UpstreamBroken { backend, why },
+            Self::Connect(why) => Error::Unreachable(why),
+            Self::Broken(why) => Error::Broken(why),
         }
     }
 
@@ -353,20 +373,6 @@ pub fn describe_chain(error: &(dyn std::error::Error + 'static)) -> String {
         current = cause.source();
     }
     text
-}
-
-/// Shared handle used by the request path and the probe loop.
-pub type SharedUpstream = Arc<Upstream>;
-
-impl Upstream {
-    /// Whether a request failure may be retried on another backend: only when nothing reached
-    /// the engine (the connection was never made).
-    pub fn is_retryable(error: &ProxyError) -> bool {
-        matches!(
-            error,
-            ProxyError::UpstreamUnreachable { .. } | ProxyError::ConnectTimeout { .. }
-        )
-    }
 }
 
 #[cfg(test)]

@@ -5,45 +5,18 @@
 //! through an `ArcSwap`, so a request reads it with one atomic load and clones ready-made header
 //! values; it never waits on a probe or a hash.
 
-use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use arc_swap::{ArcSwap, ArcSwapOption};
-use http::HeaderValue;
-use switchyard_adapters::fingerprint::ArtifactDigest;
-use switchyard_adapters::{Adapter, EngineIdentity, EngineReport, Health};
+use switchyard_adapters::{Adapter, EngineReport, Health};
 use switchyard_policy::BackendConfig;
 use tokio::sync::Semaphore;
 
-/// The configured artifact's digest, as far as it is known.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Digest {
-    /// Nothing configured.
-    NotConfigured,
-    /// Being hashed at start-up.
-    Hashing,
-    Failed(String),
-    Known(ArtifactDigest),
-}
+mod identity;
 
-/// Whether the engine is confirmed to serve the configured artifact.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Verification {
-    Verified,
-    Unverified(String),
-    Unknown(String),
-}
-
-impl Verification {
-    /// Why the identity is not verified; empty when it is.
-    pub fn reason(&self) -> &str {
-        match self {
-            Self::Verified => "",
-            Self::Unverified(why) | Self::Unknown(why) => why,
-        }
-    }
-}
+use identity::{compute_headers, names_differ};
+pub use identity::{header_value, Digest, IdentityHeaders, Verification};
 
 /// Everything known about a backend at one moment.
 #[derive(Debug, Clone)]
@@ -70,18 +43,6 @@ impl BackendState {
     }
 }
 
-/// Precomputed identity header values, swapped whenever the state changes.
-#[derive(Debug, Clone)]
-pub struct IdentityHeaders {
-    pub backend: HeaderValue,
-    pub engine: HeaderValue,
-    pub artifact: HeaderValue,
-    pub verification: Verification,
-    /// `engine` and `artifact` as text, shared by every request's record instead of copied.
-    pub engine_text: Option<Arc<str>>,
-    pub artifact_text: Option<Arc<str>>,
-}
-
 /// A backend and its live state.
 #[derive(Debug)]
 pub struct Backend {
@@ -93,14 +54,14 @@ pub struct Backend {
     state: ArcSwap<BackendState>,
     headers: ArcSwap<IdentityHeaders>,
     admission: ArcSwapOption<Semaphore>,
-    /// Bumped on every state change, for whoever waits for one (`App::state_changes`).
-    pub(crate) revision: Option<Arc<tokio::sync::watch::Sender<u64>>>,
+    /// Bumped on every state change, for whoever waits for one (see [`Backend::with_revision`]).
+    revision: Option<Arc<tokio::sync::watch::Sender<u64>>>,
     /// Requests forwarded since the engine last became ready; the first one meets cold caches.
     served: std::sync::atomic::AtomicU64,
     /// Kept-alive connections to the engine, waiting for the next request.
-    pub(crate) connections: Arc<crate::upstream::Connections>,
+    pub(crate) connections: Arc<crate::client::Connections>,
     /// Asks the backend's prober to look again now (an answer contradicted its identity).
-    pub(crate) reprobe: tokio::sync::Notify,
+    reprobe: tokio::sync::Notify,
     /// The last contradiction warned about and probed again for, until a probe finds another
     /// identity: answers that keep contradicting a probe that keeps finding the same (an engine
     /// whose answers name another model than it lists) are each stamped unverified and
@@ -152,6 +113,17 @@ impl Backend {
             reprobe: tokio::sync::Notify::new(),
             contradiction: std::sync::Mutex::new(None),
         })
+    }
+
+    /// Bumps `revision` on every change of this backend's state, for whoever waits for one.
+    pub fn with_revision(mut self, revision: Arc<tokio::sync::watch::Sender<u64>>) -> Self {
+        self.revision = Some(revision);
+        self
+    }
+
+    /// Resolves when an answer contradicted the probed identity and asked for a probe now.
+    pub fn reprobe_requested(&self) -> tokio::sync::futures::Notified<'_> {
+        self.reprobe.notified()
     }
 
     pub fn state(&self) -> Arc<BackendState> {
@@ -331,246 +303,5 @@ impl Backend {
     }
 }
 
-fn compute_headers(
-    name: &str,
-    config: &BackendConfig,
-    adapter: &dyn Adapter,
-    state: &BackendState,
-) -> IdentityHeaders {
-    let mut identity = state
-        .report
-        .as_ref()
-        .map(|r| r.identity.clone())
-        .unwrap_or_else(|| EngineIdentity::unknown(adapter.kind()));
-    if identity.build.is_none() {
-        identity.build = state.observed_build.clone();
-    }
-    let binary = match &state.binary {
-        Digest::Known(d) => Some(d.as_str()),
-        _ => None,
-    };
-    let verification = if state.report.is_none() {
-        Verification::Unknown("the engine has not been probed yet".to_owned())
-    } else if let Some(why) = &state.drift {
-        Verification::Unverified(why.clone())
-    } else {
-        verify(config.artifact.as_deref(), &state.artifact, &identity)
-    };
-    let artifact = match (&state.artifact, &verification) {
-        (Digest::Known(d), Verification::Verified) => d.as_str().to_owned(),
-        (Digest::Known(d), _) => format!("unverified:{d}"),
-        _ => "unknown".to_owned(),
-    };
-    let engine = header_value(&identity.header_value(binary));
-    let artifact = header_value(&artifact);
-    IdentityHeaders {
-        backend: header_value(name),
-        engine_text: engine.to_str().ok().map(Arc::from),
-        artifact_text: artifact.to_str().ok().map(Arc::from),
-        engine,
-        artifact,
-        verification,
-    }
-}
-
-/// Checks that the path the engine says it serves is the configured artifact.
-fn verify(configured: Option<&Path>, digest: &Digest, identity: &EngineIdentity) -> Verification {
-    let Some(configured) = configured else {
-        return Verification::Unknown("no artifact is configured".to_owned());
-    };
-    match digest {
-        Digest::Known(_) => {}
-        Digest::Hashing => {
-            return Verification::Unknown("the artifact is still being hashed".to_owned())
-        }
-        Digest::Failed(why) => {
-            return Verification::Unknown(format!("the artifact could not be hashed: {why}"))
-        }
-        Digest::NotConfigured => {
-            return Verification::Unknown("no artifact is configured".to_owned())
-        }
-    }
-    let Some(served) = identity.model_path.as_deref() else {
-        return Verification::Unverified(
-            "the engine does not report the path of the model it serves".to_owned(),
-        );
-    };
-    let resolve = |p: &Path| -> Option<PathBuf> { std::fs::canonicalize(p).ok() };
-    match (resolve(Path::new(served)), resolve(configured)) {
-        (Some(a), Some(b)) if a == b => Verification::Verified,
-        (Some(a), _) => Verification::Unverified(format!(
-            "the engine serves {} but the configured artifact is {}",
-            a.display(),
-            configured.display()
-        )),
-        (None, _) => Verification::Unverified(format!(
-            "the engine serves {served}, which does not resolve to a file here"
-        )),
-    }
-}
-
-/// Whether two probes found the engine serving under different names or builds.
-fn names_differ(a: &EngineIdentity, b: &EngineIdentity) -> bool {
-    let named = |i: &EngineIdentity| i.served_model.is_some() || i.model_path.is_some();
-    named(a)
-        && named(b)
-        && (a.served_model != b.served_model || a.model_path != b.model_path || a.build != b.build)
-}
-
-/// A header value from text that may contain anything an engine sent; bytes outside visible
-/// ASCII are replaced so the header is always valid.
-pub fn header_value(text: &str) -> HeaderValue {
-    HeaderValue::from_str(text).unwrap_or_else(|_| {
-        let clean: String = text
-            .chars()
-            .map(|c| {
-                if c.is_ascii_graphic() || c == ' ' {
-                    c
-                } else {
-                    '?'
-                }
-            })
-            .collect();
-        HeaderValue::from_str(&clean).unwrap_or(HeaderValue::from_static("invalid"))
-    })
-}
-
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use switchyard_policy::EngineKind;
-
-    const CHAT: &str = "/v1/chat/completions";
-
-    fn backend(engine: &str) -> Backend {
-        let config: BackendConfig = serde_json::from_value(
-            serde_json::json!({"engine": engine, "url": "http://127.0.0.1:9"}),
-        )
-        .unwrap();
-        Backend::new("b", config).unwrap()
-    }
-
-    fn ready(kind: EngineKind, served: &str, build: Option<&str>) -> EngineReport {
-        let mut identity = EngineIdentity::unknown(kind);
-        identity.served_model = Some(served.to_owned());
-        identity.model_path = Some(format!("/models/{served}.gguf"));
-        identity.build = build.map(str::to_owned);
-        EngineReport {
-            health: Health::Ready,
-            identity,
-        }
-    }
-
-    fn note(headers: &IdentityHeaders) -> &str {
-        headers.verification.reason()
-    }
-
-    #[test]
-    fn an_answer_naming_the_probed_model_and_build_passes() {
-        let b = backend("llama.cpp");
-        b.record_probe(ready(EngineKind::LlamaCpp, "one", Some("b1-aaa")));
-        assert!(b.check_answer(CHAT, Some("one"), Some("b1-aaa")).is_none());
-        // llama.cpp built without git metadata names no build.
-        assert!(b
-            .check_answer(CHAT, Some("one"), Some("b0-unknown"))
-            .is_none());
-        assert!(b.check_answer(CHAT, None, None).is_none());
-        // Embeddings echo the request's `model`.
-        assert!(b
-            .check_answer("/v1/embeddings", Some("smollm2"), None)
-            .is_none());
-        assert!(b.state().drift.is_none());
-    }
-
-    #[test]
-    fn another_model_or_build_contradicts_until_the_next_probe() {
-        let b = backend("llama.cpp");
-        b.record_probe(ready(EngineKind::LlamaCpp, "one", Some("b1-aaa")));
-        let stamped = b
-            .check_answer(CHAT, Some("two"), Some("b1-aaa"))
-            .expect("contradicted");
-        assert!(
-            note(&stamped).contains("answered as model `two`"),
-            "{}",
-            note(&stamped)
-        );
-        assert!(note(&b.identity_headers()).contains("answered as model `two`"));
-        let stamped = b
-            .check_answer(CHAT, Some("one"), Some("b2-bbb"))
-            .expect("contradicted");
-        assert!(
-            note(&stamped).contains("answered as build `b2-bbb`"),
-            "{}",
-            note(&stamped)
-        );
-
-        // The probe asked for clears the contradiction with what it finds.
-        // Warm by now: this is not the first request since it became ready.
-        assert!(!b.mark_served());
-        assert!(b.mark_served());
-        b.record_probe(ready(EngineKind::LlamaCpp, "two", Some("b1-aaa")));
-        assert!(b.state().drift.is_none());
-        assert!(b.check_answer(CHAT, Some("two"), Some("b1-aaa")).is_none());
-        // It serves something else now: the next request meets cold caches.
-        assert!(!b.mark_served());
-        assert!(b.mark_served());
-    }
-
-    #[test]
-    fn a_probe_that_finds_the_same_identity_keeps_the_caches_warm() {
-        let b = backend("llama.cpp");
-        b.record_probe(ready(EngineKind::LlamaCpp, "one", None));
-        assert!(!b.mark_served());
-        b.record_probe(ready(EngineKind::LlamaCpp, "one", None));
-        assert!(b.mark_served());
-    }
-
-    #[test]
-    fn a_build_only_the_answers_name_is_the_latest_answer_s() {
-        let b = backend("mlx");
-        let mut report = ready(EngineKind::Mlx, "/models/smollm2-mlx", None);
-        report.identity.model_path = None;
-        b.record_probe(report);
-        // Learned from the first answer that names it; MLX echoes the request's `model`.
-        assert!(b
-            .check_answer(CHAT, Some("smollm2"), Some("0.32.2-0.32.4"))
-            .is_none());
-        assert_eq!(b.state().observed_build.as_deref(), Some("0.32.2-0.32.4"));
-        assert!(b
-            .check_answer(CHAT, Some("anything"), Some("0.32.2-0.32.4"))
-            .is_none());
-        // No probe to contradict: an engine restarted on another version is stamped as such.
-        assert!(b.check_answer(CHAT, None, Some("0.33.0-0.33.0")).is_none());
-        assert!(b
-            .identity_headers()
-            .engine
-            .to_str()
-            .unwrap()
-            .contains("0.33.0-0.33.0"));
-    }
-
-    #[test]
-    fn answers_that_keep_contradicting_an_unchanged_probe_ask_for_one_probe() {
-        let b = backend("llama.cpp");
-        b.record_probe(ready(EngineKind::LlamaCpp, "one", None));
-        assert!(b.check_answer(CHAT, Some("two"), None).is_some());
-        assert_eq!(
-            b.contradiction
-                .lock()
-                .unwrap()
-                .as_deref()
-                .map(|w| w.contains("`two`")),
-            Some(true)
-        );
-        // The probe asked for finds the same identity; the answers still contradict it.
-        b.record_probe(ready(EngineKind::LlamaCpp, "one", None));
-        let again = b
-            .check_answer(CHAT, Some("two"), None)
-            .expect("still contradicted");
-        assert!(note(&again).contains("answered as model `two`"));
-        assert!(note(&b.identity_headers()).contains("answered as model `two`"));
-        // Another identity found by a probe: a later contradiction is news again.
-        b.record_probe(ready(EngineKind::LlamaCpp, "two", None));
-        assert!(b.contradiction.lock().unwrap().is_none());
-    }
-}
+mod tests;
