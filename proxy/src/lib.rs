@@ -24,7 +24,10 @@ pub mod server;
 pub mod shadow;
 pub mod stream;
 pub mod telemetry;
-pub mod timing;
+/// The phase clock, now in `switchyard-record`.
+pub mod timing {
+    pub use switchyard_record::{between, ms, Phases, Source, TokenPhase};
+}
 
 pub use app::App;
 

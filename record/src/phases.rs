@@ -10,8 +10,6 @@ use std::time::{Duration, Instant};
 use serde_json::{Map, Value};
 use switchyard_adapters::EngineTimings;
 
-use crate::logfmt::decimal;
-
 /// Where a prefill or decode number came from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Source {
@@ -107,7 +105,7 @@ impl Phases {
                     (Source::Measured, _) => out.push_str(";desc=\"measured\""),
                     (Source::Engine, Some(n)) => {
                         out.push_str(";desc=\"");
-                        out.push_str(decimal(&mut [0; 21], false, n));
+                        out.push_str(itoa::Buffer::new().format(n));
                         out.push_str(" tok\"");
                     }
                     (Source::Engine, None) => {}
@@ -159,7 +157,8 @@ fn push_ms(out: &mut String, ms: f64) {
     let micros = (ms * 1000.0).round();
     if (0.0..9.0e15).contains(&micros) {
         let micros = micros as u64;
-        out.push_str(decimal(&mut [0; 21], false, micros / 1000));
+        let mut digits = itoa::Buffer::new();
+        out.push_str(digits.format(micros / 1000));
         let fraction = micros % 1000;
         out.push('.');
         if fraction < 100 {
@@ -168,7 +167,7 @@ fn push_ms(out: &mut String, ms: f64) {
         if fraction < 10 {
             out.push('0');
         }
-        out.push_str(decimal(&mut [0; 21], false, fraction));
+        out.push_str(digits.format(fraction));
     } else {
         // Negative (an engine's odd report) or not finite: rare, formatted as floats are.
         let _ = write!(out, "{ms:.3}");
