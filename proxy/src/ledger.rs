@@ -19,8 +19,8 @@ use switchyard_policy::compare::{Pair, Side, TokenTiming, Verdict};
 use switchyard_policy::LedgerConfig;
 use tokio::sync::mpsc;
 
-use crate::record::RequestRecord;
-use crate::timing::{Source, TokenPhase};
+use switchyard_record::RequestRecord;
+use switchyard_record::{Source, TokenPhase};
 
 /// How long the writer waits for more records before committing a partial batch. Records reach
 /// the disk at most this much later; nothing on the request path waits for it.

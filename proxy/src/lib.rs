@@ -1,38 +1,41 @@
 //! Switchyard: one stable, OpenAI-compatible endpoint in front of local inference engines.
 //!
-//! The request path, top to bottom: [`server`] accepts connections; [`app`] builds the tower
-//! stack; [`handler`] routes by `model`, admits, forwards and stamps identity; [`stream`] watches
-//! streaming bodies; [`record`] writes one record per request (and [`telemetry`] its span, when
-//! traces are on). [`backend`] keeps each engine's health and identity current off the request
-//! path. [`config`] loads and validates the file.
+//! The modules, in the order of their layers (a module uses only those after it; a test holds
+//! the code to it, and `docs/ARCHITECTURE.md` walks a request through them):
+//!
+//! - [`cli`]: the command line and configuration loading;
+//! - [`offline`]: `switchyard compare` and `switchyard report`;
+//! - [`server`]: listeners, accepting connections, draining;
+//! - [`app`]: the application's shared state and background probes;
+//! - [`stack`]: the outer tower layers and the local endpoints;
+//! - [`route`]: model-level routing with fallback, over the live snapshot;
+//! - [`shadow`]: shadow traffic and its comparisons;
+//! - [`forward`]: the per-backend stages (identity gate, admission, inspection, sending) and
+//!   the observed stream;
+//! - [`recording`]: the write-once record guard and the fan-out to the sinks;
+//! - [`http`]: errors and their responses, the body type, header names.
+//!
+//! The sinks (`ledger`, `metrics`, `telemetry`, the access log) follow.
 
 pub mod app;
-pub mod body;
 pub mod cli;
-pub mod compare;
-pub mod config;
-pub mod error;
-pub mod handler;
-pub mod head_errors;
+pub(crate) mod forward;
+pub mod http;
 pub mod ledger;
 pub mod logfmt;
 pub mod logsink;
 pub mod metrics;
-pub mod record;
-pub mod report;
+pub mod offline;
+pub mod recording;
+pub mod route;
 pub mod server;
 pub mod shadow;
-pub mod stream;
+pub mod stack;
 pub mod telemetry;
-/// The phase clock, now in `switchyard-record`.
-pub mod timing {
-    pub use switchyard_record::{between, ms, Phases, Source, TokenPhase};
-}
 
 pub use app::App;
+pub use server::{start, start_on, Running};
 
 /// A map the request path looks names up in (backends, metric series, shadow pools): keys come
-/// from the configuration, so a fast hasher serves (SipHash cost about 1k instructions per
-/// request).
+/// from the configuration, so a fast hasher serves.
 pub type NameMap<K, V> = std::collections::HashMap<K, V, foldhash::fast::RandomState>;
-pub use server::{start, start_on, Running};

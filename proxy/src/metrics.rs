@@ -47,8 +47,8 @@ use arc_swap::ArcSwap;
 
 use switchyard_policy::compare::Verdict;
 
-use crate::record::RequestRecord;
-use crate::timing::Source;
+use switchyard_record::RequestRecord;
+use switchyard_record::Source;
 use crate::NameMap;
 
 /// The `Content-Type` of the text exposition format.
@@ -91,7 +91,7 @@ pub struct Metrics {
     /// `switchyard_idle_connections_closed_total`.
     idle_closed: AtomicU64,
     /// Request heads hyper could not parse and answered itself, by status in the order of
-    /// [`crate::head_errors::STATUSES`]; rendered as `switchyard_rejected_request_heads_total`.
+    /// [`crate::server::head_errors::STATUSES`]; rendered as `switchyard_rejected_request_heads_total`.
     rejected_heads: [AtomicU64; 3],
     shadows: ArcSwap<NameMap<ShadowKey, Arc<ShadowSeries>>>,
 }
@@ -315,9 +315,9 @@ impl Metrics {
     }
 
     /// Counts a request head hyper could not parse and answered with `status`, one of
-    /// [`crate::head_errors::STATUSES`].
+    /// [`crate::server::head_errors::STATUSES`].
     pub fn rejected_request_head(&self, status: u16) {
-        if let Some(i) = crate::head_errors::STATUSES
+        if let Some(i) = crate::server::head_errors::STATUSES
             .iter()
             .position(|&s| s == status)
         {
@@ -515,7 +515,7 @@ impl Metrics {
             "Request heads that could not be parsed (a malformed request line or header, a URI or head too large), answered before routing.",
             "counter",
         );
-        for (status, counter) in crate::head_errors::STATUSES
+        for (status, counter) in crate::server::head_errors::STATUSES
             .iter()
             .zip(&self.rejected_heads)
         {

@@ -60,8 +60,8 @@ use opentelemetry_sdk::trace::{IdGenerator, RandomIdGenerator};
 use opentelemetry_sdk::Resource;
 use switchyard_policy::TelemetryConfig;
 
-use crate::record::RequestRecord;
-use crate::timing::Source;
+use switchyard_record::RequestRecord;
+use switchyard_record::Source;
 use otlp::Attr;
 
 mod export;

@@ -19,10 +19,10 @@ use std::task::{ready, Context, Poll};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
 use crate::app::AppState;
-use crate::error::error_body;
+use crate::http::error_body;
 
 /// The statuses hyper answers a head with, in the order of [`crate::metrics::Metrics`]'s counters.
-pub const STATUSES: [u16; 3] = [400, 414, 431];
+pub(crate) const STATUSES: [u16; 3] = [400, 414, 431];
 
 /// The longest automatic answer hyper writes: a status line, `content-length: 0`, a `date` and
 /// perhaps `connection: keep-alive`.
@@ -30,7 +30,7 @@ const LONGEST: usize = 160;
 
 /// A connection's socket, whose writes of hyper's automatic answers are rewritten.
 #[derive(Debug)]
-pub struct HeadErrors<T> {
+pub(crate) struct HeadErrors<T> {
     io: T,
     state: Arc<AppState>,
     /// The answer being written in place of hyper's.
@@ -46,7 +46,7 @@ struct Rewrite {
 }
 
 impl<T> HeadErrors<T> {
-    pub fn new(io: T, state: Arc<AppState>) -> Self {
+    pub(crate) fn new(io: T, state: Arc<AppState>) -> Self {
         Self {
             io,
             state,

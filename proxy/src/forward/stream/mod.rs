@@ -23,15 +23,13 @@ use http_body::{Body, Frame};
 use serde_json::{json, Value};
 use switchyard_adapters::observe::is_done;
 use switchyard_adapters::{EventKind, StreamFixState, StreamObserver};
-use tokio::sync::OwnedSemaphorePermit;
+use switchyard_engine::{Backend, IdentityHeaders, UpstreamBody};
+use switchyard_record::{between, Source, TokenPhase};
 
-use crate::body::BoxError;
-use crate::error::{error_body, ProxyError};
-use crate::metrics::GaugeGuard;
-use crate::record::RequestRecord;
-use crate::timing::{between, Source, TokenPhase};
-use switchyard_engine::UpstreamBody;
-use switchyard_engine::{Backend, IdentityHeaders};
+use super::Held;
+use crate::http::body::{BoxError, StreamBody};
+use crate::http::{error_body, ProxyError};
+use crate::recording::Recording;
 
 /// Longest line held while waiting for its end; a longer one is forwarded as it is.
 const MAX_HELD_LINE: usize = 1 << 20;
@@ -44,13 +42,13 @@ enum State {
 
 /// An engine stream being forwarded.
 #[derive(Debug)]
-pub struct ObservedStream<B = UpstreamBody> {
+pub(crate) struct ObservedStream<B = UpstreamBody> {
     inner: Option<B>,
     state: State,
     held: BytesMut,
     out: VecDeque<Frame<Bytes>>,
     observer: StreamObserver,
-    record: Option<Box<RequestRecord>>,
+    record: Option<Recording>,
     backend: Arc<Backend>,
     want_trailers: bool,
     first_token: Option<Instant>,
@@ -69,19 +67,10 @@ pub struct ObservedStream<B = UpstreamBody> {
     holding: Option<Held>,
 }
 
-/// What a request forwarded to a backend holds while the engine works on it: its admission slot
-/// (when the backend limits concurrency) and its place in `switchyard_in_flight_requests`. Both
-/// are released together, when the engine's answer is complete or the client leaves.
-#[derive(Debug)]
-pub struct Held {
-    pub permit: Option<OwnedSemaphorePermit>,
-    pub in_flight: GaugeGuard,
-}
-
 impl<B> ObservedStream<B> {
-    pub fn new(
+    pub(crate) fn new(
         inner: B,
-        record: Box<RequestRecord>,
+        record: Recording,
         backend: Arc<Backend>,
         want_trailers: bool,
     ) -> Self {
@@ -107,12 +96,12 @@ impl<B> ObservedStream<B> {
     }
 
     /// Keeps the admission slot and the in-flight mark until the stream is over.
-    pub fn holding(mut self, held: Held) -> Self {
+    pub(crate) fn holding(mut self, held: Held) -> Self {
         self.holding = Some(held);
         self
     }
 
-    pub fn is_end_stream(&self) -> bool {
+    pub(crate) fn is_end_stream(&self) -> bool {
         self.state == State::Ended && self.out.is_empty()
     }
 
@@ -287,7 +276,7 @@ impl<B> ObservedStream<B> {
             self.check_identity();
         }
         let facts = self.observer.facts();
-        let Some(record) = self.record.as_mut() else {
+        let Some(record) = self.record.as_deref_mut() else {
             return Bytes::new();
         };
         let phases = &mut record.phases;
@@ -397,7 +386,7 @@ impl<B> Drop for ObservedStream<B> {
         // Write the record (as client-disconnected, if unfinished) and release the slot and the
         // in-flight mark before the engine's body is dropped and its connection closed: whoever
         // sees the close can rely on the record and the metrics.
-        if let (Some(record), Some(first)) = (self.record.as_mut(), self.first_token) {
+        if let (Some(record), Some(first)) = (self.record.as_deref_mut(), self.first_token) {
             // The first token reached the client before it left: that much was measured.
             record
                 .phases
@@ -454,104 +443,23 @@ where
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::record::Recorder;
-    use http_body_util::{BodyExt, StreamBody};
-    use proptest::prelude::*;
-
-    /// llama-server's stream, as in shared/engine-transcripts/llama.cpp/chat-stream.txt (shortened).
-    const LLAMA_STREAM: &str = concat!(
-        "data: {\"choices\":[{\"finish_reason\":null,\"index\":0,\"delta\":{\"role\":\"assistant\",\"content\":null}}],\"object\":\"chat.completion.chunk\"}\n\n",
-        "data: {\"choices\":[{\"finish_reason\":null,\"index\":0,\"delta\":{\"content\":\"The\"}}],\"object\":\"chat.completion.chunk\"}\n\n",
-        "data: {\"choices\":[{\"finish_reason\":null,\"index\":0,\"delta\":{\"content\":\" capital\"}}],\"object\":\"chat.completion.chunk\"}\n\n",
-        "data: {\"choices\":[{\"finish_reason\":\"stop\",\"index\":0,\"delta\":{}}],\"object\":\"chat.completion.chunk\"}\n\n",
-        "data: {\"choices\":[],\"usage\":{\"completion_tokens\":2,\"prompt_tokens\":42},\"timings\":{\"prompt_n\":1,\"prompt_ms\":10.146,\"predicted_n\":2,\"predicted_ms\":18.2}}\n\n",
-        "data: [DONE]\n\n",
-    );
-
-    fn backend() -> Arc<Backend> {
-        let config: switchyard_policy::BackendConfig = serde_json::from_value(
-            serde_json::json!({"engine": "llama.cpp", "url": "http://127.0.0.1:9"}),
-        )
-        .unwrap();
-        Arc::new(Backend::new("b", config).unwrap())
-    }
-
-    /// Streams `chunks` through an `ObservedStream`; returns the bytes out and the trailers.
-    fn run(chunks: Vec<Bytes>) -> (String, Option<HeaderMap>) {
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .build()
-            .unwrap();
-        runtime.block_on(async move {
-            let frames = futures_util::stream::iter(
-                chunks
-                    .into_iter()
-                    .map(|c| Ok::<_, std::io::Error>(Frame::data(c))),
-            );
-            let record = Box::new(RequestRecord::new(
-                Arc::new(Recorder::default()),
-                "t".into(),
-                http::Method::POST,
-                "/v1/chat/completions".into(),
-                Instant::now(),
-            ));
-            let stream = ObservedStream::new(StreamBody::new(frames), record, backend(), true);
-            let collected = stream.collect().await.unwrap();
-            let trailers = collected.trailers().cloned();
-            (
-                String::from_utf8(collected.to_bytes().to_vec()).unwrap(),
-                trailers,
-            )
-        })
-    }
-
-    /// Splits `text` at the given cut points.
-    fn split(text: &str, cuts: &[usize]) -> Vec<Bytes> {
-        let mut cuts: Vec<usize> = cuts.iter().map(|c| c % (text.len() + 1)).collect();
-        cuts.sort_unstable();
-        cuts.dedup();
-        let mut out = Vec::new();
-        let mut from = 0;
-        for c in cuts.into_iter().chain([text.len()]) {
-            out.push(Bytes::copy_from_slice(&text.as_bytes()[from..c]));
-            from = c;
+impl<B> StreamBody for ObservedStream<B>
+where
+    B: Body<Data = Bytes> + Send + Unpin,
+    B::Error: std::error::Error + Send + Sync + 'static,
+{
+    fn fail_internal(&mut self, why: &str) {
+        self.state = State::Ended;
+        self.inner = None;
+        self.holding = None;
+        self.out.clear();
+        if let Some(mut record) = self.record.take() {
+            record.error_class = Some("internal");
+            record.error = Some(why.to_owned());
+            record.finish();
         }
-        out
-    }
-
-    proptest! {
-        /// However the engine's bytes are cut into chunks, the client gets exactly those bytes,
-        /// plus one comment right before `data: [DONE]`, with the engine's timings.
-        #[test]
-        fn any_chunking_passes_bytes_through_and_places_the_comment(cuts in proptest::collection::vec(0usize..2000, 0..40)) {
-            let (out, trailers) = run(split(LLAMA_STREAM, &cuts));
-            let start = out.find(": switchyard ").expect("comment");
-            let end = start + out[start..].find("\n\n").unwrap() + 2;
-            prop_assert_eq!(format!("{}{}", &out[..start], &out[end..]), LLAMA_STREAM);
-            prop_assert!(out[end..].starts_with("data: [DONE]"));
-            prop_assert_eq!(out.matches(": switchyard ").count(), 1);
-            let comment: serde_json::Value = serde_json::from_str(&out[start + ": switchyard ".len()..end - 2]).unwrap();
-            prop_assert_eq!(&comment["server_timing"]["prefill"], &serde_json::json!(10.146));
-            prop_assert_eq!(&comment["usage"]["completion_tokens"], &serde_json::json!(2));
-            prop_assert!(comment["server_timing"]["ttft"].as_f64().is_some());
-            let trailers = trailers.expect("trailers");
-            prop_assert!(trailers["server-timing"].to_str().unwrap().contains("prefill;dur=10.146"));
-        }
-    }
-
-    #[test]
-    fn a_stream_without_done_ends_with_an_error_event_and_no_done() {
-        let cut = LLAMA_STREAM
-            .find("data: {\"choices\":[{\"finish_reason\":\"stop\"")
-            .unwrap();
-        let (out, _) = run(vec![Bytes::copy_from_slice(
-            &LLAMA_STREAM.as_bytes()[..cut],
-        )]);
-        assert!(out.starts_with(&LLAMA_STREAM[..cut]));
-        assert!(out.contains("\"code\":\"upstream_broken\""), "{out}");
-        assert!(out.contains(": switchyard {"));
-        assert!(!out.lines().any(|l| l == "data: [DONE]"), "{out}");
     }
 }
+
+#[cfg(test)]
+mod tests;

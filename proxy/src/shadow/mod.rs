@@ -2,7 +2,7 @@
 //! answers are compared and recorded. The client only ever gets the primary's answer and never
 //! waits for the shadow.
 //!
-//! A sampled request carries a [`RecordHook`] on its record. When the primary's record is written
+//! A sampled request carries a hook on its record. When the primary's record is written
 //! (the answer is complete, failed, or the client left), the hook starts the shadow
 //! (`after-primary`, the default: the engines never compete for the same hardware) or hands the
 //! primary's outcome to the shadow already running (`concurrent`). Shadows run in a bounded pool
@@ -12,7 +12,6 @@
 //! same streaming mode as the primary, so the phases compare.
 
 use std::collections::hash_map::RandomState;
-use std::fmt;
 use std::hash::{BuildHasher, Hasher};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -21,22 +20,24 @@ use std::time::{Duration, Instant};
 use http::HeaderValue;
 use http_body_util::BodyExt;
 use switchyard_adapters::fingerprint::WorkloadFingerprint;
+use switchyard_engine::Backend;
 use switchyard_policy::compare::{judge, Pair, Side, Verdict};
 use switchyard_policy::{Route, RoutingTable, ShadowRoute, ShadowWhen};
+use switchyard_record::RequestRecord;
 use tokio::sync::{oneshot, OwnedSemaphorePermit, Semaphore};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
+use tower::ServiceExt as _;
 
-use crate::app::AppState;
-use crate::handler::{attempt, fail, Outgoing, Stamp};
+use crate::forward::{Attempt, BackendStack, Ctx, Outgoing};
 use crate::ledger::SkipKind;
-use crate::record::{Recorder, RequestRecord};
-use switchyard_engine::Backend;
+use crate::recording::{Hook, Recorder, Recording};
 
 /// The shadow pools and their tasks, one pool per shadowed model.
 #[derive(Debug)]
 pub struct Shadowing {
     pools: crate::NameMap<Arc<str>, Pool>,
+    recorder: Arc<Recorder>,
     tasks: TaskTracker,
     stop: CancellationToken,
     draws: AtomicU64,
@@ -54,7 +55,7 @@ struct Pool {
 }
 
 impl Shadowing {
-    pub fn new(routes: &RoutingTable) -> Self {
+    pub(crate) fn new(routes: &RoutingTable, recorder: Arc<Recorder>) -> Self {
         let pools = routes
             .public_names()
             .iter()
@@ -74,6 +75,7 @@ impl Shadowing {
             .collect();
         Self {
             pools,
+            recorder,
             tasks: TaskTracker::new(),
             stop: CancellationToken::new(),
             draws: AtomicU64::new(0),
@@ -98,23 +100,40 @@ impl Shadowing {
     /// Decides whether this request is shadowed; if so, returns the hook its record carries.
     /// In `concurrent` mode the shadow starts here. Otherwise nothing of the request is copied
     /// until its shadow is known to run: a skip reads the fingerprints from the primary's record.
-    pub fn plan(
-        &self,
-        state: &Arc<AppState>,
+    /// `candidate` is the shadow's backend with its stack.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn plan(
+        self: &Arc<Self>,
         route: &Route,
         shadow: &ShadowRoute,
+        candidate: Candidate,
         outgoing: &Arc<Outgoing>,
         streamed: bool,
         fingerprint: &WorkloadFingerprint,
-    ) -> Option<RecordHook> {
+    ) -> Option<Hook> {
+        self.plan_ticket(route, shadow, candidate, outgoing, streamed, fingerprint)
+            .map(|ticket| -> Hook { Box::new(move |record| ticket.primary_done(record)) })
+    }
+
+    /// [`Shadowing::plan`]'s decision, as the ticket its hook carries.
+    pub(crate) fn plan_ticket(
+        self: &Arc<Self>,
+        route: &Route,
+        shadow: &ShadowRoute,
+        candidate: Candidate,
+        outgoing: &Arc<Outgoing>,
+        streamed: bool,
+        fingerprint: &WorkloadFingerprint,
+    ) -> Option<Ticket> {
         if !shadow.sampled(self.draw()) {
             return None;
         }
         let plan = Planned {
-            state: state.clone(),
+            shadowing: self.clone(),
             model: route.model.clone(),
             primary: route.primary.clone(),
             candidate: shadow.backend.clone(),
+            target: candidate,
             when: shadow.when,
             streamed,
         };
@@ -127,21 +146,18 @@ impl Shadowing {
             None
         };
         if let Some(skip) = skip {
-            return Some(RecordHook::Shadow(Ticket::Skipped(Box::new(plan), skip)));
+            return Some(Ticket::Skipped(Box::new(plan), skip));
         }
         // The copy shares the primary's request: nothing is copied but a reference count.
         let outgoing = outgoing.clone();
         match shadow.when {
             // The pool is asked when the primary is done: a client's next request usually
             // arrives while the previous shadow still runs.
-            ShadowWhen::AfterPrimary => Some(RecordHook::Shadow(Ticket::AfterPrimary(Box::new(
-                PlannedJob { plan, outgoing },
-            )))),
-            ShadowWhen::Concurrent => Some(RecordHook::Shadow(self.start_concurrent(
+            ShadowWhen::AfterPrimary => Some(Ticket::AfterPrimary(Box::new(PlannedJob {
                 plan,
                 outgoing,
-                fingerprint,
-            ))),
+            }))),
+            ShadowWhen::Concurrent => Some(self.start_concurrent(plan, outgoing, fingerprint)),
         }
     }
 
@@ -209,37 +225,6 @@ impl Shadowing {
     }
 }
 
-/// Told the outcome of a request once its record is written.
-pub enum RecordHook {
-    /// The record is a shadowed primary's.
-    Shadow(Ticket),
-    /// Someone waits for this request's outcome (a shadow, or a `switchyard compare` run).
-    Outcome(oneshot::Sender<Side>),
-}
-
-impl fmt::Debug for RecordHook {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Self::Shadow(Ticket::AfterPrimary(_)) => f.write_str("Shadow(AfterPrimary)"),
-            Self::Shadow(Ticket::Concurrent(_)) => f.write_str("Shadow(Concurrent)"),
-            Self::Shadow(Ticket::Skipped(_, why)) => write!(f, "Shadow(Skipped({why:?}))"),
-            Self::Outcome(_) => f.write_str("Outcome"),
-        }
-    }
-}
-
-impl RecordHook {
-    /// Called once the request's record is written.
-    pub fn fire(self, record: &RequestRecord) {
-        match self {
-            Self::Outcome(tx) => {
-                let _ = tx.send(record.side());
-            }
-            Self::Shadow(ticket) => ticket.primary_done(record),
-        }
-    }
-}
-
 /// A sampled request's shadow, by mode.
 pub enum Ticket {
     /// Starts when the primary is done, if the pool has room then.
@@ -259,7 +244,7 @@ impl Ticket {
             Self::Skipped(plan, skip) => plan.skipped(record, skip),
             Self::AfterPrimary(job) => {
                 let PlannedJob { plan, outgoing } = *job;
-                let shadowing = &plan.state.shadowing;
+                let shadowing = &plan.shadowing;
                 if shadowing.stop.is_cancelled() || tokio::runtime::Handle::try_current().is_err() {
                     return plan.skipped(record, Skip::ShuttingDown);
                 }
@@ -326,13 +311,22 @@ impl Skip {
 /// the primary's fingerprints ([`Planned::comparison`]); recording its skip reads them from the
 /// primary's record.
 pub struct Planned {
-    state: Arc<AppState>,
+    shadowing: Arc<Shadowing>,
     model: Arc<str>,
     /// The route's primary backend (the one that serves unless a fallback was used).
     primary: Arc<str>,
     candidate: Arc<str>,
+    /// The candidate's backend and stack, resolved when the request arrived.
+    target: Candidate,
     when: ShadowWhen,
     streamed: bool,
+}
+
+/// A shadow's backend with its stack.
+#[derive(Clone)]
+pub(crate) struct Candidate {
+    pub(crate) backend: Arc<Backend>,
+    pub(crate) stack: BackendStack,
 }
 
 /// A planned `after-primary` shadow and the request it copies.
@@ -367,7 +361,7 @@ impl Planned {
         let Some(fingerprint) = primary.fingerprint.as_ref() else {
             return self.lost("the primary's record has no fingerprint");
         };
-        let shadowing = &self.state.shadowing;
+        let shadowing = &self.shadowing;
         let pool = shadowing.pools.get(&self.model);
         let reason: Arc<str> = match (skip, pool) {
             (Skip::PoolFull, Some(pool)) => pool.full.clone(),
@@ -375,7 +369,7 @@ impl Planned {
         };
         // Only pool-full skips are counted in switchyard_shadow_skipped_total.
         let pool_full = skip == Skip::PoolFull;
-        let recorder = &self.state.recorder;
+        let recorder = &shadowing.recorder;
         let skipped_so_far = recorder.metrics.observe_comparison(
             &self.model,
             &self.candidate,
@@ -434,16 +428,9 @@ impl ShadowJob {
     /// Sends the copy to the candidate and reads its answer to the end.
     async fn run_candidate(&self) -> Side {
         let c = &self.comparison;
-        let Some(backend) = c.plan.state.backends.get(&c.plan.candidate).cloned() else {
-            return Side {
-                backend: c.plan.candidate.to_string(),
-                error: Some("no such backend".to_owned()),
-                ..Side::default()
-            };
-        };
         run_on(
-            &c.plan.state,
-            backend,
+            &c.plan.shadowing.recorder,
+            &c.plan.target,
             "shadow",
             &self.outgoing,
             &c.plan.model,
@@ -458,7 +445,7 @@ impl ShadowJob {
 impl Comparison {
     /// In-flight counts on both sides now. `primary` names the backend that served, when known.
     fn contention(&self, primary: Option<&str>) -> (Option<u64>, Option<u64>) {
-        let metrics = &self.plan.state.recorder.metrics;
+        let metrics = &self.plan.shadowing.recorder.metrics;
         let primary = primary.unwrap_or(&self.plan.primary);
         (
             Some(metrics.in_flight_now(primary)),
@@ -490,7 +477,7 @@ impl Comparison {
             reason,
             count: 1,
         };
-        let recorder = &self.plan.state.recorder;
+        let recorder = &self.plan.shadowing.recorder;
         recorder.metrics.observe_comparison(
             &self.plan.model,
             &self.plan.candidate,
@@ -499,18 +486,18 @@ impl Comparison {
         );
         Recorder::log_comparison(&pair, "shadow");
         recorder.comparison(pair, &self.fingerprint.sampling_json, "shadow");
-        self.plan.state.shadowing.recorded.send_modify(|n| *n += 1);
+        self.plan.shadowing.recorded.send_modify(|n| *n += 1);
     }
 }
 
-/// Runs one request on `backend` as its own recorded request (variant `variant`), reads the
+/// Runs one request on `candidate` as its own recorded request (variant `variant`), reads the
 /// answer to its end, and returns the outcome. Used by shadows and by `switchyard compare`.
 #[allow(clippy::too_many_arguments)]
-pub async fn run_on(
-    state: &Arc<AppState>,
-    backend: Arc<Backend>,
+pub(crate) async fn run_on(
+    recorder: &Arc<Recorder>,
+    candidate: &Candidate,
     variant: &'static str,
-    outgoing: &Outgoing,
+    outgoing: &Arc<Outgoing>,
     model: &Arc<str>,
     fingerprint: &WorkloadFingerprint,
     streamed: bool,
@@ -518,30 +505,21 @@ pub async fn run_on(
 ) -> Side {
     let id = ulid::Ulid::new().to_string();
     let header_id = HeaderValue::from_str(&id).unwrap_or(HeaderValue::from_static("shadow"));
-    let mut record = Box::new(RequestRecord::new(
-        state.recorder.clone(),
+    let mut record = RequestRecord::new(
         id,
         outgoing.head.method.clone(),
         outgoing.head.uri.path().to_owned(),
         Instant::now(),
-    ));
+    );
     record.describe(model, fingerprint.clone(), streamed);
     record.warm_override = warm;
+    let mut recording = Recording::new(recorder.clone(), record);
     let (tx, rx) = oneshot::channel();
-    record.hook = Some(RecordHook::Outcome(tx));
-    let mut slot = Some(record);
-    let mut stamp = Stamp::default();
-    let result = attempt(
-        state,
-        backend.clone(),
-        variant,
-        outgoing,
-        &mut slot,
-        &mut stamp,
-        &header_id,
-    )
-    .await;
-    match result {
+    recording.set_hook(Box::new(move |record: &RequestRecord| {
+        let _ = tx.send(record.side());
+    }));
+    let attempt = Attempt::new(Ctx::new(recording, header_id), outgoing.clone(), variant);
+    match candidate.stack.clone().oneshot(attempt).await {
         Ok(response) => {
             // A streamed answer's record is written when its body ends; read it to the end.
             let mut body = response.into_body();
@@ -551,13 +529,12 @@ pub async fn run_on(
                 }
             }
         }
-        Err(error) => {
-            let _ = fail(error, slot.take(), &stamp);
+        Err(failed) => {
+            let _ = failed.into_response();
         }
     }
-    drop(slot);
     rx.await.unwrap_or_else(|_| Side {
-        backend: backend.name.to_string(),
+        backend: candidate.backend.name.to_string(),
         error: Some("the request's record was not written".to_owned()),
         ..Side::default()
     })

@@ -1,29 +1,25 @@
 //! The listener: accepts connections, serves each with hyper, and drains on shutdown.
 
 use std::convert::Infallible;
-use std::future::Future;
 use std::net::SocketAddr;
-use std::pin::Pin;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::task::{Context, Poll};
 use std::time::Duration;
 
-use http::{Request, Response};
+use http::Request;
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
 use hyper_util::server::graceful::GracefulShutdown;
 use hyper_util::service::TowerToHyperService;
 use tokio::net::{TcpListener, TcpSocket};
-use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::app::{App, AppState};
-use crate::body::ProxyBody;
-use crate::handler;
-use crate::head_errors::HeadErrors;
+use crate::stack::activity::Activity;
+use head_errors::HeadErrors;
+
+pub(crate) mod head_errors;
 
 /// A Switchyard serving on a bound socket.
 #[derive(Debug)]
@@ -59,7 +55,7 @@ impl Running {
 
 /// Binds the configured listen address and starts serving in the background.
 pub async fn start(app: App) -> std::io::Result<Running> {
-    let listener = TcpListener::bind(app.state().config.server.listen).await?;
+    let listener = TcpListener::bind(app.state().config().server.listen).await?;
     start_on(app, listener)
 }
 
@@ -67,7 +63,7 @@ pub async fn start(app: App) -> std::io::Result<Running> {
 /// `server.metrics_listen` too when that is set (bound here).
 pub fn start_on(app: App, listener: TcpListener) -> std::io::Result<Running> {
     let addr = listener.local_addr()?;
-    let metrics_listener = match app.state().config.server.metrics_listen {
+    let metrics_listener = match app.state().config().server.metrics_listen {
         Some(at) => Some(bind_now(at).map_err(|e| {
             std::io::Error::new(e.kind(), format!("server.metrics_listen {at}: {e}"))
         })?),
@@ -78,11 +74,11 @@ pub fn start_on(app: App, listener: TcpListener) -> std::io::Result<Running> {
         None => None,
     };
     // Per-backend gauges exist (as 0) from the start; the request path never creates them.
-    for name in app.state().backends.keys() {
+    for name in app.state().live.load().backends.keys() {
         app.state().recorder.metrics.register_backend(name);
     }
     let stop = CancellationToken::new();
-    let drain = Duration::from_millis(app.state().config.server.drain_timeout_ms);
+    let drain = Duration::from_millis(app.state().config().server.drain_timeout_ms);
     let serving = serve(app.clone(), listener, stop.clone(), drain);
     let metrics = metrics_listener.map(|l| serve_metrics(app.clone(), l, stop.clone()));
     #[allow(clippy::disallowed_methods)] // the server's own root task, awaited by `shutdown`
@@ -101,108 +97,6 @@ pub fn start_on(app: App, listener: TcpListener) -> std::io::Result<Running> {
         stop,
         done,
     })
-}
-
-/// Requests under way on one connection, for timing its idleness where hyper does not: an
-/// HTTP/2 connection (hyper times an HTTP/1 connection's wait for its next request head, but
-/// nothing of HTTP/2's) is closed once it has had no request under way for the idle timeout.
-#[derive(Debug, Default)]
-pub struct Activity {
-    under_way: AtomicUsize,
-    changed: Notify,
-}
-
-/// One request under way on its connection, from the service call until its response body is
-/// dropped (sent, or the stream reset).
-#[derive(Debug)]
-pub struct Active(Arc<Activity>);
-
-impl Activity {
-    fn start(self: &Arc<Self>) -> Active {
-        self.under_way.fetch_add(1, Ordering::AcqRel);
-        self.changed.notify_waiters();
-        Active(self.clone())
-    }
-
-    /// Returns once no request has been under way for `idle`.
-    async fn idle_for(&self, idle: Duration) {
-        loop {
-            let changed = self.changed.notified();
-            tokio::pin!(changed);
-            changed.as_mut().enable();
-            if self.under_way.load(Ordering::Acquire) == 0 {
-                tokio::select! {
-                    () = tokio::time::sleep(idle) => return,
-                    () = &mut changed => {}
-                }
-            } else {
-                changed.await;
-            }
-        }
-    }
-}
-
-impl Drop for Active {
-    fn drop(&mut self) {
-        self.0.under_way.fetch_sub(1, Ordering::AcqRel);
-        self.0.changed.notify_waiters();
-    }
-}
-
-/// A service on one connection; on a connection whose idleness is timed here (`activity`),
-/// each request counts as under way until its response body is done with.
-#[derive(Debug, Clone)]
-pub struct Counted<S> {
-    inner: S,
-    activity: Option<Arc<Activity>>,
-}
-
-impl<S> Counted<S> {
-    pub(crate) fn new(inner: S, activity: Option<Arc<Activity>>) -> Self {
-        Self { inner, activity }
-    }
-}
-
-impl<S> tower::Service<Request<Incoming>> for Counted<S>
-where
-    S: tower::Service<Request<Incoming>, Response = Response<ProxyBody>, Error = Infallible>,
-    S::Future: Unpin,
-{
-    type Response = Response<ProxyBody>;
-    type Error = Infallible;
-    type Future = CountedFuture<S::Future>;
-
-    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
-        self.inner.poll_ready(cx)
-    }
-
-    fn call(&mut self, req: Request<Incoming>) -> Self::Future {
-        CountedFuture {
-            active: self.activity.as_ref().map(Activity::start),
-            inner: self.inner.call(req),
-        }
-    }
-}
-
-/// The response future of [`Counted`]: hands the request's [`Active`] on to its body.
-pub struct CountedFuture<F> {
-    inner: F,
-    active: Option<Active>,
-}
-
-impl<F> Future for CountedFuture<F>
-where
-    F: Future<Output = Result<Response<ProxyBody>, Infallible>> + Unpin,
-{
-    type Output = F::Output;
-
-    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        let response = std::task::ready!(Pin::new(&mut self.inner).poll(cx));
-        Poll::Ready(response.map(|r| match self.active.take() {
-            Some(active) => r.map(|body| body.hold(active)),
-            None => r,
-        }))
-    }
 }
 
 /// Whether a connection ended on a head hyper could not parse, and answered itself (in OpenAI's
@@ -227,7 +121,7 @@ pub async fn serve(app: App, listener: TcpListener, stop: CancellationToken, dra
     app.start_background(&tasks, stop.clone());
     // The connections' own tasks: drained once every one of them has ended.
     let connections = TaskTracker::new();
-    let idle = Duration::from_millis(app.state().config.server.client_idle_timeout_ms);
+    let idle = Duration::from_millis(app.state().config().server.client_idle_timeout_ms);
     // Cancelled when the drain times out: each connection still open is dropped with its
     // requests, whose records are written then, before the ledger's last flush.
     let cut = CancellationToken::new();
@@ -428,14 +322,14 @@ async fn serve_metrics(app: App, listener: TcpListener, stop: CancellationToken)
     builder
         .timer(TokioTimer::new())
         .header_read_timeout(Duration::from_millis(
-            app.state().config.server.client_idle_timeout_ms,
+            app.state().config().server.client_idle_timeout_ms,
         ));
     while let Some((stream, peer)) = accept(&listener, &stop, "metrics listener").await {
-        let state = app.state().clone();
+        let router = app.state().router();
         let service = hyper::service::service_fn(move |req: Request<Incoming>| {
-            let state = state.clone();
+            let router = router.clone();
             async move {
-                let response = handler::metrics_only(&state, req.method(), req.uri().path()).await;
+                let response = router.metrics_only(req.method(), req.uri().path()).await;
                 Ok::<_, Infallible>(response)
             }
         });

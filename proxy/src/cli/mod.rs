@@ -7,7 +7,9 @@ use clap::{Parser, Subcommand};
 use switchyard_policy::LogFormat;
 use tracing_subscriber::EnvFilter;
 
-use crate::config::{self, ConfigError, EX_USAGE};
+mod config;
+
+pub use config::{load, ConfigError, EX_USAGE};
 use crate::App;
 
 #[derive(Debug, Parser)]
@@ -48,7 +50,7 @@ pub enum Command {
         #[arg(long)]
         since: Option<String>,
         #[arg(long, value_enum, default_value = "markdown")]
-        format: crate::report::Format,
+        format: crate::offline::report::Format,
         /// Judge the recorded comparisons (shadow traffic and `compare` runs) instead.
         #[arg(long)]
         comparisons: bool,
@@ -73,7 +75,7 @@ pub enum Command {
         #[arg(long, default_value_t = 3)]
         repeat: usize,
         #[arg(long, value_enum, default_value = "markdown")]
-        format: crate::report::Format,
+        format: crate::offline::report::Format,
         /// Show cold pairs too (in groups of their own).
         #[arg(long)]
         include_cold: bool,
@@ -174,7 +176,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<i32> {
                 let _ = writeln!(std::io::stderr().lock(), "{}", unknown.join("\n"));
                 return Ok(EX_USAGE);
             }
-            let suite = match crate::compare::read_suite(&suite) {
+            let suite = match crate::offline::compare::read_suite(&suite) {
                 Ok(s) => s,
                 Err(e) => {
                     let _ = writeln!(std::io::stderr().lock(), "{e}");
@@ -194,7 +196,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<i32> {
             app.start_background(&tasks, stop.clone());
             let state = app.state().clone();
             let result = async {
-                crate::compare::wait_ready(
+                crate::offline::compare::wait_ready(
                     &state,
                     &[&primary, &candidate],
                     std::time::Duration::from_secs(ready_timeout_s),
@@ -202,7 +204,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<i32> {
                 .await?;
                 let total = suite.len() * (repeat + 1);
                 let mut done = 0;
-                crate::compare::run_suite(
+                crate::offline::compare::run_suite(
                     &state,
                     &primary,
                     &candidate,
@@ -238,16 +240,16 @@ pub async fn run(cli: Cli) -> anyhow::Result<i32> {
             if let Some(dir) = save {
                 std::fs::create_dir_all(&dir)?;
                 for (name, f) in [
-                    ("comparison.md", crate::report::Format::Markdown),
-                    ("comparison.tsv", crate::report::Format::Tsv),
-                    ("comparison.json", crate::report::Format::Json),
+                    ("comparison.md", crate::offline::report::Format::Markdown),
+                    ("comparison.tsv", crate::offline::report::Format::Tsv),
+                    ("comparison.json", crate::offline::report::Format::Json),
                 ] {
-                    std::fs::write(dir.join(name), crate::compare::render(&comparison, f))?;
+                    std::fs::write(dir.join(name), crate::offline::compare::render(&comparison, f))?;
                 }
             }
             std::io::stdout()
                 .lock()
-                .write_all(crate::compare::render(&comparison, format).as_bytes())?;
+                .write_all(crate::offline::compare::render(&comparison, format).as_bytes())?;
             Ok(0)
         }
         Command::Report {
@@ -278,7 +280,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<i32> {
             };
             let window = match since
                 .as_deref()
-                .map(crate::report::parse_window)
+                .map(crate::offline::report::parse_window)
                 .transpose()
             {
                 Ok(w) => w,
@@ -288,17 +290,17 @@ pub async fn run(cli: Cli) -> anyhow::Result<i32> {
                 }
             };
             if comparisons {
-                let pairs = crate::report::read_comparisons(&path, window)?;
+                let pairs = crate::offline::report::read_comparisons(&path, window)?;
                 let comparison = switchyard_policy::compare::compare(&pairs, include_cold);
                 std::io::stdout()
                     .lock()
-                    .write_all(crate::compare::render(&comparison, format).as_bytes())?;
+                    .write_all(crate::offline::compare::render(&comparison, format).as_bytes())?;
                 return Ok(0);
             }
-            let report = crate::report::build(&path, window)?;
+            let report = crate::offline::report::build(&path, window)?;
             std::io::stdout()
                 .lock()
-                .write_all(crate::report::render(&report, format).as_bytes())?;
+                .write_all(crate::offline::report::render(&report, format).as_bytes())?;
             Ok(0)
         }
         Command::Serve { config } => match config::load(&config) {

@@ -58,14 +58,14 @@ pub fn load(path: &Path) -> Result<Config, ConfigError> {
 /// configuration; other `SWITCHYARD_*` variables (`SWITCHYARD_LOG`, the tooling's
 /// `SWITCHYARD_CACHE`) are not, so they never trip the unknown-key check. A misspelt override
 /// (`SWITCHYARD_SEVRER__LISTEN`) still fails it.
-pub fn overrides() -> Env {
+pub(crate) fn overrides() -> Env {
     Env::prefixed("SWITCHYARD_")
         .filter(|key| key.as_str().contains("__"))
         .split("__")
 }
 
 /// Validates a figment (used by `load`, and by tests with in-memory sources).
-pub fn from_figment(figment: Figment) -> Result<Config, ConfigError> {
+pub(super) fn from_figment(figment: Figment) -> Result<Config, ConfigError> {
     let config: Config = match figment.extract() {
         Ok(config) => config,
         Err(whole) => {
@@ -87,7 +87,7 @@ pub fn from_figment(figment: Figment) -> Result<Config, ConfigError> {
 /// unknown, with an error in the log, and a backend with `require_verified_identity` answers
 /// 503 —, so `switchyard check` reports them before that happens. Paths are read as `serve`
 /// reads them: relative ones from the working directory.
-pub fn missing_files(config: &Config) -> Vec<Problem> {
+pub(super) fn missing_files(config: &Config) -> Vec<Problem> {
     let mut problems = Vec::new();
     for (name, backend) in &config.backends {
         let files = [

@@ -9,7 +9,7 @@ use bytes::Bytes;
 use http::{header, HeaderValue, StatusCode};
 use serde_json::json;
 
-use crate::body::ProxyBody;
+use super::body::ProxyBody;
 
 /// Why a request was not served.
 #[derive(Debug, thiserror::Error)]

@@ -19,9 +19,9 @@ use switchyard_policy::compare::{
 };
 
 use crate::app::AppState;
-use crate::handler::Outgoing;
-use crate::record::Recorder;
-use crate::report::Format;
+use crate::forward::Outgoing;
+use crate::recording::Recorder;
+use super::report::Format;
 use crate::shadow::run_on;
 use switchyard_engine::Verification;
 
@@ -99,14 +99,16 @@ pub async fn run_suite(
     repeat: usize,
     mut progress: impl FnMut(&SuiteRequest, usize, &Pair),
 ) -> Result<Vec<Pair>, String> {
-    let primary = state.backend(primary).map_err(|e| e.to_string())?;
-    let candidate = state.backend(candidate).map_err(|e| e.to_string())?;
+    let snapshot = state.live.load();
+    let primary = snapshot.candidate(primary).map_err(|e| e.to_string())?;
+    let candidate = snapshot.candidate(candidate).map_err(|e| e.to_string())?;
     let mut pairs = Vec::with_capacity(suite.len() * (repeat + 1));
     for request in suite {
         let (outgoing, model, fingerprint) =
             Outgoing::from_json(request.path, request.body.clone(), request.streamed)
                 .map_err(|e| format!("line {}: {e}", request.line))?;
         let model: Arc<str> = Arc::from(model.as_str());
+        let outgoing = Arc::new(outgoing);
         for run in 0..=repeat {
             let warm = Some(run > 0);
             let mut sides = Vec::with_capacity(2);
@@ -116,8 +118,8 @@ pub async fn run_suite(
                     break;
                 }
                 let side = run_on(
-                    state,
-                    backend.clone(),
+                    &state.recorder,
+                    backend,
                     "compare",
                     &outgoing,
                     &model,
@@ -168,7 +170,9 @@ const BUILD_GRACE: Duration = Duration::from_secs(30);
 /// What a backend still lacks before a comparison can start: readiness and a decided artifact
 /// verification (hashing done, engine probed). An unknown engine build is waited for separately.
 fn not_settled(state: &AppState, name: &str) -> Result<Option<String>, String> {
-    let backend = state.backend(name).map_err(|e| e.to_string())?;
+    let backend = state
+        .backend(name)
+        .ok_or_else(|| format!("no backend named `{name}`"))?;
     let s = backend.state();
     let health = s.health();
     if !health.is_ready() {
@@ -223,7 +227,7 @@ pub async fn wait_ready(
         changes.mark_unchanged();
         let unknown: Vec<String> = names
             .iter()
-            .filter_map(|name| state.backend(name).ok())
+            .filter_map(|name| state.backend(name))
             .map(|b| {
                 b.identity_headers()
                     .engine

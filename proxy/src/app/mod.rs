@@ -1,0 +1,169 @@
+//! The application: what every request shares (the live snapshot, the recorder, traces, the
+//! shadow pools, the engine client), the stack each connection is served by, and the
+//! background work ([`probes`]) that keeps identity current off the request path.
+
+mod probes;
+
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use switchyard_adapters::fingerprint::DigestCache;
+use switchyard_engine::{Backend, Upstream};
+use switchyard_policy::Config;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use crate::forward;
+use crate::ledger::Ledger;
+use crate::recording::Recorder;
+use crate::route::{Live, Routing, Snapshot};
+use crate::shadow::Shadowing;
+use crate::stack::activity::Activity;
+use crate::stack::{Router, Stack};
+use crate::telemetry::Telemetry;
+
+/// State shared by every request.
+#[derive(Debug)]
+pub struct AppState {
+    /// The configuration, routes and backends requests see, swappable while they run.
+    pub live: Arc<Live>,
+    pub recorder: Arc<Recorder>,
+    /// OpenTelemetry traces; `None` when they are off.
+    pub telemetry: Option<Arc<Telemetry>>,
+    /// Shadow pools and their running comparisons.
+    pub shadowing: Arc<Shadowing>,
+    /// What every backend's stack shares: the engine client, and the token cancelled when
+    /// shutdown's drain timeout runs out ([`AppState::end_drain`]).
+    pub(crate) shared: forward::Shared,
+    digests: DigestCache,
+    started: SystemTime,
+    /// Bumped whenever a backend's health or identity changes.
+    revision: Arc<tokio::sync::watch::Sender<u64>>,
+}
+
+impl AppState {
+    /// The configuration of the current snapshot.
+    pub fn config(&self) -> Arc<Config> {
+        self.live.load().config.clone()
+    }
+
+    /// A receiver that wakes when any backend's health or identity changes (e.g. for tests
+    /// waiting on readiness without polling).
+    pub fn state_changes(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.revision.subscribe()
+    }
+
+    /// Shutdown's drain timeout has run out: requests waiting for a slot stop waiting (each is
+    /// answered 503, never having been sent). Requests the engines are answering are not
+    /// interrupted here; the connections still open are cut after this.
+    pub fn end_drain(&self) {
+        self.shared.drain_over.cancel();
+        for backend in self.live.load().backends.values() {
+            if let Some(admission) = backend.admission() {
+                admission.close();
+            }
+        }
+    }
+
+    /// The backend configured under `name` in the current snapshot.
+    pub fn backend(&self, name: &str) -> Option<Arc<Backend>> {
+        self.live.load().backends.get(name).cloned()
+    }
+
+    pub(crate) fn routing(&self) -> Routing {
+        Routing {
+            live: self.live.clone(),
+            recorder: self.recorder.clone(),
+            telemetry: self.telemetry.clone(),
+            shadowing: self.shadowing.clone(),
+        }
+    }
+
+    pub(crate) fn router(&self) -> Router {
+        Router {
+            routing: self.routing(),
+            started: self.started,
+        }
+    }
+}
+
+/// A configured Switchyard, ready to serve.
+#[derive(Debug, Clone)]
+pub struct App {
+    state: Arc<AppState>,
+}
+
+impl App {
+    /// Builds the application from a validated configuration.
+    pub fn new(config: Config) -> Result<Self, String> {
+        let revision = Arc::new(tokio::sync::watch::Sender::new(0u64));
+        let started = SystemTime::now();
+        let ledger = match &config.ledger {
+            Some(ledger_config) => {
+                let (ledger, _writer) = Ledger::start(ledger_config).map_err(|e| e.to_string())?;
+                tracing::info!(ledger = %ledger_config.path.display(), "recording requests in the ledger");
+                Some(ledger)
+            }
+            None => {
+                tracing::warn!("no [ledger] configured: requests are logged but not recorded");
+                None
+            }
+        };
+        let telemetry = Telemetry::from_config(config.telemetry.as_ref())?.map(Arc::new);
+        let recorder = Arc::new(Recorder::with_ledger(ledger));
+        let shared = forward::Shared {
+            upstream: Upstream::new(
+                Duration::from_millis(config.server.connect_timeout_ms),
+                Duration::from_millis(config.server.first_byte_timeout_ms),
+            ),
+            recorder: recorder.clone(),
+            drain_over: CancellationToken::new(),
+            max_response_bytes: config.server.max_response_bytes,
+        };
+        let subscribe = |backend: Backend| backend.with_revision(revision.clone());
+        let snapshot = Snapshot::build(config, None, &shared, started, subscribe)?;
+        let shadowing = Arc::new(Shadowing::new(&snapshot.routes, recorder.clone()));
+        Ok(Self {
+            state: Arc::new(AppState {
+                live: Arc::new(Live::new(snapshot)),
+                recorder,
+                telemetry,
+                shadowing,
+                shared,
+                digests: DigestCache::new(),
+                started,
+                revision,
+            }),
+        })
+    }
+
+    pub fn state(&self) -> &Arc<AppState> {
+        &self.state
+    }
+
+    /// Starts hashing the configured artifacts and binaries and probing every backend, until
+    /// `stop` is cancelled.
+    pub fn start_background(&self, tasks: &TaskTracker, stop: CancellationToken) {
+        for backend in self.state.live.load().backends.values() {
+            let state = self.state.clone();
+            let hashed = backend.clone();
+            tasks.spawn(async move { probes::hash_identity_files(&state, &hashed).await });
+
+            let state = self.state.clone();
+            let backend = backend.clone();
+            let stop = stop.clone();
+            tasks.spawn(async move { probes::probe_loop(state, backend, stop).await });
+        }
+    }
+
+    /// The whole request path as one infallible tower service (see [`crate::stack`]).
+    pub fn service(&self) -> Stack {
+        self.service_on(None)
+    }
+
+    /// The service for one connection; with `activity`, each request counts as under way on
+    /// the connection until its response body is done with.
+    pub(crate) fn service_on(&self, activity: Option<Arc<Activity>>) -> Stack {
+        crate::stack::stack(self.state.router(), activity)
+    }
+}

@@ -1,0 +1,156 @@
+//! The per-request context that flows through the stages: it goes in with the request
+//! ([`Attempt`]), comes out inside the response (for a stream, inside its body), and comes back
+//! inside the error ([`Failed`]), so that the fallback loop can try the next backend with it and
+//! the outermost stage can answer and record.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use http::header::{HeaderMap, HeaderValue};
+use http::Response;
+use switchyard_engine::IdentityHeaders;
+use switchyard_record::between;
+use tokio::sync::OwnedSemaphorePermit;
+
+use super::request::Outgoing;
+use crate::http::headers::{
+    header_value, SERVER_TIMING, X_ARTIFACT, X_BACKEND, X_ENGINE, X_FALLBACK_FROM, X_VARIANT,
+    X_WORKLOAD,
+};
+use crate::http::{ProxyBody, ProxyError};
+use crate::recording::Recording;
+
+/// The identity known so far for a request, stamped on whatever response it gets.
+#[derive(Debug, Default)]
+pub(crate) struct Stamp {
+    pub(crate) identity: Option<Arc<IdentityHeaders>>,
+    pub(crate) variant: Option<&'static str>,
+    pub(crate) workload: Option<HeaderValue>,
+    pub(crate) fallback_from: Option<HeaderValue>,
+}
+
+impl Stamp {
+    pub(crate) fn apply(&self, headers: &mut HeaderMap) {
+        if let Some(identity) = &self.identity {
+            headers.insert(X_BACKEND, identity.backend.clone());
+            headers.insert(X_ENGINE, identity.engine.clone());
+            headers.insert(X_ARTIFACT, identity.artifact.clone());
+        }
+        if let Some(variant) = self.variant {
+            headers.insert(X_VARIANT, HeaderValue::from_static(variant));
+        }
+        if let Some(workload) = &self.workload {
+            headers.insert(X_WORKLOAD, workload.clone());
+        }
+        if let Some(from) = &self.fallback_from {
+            headers.insert(X_FALLBACK_FROM, from.clone());
+        }
+    }
+}
+
+/// What a request carries from stage to stage: its record, the stamp for its response, and its
+/// id as the engine receives it.
+#[derive(Debug)]
+pub(crate) struct Ctx {
+    pub(crate) recording: Recording,
+    pub(crate) stamp: Stamp,
+    pub(crate) id: HeaderValue,
+}
+
+impl Ctx {
+    pub(crate) fn new(recording: Recording, id: HeaderValue) -> Self {
+        Self {
+            recording,
+            stamp: Stamp::default(),
+            id,
+        }
+    }
+
+    /// Names the backends that failed so far on the response (`x-switchyard-fallback-from`)
+    /// and in the record (the ledger's `fallback_from`), as `name; code=...`.
+    pub(crate) fn note_fallback(&mut self, failed: &[String]) {
+        let from = failed.join(", ");
+        self.stamp.fallback_from = Some(header_value(&from));
+        self.recording.fallback_from = Some(from);
+    }
+
+    /// Stops here with `error`.
+    pub(crate) fn fail(self, error: ProxyError) -> Failed {
+        Failed { error, ctx: self }
+    }
+}
+
+/// One try of a request on one backend, as the per-backend stages see it.
+#[derive(Debug)]
+pub(crate) struct Attempt {
+    pub(crate) ctx: Ctx,
+    /// What is sent, whichever backend it goes to; shared with a shadow's copy.
+    pub(crate) outgoing: Arc<Outgoing>,
+    /// `primary`, `fallback`, `shadow` or `compare`: how this backend came to serve it.
+    pub(crate) variant: &'static str,
+    /// The admission slot, once admission granted one (when the backend limits concurrency).
+    pub(crate) permit: Option<OwnedSemaphorePermit>,
+}
+
+impl Attempt {
+    pub(crate) fn new(ctx: Ctx, outgoing: Arc<Outgoing>, variant: &'static str) -> Self {
+        Self {
+            ctx,
+            outgoing,
+            variant,
+            permit: None,
+        }
+    }
+
+    /// Stops here with `error`, handing the context back.
+    pub(crate) fn fail(self, error: ProxyError) -> Failed {
+        self.ctx.fail(error)
+    }
+}
+
+/// A request that could not be answered by a stage, with its context, for the caller to fall
+/// back on or to answer with.
+#[derive(Debug, thiserror::Error)]
+#[error("{error}")]
+pub(crate) struct Failed {
+    pub(crate) error: ProxyError,
+    pub(crate) ctx: Ctx,
+}
+
+impl Failed {
+    /// The client's response: the error in OpenAI's shape, stamped with what is known, and the
+    /// request recorded.
+    pub(crate) fn into_response(self) -> Response<ProxyBody> {
+        let Self { error, ctx } = self;
+        let Ctx {
+            mut recording,
+            stamp,
+            ..
+        } = ctx;
+        let detail = error.to_string();
+        let (status, class) = (error.status(), error.class());
+        let client_gone = matches!(error, ProxyError::ClientGone);
+        match &error {
+            ProxyError::Internal(internal) => tracing::error!(error = %internal, "internal error"),
+            e if status.is_server_error() => tracing::warn!(error = %e, "request failed"),
+            _ => {}
+        }
+        let mut response = error.into_response();
+        stamp.apply(response.headers_mut());
+        if client_gone {
+            // Nobody is left to read an answer: recorded as a disconnect with no status, like a
+            // client that leaves while the engine answers.
+            recording.client_disconnected = true;
+        } else {
+            recording.status = status.as_u16();
+        }
+        recording.error_class = Some(class);
+        recording.error = Some(detail);
+        recording.phases.total = Some(between(recording.received, Instant::now()));
+        response
+            .headers_mut()
+            .insert(SERVER_TIMING, recording.server_timing());
+        recording.finish();
+        response
+    }
+}

@@ -1,0 +1,209 @@
+//! Inspecting the answer, the per-backend stage between admission and sending: a stream
+//! (`text/event-stream` with a success status) is passed on through an [`ObservedStream`], which
+//! watches it on its way past; any other answer is read whole (bounded), checked against the
+//! backend's probed identity, its timings and usage read, an engine's error normalised into
+//! OpenAI's shape, and forwarded with the identity stamp and `server-timing`.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Instant;
+
+use bytes::Bytes;
+use http::header::{self, HeaderName, HeaderValue};
+use http::{Response, StatusCode};
+use http_body::Body;
+use http_body_util::{BodyExt, LengthLimitError, Limited};
+use switchyard_adapters::inspect_response;
+use switchyard_engine::Backend;
+use switchyard_record::between;
+
+use super::context::{Attempt, Failed};
+use super::send::Sent;
+use super::stream::ObservedStream;
+use crate::http::headers::{copy_response_headers, SERVER_TIMING, X_ENGINE};
+use crate::http::{ProxyBody, ProxyError};
+
+/// Turns an engine's answer into the client's.
+#[derive(Debug, Clone)]
+pub(crate) struct Inspect<S> {
+    backend: Arc<Backend>,
+    /// The largest non-streamed answer read (`server.max_response_bytes`).
+    limit: u64,
+    inner: S,
+}
+
+impl<S> Inspect<S> {
+    pub(crate) fn new(backend: Arc<Backend>, limit: u64, inner: S) -> Self {
+        Self {
+            backend,
+            limit,
+            inner,
+        }
+    }
+}
+
+impl<S, B> tower::Service<Attempt> for Inspect<S>
+where
+    S: tower::Service<Attempt, Response = Sent<B>, Error = Failed>,
+    S::Future: Send + 'static,
+    B: Body<Data = Bytes> + Send + Unpin + 'static,
+    B::Error: std::error::Error + Send + Sync + 'static,
+{
+    type Response = Response<ProxyBody>;
+    type Error = Failed;
+    type Future = Pin<Box<dyn Future<Output = Result<Response<ProxyBody>, Failed>> + Send>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Failed>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, attempt: Attempt) -> Self::Future {
+        let sent = self.inner.call(attempt);
+        let backend = self.backend.clone();
+        let limit = self.limit;
+        Box::pin(async move { respond(backend, limit, sent.await?).await })
+    }
+}
+
+async fn respond<B>(backend: Arc<Backend>, limit: u64, sent: Sent<B>) -> Result<Response<ProxyBody>, Failed>
+where
+    B: Body<Data = Bytes> + Send + Unpin + 'static,
+    B::Error: std::error::Error + Send + Sync + 'static,
+{
+    let Sent {
+        response,
+        mut ctx,
+        held,
+        want_trailers,
+    } = sent;
+    let (parts, body) = response.into_parts();
+    let is_stream = parts.status.is_success()
+        && parts
+            .headers
+            .get(header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|ct| ct.trim_start().starts_with("text/event-stream"));
+
+    if is_stream {
+        let mut record = ctx.recording;
+        record.status = parts.status.as_u16();
+        record.streamed = true;
+        let mut out = Response::new(ProxyBody::empty());
+        *out.status_mut() = parts.status;
+        copy_response_headers(&parts.headers, out.headers_mut());
+        ctx.stamp.apply(out.headers_mut());
+        // What is known now; the full phases follow in the end-of-stream comment and trailer.
+        out.headers_mut()
+            .insert(SERVER_TIMING, record.server_timing());
+        out.headers_mut().insert(
+            HeaderName::from_static("x-accel-buffering"),
+            HeaderValue::from_static("no"),
+        );
+        if want_trailers {
+            out.headers_mut()
+                .insert(header::TRAILER, HeaderValue::from_static("server-timing"));
+        }
+        let stream = ObservedStream::new(body, record, backend, want_trailers).holding(held);
+        *out.body_mut() = ProxyBody::stream(stream);
+        return Ok(out);
+    }
+
+    let read = Limited::new(body, usize::try_from(limit).unwrap_or(usize::MAX))
+        .collect()
+        .await;
+    let bytes = match read {
+        Ok(collected) => collected.to_bytes(),
+        Err(e) => {
+            let error = if e.downcast_ref::<LengthLimitError>().is_some() {
+                ProxyError::UpstreamTooLarge {
+                    backend: backend.name.to_string(),
+                    limit,
+                }
+            } else {
+                ProxyError::UpstreamBroken {
+                    backend: backend.name.to_string(),
+                    why: switchyard_engine::describe_chain(e.as_ref()),
+                }
+            };
+            return Err(ctx.fail(error));
+        }
+    };
+    drop(held);
+
+    let mut status = parts.status;
+    let mut out_body = bytes;
+    let mut identity = backend.identity_headers();
+    let mut contradicted = false;
+    let mut replaced_content_type = false;
+    let record = &mut ctx.recording;
+    if status.is_success() {
+        let facts = inspect_response(&out_body);
+        if let Some(t) = &facts.timings {
+            record.phases.apply_engine_timings(t);
+        }
+        let answered = backend.check_answer(
+            &record.path,
+            facts.model.as_deref(),
+            facts.system_fingerprint.as_deref(),
+        );
+        record.facts = Some(facts);
+        match answered {
+            Some(unverified) => {
+                contradicted = true;
+                identity = unverified;
+                record.identity_contradicted = true;
+                record.artifact = identity.artifact_text.clone();
+                ctx.stamp.identity = Some(identity.clone());
+            }
+            // The answer may just have named the engine's build: stamp what is known now.
+            None => identity = backend.identity_headers(),
+        }
+        record.engine = identity.engine_text.clone();
+        if contradicted && backend.config.require_verified_identity {
+            // The answer is from an engine other than the one verified: it is not forwarded.
+            let why = identity.verification.reason().to_owned();
+            return Err(ctx.fail(ProxyError::IdentityUnverified {
+                backend: backend.name.to_string(),
+                why,
+            }));
+        }
+    } else {
+        if let Some((new_status, new_body)) =
+            backend.adapter.normalize_error(status.as_u16(), &out_body)
+        {
+            status = StatusCode::from_u16(new_status).unwrap_or(StatusCode::BAD_GATEWAY);
+            out_body = new_body;
+            replaced_content_type = true;
+        }
+        record.error_class = Some(if status.is_server_error() {
+            "upstream"
+        } else {
+            "client"
+        });
+        record.error = Some(format!(
+            "engine answered {}: {}",
+            parts.status.as_u16(),
+            String::from_utf8_lossy(&out_body[..out_body.len().min(300)])
+        ));
+    }
+    record.status = status.as_u16();
+    record.phases.total = Some(between(record.received, Instant::now()));
+
+    let mut out = Response::new(ProxyBody::full(out_body));
+    *out.status_mut() = status;
+    copy_response_headers(&parts.headers, out.headers_mut());
+    if replaced_content_type {
+        out.headers_mut().insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/json"),
+        );
+    }
+    ctx.stamp.apply(out.headers_mut());
+    out.headers_mut().insert(X_ENGINE, identity.engine.clone());
+    out.headers_mut()
+        .insert(SERVER_TIMING, ctx.recording.server_timing());
+    ctx.recording.finish_after_response();
+    Ok(out)
+}

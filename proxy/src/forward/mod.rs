@@ -1,0 +1,72 @@
+//! The per-backend request path, as a stack of tower services built once per backend:
+//!
+//! ```text
+//! IdentityGate → Admission → Inspect → Send
+//! ```
+//!
+//! [`gate`] stamps the backend's identity and refuses an unverified one that must be verified;
+//! [`admission`] waits for one of the backend's slots (the `queue` phase); [`inspect`] turns the
+//! engine's answer into the client's (a stream watched by [`stream`], or a whole answer checked
+//! against the probed identity); [`send`] builds the engine's request and sends it. A request
+//! enters as an [`Attempt`] that owns its context, and leaves as a response that carries it (a
+//! stream's body owns the record until the stream ends) or as a [`Failed`] that hands it back.
+//!
+//! [`request`] reads and parses what the client sent, before any backend is chosen.
+
+pub(crate) mod admission;
+pub(crate) mod context;
+pub(crate) mod gate;
+pub(crate) mod inspect;
+pub(crate) mod request;
+pub(crate) mod send;
+pub(crate) mod stream;
+
+use std::sync::Arc;
+
+use switchyard_engine::{Backend, Upstream};
+use tokio::sync::OwnedSemaphorePermit;
+use tokio_util::sync::CancellationToken;
+
+use crate::metrics::GaugeGuard;
+use crate::recording::Recorder;
+
+pub(crate) use context::{Attempt, Ctx, Failed};
+pub(crate) use request::Outgoing;
+
+/// What a request forwarded to a backend holds while the engine works on it: its admission slot
+/// (when the backend limits concurrency) and its place in `switchyard_in_flight_requests`. Both
+/// are released together, when the engine's answer is complete or the client leaves.
+/// The fields are held for their drop, never read.
+#[derive(Debug)]
+#[allow(dead_code)]
+pub(crate) struct Held {
+    pub(crate) permit: Option<OwnedSemaphorePermit>,
+    pub(crate) in_flight: GaugeGuard,
+}
+
+/// One backend's stack of stages.
+pub(crate) type BackendStack = gate::IdentityGate<admission::Admission<inspect::Inspect<send::Send>>>;
+
+/// What every backend's stack shares.
+#[derive(Debug, Clone)]
+pub(crate) struct Shared {
+    pub(crate) upstream: Upstream,
+    pub(crate) recorder: Arc<Recorder>,
+    /// Cancelled when shutdown's drain timeout runs out.
+    pub(crate) drain_over: CancellationToken,
+    /// The largest non-streamed answer read (`server.max_response_bytes`).
+    pub(crate) max_response_bytes: u64,
+}
+
+/// Builds `backend`'s stack, outermost stage first.
+pub(crate) fn stack(backend: &Arc<Backend>, shared: &Shared) -> BackendStack {
+    let send = send::Send::new(backend.clone(), shared.upstream.clone(), shared.recorder.clone());
+    let inspect = inspect::Inspect::new(backend.clone(), shared.max_response_bytes, send);
+    let admission = admission::Admission::new(
+        backend.clone(),
+        shared.recorder.clone(),
+        shared.drain_over.clone(),
+        inspect,
+    );
+    gate::IdentityGate::new(backend.clone(), admission)
+}

@@ -1,0 +1,63 @@
+//! Header names Switchyard stamps, and the rules for what crosses it: hop-by-hop headers (and
+//! those a message's `Connection` header names) never do, in either direction.
+
+use http::header::{self, HeaderMap, HeaderName};
+
+pub(crate) use switchyard_engine::header_value;
+
+pub(crate) const X_REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
+pub(crate) const X_BACKEND: HeaderName = HeaderName::from_static("x-switchyard-backend");
+pub(crate) const X_ENGINE: HeaderName = HeaderName::from_static("x-switchyard-engine");
+pub(crate) const X_ARTIFACT: HeaderName = HeaderName::from_static("x-switchyard-artifact");
+pub(crate) const X_VARIANT: HeaderName = HeaderName::from_static("x-switchyard-variant");
+pub(crate) const X_WORKLOAD: HeaderName = HeaderName::from_static("x-switchyard-workload");
+pub(crate) const X_FALLBACK_FROM: HeaderName = HeaderName::from_static("x-switchyard-fallback-from");
+pub(crate) const SERVER_TIMING: HeaderName = HeaderName::from_static("server-timing");
+
+/// The headers a message's `Connection` header names: options of that one connection, dropped
+/// when forwarding like the fixed set below (RFC 9110, section 7.6.1). Empty, without allocating,
+/// for the usual message that names none.
+pub(crate) fn connection_options(headers: &HeaderMap) -> Vec<HeaderName> {
+    headers
+        .get_all(header::CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .filter_map(|token| HeaderName::from_bytes(token.trim().as_bytes()).ok())
+        .filter(|name| !is_hop_by_hop(name))
+        .collect()
+}
+
+/// Headers that describe one connection, not the message; never forwarded in either direction.
+pub(crate) fn is_hop_by_hop(name: &HeaderName) -> bool {
+    matches!(
+        name.as_str(),
+        "connection"
+            | "keep-alive"
+            | "proxy-authenticate"
+            | "proxy-authorization"
+            | "te"
+            | "trailer"
+            | "transfer-encoding"
+            | "upgrade"
+            | "content-length"
+            | "host"
+    )
+}
+
+/// Headers Switchyard may add to an engine's response: the identity stamp (backend, engine,
+/// artifact, variant, workload, fallback), `server-timing`, `x-request-id`, `content-type` and
+/// `x-accel-buffering`.
+const ADDED_RESPONSE_HEADERS: usize = 10;
+
+/// Copies an engine's response headers for the client, without the hop-by-hop ones.
+pub(crate) fn copy_response_headers(from: &HeaderMap, to: &mut HeaderMap) {
+    // Sized once: each time a header map grows, it rehashes every entry.
+    to.reserve(from.len() + ADDED_RESPONSE_HEADERS);
+    let options = connection_options(from);
+    for (name, value) in from {
+        if !is_hop_by_hop(name) && !options.contains(name) {
+            to.append(name.clone(), value.clone());
+        }
+    }
+}

@@ -1,0 +1,137 @@
+//! The write-once guard around a request's record: whoever owns the request owns its
+//! [`Recording`], and the record is written exactly once — when the answer is complete, when the
+//! request failed, or, from `Drop`, when the owner was dropped first (the client left, or the
+//! server cut the request at shutdown).
+
+use std::ops::{Deref, DerefMut};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Instant;
+
+use switchyard_record::RequestRecord;
+
+use super::Recorder;
+use crate::telemetry::RequestSpan;
+
+/// Told the outcome of a request once its record is written (a shadow waiting for its primary,
+/// a `switchyard compare` run waiting for its answer).
+pub(crate) type Hook = Box<dyn FnOnce(&RequestRecord) + Send + Sync>;
+
+/// A request's record on its way to the sinks. Dereferences to the record, which the stages
+/// fill as the request advances.
+pub(crate) struct Recording {
+    /// Boxed: a record is about a kilobyte, and a guard moves from stage to stage and into the
+    /// streaming body.
+    record: Box<RequestRecord>,
+    recorder: Arc<Recorder>,
+    /// The request's OpenTelemetry span when traces are on; it ends when the record is written.
+    pub(crate) trace: Option<RequestSpan>,
+    hook: Option<Hook>,
+    written: bool,
+}
+
+impl std::fmt::Debug for Recording {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Recording")
+            .field("id", &self.record.id)
+            .field("hooked", &self.hook.is_some())
+            .field("written", &self.written)
+            .finish()
+    }
+}
+
+impl Deref for Recording {
+    type Target = RequestRecord;
+
+    fn deref(&self) -> &RequestRecord {
+        &self.record
+    }
+}
+
+impl DerefMut for Recording {
+    fn deref_mut(&mut self) -> &mut RequestRecord {
+        &mut self.record
+    }
+}
+
+impl Recording {
+    pub(crate) fn new(recorder: Arc<Recorder>, record: RequestRecord) -> Self {
+        Self {
+            record: Box::new(record),
+            recorder,
+            trace: None,
+            hook: None,
+            written: false,
+        }
+    }
+
+    /// Calls `hook` with the record once it is written.
+    pub(crate) fn set_hook(&mut self, hook: Hook) {
+        self.hook = Some(hook);
+    }
+
+    /// Writes the record now, with `total` measured to this instant unless already set.
+    pub(crate) fn finish(mut self) {
+        self.write_once();
+    }
+
+    /// Writes the record once the current task yields, which for a request's future is after
+    /// its connection has written the response: the client does not wait for the record.
+    ///
+    /// A record that comes while a writing task is on its way joins it; else, while a reader
+    /// waits in [`Recorder::settled`], it is written now. Under load one task thus writes the
+    /// records of every response that went out in a turn of the runtime, instead of a task
+    /// spawned, scheduled, polled and freed per record. The task holds one permit for its batch
+    /// (the reader waits for it), takes what has gathered once, when it runs, and later records
+    /// start another: a reader waits for one batch, never for a stream of them.
+    pub(crate) fn finish_after_response(mut self) {
+        let recorder = Arc::clone(&self.recorder);
+        let mut queued = recorder.queued();
+        if queued.draining {
+            queued.records.push(self);
+            return;
+        }
+        let Ok(permit) = Arc::clone(&recorder.deferred).try_read_owned() else {
+            drop(queued);
+            return self.write_once();
+        };
+        queued.records.push(self);
+        queued.draining = true;
+        drop(queued);
+        #[allow(clippy::disallowed_methods)]
+        // tracked by its permit: `settled` and shutdown wait for it
+        tokio::spawn(async move {
+            let batch = {
+                let mut queued = recorder.queued();
+                queued.draining = false;
+                std::mem::take(&mut queued.records)
+            };
+            for mut recording in batch {
+                recording.write_once();
+            }
+            drop(permit);
+        });
+    }
+
+    fn write_once(&mut self) {
+        if self.written {
+            return;
+        }
+        self.written = true;
+        self.record.close(Instant::now());
+        self.recorder.write(&self.record, self.trace.as_ref());
+        if let Some(hook) = self.hook.take() {
+            hook(&self.record);
+        }
+    }
+}
+
+impl Drop for Recording {
+    fn drop(&mut self) {
+        if !self.written {
+            let cut = self.recorder.cutting.load(Ordering::Relaxed);
+            self.record.unfinished(cut);
+            self.write_once();
+        }
+    }
+}

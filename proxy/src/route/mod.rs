@@ -1,0 +1,218 @@
+//! Model-level routing: a proxied request is read and parsed, its `model` resolved to a route,
+//! its shadow planned, and it is tried on the route's primary backend and then on each
+//! configured fallback, in order, for as long as nothing of it reached an engine.
+//!
+//! The routing table and the backends come from the live snapshot ([`state`]), loaded once when
+//! the request arrives.
+
+pub(crate) mod state;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use http::header::{self, HeaderValue};
+use http::{Request, Response};
+use hyper::body::Incoming;
+use switchyard_adapters::Health;
+use switchyard_engine::Backend;
+use switchyard_record::RequestRecord;
+use tower::ServiceExt as _;
+
+use crate::forward::request::{
+    fingerprint_fields, is_json, parse_body, quoted_name, read_body, value_range, Head, Outgoing,
+};
+use crate::forward::{Attempt, Ctx, Failed};
+use crate::http::headers::header_value;
+use crate::http::{ProxyBody, ProxyError};
+use crate::recording::{Recorder, Recording};
+use crate::shadow::Shadowing;
+use crate::telemetry::Telemetry;
+
+pub use state::{Live, Snapshot};
+
+/// What the proxied request path needs besides the snapshot.
+#[derive(Debug, Clone)]
+pub(crate) struct Routing {
+    pub(crate) live: Arc<Live>,
+    pub(crate) recorder: Arc<Recorder>,
+    pub(crate) telemetry: Option<Arc<Telemetry>>,
+    pub(crate) shadowing: Arc<Shadowing>,
+}
+
+impl Routing {
+    /// Answers one proxied request (a `POST` to a proxied path). Never fails: every error
+    /// becomes an OpenAI-shaped response, stamped and recorded. `received`: when the request
+    /// head arrived, the start of every phase.
+    pub(crate) async fn proxy(
+        &self,
+        req: Request<Incoming>,
+        received: Instant,
+        id: &HeaderValue,
+    ) -> Response<ProxyBody> {
+        let record = RequestRecord::new(
+            id.to_str().unwrap_or("").to_owned(),
+            req.method().clone(),
+            req.uri().path().to_owned(),
+            received,
+        );
+        let mut recording = Recording::new(self.recorder.clone(), record);
+        // The request's span (when traces are on) exists from here, dated from `received`, so
+        // that its context is there to forward.
+        recording.trace = self
+            .telemetry
+            .as_ref()
+            .map(|t| t.start_request(req.headers(), req.uri().path(), received));
+        let ctx = Ctx::new(recording, id.clone());
+        match self.route(req, ctx).await {
+            Ok(response) => response,
+            Err(failed) => failed.into_response(),
+        }
+    }
+
+    async fn route(&self, req: Request<Incoming>, mut ctx: Ctx) -> Result<Response<ProxyBody>, Failed> {
+        let snapshot = self.live.load();
+        let server = &snapshot.config.server;
+        let (parts, body) = req.into_parts();
+        if let Err(error) = is_json(&parts.headers) {
+            return Err(ctx.fail(error));
+        }
+        let declared = parts
+            .headers
+            .get(header::CONTENT_LENGTH)
+            .and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
+        let expects_continue = parts
+            .headers
+            .get(header::EXPECT)
+            .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"100-continue"));
+        let idle = Duration::from_millis(server.client_idle_timeout_ms);
+        let body = match read_body(body, server.max_body_bytes, declared, expects_continue, idle).await {
+            Ok(body) => body,
+            Err(error) => return Err(ctx.fail(error)),
+        };
+        let parsed = match parse_body(&body) {
+            Ok(parsed) => parsed,
+            Err(error) => return Err(ctx.fail(error)),
+        };
+        let (model, raw_model) = match parsed.model() {
+            Ok(model) => model,
+            Err(error) => return Err(ctx.fail(error)),
+        };
+        let Some(route) = snapshot.routes.resolve(&model).cloned() else {
+            return Err(ctx.fail(unknown_model(&snapshot, &model)));
+        };
+        let streamed = parsed
+            .fields
+            .get("stream")
+            .is_some_and(|v| v.get().trim() == "true");
+        let fingerprint = fingerprint_fields(&route.model, &parsed);
+        ctx.stamp.workload = Some(header_value(&fingerprint.workload));
+        let want_trailers = parts.headers.get_all(header::TE).iter().any(|v| {
+            v.to_str().is_ok_and(|s| {
+                s.split(',')
+                    .any(|t| t.trim().eq_ignore_ascii_case("trailers"))
+            })
+        });
+        let model_range = match value_range(&body, raw_model) {
+            Ok(range) => range,
+            Err(error) => return Err(ctx.fail(error)),
+        };
+        drop(parsed);
+        let outgoing = Arc::new(Outgoing {
+            head: Head {
+                method: parts.method,
+                uri: parts.uri,
+                headers: parts.headers,
+            },
+            model_range,
+            body,
+            want_trailers,
+        });
+        if let Some(shadow) = &route.shadow {
+            let candidate = match snapshot.candidate(&shadow.backend) {
+                Ok(candidate) => candidate,
+                Err(error) => return Err(ctx.fail(error)),
+            };
+            if let Some(hook) =
+                self.shadowing
+                    .plan(&route, shadow, candidate, &outgoing, streamed, &fingerprint)
+            {
+                ctx.recording.set_hook(hook);
+            }
+        }
+        ctx.recording.describe(&route.model, fingerprint, streamed);
+
+        let mut tries = Vec::with_capacity(1 + route.fallback.len());
+        for name in std::iter::once(&route.primary).chain(route.fallback.iter()) {
+            match snapshot.candidate(name) {
+                Ok(candidate) => tries.push((candidate.backend, candidate.stack)),
+                Err(error) => return Err(ctx.fail(error)),
+            }
+        }
+        fallback(tries, ctx, outgoing).await
+    }
+}
+
+/// Tries `outgoing` on each backend in turn, the first as `primary` and the rest as `fallback`,
+/// until one answers or fails after something reached its engine. A backend is passed over
+/// when nothing of the request reached it (its connection was refused or timed out), or, while
+/// another remains, when its probes already say it is down. Each one passed over is named on
+/// the response (`x-switchyard-fallback-from`) and in the record: never silent.
+pub(crate) async fn fallback<S>(
+    tries: Vec<(Arc<Backend>, S)>,
+    mut ctx: Ctx,
+    outgoing: Arc<Outgoing>,
+) -> Result<Response<ProxyBody>, Failed>
+where
+    S: tower::Service<Attempt, Response = Response<ProxyBody>, Error = Failed>,
+{
+    let last = tries.len().saturating_sub(1);
+    let mut failed: Vec<String> = Vec::new();
+    let mut last_error = None;
+    for (n, (backend, stack)) in tries.into_iter().enumerate() {
+        let another_remains = n < last;
+        if another_remains {
+            if let Health::Down(why) = backend.state().health() {
+                // Its probes already say it is down: asking it would cost this request a
+                // refused connection, or the whole connect timeout, for the same answer.
+                tracing::warn!(backend = %backend.name, reason = %why, "backend down per its probes; trying the next configured fallback");
+                failed.push(format!("{}; code=backend_down", backend.name));
+                ctx.note_fallback(&failed);
+                continue;
+            }
+        }
+        let variant = if n == 0 { "primary" } else { "fallback" };
+        let attempt = Attempt::new(ctx, outgoing.clone(), variant);
+        match stack.oneshot(attempt).await {
+            Ok(response) => return Ok(response),
+            Err(Failed { error, ctx: back }) if error.nothing_sent() && another_remains => {
+                tracing::warn!(backend = %backend.name, error = %error, "backend unreachable; trying the next configured fallback");
+                ctx = back;
+                failed.push(format!("{}; code={}", backend.name, error.code()));
+                ctx.note_fallback(&failed);
+                last_error = Some(error);
+            }
+            Err(failed) => return Err(failed),
+        }
+    }
+    let error =
+        last_error.unwrap_or_else(|| ProxyError::Internal("no backend to try".to_owned()));
+    Err(ctx.fail(error))
+}
+
+/// The error for a `model` no route serves, listing the ones that exist.
+pub(crate) fn unknown_model(snapshot: &Snapshot, name: &str) -> ProxyError {
+    let available = snapshot
+        .routes
+        .public_names()
+        .iter()
+        .map(|n| n.as_ref())
+        .collect::<Vec<_>>()
+        .join(", ");
+    ProxyError::UnknownModel {
+        model: quoted_name(name),
+        available,
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,136 @@
+//! The endpoints Switchyard answers itself: `/healthz`, `/readyz` (every backend's state, and
+//! 503 while some model has no ready primary), `/v1/models` and `/v1/models/{id}`, and
+//! `/metrics`; and the answers for unknown paths and wrong methods.
+
+use bytes::Bytes;
+use http::header::{self, HeaderValue};
+use http::{Method, Response, StatusCode};
+use serde_json::Map;
+use switchyard_engine::Verification;
+
+use super::Router;
+use crate::http::{json_response, ProxyBody, ProxyError};
+use crate::route::unknown_model;
+
+impl Router {
+    /// `GET /metrics`: the Prometheus text exposition, counting every request answered before
+    /// the scrape arrived.
+    pub(crate) async fn metrics(&self) -> Response<ProxyBody> {
+        let recorder = &self.routing.recorder;
+        recorder.settled().await;
+        let mut text = recorder.render_metrics();
+        if let Some(telemetry) = &self.routing.telemetry {
+            telemetry.render_metrics(&mut text);
+        }
+        let mut response = Response::new(ProxyBody::full(text));
+        response.headers_mut().insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static(crate::metrics::CONTENT_TYPE),
+        );
+        response
+    }
+
+    /// Answers a request on the separate metrics listener (`server.metrics_listen`), which
+    /// serves `GET /metrics` and nothing else.
+    pub(crate) async fn metrics_only(&self, method: &Method, path: &str) -> Response<ProxyBody> {
+        match (method, path) {
+            (&Method::GET, "/metrics") => self.metrics().await,
+            (m, "/metrics") => method_not_allowed(m, "/metrics", "GET"),
+            (_, p) => ProxyError::NotFound(p.to_owned()).into_response(),
+        }
+    }
+
+    pub(crate) fn models(&self) -> Response<ProxyBody> {
+        json_response(StatusCode::OK, self.routing.live.load().models_body.clone())
+    }
+
+    pub(crate) fn model_object(&self, name: &str) -> Response<ProxyBody> {
+        let snapshot = self.routing.live.load();
+        match snapshot.routes.resolve(name) {
+            Some(route) => {
+                let created = self
+                    .started
+                    .duration_since(std::time::SystemTime::UNIX_EPOCH)
+                    .map(|d| d.as_secs())
+                    .unwrap_or(0);
+                let body = serde_json::json!({"id": &*route.model, "object": "model", "created": created, "owned_by": "switchyard"});
+                json_response(StatusCode::OK, Bytes::from(body.to_string()))
+            }
+            None => unknown_model(&snapshot, name).into_response(),
+        }
+    }
+
+
+    /// `/readyz`: every backend's state, and 503 when some model has no ready primary.
+    pub(crate) fn readyz(&self) -> Response<ProxyBody> {
+            let state = self.routing.live.load();
+        let mut backends = Map::new();
+        for (name, backend) in &state.backends {
+            let s = backend.state();
+            let health = s.health();
+            let headers = backend.identity_headers();
+            let identity = s.report.as_ref().map(|r| &r.identity);
+            let (verified, verification_note) = match &headers.verification {
+                Verification::Verified => ("verified", None),
+                Verification::Unverified(why) => ("unverified", Some(why.clone())),
+                Verification::Unknown(why) => ("unknown", Some(why.clone())),
+            };
+            backends.insert(
+                name.to_string(),
+                serde_json::json!({
+                    "state": health.state(),
+                    "reason": health.reason(),
+                    "engine": headers.engine.to_str().unwrap_or(""),
+                    "build_note": identity.and_then(|i| i.build_note.clone()),
+                    "artifact": headers.artifact.to_str().unwrap_or(""),
+                    "identity": verified,
+                    "identity_note": verification_note,
+                    "served_model": identity.and_then(|i| i.served_model.clone()),
+                    "model_path": identity.and_then(|i| i.model_path.clone()),
+                    "slots": identity.and_then(|i| i.slots),
+                    "n_ctx": identity.and_then(|i| i.n_ctx),
+                    "n_ctx_train": identity.and_then(|i| i.n_ctx_train),
+                    "n_params": identity.and_then(|i| i.n_params),
+                    "model_size": identity.and_then(|i| i.model_size),
+                    "chat_template": identity.and_then(|i| i.chat_template.clone()),
+                    "max_concurrency": backend.admission().map(|_| backend.config.max_concurrency.or(identity.and_then(|i| i.slots))),
+                }),
+            );
+        }
+        let mut models = Map::new();
+        let mut ready = true;
+        for name in state.routes.public_names() {
+            let Some(route) = state.routes.resolve(name) else {
+                continue;
+            };
+            let primary_ready = state
+                .backends
+                .get(&route.primary)
+                .is_some_and(|b| b.state().health().is_ready());
+            ready &= primary_ready;
+            models.insert(
+                name.to_string(),
+                serde_json::json!({"primary": &*route.primary, "ready": primary_ready}),
+            );
+        }
+        let body = serde_json::json!({"ready": ready, "backends": backends, "models": models});
+        let status = if ready {
+            StatusCode::OK
+        } else {
+            StatusCode::SERVICE_UNAVAILABLE
+        };
+        json_response(status, Bytes::from(body.to_string()))
+    }
+}
+
+pub(crate) fn method_not_allowed(method: &Method, path: &str, allow: &'static str) -> Response<ProxyBody> {
+    let mut response = ProxyError::MethodNotAllowed {
+        method: method.to_string(),
+        path: path.to_owned(),
+    }
+    .into_response();
+    response
+        .headers_mut()
+        .insert(header::ALLOW, HeaderValue::from_static(allow));
+    response
+}
