@@ -23,12 +23,12 @@ use tower_http::catch_panic::{CatchPanic, CatchPanicLayer};
 use crate::body::ProxyBody;
 use crate::error::{error_body, ProxyError};
 use crate::handler;
-use crate::ledger::{IdentitySnapshot, Ledger};
 use crate::record::Recorder;
 use crate::shadow::Shadowing;
 use crate::telemetry::Telemetry;
 use switchyard_engine::Upstream;
 use switchyard_engine::{Backend, Digest};
+use switchyard_observe::ledger::{IdentitySnapshot, Ledger};
 
 /// State shared by every request.
 #[derive(Debug)]

@@ -14,7 +14,6 @@ pub mod config;
 pub mod error;
 pub mod handler;
 pub mod head_errors;
-pub mod ledger;
 pub mod logfmt;
 pub mod logsink;
 pub mod metrics;

@@ -47,7 +47,7 @@ pub struct Stats {
 #[derive(Debug, Default)]
 pub struct Recorder {
     pub stats: Stats,
-    pub ledger: Option<crate::ledger::Ledger>,
+    pub ledger: Option<switchyard_observe::ledger::Ledger>,
     /// Prometheus metrics (`GET /metrics`); every written record is observed once.
     pub metrics: crate::metrics::Metrics,
     /// Records whose responses went out before them. Each holds a shared permit until it is
@@ -63,7 +63,7 @@ pub struct Recorder {
 }
 
 impl Recorder {
-    pub fn with_ledger(ledger: Option<crate::ledger::Ledger>) -> Self {
+    pub fn with_ledger(ledger: Option<switchyard_observe::ledger::Ledger>) -> Self {
         Self {
             ledger,
             ..Self::default()
@@ -110,7 +110,7 @@ impl Recorder {
     }
 
     /// Records a shadow that never ran (counted in the ledger by kind).
-    pub fn skipped(&self, skip: crate::ledger::SkipKind<'_>) {
+    pub fn skipped(&self, skip: switchyard_observe::ledger::SkipKind<'_>) {
         if let Some(ledger) = &self.ledger {
             ledger.skipped(skip);
         }
@@ -149,7 +149,7 @@ impl Recorder {
 
     fn write(&self, r: &RequestRecord) {
         if let Some(ledger) = &self.ledger {
-            ledger.record(r);
+            ledger.record(&r.plain());
         }
         self.metrics.observe(r);
         if let Some(trace) = &r.trace {
@@ -412,6 +412,36 @@ impl RequestRecord {
             }
             drop(permit);
         });
+    }
+
+    /// The record as plain data, as the sinks in `switchyard-observe` take it.
+    fn plain(&self) -> switchyard_record::RequestRecord {
+        let mut plain = switchyard_record::RequestRecord::new(
+            self.id.clone(),
+            self.method.clone(),
+            self.path.clone(),
+            self.received,
+        );
+        plain.model = self.model.clone();
+        plain.backend = self.backend.clone();
+        plain.variant = self.variant;
+        plain.fingerprint = self.fingerprint.clone();
+        plain.engine = self.engine.clone();
+        plain.artifact = self.artifact.clone();
+        plain.identity_contradicted = self.identity_contradicted;
+        plain.warm = self.warm;
+        plain.started_at = self.started_at;
+        plain.streamed = self.streamed;
+        plain.status = self.status;
+        plain.error_class = self.error_class;
+        plain.error = self.error.clone();
+        plain.fallback_from = self.fallback_from.clone();
+        plain.phases = self.phases.clone();
+        plain.facts = self.facts.clone();
+        plain.client_disconnected = self.client_disconnected;
+        plain.warm_override = self.warm_override;
+        plain.queued_since = self.queued_since;
+        plain
     }
 
     fn write_once(&mut self) {

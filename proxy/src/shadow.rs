@@ -29,9 +29,9 @@ use tokio_util::task::TaskTracker;
 
 use crate::app::AppState;
 use crate::handler::{attempt, fail, Outgoing, Stamp};
-use crate::ledger::SkipKind;
 use crate::record::{Recorder, RequestRecord};
 use switchyard_engine::Backend;
+use switchyard_observe::ledger::SkipKind;
 
 /// The shadow pools and their tasks, one pool per shadowed model.
 #[derive(Debug)]
