@@ -6,11 +6,12 @@
 use std::sync::Arc;
 
 /// A sampled request whose shadow never ran (pool full, shutting down, embeddings). A candidate
-/// slower than the traffic skips nearly every request, so a skip must cost next to nothing: skips
-/// of one kind are counted where they happen, as one pending run ([`super::Ledger::skipped`]), and the
-/// writer takes the runs with each batch and writes each as one `comparisons` row with its
-/// `count` (verdict `incomparable`, no candidate side, no request id — each primary has its own
-/// row in `requests`). The kind is everything the comparator groups by.
+/// slower than the traffic skips nearly every request, so a skip must cost next to nothing:
+/// skips of one kind are counted where they happen, as one pending run
+/// ([`super::Ledger::skipped`]), and the writer takes the runs with each batch and writes each
+/// as one `comparisons` row with its `count` (verdict `incomparable`, no candidate side, no
+/// request id — each primary has its own row in `requests`). The kind is everything the
+/// comparator groups by.
 #[derive(Debug)]
 pub(super) struct SkippedShadow {
     pub(super) model: Arc<str>,
