@@ -33,7 +33,7 @@ pub struct IdentitySnapshot {
 
 /// The columns of one side of a comparison, after the `primary_` or `candidate_` prefix, in the
 /// order [`side_values`] gives them.
-pub(super) const SIDE_COLUMNS: [&str; 21] = [
+const SIDE_COLUMNS: [&str; 21] = [
     "request_id",
     "backend",
     "engine",
@@ -66,8 +66,59 @@ pub(super) struct ComparisonRow {
     pub(super) pair: Pair,
 }
 
+impl IdentitySnapshot {
+    /// The values of [`INSERT_IDENTITY`]'s parameters, in its order, for a snapshot taken `at`.
+    pub(super) fn params(&self, at: SystemTime) -> [Param<'_>; 12] {
+        [
+            Param::Int(unix_ms(at)),
+            Param::Text(&self.backend),
+            Param::Text(&self.health),
+            Param::Text(&self.engine),
+            Param::Text(&self.artifact),
+            Param::Text(&self.verification),
+            Param::text(self.served_model.as_deref()),
+            Param::text(self.model_path.as_deref()),
+            Param::count(self.slots.map(u64::from)),
+            Param::count(self.n_ctx),
+            Param::text(self.chat_template.as_deref()),
+            Param::text(self.note.as_deref()),
+        ]
+    }
+}
+
+/// The insert statement for `identities`.
+pub(super) const INSERT_IDENTITY: &str =
+    "INSERT INTO identities (ts_ms, backend, health, engine, artifact, verification, served_model,
+        model_path, slots, n_ctx, chat_template, note)
+     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12)";
+
+impl ComparisonRow {
+    /// The values of the comparison insert's parameters ([`insert_comparison_sql`]), in its
+    /// order, borrowed from the row.
+    pub(super) fn values(&self) -> Vec<ValueRef<'_>> {
+        let p = &self.pair;
+        let mut values = Vec::with_capacity(11 + 2 * SIDE_COLUMNS.len());
+        values.extend([
+            ValueRef::Integer(self.ts_ms),
+            text_ref(self.source),
+            text_ref(&p.mode),
+            text_ref(&p.model),
+            text_ref(&p.workload),
+            text_ref(&p.sampling),
+            text_ref(&self.sampling_json),
+            ValueRef::Integer(i64::from(p.streamed)),
+            text_ref(p.verdict.as_str()),
+            p.reason.as_deref().map_or(ValueRef::Null, text_ref),
+            ValueRef::Integer(i64::from(p.candidate.is_some())),
+        ]);
+        side_values(Some(&p.primary), &mut values);
+        side_values(p.candidate.as_ref(), &mut values);
+        values
+    }
+}
+
 /// SQLite values of one side, in [`SIDE_COLUMNS`] order (all NULL when the side did not run).
-pub(super) fn side_values<'a>(side: Option<&'a Side>, out: &mut Vec<ValueRef<'a>>) {
+fn side_values<'a>(side: Option<&'a Side>, out: &mut Vec<ValueRef<'a>>) {
     let Some(s) = side else {
         out.extend(std::iter::repeat_n(ValueRef::Null, SIDE_COLUMNS.len()));
         return;
@@ -108,7 +159,7 @@ pub(super) fn side_values<'a>(side: Option<&'a Side>, out: &mut Vec<ValueRef<'a>
 }
 
 /// A text value bound from `s` itself.
-pub(super) fn text_ref(s: &str) -> ValueRef<'_> {
+fn text_ref(s: &str) -> ValueRef<'_> {
     ValueRef::Text(s.as_bytes())
 }
 
@@ -310,6 +361,16 @@ impl Row {
         ]
     }
 }
+
+/// The insert statement for `requests`; [`Row::params`] gives its values.
+pub(super) const INSERT_REQUEST: &str =
+    "INSERT INTO requests (ts_ms, request_id, method, path, model, backend, variant, engine, artifact,
+        workload, sampling, sampling_json, output, status, error_class, error, prompt_tokens,
+        cached_tokens, completion_tokens, queue_ms, load_ms, ttfb_ms, ttft_ms, prefill_ms,
+        prefill_tokens, prefill_source, decode_ms, decode_tokens, decode_source, total_ms, warm,
+        streamed, client_disconnected, fallback_from)
+     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19,
+        ?20, ?21, ?22, ?23, ?24, ?25, ?26, ?27, ?28, ?29, ?30, ?31, ?32, ?33, ?34)";
 
 /// The request insert's parameter count.
 pub(super) const REQUEST_PARAMS: usize = 34;

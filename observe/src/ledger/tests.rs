@@ -6,6 +6,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant, UNIX_EPOCH};
 
+use rusqlite::types::Value;
 use rusqlite::Connection;
 use switchyard_adapters::fingerprint::WorkloadFingerprint;
 use switchyard_adapters::observe::{ResponseFacts, Usage};
@@ -15,7 +16,7 @@ use tokio::sync::mpsc;
 
 use super::skips::{SkippedShadow, PENDING_SKIP_KINDS};
 use super::writer::Writer;
-use super::{open, open_read_only, read_comparisons, Ledger, LedgerCounters};
+use super::{open, open_read_only, read_comparisons, IdentitySnapshot, Ledger, LedgerCounters};
 
 pub(super) fn config(path: PathBuf, max_rows: Option<u64>) -> LedgerConfig {
     LedgerConfig {
@@ -277,4 +278,96 @@ fn skips_are_counted_where_they_happen_and_every_one_reaches_the_ledger() {
         assert_eq!(count(&format!("wl:{i}"), true), 1, "wl:{i}: {rows:?}");
     }
     assert_eq!(ledger.counters.dropped_full.load(Ordering::Relaxed), 0);
+}
+
+/// An identity snapshot's every column holds what the snapshot held, absent values as NULL.
+#[test]
+fn identity_snapshots_are_written_as_taken() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("ledger.db");
+    let (ledger, writer) = Ledger::start(&config(path.clone(), None)).unwrap();
+    let full = IdentitySnapshot {
+        backend: "main".to_owned(),
+        health: "ready".to_owned(),
+        engine: "llama.cpp/b1-abc".to_owned(),
+        artifact: "sha256:00ff".to_owned(),
+        verification: "verified".to_owned(),
+        served_model: Some("smollm2".to_owned()),
+        model_path: Some("/models/smollm2.gguf".to_owned()),
+        slots: Some(4),
+        n_ctx: Some(8192),
+        chat_template: Some("chatml".to_owned()),
+        note: Some("probe".to_owned()),
+    };
+    let bare = IdentitySnapshot {
+        backend: "cand".to_owned(),
+        served_model: None,
+        model_path: None,
+        slots: None,
+        n_ctx: None,
+        chat_template: None,
+        note: None,
+        ..full.clone()
+    };
+    ledger.identity(full);
+    ledger.identity(bare);
+    drop(ledger);
+    writer.join().unwrap();
+
+    let conn = open_read_only(&path).unwrap();
+    let mut select = conn
+        .prepare("SELECT * FROM identities ORDER BY id")
+        .unwrap();
+    let names: Vec<String> = select.column_names().map(str::to_owned).collect();
+    let rows: Vec<Vec<Value>> = select
+        .query_map([], |row| (0..names.len()).map(|c| row.get(c)).collect())
+        .unwrap()
+        .collect::<Result<_, _>>()
+        .unwrap();
+    let text = |s: &str| Value::Text(s.to_owned());
+    let shared = [
+        text("ready"),
+        text("llama.cpp/b1-abc"),
+        text("sha256:00ff"),
+        text("verified"),
+    ];
+    assert_eq!(
+        names,
+        [
+            "id",
+            "ts_ms",
+            "backend",
+            "health",
+            "engine",
+            "artifact",
+            "verification",
+            "served_model",
+            "model_path",
+            "slots",
+            "n_ctx",
+            "chat_template",
+            "note"
+        ]
+    );
+    assert_eq!(rows.len(), 2);
+    assert!(
+        matches!(rows[0][1], Value::Integer(ms) if ms > 0),
+        "{rows:?}"
+    );
+    assert_eq!(rows[0][2], text("main"));
+    assert_eq!(rows[0][3..7], shared);
+    assert_eq!(
+        rows[0][7..],
+        [
+            text("smollm2"),
+            text("/models/smollm2.gguf"),
+            Value::Integer(4),
+            Value::Integer(8192),
+            text("chatml"),
+            text("probe"),
+        ]
+    );
+    assert_eq!(rows[1][2], text("cand"));
+    assert_eq!(rows[1][3..7], shared);
+    assert_eq!(rows[1][7..], [const { Value::Null }; 6]);
 }

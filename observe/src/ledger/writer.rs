@@ -16,8 +16,8 @@ use switchyard_policy::LedgerConfig;
 use tokio::sync::mpsc;
 
 use super::rows::{
-    insert_comparison_sql, int, side_values, text_ref, unix_ms, ComparisonRow, IdentitySnapshot,
-    Param, Row, REQUEST_PARAMS, SIDE_COLUMNS,
+    insert_comparison_sql, int, unix_ms, ComparisonRow, IdentitySnapshot, Param, Row,
+    INSERT_IDENTITY, INSERT_REQUEST, REQUEST_PARAMS,
 };
 use super::skips::{PendingSkips, SkippedShadow};
 use super::LedgerCounters;
@@ -185,15 +185,7 @@ impl Writer {
     ) -> rusqlite::Result<()> {
         let tx = self.conn.transaction()?;
         {
-            let mut insert_request = tx.prepare_cached(
-                "INSERT INTO requests (ts_ms, request_id, method, path, model, backend, variant, engine, artifact,
-                    workload, sampling, sampling_json, output, status, error_class, error, prompt_tokens,
-                    cached_tokens, completion_tokens, queue_ms, load_ms, ttfb_ms, ttft_ms, prefill_ms,
-                    prefill_tokens, prefill_source, decode_ms, decode_tokens, decode_source, total_ms, warm,
-                    streamed, client_disconnected, fallback_from)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19,
-                    ?20, ?21, ?22, ?23, ?24, ?25, ?26, ?27, ?28, ?29, ?30, ?31, ?32, ?33, ?34)",
-            )?;
+            let mut insert_request = tx.prepare_cached(INSERT_REQUEST)?;
             let mut health = tx.prepare_cached(
                 "INSERT INTO ledger_health (run_id, started_ms, updated_ms, written, dropped_full, dropped_failed)
                  VALUES (?1, ?2, ?3, ?4, ?5, ?6)
@@ -216,11 +208,7 @@ impl Writer {
                 int(Some(self.counters.dropped_failed.load(Ordering::Relaxed))),
             ])?;
             let mut insert_comparison = tx.prepare_cached(&self.insert_comparison)?;
-            let mut insert_identity = tx.prepare_cached(
-                "INSERT INTO identities (ts_ms, backend, health, engine, artifact, verification, served_model,
-                    model_path, slots, n_ctx, chat_template, note)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12)",
-            )?;
+            let mut insert_identity = tx.prepare_cached(INSERT_IDENTITY)?;
             // Skips of one kind: the first one's time, the kind, how many.
             let mut skipped: Vec<(i64, &SkippedShadow, i64)> =
                 runs.iter().map(|(at, s, n)| (*at, s, *n)).collect();
@@ -271,23 +259,7 @@ impl Writer {
                         }
                     }
                     Entry::Comparison(c) => {
-                        let p = &c.pair;
-                        let mut values = Vec::with_capacity(11 + 2 * SIDE_COLUMNS.len());
-                        values.extend([
-                            ValueRef::Integer(c.ts_ms),
-                            text_ref(c.source),
-                            text_ref(&p.mode),
-                            text_ref(&p.model),
-                            text_ref(&p.workload),
-                            text_ref(&p.sampling),
-                            text_ref(&c.sampling_json),
-                            ValueRef::Integer(i64::from(p.streamed)),
-                            text_ref(p.verdict.as_str()),
-                            p.reason.as_deref().map_or(ValueRef::Null, text_ref),
-                            ValueRef::Integer(i64::from(p.candidate.is_some())),
-                        ]);
-                        side_values(Some(&p.primary), &mut values);
-                        side_values(p.candidate.as_ref(), &mut values);
+                        let values = c.values();
                         for (i, value) in values.iter().enumerate() {
                             if compared.as_ref().is_none_or(|b| b[i] != *value) {
                                 insert_comparison
@@ -298,20 +270,7 @@ impl Writer {
                         compared = Some(values);
                     }
                     Entry::Identity(at, s) => {
-                        insert_identity.execute(params![
-                            unix_ms(*at),
-                            s.backend,
-                            s.health,
-                            s.engine,
-                            s.artifact,
-                            s.verification,
-                            s.served_model,
-                            s.model_path,
-                            s.slots,
-                            int(s.n_ctx),
-                            s.chat_template,
-                            s.note,
-                        ])?;
+                        insert_identity.execute(s.params(*at))?;
                     }
                 }
             }
