@@ -21,7 +21,6 @@ pub mod app;
 pub mod cli;
 pub(crate) mod forward;
 pub mod http;
-pub mod ledger;
 pub mod logfmt;
 pub mod logsink;
 pub mod metrics;

@@ -47,9 +47,9 @@ use arc_swap::ArcSwap;
 
 use switchyard_policy::compare::Verdict;
 
+use crate::NameMap;
 use switchyard_record::RequestRecord;
 use switchyard_record::Source;
-use crate::NameMap;
 
 /// The `Content-Type` of the text exposition format.
 pub const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
@@ -768,8 +768,8 @@ mod tests {
     use std::time::Instant;
 
     use super::*;
-    use crate::record::Recorder;
-    use crate::timing::{Phases, TokenPhase};
+    use crate::recording::{Recorder, Recording};
+    use switchyard_record::{Phases, TokenPhase};
 
     /// The value of the sample whose line starts with `prefix` (name and labels).
     fn value(text: &str, prefix: &str) -> Option<f64> {
@@ -868,13 +868,15 @@ mod tests {
         assert_eq!(m.in_flight_now("llama"), 0, "a wait is not in flight");
     }
 
-    fn record(recorder: &Arc<Recorder>) -> RequestRecord {
-        RequestRecord::new(
+    fn record(recorder: &Arc<Recorder>) -> Recording {
+        Recording::new(
             recorder.clone(),
-            "id".to_owned(),
-            http::Method::POST,
-            "/v1/chat/completions".to_owned(),
-            Instant::now(),
+            RequestRecord::new(
+                "id".to_owned(),
+                http::Method::POST,
+                "/v1/chat/completions".to_owned(),
+                Instant::now(),
+            ),
         )
     }
 

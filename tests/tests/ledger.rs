@@ -26,7 +26,7 @@ fn ledger_config(engine_url: &str, path: &Path) -> String {
 
 /// Every request row as JSON.
 fn rows(path: &Path) -> Vec<Value> {
-    let conn = switchyard::ledger::open_read_only(path).unwrap();
+    let conn = switchyard_observe::ledger::open_read_only(path).unwrap();
     let mut stmt = conn.prepare("SELECT * FROM requests ORDER BY id").unwrap();
     let names: Vec<String> = stmt.column_names().map(str::to_owned).collect();
     let mut out = Vec::new();

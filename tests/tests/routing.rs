@@ -825,7 +825,7 @@ async fn an_answer_that_contradicts_the_probe(require: bool, stream: bool) {
     assert_eq!(r.status, if require { 503 } else { 200 }, "{case}");
     proxy.shutdown().await;
 
-    let conn = switchyard::ledger::open_read_only(&db).unwrap();
+    let conn = switchyard_observe::ledger::open_read_only(&db).unwrap();
     let row = |id: &str| -> (String, Option<i64>, Option<String>) {
         conn.query_row(
             "SELECT artifact, warm, error FROM requests WHERE request_id = ?1",

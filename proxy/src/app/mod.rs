@@ -14,13 +14,13 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::forward;
-use crate::ledger::Ledger;
 use crate::recording::Recorder;
 use crate::route::{Live, Routing, Snapshot};
 use crate::shadow::Shadowing;
 use crate::stack::activity::Activity;
 use crate::stack::{Router, Stack};
 use crate::telemetry::Telemetry;
+use switchyard_observe::ledger::Ledger;
 
 /// State shared by every request.
 #[derive(Debug)]

@@ -11,7 +11,7 @@ use switchyard_engine::{Backend, Digest};
 use tokio_util::sync::CancellationToken;
 
 use super::AppState;
-use crate::ledger::IdentitySnapshot;
+use switchyard_observe::ledger::IdentitySnapshot;
 
 pub(super) async fn hash_identity_files(state: &Arc<AppState>, backend: &Arc<Backend>) {
     for (path, is_binary) in [
@@ -68,7 +68,11 @@ fn snapshot(backend: &Backend) -> IdentitySnapshot {
     }
 }
 
-pub(super) async fn probe_loop(state: Arc<AppState>, backend: Arc<Backend>, stop: CancellationToken) {
+pub(super) async fn probe_loop(
+    state: Arc<AppState>,
+    backend: Arc<Backend>,
+    stop: CancellationToken,
+) {
     let interval = Duration::from_millis(state.live.load().config.server.probe_interval_ms);
     let timeout = Backend::probe_timeout(interval);
     let mut last_snapshot: Option<IdentitySnapshot> = None;

@@ -9,8 +9,8 @@ use tracing_subscriber::EnvFilter;
 
 mod config;
 
-pub use config::{load, ConfigError, EX_USAGE};
 use crate::App;
+pub use config::{load, ConfigError, EX_USAGE};
 
 #[derive(Debug, Parser)]
 #[command(
@@ -244,7 +244,10 @@ pub async fn run(cli: Cli) -> anyhow::Result<i32> {
                     ("comparison.tsv", crate::offline::report::Format::Tsv),
                     ("comparison.json", crate::offline::report::Format::Json),
                 ] {
-                    std::fs::write(dir.join(name), crate::offline::compare::render(&comparison, f))?;
+                    std::fs::write(
+                        dir.join(name),
+                        crate::offline::compare::render(&comparison, f),
+                    )?;
                 }
             }
             std::io::stdout()

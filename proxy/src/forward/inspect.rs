@@ -67,7 +67,11 @@ where
     }
 }
 
-async fn respond<B>(backend: Arc<Backend>, limit: u64, sent: Sent<B>) -> Result<Response<ProxyBody>, Failed>
+async fn respond<B>(
+    backend: Arc<Backend>,
+    limit: u64,
+    sent: Sent<B>,
+) -> Result<Response<ProxyBody>, Failed>
 where
     B: Body<Data = Bytes> + Send + Unpin + 'static,
     B::Error: std::error::Error + Send + Sync + 'static,

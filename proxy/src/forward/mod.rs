@@ -45,7 +45,8 @@ pub(crate) struct Held {
 }
 
 /// One backend's stack of stages.
-pub(crate) type BackendStack = gate::IdentityGate<admission::Admission<inspect::Inspect<send::Send>>>;
+pub(crate) type BackendStack =
+    gate::IdentityGate<admission::Admission<inspect::Inspect<send::Send>>>;
 
 /// What every backend's stack shares.
 #[derive(Debug, Clone)]
@@ -60,7 +61,11 @@ pub(crate) struct Shared {
 
 /// Builds `backend`'s stack, outermost stage first.
 pub(crate) fn stack(backend: &Arc<Backend>, shared: &Shared) -> BackendStack {
-    let send = send::Send::new(backend.clone(), shared.upstream.clone(), shared.recorder.clone());
+    let send = send::Send::new(
+        backend.clone(),
+        shared.upstream.clone(),
+        shared.recorder.clone(),
+    );
     let inspect = inspect::Inspect::new(backend.clone(), shared.max_response_bytes, send);
     let admission = admission::Admission::new(
         backend.clone(),
@@ -70,3 +75,5 @@ pub(crate) fn stack(backend: &Arc<Backend>, shared: &Shared) -> BackendStack {
     );
     gate::IdentityGate::new(backend.clone(), admission)
 }
+#[cfg(test)]
+pub(crate) mod tests;

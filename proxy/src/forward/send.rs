@@ -55,7 +55,8 @@ impl Send {
 impl tower::Service<Attempt> for Send {
     type Response = Sent<UpstreamBody>;
     type Error = Failed;
-    type Future = Pin<Box<dyn Future<Output = Result<Sent<UpstreamBody>, Failed>> + std::marker::Send>>;
+    type Future =
+        Pin<Box<dyn Future<Output = Result<Sent<UpstreamBody>, Failed>> + std::marker::Send>>;
 
     fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Failed>> {
         Poll::Ready(Ok(()))

@@ -11,7 +11,8 @@ pub(crate) const X_ENGINE: HeaderName = HeaderName::from_static("x-switchyard-en
 pub(crate) const X_ARTIFACT: HeaderName = HeaderName::from_static("x-switchyard-artifact");
 pub(crate) const X_VARIANT: HeaderName = HeaderName::from_static("x-switchyard-variant");
 pub(crate) const X_WORKLOAD: HeaderName = HeaderName::from_static("x-switchyard-workload");
-pub(crate) const X_FALLBACK_FROM: HeaderName = HeaderName::from_static("x-switchyard-fallback-from");
+pub(crate) const X_FALLBACK_FROM: HeaderName =
+    HeaderName::from_static("x-switchyard-fallback-from");
 pub(crate) const SERVER_TIMING: HeaderName = HeaderName::from_static("server-timing");
 
 /// The headers a message's `Connection` header names: options of that one connection, dropped

@@ -18,10 +18,10 @@ use switchyard_policy::compare::{
     judge, Comparison, Group, GroupKey, Pair, Ratio, Ratios, Side, Summary,
 };
 
+use super::report::Format;
 use crate::app::AppState;
 use crate::forward::Outgoing;
 use crate::recording::Recorder;
-use super::report::Format;
 use crate::shadow::run_on;
 use switchyard_engine::Verification;
 

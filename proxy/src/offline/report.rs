@@ -13,7 +13,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use rusqlite::Connection;
 use serde_json::{json, Value};
 
-use crate::ledger::{open_read_only, LedgerError};
+use switchyard_observe::ledger::{open_read_only, LedgerError};
 
 /// Output format.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -121,9 +121,11 @@ pub fn read_comparisons(
 ) -> Result<Vec<switchyard_policy::compare::Pair>, LedgerError> {
     let conn = open_read_only(path)?;
     let from_ms = since.map(window_start);
-    crate::ledger::read_comparisons(&conn, from_ms).map_err(|source| LedgerError::Sqlite {
-        path: path.display().to_string(),
-        source,
+    switchyard_observe::ledger::read_comparisons(&conn, from_ms).map_err(|source| {
+        LedgerError::Sqlite {
+            path: path.display().to_string(),
+            source,
+        }
     })
 }
 

@@ -46,7 +46,7 @@ pub struct Stats {
 #[derive(Debug, Default)]
 pub struct Recorder {
     pub stats: Stats,
-    pub ledger: Option<crate::ledger::Ledger>,
+    pub ledger: Option<switchyard_observe::ledger::Ledger>,
     /// Prometheus metrics (`GET /metrics`); every written record is observed once.
     pub metrics: crate::metrics::Metrics,
     /// Records whose responses went out before them. Each holds a shared permit until it is
@@ -62,7 +62,7 @@ pub struct Recorder {
 }
 
 impl Recorder {
-    pub fn with_ledger(ledger: Option<crate::ledger::Ledger>) -> Self {
+    pub fn with_ledger(ledger: Option<switchyard_observe::ledger::Ledger>) -> Self {
         Self {
             ledger,
             ..Self::default()
@@ -109,7 +109,7 @@ impl Recorder {
     }
 
     /// Records a shadow that never ran (counted in the ledger by kind).
-    pub fn skipped(&self, skip: crate::ledger::SkipKind<'_>) {
+    pub fn skipped(&self, skip: switchyard_observe::ledger::SkipKind<'_>) {
         if let Some(ledger) = &self.ledger {
             ledger.skipped(skip);
         }

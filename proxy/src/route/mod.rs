@@ -69,7 +69,11 @@ impl Routing {
         }
     }
 
-    async fn route(&self, req: Request<Incoming>, mut ctx: Ctx) -> Result<Response<ProxyBody>, Failed> {
+    async fn route(
+        &self,
+        req: Request<Incoming>,
+        mut ctx: Ctx,
+    ) -> Result<Response<ProxyBody>, Failed> {
         let snapshot = self.live.load();
         let server = &snapshot.config.server;
         let (parts, body) = req.into_parts();
@@ -85,7 +89,15 @@ impl Routing {
             .get(header::EXPECT)
             .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"100-continue"));
         let idle = Duration::from_millis(server.client_idle_timeout_ms);
-        let body = match read_body(body, server.max_body_bytes, declared, expects_continue, idle).await {
+        let body = match read_body(
+            body,
+            server.max_body_bytes,
+            declared,
+            expects_continue,
+            idle,
+        )
+        .await
+        {
             Ok(body) => body,
             Err(error) => return Err(ctx.fail(error)),
         };
@@ -194,8 +206,7 @@ where
             Err(failed) => return Err(failed),
         }
     }
-    let error =
-        last_error.unwrap_or_else(|| ProxyError::Internal("no backend to try".to_owned()));
+    let error = last_error.unwrap_or_else(|| ProxyError::Internal("no backend to try".to_owned()));
     Err(ctx.fail(error))
 }
 

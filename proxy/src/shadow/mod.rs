@@ -30,8 +30,8 @@ use tokio_util::task::TaskTracker;
 use tower::ServiceExt as _;
 
 use crate::forward::{Attempt, BackendStack, Ctx, Outgoing};
-use crate::ledger::SkipKind;
 use crate::recording::{Hook, Recorder, Recording};
+use switchyard_observe::ledger::SkipKind;
 
 /// The shadow pools and their tasks, one pool per shadowed model.
 #[derive(Debug)]

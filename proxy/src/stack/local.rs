@@ -60,10 +60,9 @@ impl Router {
         }
     }
 
-
     /// `/readyz`: every backend's state, and 503 when some model has no ready primary.
     pub(crate) fn readyz(&self) -> Response<ProxyBody> {
-            let state = self.routing.live.load();
+        let state = self.routing.live.load();
         let mut backends = Map::new();
         for (name, backend) in &state.backends {
             let s = backend.state();
@@ -123,7 +122,11 @@ impl Router {
     }
 }
 
-pub(crate) fn method_not_allowed(method: &Method, path: &str, allow: &'static str) -> Response<ProxyBody> {
+pub(crate) fn method_not_allowed(
+    method: &Method,
+    path: &str,
+    allow: &'static str,
+) -> Response<ProxyBody> {
     let mut response = ProxyError::MethodNotAllowed {
         method: method.to_string(),
         path: path.to_owned(),

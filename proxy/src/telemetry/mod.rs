@@ -60,9 +60,9 @@ use opentelemetry_sdk::trace::{IdGenerator, RandomIdGenerator};
 use opentelemetry_sdk::Resource;
 use switchyard_policy::TelemetryConfig;
 
+use otlp::Attr;
 use switchyard_record::RequestRecord;
 use switchyard_record::Source;
-use otlp::Attr;
 
 mod export;
 mod otlp;

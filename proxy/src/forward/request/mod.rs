@@ -25,7 +25,6 @@ use switchyard_adapters::fingerprint::{fingerprint_raw, WorkloadFingerprint};
 
 use crate::http::ProxyError;
 
-
 /// The parts of a request body the proxy needs: every top-level field's raw JSON text.
 pub(crate) struct ParsedBody<'a> {
     pub(crate) fields: BTreeMap<Cow<'a, str>, &'a RawValue>,
@@ -141,7 +140,11 @@ pub(crate) fn value_range(body: &Bytes, raw: &RawValue) -> Result<Range<usize>, 
 
 /// The request body with the value at `range` (`model`'s) replaced by `name`, every other byte
 /// untouched.
-pub(crate) fn splice_model(body: &Bytes, range: Range<usize>, name: &str) -> Result<Bytes, ProxyError> {
+pub(crate) fn splice_model(
+    body: &Bytes,
+    range: Range<usize>,
+    name: &str,
+) -> Result<Bytes, ProxyError> {
     if range.end > body.len() || range.start > range.end {
         return Err(ProxyError::Internal(
             "model value outside the body".to_owned(),

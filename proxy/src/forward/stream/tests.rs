@@ -1,8 +1,8 @@
 use super::*;
 use crate::recording::{Recorder, Recording};
-use switchyard_record::RequestRecord;
 use http_body_util::{BodyExt, StreamBody};
 use proptest::prelude::*;
+use switchyard_record::RequestRecord;
 
 /// llama-server's stream, as in shared/engine-transcripts/llama.cpp/chat-stream.txt (shortened).
 const LLAMA_STREAM: &str = concat!(

@@ -1,0 +1,442 @@
+//! What the writer inserts, as the values its statements bind: a request row copied out of its
+//! record ([`Row`]), a comparison ([`ComparisonRow`]) and an engine's identity
+//! ([`IdentitySnapshot`]).
+//!
+//! Values are bound borrowed from the rows themselves (no copies on the writer thread), and
+//! each kind of value has one conversion to SQLite's: counts saturate at `i64::MAX`, times are
+//! Unix milliseconds, a timing's source is `engine` or `measured`.
+
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use rusqlite::types::{ToSqlOutput, ValueRef};
+use switchyard_policy::compare::{Pair, Side, TokenTiming};
+use switchyard_record::{RequestRecord, Source, TokenPhase};
+
+#[cfg(test)]
+mod tests;
+
+/// A snapshot of one engine's identity, recorded when it changes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct IdentitySnapshot {
+    pub backend: String,
+    pub health: String,
+    pub engine: String,
+    pub artifact: String,
+    pub verification: String,
+    pub served_model: Option<String>,
+    pub model_path: Option<String>,
+    pub slots: Option<u32>,
+    pub n_ctx: Option<u64>,
+    pub chat_template: Option<String>,
+    pub note: Option<String>,
+}
+
+/// The columns of one side of a comparison, after the `primary_` or `candidate_` prefix, in the
+/// order [`side_values`] gives them.
+const SIDE_COLUMNS: [&str; 21] = [
+    "request_id",
+    "backend",
+    "engine",
+    "artifact",
+    "status",
+    "error",
+    "output",
+    "prompt_tokens",
+    "completion_tokens",
+    "queue_ms",
+    "ttft_ms",
+    "total_ms",
+    "prefill_ms",
+    "prefill_tokens",
+    "prefill_source",
+    "decode_ms",
+    "decode_tokens",
+    "decode_source",
+    "warm",
+    "in_flight",
+    "client_disconnected",
+];
+
+/// A comparison, copied for the writer.
+#[derive(Debug)]
+pub(super) struct ComparisonRow {
+    pub(super) ts_ms: i64,
+    pub(super) source: &'static str,
+    pub(super) sampling_json: String,
+    pub(super) pair: Pair,
+}
+
+impl IdentitySnapshot {
+    /// The values of [`INSERT_IDENTITY`]'s parameters, in its order, for a snapshot taken `at`.
+    pub(super) fn params(&self, at: SystemTime) -> [Param<'_>; 12] {
+        [
+            Param::Int(unix_ms(at)),
+            Param::Text(&self.backend),
+            Param::Text(&self.health),
+            Param::Text(&self.engine),
+            Param::Text(&self.artifact),
+            Param::Text(&self.verification),
+            Param::text(self.served_model.as_deref()),
+            Param::text(self.model_path.as_deref()),
+            Param::count(self.slots.map(u64::from)),
+            Param::count(self.n_ctx),
+            Param::text(self.chat_template.as_deref()),
+            Param::text(self.note.as_deref()),
+        ]
+    }
+}
+
+/// The insert statement for `identities`.
+pub(super) const INSERT_IDENTITY: &str =
+    "INSERT INTO identities (ts_ms, backend, health, engine, artifact, verification, served_model,
+        model_path, slots, n_ctx, chat_template, note)
+     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12)";
+
+impl ComparisonRow {
+    /// The values of the comparison insert's parameters ([`insert_comparison_sql`]), in its
+    /// order, borrowed from the row.
+    pub(super) fn values(&self) -> Vec<ValueRef<'_>> {
+        let p = &self.pair;
+        let mut values = Vec::with_capacity(11 + 2 * SIDE_COLUMNS.len());
+        values.extend([
+            ValueRef::Integer(self.ts_ms),
+            text_ref(self.source),
+            text_ref(&p.mode),
+            text_ref(&p.model),
+            text_ref(&p.workload),
+            text_ref(&p.sampling),
+            text_ref(&self.sampling_json),
+            ValueRef::Integer(i64::from(p.streamed)),
+            text_ref(p.verdict.as_str()),
+            p.reason.as_deref().map_or(ValueRef::Null, text_ref),
+            ValueRef::Integer(i64::from(p.candidate.is_some())),
+        ]);
+        side_values(Some(&p.primary), &mut values);
+        side_values(p.candidate.as_ref(), &mut values);
+        values
+    }
+}
+
+/// SQLite values of one side, in [`SIDE_COLUMNS`] order (all NULL when the side did not run).
+fn side_values<'a>(side: Option<&'a Side>, out: &mut Vec<ValueRef<'a>>) {
+    let Some(s) = side else {
+        out.extend(std::iter::repeat_n(ValueRef::Null, SIDE_COLUMNS.len()));
+        return;
+    };
+    // Borrowed: the row's texts are bound from the pair itself, not from copies.
+    let text = |v: &'a Option<String>| v.as_deref().map_or(ValueRef::Null, text_ref);
+    let integer = |v: Option<u64>| int(v).map_or(ValueRef::Null, ValueRef::Integer);
+    let real = |v: Option<f64>| v.map_or(ValueRef::Null, ValueRef::Real);
+    let timing_source = |t: Option<TokenTiming>| {
+        t.map_or(ValueRef::Null, |t| {
+            text_ref(if t.engine { "engine" } else { "measured" })
+        })
+    };
+    out.extend([
+        text(&s.request_id),
+        text_ref(&s.backend),
+        text(&s.engine),
+        text(&s.artifact),
+        ValueRef::Integer(i64::from(s.status)),
+        text(&s.error),
+        text(&s.output),
+        integer(s.prompt_tokens),
+        integer(s.completion_tokens),
+        real(s.queue_ms),
+        real(s.ttft_ms),
+        real(s.total_ms),
+        real(s.prefill.map(|t| t.ms)),
+        integer(s.prefill.and_then(|t| t.tokens)),
+        timing_source(s.prefill),
+        real(s.decode.map(|t| t.ms)),
+        integer(s.decode.and_then(|t| t.tokens)),
+        timing_source(s.decode),
+        s.warm
+            .map_or(ValueRef::Null, |w| ValueRef::Integer(i64::from(w))),
+        integer(s.in_flight),
+        ValueRef::Integer(i64::from(s.client_disconnected)),
+    ]);
+}
+
+/// A text value bound from `s` itself.
+fn text_ref(s: &str) -> ValueRef<'_> {
+    ValueRef::Text(s.as_bytes())
+}
+
+/// The insert statement for `comparisons`.
+pub(super) fn insert_comparison_sql() -> String {
+    let mut columns = vec![
+        "ts_ms".to_owned(),
+        "source".to_owned(),
+        "mode".to_owned(),
+        "model".to_owned(),
+        "workload".to_owned(),
+        "sampling".to_owned(),
+        "sampling_json".to_owned(),
+        "streamed".to_owned(),
+        "verdict".to_owned(),
+        "reason".to_owned(),
+        "candidate_ran".to_owned(),
+    ];
+    for side in ["primary", "candidate"] {
+        columns.extend(SIDE_COLUMNS.iter().map(|c| format!("{side}_{c}")));
+    }
+    let placeholders = (1..=columns.len())
+        .map(|i| format!("?{i}"))
+        .collect::<Vec<_>>()
+        .join(", ");
+    format!(
+        "INSERT INTO comparisons ({}) VALUES ({placeholders})",
+        columns.join(", ")
+    )
+}
+
+/// A request row, copied out of the record so the writer owns it. Its texts sit one after
+/// another in one allocation ([`Texts`]): the request path copies them in one go instead of
+/// allocating a dozen strings, and the writer thread reads one block, where it would otherwise
+/// chase a dozen allocations made long before on another thread, and frees it once.
+#[derive(Debug)]
+pub(super) struct Row {
+    ts_ms: i64,
+    texts: Texts,
+    variant: &'static str,
+    status: u16,
+    error_class: Option<&'static str>,
+    prompt_tokens: Option<u64>,
+    cached_tokens: Option<u64>,
+    completion_tokens: Option<u64>,
+    queue_ms: Option<f64>,
+    load_ms: Option<f64>,
+    ttfb_ms: Option<f64>,
+    ttft_ms: Option<f64>,
+    prefill: Option<TokenPhase>,
+    decode: Option<TokenPhase>,
+    total_ms: Option<f64>,
+    warm: Option<bool>,
+    streamed: bool,
+    client_disconnected: bool,
+}
+
+/// The text columns of a request row, in the order [`Texts`] keeps them.
+#[derive(Debug, Clone, Copy)]
+enum Text {
+    RequestId,
+    Method,
+    Path,
+    Model,
+    Backend,
+    Engine,
+    Artifact,
+    Workload,
+    Sampling,
+    SamplingJson,
+    Output,
+    Error,
+    FallbackFrom,
+}
+
+const TEXTS: usize = Text::FallbackFrom as usize + 1;
+
+/// Optional strings, one after another in one `String`.
+#[derive(Debug)]
+struct Texts {
+    buf: String,
+    /// Where each text ends in `buf` (it starts where the one before ends).
+    ends: [u32; TEXTS],
+    /// Bit `i` set: text `i` is present (an absent one is empty and not set).
+    present: u16,
+}
+
+impl Texts {
+    fn new(values: [Option<&str>; TEXTS]) -> Self {
+        let len = values.iter().flatten().map(|s| s.len()).sum();
+        let mut texts = Self {
+            buf: String::with_capacity(len),
+            ends: [0; TEXTS],
+            present: 0,
+        };
+        for (i, value) in values.into_iter().enumerate() {
+            if let Some(s) = value {
+                texts.buf.push_str(s);
+                texts.present |= 1 << i;
+            }
+            // A row's texts are far below 4 GiB: the request body is not among them.
+            texts.ends[i] = u32::try_from(texts.buf.len()).unwrap_or(u32::MAX);
+        }
+        texts
+    }
+
+    fn get(&self, text: Text) -> Option<&str> {
+        let i = text as usize;
+        if self.present & (1 << i) == 0 {
+            return None;
+        }
+        let start = if i == 0 { 0 } else { self.ends[i - 1] as usize };
+        self.buf.get(start..self.ends[i] as usize)
+    }
+}
+
+impl Row {
+    pub(super) fn from_record(r: &RequestRecord) -> Self {
+        let facts = r.facts.as_ref();
+        let mut values = [None; TEXTS];
+        values[Text::RequestId as usize] = Some(r.id.as_str());
+        values[Text::Method as usize] = Some(r.method.as_str());
+        values[Text::Path as usize] = Some(r.path.as_str());
+        values[Text::Model as usize] = r.model.as_deref();
+        values[Text::Backend as usize] = r.backend.as_deref();
+        values[Text::Engine as usize] = r.engine.as_deref();
+        values[Text::Artifact as usize] = r.artifact.as_deref();
+        let fingerprint = r.fingerprint.as_ref();
+        values[Text::Workload as usize] = fingerprint.map(|f| f.workload.as_str());
+        values[Text::Sampling as usize] = fingerprint.map(|f| f.sampling.as_str());
+        values[Text::SamplingJson as usize] = fingerprint.map(|f| f.sampling_json.as_str());
+        values[Text::Output as usize] = facts.and_then(|f| f.output.as_deref());
+        values[Text::Error as usize] = r.error.as_deref();
+        values[Text::FallbackFrom as usize] = r.fallback_from.as_deref();
+        Self {
+            ts_ms: unix_ms(r.started_at),
+            texts: Texts::new(values),
+            variant: r.variant,
+            status: r.status,
+            error_class: r.error_class,
+            prompt_tokens: facts.and_then(|f| f.usage.prompt_tokens),
+            cached_tokens: facts.and_then(|f| f.usage.cached_tokens),
+            completion_tokens: facts.and_then(|f| f.usage.completion_tokens),
+            queue_ms: r.phases.queue,
+            load_ms: r.phases.load,
+            ttfb_ms: r.phases.ttfb,
+            ttft_ms: r.phases.ttft,
+            prefill: r.phases.prefill,
+            decode: r.phases.decode,
+            total_ms: r.phases.total,
+            warm: r.warm,
+            streamed: r.streamed,
+            client_disconnected: r.client_disconnected,
+        }
+    }
+
+    fn text(&self, text: Text) -> Option<&str> {
+        self.texts.get(text)
+    }
+
+    /// The values of the request insert's parameters, in its order.
+    pub(super) fn params(&self) -> [Param<'_>; REQUEST_PARAMS] {
+        let text = |t: Text| Param::text(self.text(t));
+        [
+            Param::Int(self.ts_ms),
+            text(Text::RequestId),
+            text(Text::Method),
+            text(Text::Path),
+            text(Text::Model),
+            text(Text::Backend),
+            Param::Text(self.variant),
+            text(Text::Engine),
+            text(Text::Artifact),
+            text(Text::Workload),
+            text(Text::Sampling),
+            text(Text::SamplingJson),
+            text(Text::Output),
+            Param::Int(i64::from(self.status)),
+            Param::text(self.error_class),
+            text(Text::Error),
+            Param::count(self.prompt_tokens),
+            Param::count(self.cached_tokens),
+            Param::count(self.completion_tokens),
+            Param::real(self.queue_ms),
+            Param::real(self.load_ms),
+            Param::real(self.ttfb_ms),
+            Param::real(self.ttft_ms),
+            Param::real(self.prefill.map(|p| p.ms)),
+            Param::count(self.prefill.and_then(|p| p.tokens)),
+            Param::text(source(&self.prefill)),
+            Param::real(self.decode.map(|p| p.ms)),
+            Param::count(self.decode.and_then(|p| p.tokens)),
+            Param::text(source(&self.decode)),
+            Param::real(self.total_ms),
+            self.warm.map_or(Param::Null, |w| Param::Int(i64::from(w))),
+            Param::Int(i64::from(self.streamed)),
+            Param::Int(i64::from(self.client_disconnected)),
+            text(Text::FallbackFrom),
+        ]
+    }
+}
+
+/// The insert statement for `requests`; [`Row::params`] gives its values.
+pub(super) const INSERT_REQUEST: &str =
+    "INSERT INTO requests (ts_ms, request_id, method, path, model, backend, variant, engine, artifact,
+        workload, sampling, sampling_json, output, status, error_class, error, prompt_tokens,
+        cached_tokens, completion_tokens, queue_ms, load_ms, ttfb_ms, ttft_ms, prefill_ms,
+        prefill_tokens, prefill_source, decode_ms, decode_tokens, decode_source, total_ms, warm,
+        streamed, client_disconnected, fallback_from)
+     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19,
+        ?20, ?21, ?22, ?23, ?24, ?25, ?26, ?27, ?28, ?29, ?30, ?31, ?32, ?33, ?34)";
+
+/// The request insert's parameter count.
+pub(super) const REQUEST_PARAMS: usize = 34;
+
+/// One parameter value of the request insert, borrowed from its row.
+#[derive(Debug, Clone, Copy)]
+pub(super) enum Param<'a> {
+    Null,
+    Int(i64),
+    Real(f64),
+    Text(&'a str),
+}
+
+/// Equal when binding one in place of the other would store the same value: reals compare bit
+/// for bit (`-0.0` is not `0.0` here).
+impl PartialEq for Param<'_> {
+    fn eq(&self, other: &Self) -> bool {
+        match (self, other) {
+            (Self::Null, Self::Null) => true,
+            (Self::Int(a), Self::Int(b)) => a == b,
+            (Self::Real(a), Self::Real(b)) => a.to_bits() == b.to_bits(),
+            (Self::Text(a), Self::Text(b)) => a == b,
+            _ => false,
+        }
+    }
+}
+
+impl<'a> Param<'a> {
+    fn text(value: Option<&'a str>) -> Self {
+        value.map_or(Self::Null, Self::Text)
+    }
+
+    fn real(value: Option<f64>) -> Self {
+        value.map_or(Self::Null, Self::Real)
+    }
+
+    /// A count: SQLite integers are signed 64-bit.
+    fn count(value: Option<u64>) -> Self {
+        int(value).map_or(Self::Null, Self::Int)
+    }
+}
+
+impl rusqlite::ToSql for Param<'_> {
+    fn to_sql(&self) -> rusqlite::Result<ToSqlOutput<'_>> {
+        Ok(ToSqlOutput::Borrowed(match *self {
+            Self::Null => ValueRef::Null,
+            Self::Int(n) => ValueRef::Integer(n),
+            Self::Real(x) => ValueRef::Real(x),
+            Self::Text(s) => ValueRef::Text(s.as_bytes()),
+        }))
+    }
+}
+
+/// SQLite integers are signed 64-bit.
+pub(super) fn int(v: Option<u64>) -> Option<i64> {
+    v.map(|n| i64::try_from(n).unwrap_or(i64::MAX))
+}
+
+pub(super) fn unix_ms(t: SystemTime) -> i64 {
+    t.duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as i64)
+}
+
+fn source(p: &Option<TokenPhase>) -> Option<&'static str> {
+    p.map(|p| match p.source {
+        Source::Engine => "engine",
+        Source::Measured => "measured",
+    })
+}

@@ -1,0 +1,190 @@
+//! The ledger's tables and their migrations, and opening the database for writing.
+//!
+//! Each migration runs once, in its own transaction, and `PRAGMA user_version` counts those
+//! applied: a ledger written by an older Switchyard is brought forward when it is opened here.
+//! `switchyard report` opens without migrating (`read::open_read_only`).
+
+use std::path::Path;
+use std::time::Duration;
+
+use rusqlite::Connection;
+
+use super::LedgerError;
+
+#[cfg(test)]
+mod tests;
+
+/// Migrations, in order; `user_version` is the number applied.
+pub(super) const MIGRATIONS: &[&str] = &[
+    // 1: requests and engine identity snapshots.
+    r#"
+    CREATE TABLE requests (
+        id INTEGER PRIMARY KEY,
+        ts_ms INTEGER NOT NULL,
+        request_id TEXT NOT NULL,
+        method TEXT NOT NULL,
+        path TEXT NOT NULL,
+        model TEXT,
+        backend TEXT,
+        variant TEXT NOT NULL,
+        engine TEXT,
+        artifact TEXT,
+        workload TEXT,
+        sampling TEXT,
+        sampling_json TEXT,
+        output TEXT,
+        status INTEGER NOT NULL,
+        error_class TEXT,
+        error TEXT,
+        prompt_tokens INTEGER,
+        cached_tokens INTEGER,
+        completion_tokens INTEGER,
+        queue_ms REAL,
+        load_ms REAL,
+        ttfb_ms REAL,
+        ttft_ms REAL,
+        prefill_ms REAL,
+        prefill_tokens INTEGER,
+        prefill_source TEXT,
+        decode_ms REAL,
+        decode_tokens INTEGER,
+        decode_source TEXT,
+        total_ms REAL,
+        warm INTEGER,
+        streamed INTEGER NOT NULL,
+        client_disconnected INTEGER NOT NULL
+    );
+    CREATE INDEX requests_ts ON requests (ts_ms);
+    CREATE INDEX requests_group ON requests (model, backend, variant, warm);
+    CREATE TABLE identities (
+        id INTEGER PRIMARY KEY,
+        ts_ms INTEGER NOT NULL,
+        backend TEXT NOT NULL,
+        health TEXT NOT NULL,
+        engine TEXT NOT NULL,
+        artifact TEXT NOT NULL,
+        verification TEXT NOT NULL,
+        served_model TEXT,
+        model_path TEXT,
+        slots INTEGER,
+        n_ctx INTEGER,
+        chat_template TEXT,
+        note TEXT
+    );
+    CREATE INDEX identities_backend ON identities (backend, ts_ms);
+    CREATE TABLE ledger_health (
+        run_id TEXT PRIMARY KEY,
+        started_ms INTEGER NOT NULL,
+        updated_ms INTEGER NOT NULL,
+        written INTEGER NOT NULL,
+        dropped_full INTEGER NOT NULL,
+        dropped_failed INTEGER NOT NULL
+    );
+    "#,
+    // 2: comparisons between a primary and a candidate (shadow traffic, `switchyard compare`).
+    r#"
+    CREATE TABLE comparisons (
+        id INTEGER PRIMARY KEY,
+        ts_ms INTEGER NOT NULL,
+        source TEXT NOT NULL,
+        mode TEXT NOT NULL,
+        model TEXT NOT NULL,
+        workload TEXT NOT NULL,
+        sampling TEXT NOT NULL,
+        sampling_json TEXT,
+        streamed INTEGER NOT NULL,
+        verdict TEXT NOT NULL,
+        reason TEXT,
+        candidate_ran INTEGER NOT NULL,
+        primary_request_id TEXT,
+        primary_backend TEXT,
+        primary_engine TEXT,
+        primary_artifact TEXT,
+        primary_status INTEGER,
+        primary_error TEXT,
+        primary_output TEXT,
+        primary_prompt_tokens INTEGER,
+        primary_completion_tokens INTEGER,
+        primary_queue_ms REAL,
+        primary_ttft_ms REAL,
+        primary_total_ms REAL,
+        primary_prefill_ms REAL,
+        primary_prefill_tokens INTEGER,
+        primary_prefill_source TEXT,
+        primary_decode_ms REAL,
+        primary_decode_tokens INTEGER,
+        primary_decode_source TEXT,
+        primary_warm INTEGER,
+        primary_in_flight INTEGER,
+        primary_client_disconnected INTEGER,
+        candidate_request_id TEXT,
+        candidate_backend TEXT,
+        candidate_engine TEXT,
+        candidate_artifact TEXT,
+        candidate_status INTEGER,
+        candidate_error TEXT,
+        candidate_output TEXT,
+        candidate_prompt_tokens INTEGER,
+        candidate_completion_tokens INTEGER,
+        candidate_queue_ms REAL,
+        candidate_ttft_ms REAL,
+        candidate_total_ms REAL,
+        candidate_prefill_ms REAL,
+        candidate_prefill_tokens INTEGER,
+        candidate_prefill_source TEXT,
+        candidate_decode_ms REAL,
+        candidate_decode_tokens INTEGER,
+        candidate_decode_source TEXT,
+        candidate_warm INTEGER,
+        candidate_in_flight INTEGER,
+        candidate_client_disconnected INTEGER
+    );
+    CREATE INDEX comparisons_ts ON comparisons (ts_ms);
+    "#,
+    // 3: no query of Switchyard's reads `requests` by group (the report selects a time window and
+    // groups as it reads), and keeping the index up to date was a large part of what each
+    // recorded request costs.
+    r#"
+    DROP INDEX IF EXISTS requests_group;
+    "#,
+    // 4: skipped shadows of one kind are kept as one row with a count (see `SkippedShadow`).
+    r#"
+    ALTER TABLE comparisons ADD COLUMN count INTEGER NOT NULL DEFAULT 1;
+    "#,
+    // 5: the backends that failed before a fallback answered (`x-switchyard-fallback-from`).
+    r#"
+    ALTER TABLE requests ADD COLUMN fallback_from TEXT;
+    "#,
+];
+
+/// Opens (creating and migrating) the ledger database, for the writer.
+pub(super) fn open(path: &Path) -> Result<Connection, LedgerError> {
+    let sqlite = |source| LedgerError::Sqlite {
+        path: path.display().to_string(),
+        source,
+    };
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::create_dir_all(dir).map_err(|source| LedgerError::Io {
+            path: dir.display().to_string(),
+            source,
+        })?;
+    }
+    let mut conn = Connection::open(path).map_err(sqlite)?;
+    conn.busy_timeout(Duration::from_secs(5)).map_err(sqlite)?;
+    conn.pragma_update(None, "journal_mode", "WAL")
+        .map_err(sqlite)?;
+    conn.pragma_update(None, "synchronous", "NORMAL")
+        .map_err(sqlite)?;
+    let version: i64 = conn
+        .pragma_query_value(None, "user_version", |row| row.get(0))
+        .map_err(sqlite)?;
+    for (i, migration) in MIGRATIONS.iter().enumerate().skip(version.max(0) as usize) {
+        let tx = conn.transaction().map_err(sqlite)?;
+        tx.execute_batch(migration).map_err(sqlite)?;
+        tx.pragma_update(None, "user_version", (i + 1) as i64)
+            .map_err(sqlite)?;
+        tx.commit().map_err(sqlite)?;
+        tracing::info!(ledger = %path.display(), version = i + 1, "ledger schema migrated");
+    }
+    Ok(conn)
+}

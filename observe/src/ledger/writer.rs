@@ -1,0 +1,350 @@
+//! The writer thread: it drains the queue in batches and writes each batch in one transaction.
+//!
+//! A batch forms from whatever is queued, lingering briefly when little is; skips counted by
+//! kind since the last batch join it. A failed write loses its batch, counted; a flush is
+//! answered once everything queued before it is written (or lost). Retention prunes old rows at
+//! most hourly.
+
+use std::path::PathBuf;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant, SystemTime};
+
+use rusqlite::types::{ToSqlOutput, ValueRef};
+use rusqlite::{params, Connection};
+use switchyard_policy::LedgerConfig;
+use tokio::sync::mpsc;
+
+use super::rows::{
+    insert_comparison_sql, int, unix_ms, ComparisonRow, IdentitySnapshot, Param, Row,
+    INSERT_IDENTITY, INSERT_REQUEST, REQUEST_PARAMS,
+};
+use super::skips::{PendingSkips, SkippedShadow};
+use super::LedgerCounters;
+
+#[cfg(test)]
+mod tests;
+
+/// How long the writer waits for more records before committing a partial batch. Records reach
+/// the disk at most this much later; nothing on the request path waits for it.
+const LINGER: Duration = Duration::from_millis(20);
+/// How long the writer writes before it offers the CPU to whatever else is waiting for it (see
+/// `Writer::write`).
+const YIELD_AFTER: Duration = Duration::from_micros(50);
+
+/// What goes through the channel.
+#[derive(Debug)]
+pub(super) enum Entry {
+    Request(Box<Row>),
+    Comparison(Box<ComparisonRow>),
+    Skipped(i64, Box<SkippedShadow>),
+    /// Skips are pending ([`PendingSkips`]): the writer takes them with this batch.
+    Skips,
+    Identity(SystemTime, Box<IdentitySnapshot>),
+    /// Answered once everything queued before it is written (or lost).
+    Flush(std::sync::mpsc::SyncSender<()>),
+}
+
+/// The writer thread's state: its connection, the queue's receiving end, and what it keeps
+/// between batches.
+pub(super) struct Writer {
+    conn: Connection,
+    rx: mpsc::Receiver<Entry>,
+    pub(super) skips: Arc<Mutex<PendingSkips>>,
+    pub(super) counters: Arc<LedgerCounters>,
+    batch: usize,
+    retention_days: Option<u64>,
+    max_rows: Option<u64>,
+    path: PathBuf,
+    last_prune: Option<Instant>,
+    failures_logged: u64,
+    run_id: String,
+    started_ms: i64,
+    insert_comparison: String,
+    /// Told after each batch is committed (or lost), so a test can await the writer.
+    #[cfg(test)]
+    pub(super) batches: Option<std::sync::mpsc::Sender<()>>,
+}
+
+impl Writer {
+    pub(super) fn new(
+        conn: Connection,
+        rx: mpsc::Receiver<Entry>,
+        counters: Arc<LedgerCounters>,
+        config: &LedgerConfig,
+    ) -> Self {
+        Self {
+            conn,
+            rx,
+            skips: Arc::default(),
+            counters,
+            batch: config.batch,
+            retention_days: config.retention_days,
+            max_rows: config.max_rows,
+            path: config.path.clone(),
+            last_prune: None,
+            failures_logged: 0,
+            run_id: ulid::Ulid::new().to_string(),
+            started_ms: unix_ms(SystemTime::now()),
+            insert_comparison: insert_comparison_sql(),
+            #[cfg(test)]
+            batches: None,
+        }
+    }
+
+    pub(super) fn run(mut self) {
+        let mut entries = Vec::with_capacity(self.batch);
+        while let Some(first) = self.rx.blocking_recv() {
+            let flushing = matches!(first, Entry::Flush(_));
+            entries.push(first);
+            self.drain_into(&mut entries);
+            if entries.len() < self.batch && !flushing {
+                // Under load, records arrive one by one: committing each alone would write the
+                // same pages to the WAL again and again. Linger briefly so a batch forms.
+                std::thread::sleep(LINGER);
+                self.drain_into(&mut entries);
+            }
+            let requests = entries
+                .iter()
+                .filter(|e| matches!(e, Entry::Request(_)))
+                .count() as u64;
+            let runs = self.take_skips();
+            match self.write(&entries, &runs) {
+                Ok(()) => {
+                    self.counters.written.fetch_add(requests, Ordering::Relaxed);
+                }
+                Err(e) => {
+                    let lost = self
+                        .counters
+                        .dropped_failed
+                        .fetch_add(requests, Ordering::Relaxed)
+                        + requests;
+                    self.failures_logged += 1;
+                    if self.failures_logged.is_power_of_two() {
+                        tracing::error!(ledger = %self.path.display(), error = %e, lost_total = lost, "ledger write failed: records lost");
+                    }
+                }
+            }
+            #[cfg(test)]
+            if let Some(batches) = &self.batches {
+                let _ = batches.send(());
+            }
+            if entries.iter().any(|e| matches!(e, Entry::Flush(_))) {
+                self.checkpoint();
+            }
+            for entry in entries.drain(..) {
+                if let Entry::Flush(done) = entry {
+                    let _ = done.try_send(());
+                }
+            }
+            self.prune_if_due();
+        }
+    }
+
+    /// Folds the write-ahead log into the database file and empties it. A flush comes at
+    /// shutdown: the database file alone then holds the whole ledger, and a copy of it made
+    /// without its `-wal` misses nothing.
+    fn checkpoint(&self) {
+        match self
+            .conn
+            .query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |row| {
+                row.get::<_, i64>(0)
+            }) {
+            Ok(0) => {}
+            Ok(_) => tracing::info!(
+                ledger = %self.path.display(),
+                "ledger checkpoint incomplete: a reader holds the write-ahead log, which stays beside the database"
+            ),
+            Err(e) => {
+                tracing::warn!(ledger = %self.path.display(), error = %e, "ledger checkpoint failed")
+            }
+        }
+    }
+
+    /// The skips counted since the last batch (see [`Ledger::skipped`]).
+    fn take_skips(&self) -> Vec<(i64, SkippedShadow, i64)> {
+        let mut pending = self.skips.lock().unwrap_or_else(PoisonError::into_inner);
+        pending.woken = false;
+        std::mem::take(&mut pending.runs)
+    }
+
+    fn drain_into(&mut self, entries: &mut Vec<Entry>) {
+        while entries.len() < self.batch {
+            match self.rx.try_recv() {
+                Ok(entry) => entries.push(entry),
+                Err(_) => break,
+            }
+        }
+    }
+
+    /// Writes `entries` and the skip runs `runs` in one transaction.
+    pub(super) fn write(
+        &mut self,
+        entries: &[Entry],
+        runs: &[(i64, SkippedShadow, i64)],
+    ) -> rusqlite::Result<()> {
+        let tx = self.conn.transaction()?;
+        {
+            let mut insert_request = tx.prepare_cached(INSERT_REQUEST)?;
+            let mut health = tx.prepare_cached(
+                "INSERT INTO ledger_health (run_id, started_ms, updated_ms, written, dropped_full, dropped_failed)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6)
+                 ON CONFLICT (run_id) DO UPDATE SET updated_ms = ?3, written = ?4, dropped_full = ?5, dropped_failed = ?6",
+            )?;
+            let requests = entries
+                .iter()
+                .filter(|e| matches!(e, Entry::Request(_)))
+                .count() as u64;
+            // This run's counters, as they will be once this batch commits: a report reading the
+            // ledger sees what was lost, once the disk takes writes again.
+            health.execute(params![
+                self.run_id,
+                self.started_ms,
+                unix_ms(SystemTime::now()),
+                int(Some(
+                    self.counters.written.load(Ordering::Relaxed) + requests
+                )),
+                int(Some(self.counters.dropped_full.load(Ordering::Relaxed))),
+                int(Some(self.counters.dropped_failed.load(Ordering::Relaxed))),
+            ])?;
+            let mut insert_comparison = tx.prepare_cached(&self.insert_comparison)?;
+            let mut insert_identity = tx.prepare_cached(INSERT_IDENTITY)?;
+            // Skips of one kind: the first one's time, the kind, how many.
+            let mut skipped: Vec<(i64, &SkippedShadow, i64)> =
+                runs.iter().map(|(at, s, n)| (*at, s, *n)).collect();
+            // When the writer last offered the CPU.
+            let mut offered = Instant::now();
+            // What the request insert's parameters hold now. SQLite keeps a statement's
+            // bindings from one execution to the next (until it goes back to the cache, after
+            // this batch), so a row binds only the values that differ from the row before:
+            // most of a row repeats (model, backend, identity, sampling, sources), and binding
+            // a text has SQLite allocate and copy it.
+            let mut bound: Option<[Param<'_>; REQUEST_PARAMS]> = None;
+            // The same for the comparison insert: a comparison row holds both sides' identity
+            // (engine builds and artifact digests, repeated from row to row) among its 53 values.
+            let mut compared: Option<Vec<ValueRef<'_>>> = None;
+            for entry in entries {
+                // A batch under load is a hundred rows or more, written at a stretch. Where the
+                // writer shares a core with the request path, a request that arrives meanwhile
+                // waits until the scheduler preempts the writer, and the tail latency shows it.
+                // So the writer offers the CPU once it has written for YIELD_AFTER; with nothing
+                // else to run, the yield returns at once. Not before every row: with the cores
+                // busy, each yield hands the core over for a while, and a writer yielding per row
+                // falls behind and drops records. And not once a quarter of the queue is
+                // waiting: under sustained load on a shared core, a writer that still yields
+                // falls behind too; the request path then shares the core with a writer that
+                // keeps up.
+                if offered.elapsed() >= YIELD_AFTER {
+                    if self.rx.len() < self.rx.max_capacity() / 4 {
+                        std::thread::yield_now();
+                    }
+                    offered = Instant::now();
+                }
+                match entry {
+                    Entry::Request(r) => {
+                        let values = r.params();
+                        for (i, value) in values.iter().enumerate() {
+                            if bound.as_ref().is_none_or(|b| b[i] != *value) {
+                                insert_request.raw_bind_parameter(i + 1, value)?;
+                            }
+                        }
+                        insert_request.raw_execute()?;
+                        bound = Some(values);
+                    }
+                    Entry::Flush(_) | Entry::Skips => {}
+                    Entry::Skipped(at, skip) => {
+                        match skipped.iter_mut().find(|(_, s, _)| s.is(&skip.kind())) {
+                            Some((_, _, count)) => *count += 1,
+                            None => skipped.push((*at, skip, 1)),
+                        }
+                    }
+                    Entry::Comparison(c) => {
+                        let values = c.values();
+                        for (i, value) in values.iter().enumerate() {
+                            if compared.as_ref().is_none_or(|b| b[i] != *value) {
+                                insert_comparison
+                                    .raw_bind_parameter(i + 1, ToSqlOutput::Borrowed(*value))?;
+                            }
+                        }
+                        insert_comparison.raw_execute()?;
+                        compared = Some(values);
+                    }
+                    Entry::Identity(at, s) => {
+                        insert_identity.execute(s.params(*at))?;
+                    }
+                }
+            }
+            if !skipped.is_empty() {
+                let mut insert_skipped = tx.prepare_cached(
+                    "INSERT INTO comparisons (ts_ms, source, mode, model, workload, sampling, sampling_json,
+                        streamed, verdict, reason, candidate_ran, primary_backend, primary_engine,
+                        primary_artifact, primary_warm, count)
+                     VALUES (?1, 'shadow', ?2, ?3, ?4, ?5, ?6, ?7, 'incomparable', ?8, 0, ?9, ?10, ?11, ?12, ?13)",
+                )?;
+                for (at, s, count) in skipped {
+                    insert_skipped.execute(params![
+                        at,
+                        s.mode,
+                        &*s.model,
+                        s.workload,
+                        s.sampling,
+                        s.sampling_json,
+                        s.streamed,
+                        &*s.reason,
+                        s.primary_backend.as_deref(),
+                        s.primary_engine,
+                        s.primary_artifact,
+                        s.primary_warm,
+                        count,
+                    ])?;
+                }
+            }
+        }
+        tx.commit()
+    }
+
+    /// Retention: at most hourly, delete rows past the age or count limit.
+    fn prune_if_due(&mut self) {
+        if self.retention_days.is_none() && self.max_rows.is_none() {
+            return;
+        }
+        if self
+            .last_prune
+            .is_some_and(|t| t.elapsed() < Duration::from_secs(3600))
+        {
+            return;
+        }
+        self.last_prune = Some(Instant::now());
+        let result = (|| -> rusqlite::Result<usize> {
+            let mut deleted = 0;
+            if let Some(days) = self.retention_days {
+                let cutoff = unix_ms(SystemTime::now()) - (days as i64) * 86_400_000;
+                deleted += self
+                    .conn
+                    .execute("DELETE FROM requests WHERE ts_ms < ?1", [cutoff])?;
+                deleted += self
+                    .conn
+                    .execute("DELETE FROM identities WHERE ts_ms < ?1", [cutoff])?;
+                deleted += self
+                    .conn
+                    .execute("DELETE FROM comparisons WHERE ts_ms < ?1", [cutoff])?;
+            }
+            if let Some(max) = self.max_rows {
+                deleted += self.conn.execute(
+                    "DELETE FROM requests WHERE id <= (SELECT id FROM requests ORDER BY id DESC LIMIT 1 OFFSET ?1)",
+                    [max as i64],
+                )?;
+            }
+            Ok(deleted)
+        })();
+        match result {
+            Ok(0) => {}
+            Ok(n) => {
+                tracing::info!(ledger = %self.path.display(), deleted = n, "ledger retention pruned rows")
+            }
+            Err(e) => {
+                tracing::warn!(ledger = %self.path.display(), error = %e, "ledger retention failed")
+            }
+        }
+    }
+}
