@@ -1,0 +1,239 @@
+//! The comparator: how a candidate engine's answers and speed are judged against the primary's.
+//!
+//! One piece of code serves both live shadow traffic (`switchyard report --comparisons`) and the
+//! offline harness (`switchyard compare`). Eligibility comes before arithmetic: a pair is judged
+//! first ([`judge`]: did both sides answer, is sampling deterministic, is each identity complete,
+//! do the normalized outputs match), and a group of pairs gets performance ratios only when every
+//! judged pair in it matched with complete identity. A faster wrong answer is not an improvement,
+//! so a group with any mismatch carries no performance numbers at all.
+//!
+//! This module holds the pair: one side's record ([`Side`]), the verdict on a pair ([`judge`]) and
+//! the recorded comparison ([`Pair`]). Grouping pairs and concluding over groups lives in
+//! `summary`, the performance ratios in `ratios`.
+
+mod ratios;
+mod summary;
+#[cfg(test)]
+mod tests;
+
+use serde::{Deserialize, Serialize};
+
+pub use ratios::{Ratio, Ratios};
+pub use summary::{compare, Comparison, Counts, Group, GroupKey, Status, Summary};
+
+/// Fewest accepted repetitions that give a group ratios.
+pub const MIN_REPETITIONS: usize = 3;
+
+/// The outcome of one comparison.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Verdict {
+    /// Both answered; the normalized outputs are identical.
+    Match,
+    /// Both answered; the outputs differ.
+    Mismatch,
+    /// The primary answered; the candidate failed (error status, broken stream, unreachable).
+    CandidateError,
+    /// No judgement possible; the reason says why.
+    Incomparable,
+}
+
+impl Verdict {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Match => "match",
+            Self::Mismatch => "mismatch",
+            Self::CandidateError => "candidate-error",
+            Self::Incomparable => "incomparable",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Self> {
+        Some(match s {
+            "match" => Self::Match,
+            "mismatch" => Self::Mismatch,
+            "candidate-error" => Self::CandidateError,
+            "incomparable" => Self::Incomparable,
+            _ => return None,
+        })
+    }
+}
+
+/// A prefill or decode phase as one side recorded it.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct TokenTiming {
+    pub ms: f64,
+    pub tokens: Option<u64>,
+    /// Reported by the engine itself (else measured by the proxy from the stream).
+    pub engine: bool,
+}
+
+/// One side of a comparison: what one backend did with the request.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Side {
+    pub request_id: Option<String>,
+    pub backend: String,
+    /// `x-switchyard-engine` at the time, e.g. `llama.cpp/sha256:…` or `mlx/unknown`.
+    pub engine: Option<String>,
+    /// `x-switchyard-artifact` at the time, e.g. `sha256:…` or `unverified:sha256:…`.
+    pub artifact: Option<String>,
+    /// HTTP status given to the caller; 0 when there was none.
+    pub status: u16,
+    pub error: Option<String>,
+    /// The normalized output hash, `sha256:…`.
+    pub output: Option<String>,
+    pub prompt_tokens: Option<u64>,
+    pub completion_tokens: Option<u64>,
+    pub queue_ms: Option<f64>,
+    pub ttft_ms: Option<f64>,
+    pub total_ms: Option<f64>,
+    pub prefill: Option<TokenTiming>,
+    pub decode: Option<TokenTiming>,
+    /// False for a cold run (the engine's or the prompt's first).
+    pub warm: Option<bool>,
+    /// Requests in flight on this side's backend when the comparison started (contention).
+    pub in_flight: Option<u64>,
+    pub client_disconnected: bool,
+}
+
+/// Why an answer has no complete output, if it has none, from what its record says: whether the
+/// client read it to its end, its status, its error, whether an output hash was taken.
+pub fn failure_of(
+    client_disconnected: bool,
+    status: u16,
+    error: Option<&str>,
+    has_output: bool,
+) -> Option<String> {
+    if client_disconnected {
+        return Some("the response was not read to its end".to_owned());
+    }
+    if !(200..300).contains(&status) {
+        return Some(match error {
+            Some(e) => format!("status {status}: {e}"),
+            None => format!("status {status}"),
+        });
+    }
+    if let Some(e) = error {
+        return Some(e.to_owned());
+    }
+    if !has_output {
+        return Some("no output to compare".to_owned());
+    }
+    None
+}
+
+impl Side {
+    /// Why this side has no complete answer, if it has none.
+    pub fn failure(&self) -> Option<String> {
+        failure_of(
+            self.client_disconnected,
+            self.status,
+            self.error.as_deref(),
+            self.output.is_some(),
+        )
+    }
+
+    /// What is missing from this side's identity: the engine's build and a verified artifact
+    /// digest are both required for a comparison to mean something.
+    pub fn identity_gaps(&self, role: &str) -> Vec<String> {
+        let mut gaps = Vec::new();
+        match self.engine.as_deref() {
+            None => gaps.push(format!("{role} engine unknown")),
+            Some(e) if e.ends_with("/unknown") || !e.contains('/') => {
+                gaps.push(format!("{role} engine build unknown ({e})"))
+            }
+            Some(_) => {}
+        }
+        match self.artifact.as_deref() {
+            Some(a) if a.starts_with("sha256:") => {}
+            Some(a) if a.starts_with("unverified") => {
+                gaps.push(format!("{role} artifact unverified ({a})"))
+            }
+            _ => gaps.push(format!("{role} artifact digest unknown")),
+        }
+        gaps
+    }
+}
+
+/// Judges one pair. `skipped` is set when the candidate never ran (pool full, shutdown);
+/// `deterministic` is whether the request's sampling fixes its output (temperature 0 or a seed).
+pub fn judge(
+    primary: &Side,
+    candidate: Option<&Side>,
+    deterministic: bool,
+    skipped: Option<&str>,
+) -> (Verdict, Option<String>) {
+    if let Some(why) = skipped {
+        return (
+            Verdict::Incomparable,
+            Some(format!("shadow skipped: {why}")),
+        );
+    }
+    if let Some(why) = primary.failure() {
+        return (
+            Verdict::Incomparable,
+            Some(format!("primary failed: {why}")),
+        );
+    }
+    let Some(candidate) = candidate else {
+        return (
+            Verdict::Incomparable,
+            Some("shadow skipped: the candidate did not run".to_owned()),
+        );
+    };
+    if let Some(why) = candidate.failure() {
+        return (Verdict::CandidateError, Some(why));
+    }
+    if !deterministic {
+        return (
+            Verdict::Incomparable,
+            Some("sampling not deterministic: temperature > 0 without a seed".to_owned()),
+        );
+    }
+    let mut gaps = primary.identity_gaps("primary");
+    gaps.extend(candidate.identity_gaps("candidate"));
+    if !gaps.is_empty() {
+        return (
+            Verdict::Incomparable,
+            Some(format!("identity incomplete: {}", gaps.join("; "))),
+        );
+    }
+    if primary.output == candidate.output {
+        (Verdict::Match, None)
+    } else {
+        (Verdict::Mismatch, None)
+    }
+}
+
+/// One recorded comparison.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Pair {
+    /// Public model name.
+    pub model: String,
+    pub workload: String,
+    pub sampling: String,
+    pub streamed: bool,
+    /// `after-primary`, `concurrent` (shadow traffic) or `sequential` (`switchyard compare`).
+    pub mode: String,
+    pub primary: Side,
+    /// None when the candidate never ran.
+    pub candidate: Option<Side>,
+    pub verdict: Verdict,
+    pub reason: Option<String>,
+    /// How many requests this record stands for: 1, except for skipped shadows, which the
+    /// ledger keeps as one row per kind with a count (a slow candidate skips most requests).
+    #[serde(default = "one")]
+    pub count: u64,
+}
+
+fn one() -> u64 {
+    1
+}
+
+impl Pair {
+    /// Warm only when both sides were warm; a pair with a cold side is cold.
+    pub fn warm(&self) -> bool {
+        self.primary.warm == Some(true)
+            && self.candidate.as_ref().is_none_or(|c| c.warm == Some(true))
+    }
+}

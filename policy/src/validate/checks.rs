@@ -1,0 +1,100 @@
+//! Checks of single configuration values: names, backend and collector URLs, and whether two
+//! listen addresses (or a URL and a listener) are the same place.
+
+pub(super) fn is_valid_name(name: &str) -> bool {
+    !name.is_empty()
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
+}
+
+/// Whether two listen addresses would take the same port (port 0 is a fresh one each time).
+pub(super) fn same_listener(a: std::net::SocketAddr, b: std::net::SocketAddr) -> bool {
+    a.port() != 0
+        && a.port() == b.port()
+        && (a.ip() == b.ip() || a.ip().is_unspecified() || b.ip().is_unspecified())
+}
+
+/// Whether a backend URL (already checked by [`check_url`]) names Switchyard's own listener
+/// `own`: the same port on the same address, on `localhost` or a loopback address when `own` is
+/// loopback or unspecified. Other host names are not resolved here.
+pub(super) fn url_reaches(url: &str, own: std::net::SocketAddr) -> bool {
+    let authority = url.trim_start_matches("http://").trim_end_matches('/');
+    let Some((host, port)) = authority.rsplit_once(':') else {
+        return false;
+    };
+    if own.port() == 0 || port.parse::<u16>() != Ok(own.port()) {
+        return false;
+    }
+    let host = host.trim_start_matches('[').trim_end_matches(']');
+    match host.parse::<std::net::IpAddr>() {
+        Ok(ip) => {
+            ip == own.ip()
+                || (own.ip().is_unspecified() && (ip.is_loopback() || ip.is_unspecified()))
+        }
+        Err(_) => {
+            host.eq_ignore_ascii_case("localhost")
+                && (own.ip().is_loopback() || own.ip().is_unspecified())
+        }
+    }
+}
+
+/// Engines are reached over plain HTTP on a host and port; a path, query or TLS is not supported.
+pub(super) fn check_url(url: &str) -> Result<(), String> {
+    let Some(rest) = url.strip_prefix("http://") else {
+        return Err(format!(
+            "\"{url}\" must start with http:// (engines are reached over plain HTTP)"
+        ));
+    };
+    let authority = rest.strip_suffix('/').unwrap_or(rest);
+    if authority.is_empty() || authority.contains(['/', '?', '#', '@']) {
+        return Err(format!(
+            "\"{url}\" must be http://host:port with no path, query or credentials"
+        ));
+    }
+    let Some((host, port)) = authority.rsplit_once(':') else {
+        return Err(format!(
+            "\"{url}\" must name a port, e.g. http://127.0.0.1:8081"
+        ));
+    };
+    if host.is_empty() {
+        return Err(format!("\"{url}\" has no host"));
+    }
+    match port.parse::<u16>() {
+        Ok(p) if p > 0 => Ok(()),
+        _ => Err(format!("\"{url}\" has an invalid port \"{port}\"")),
+    }
+}
+
+/// An OTLP/HTTP collector's base URL: `http://host:port`, optionally with a path prefix; the
+/// signal path (`/v1/traces`) is appended, so it must not be there already.
+pub(super) fn check_otlp_endpoint(url: &str) -> Result<(), String> {
+    let Some(rest) = url.strip_prefix("http://") else {
+        return Err(format!(
+            "\"{url}\" must start with http:// (OTLP over plain HTTP; TLS is not supported)"
+        ));
+    };
+    let (authority, path) = rest.split_at(rest.find('/').unwrap_or(rest.len()));
+    if url.contains(['?', '#']) || authority.contains('@') {
+        return Err(format!(
+            "\"{url}\" must be http://host:port[/path], with no query, fragment or credentials"
+        ));
+    }
+    let Some((host, port)) = authority.rsplit_once(':') else {
+        return Err(format!(
+            "\"{url}\" must name a port, e.g. http://127.0.0.1:4318"
+        ));
+    };
+    if host.is_empty() {
+        return Err(format!("\"{url}\" has no host"));
+    }
+    if !matches!(port.parse::<u16>(), Ok(p) if p > 0) {
+        return Err(format!("\"{url}\" has an invalid port \"{port}\""));
+    }
+    if path.trim_end_matches('/').ends_with("/v1/traces") {
+        return Err(format!(
+            "\"{url}\" is a base URL: leave out /v1/traces, which is appended"
+        ));
+    }
+    Ok(())
+}

@@ -1,0 +1,249 @@
+//! Whole-file checks that serde cannot express, reported all at once.
+//!
+//! `validate` never stops at the first problem: an operator fixing a config wants the full list,
+//! each with the key path it concerns.
+//!
+//! The checks of single values (names, URLs, listen addresses) live in `checks`.
+
+mod checks;
+#[cfg(test)]
+mod tests;
+
+use std::collections::BTreeMap;
+use std::fmt;
+
+use crate::config::Config;
+
+use checks::{check_otlp_endpoint, check_url, is_valid_name, same_listener, url_reaches};
+
+/// One thing wrong with a configuration, at a key path such as `models.smollm2.primary`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Problem {
+    pub path: String,
+    pub message: String,
+}
+
+impl Problem {
+    fn new(path: impl Into<String>, message: impl Into<String>) -> Self {
+        Self {
+            path: path.into(),
+            message: message.into(),
+        }
+    }
+}
+
+impl fmt::Display for Problem {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: {}", self.path, self.message)
+    }
+}
+
+/// Every problem in `config`; empty when it is valid.
+pub fn validate(config: &Config) -> Vec<Problem> {
+    let mut problems = Vec::new();
+    let server = &config.server;
+
+    if server.max_body_bytes == 0 {
+        problems.push(Problem::new("server.max_body_bytes", "must be at least 1"));
+    }
+    if let Some(metrics) = server.metrics_listen {
+        if same_listener(metrics, server.listen) {
+            problems.push(Problem::new(
+                "server.metrics_listen",
+                format!(
+                    "{metrics} is server.listen's address; leave it out to serve /metrics on server.listen only"
+                ),
+            ));
+        }
+    }
+    if server.workers == Some(0) {
+        problems.push(Problem::new("server.workers", "must be at least 1"));
+    }
+    if server.max_response_bytes == 0 {
+        problems.push(Problem::new(
+            "server.max_response_bytes",
+            "must be at least 1",
+        ));
+    }
+    for (key, value) in [
+        ("server.connect_timeout_ms", server.connect_timeout_ms),
+        ("server.first_byte_timeout_ms", server.first_byte_timeout_ms),
+        ("server.probe_interval_ms", server.probe_interval_ms),
+        (
+            "server.client_idle_timeout_ms",
+            server.client_idle_timeout_ms,
+        ),
+    ] {
+        if value == 0 {
+            problems.push(Problem::new(key, "must be at least 1 millisecond"));
+        }
+    }
+
+    if let Some(ledger) = &config.ledger {
+        if ledger.queue == 0 {
+            problems.push(Problem::new("ledger.queue", "must be at least 1"));
+        }
+        if ledger.batch == 0 {
+            problems.push(Problem::new("ledger.batch", "must be at least 1"));
+        }
+        if ledger.path.as_os_str().is_empty() {
+            problems.push(Problem::new("ledger.path", "must not be empty"));
+        }
+    }
+
+    if let Some(telemetry) = &config.telemetry {
+        if let Some(endpoint) = &telemetry.otlp_endpoint {
+            if let Err(why) = check_otlp_endpoint(endpoint) {
+                problems.push(Problem::new("telemetry.otlp_endpoint", why));
+            }
+        }
+        if telemetry.service_name.as_deref().is_some_and(str::is_empty) {
+            problems.push(Problem::new(
+                "telemetry.service_name",
+                "must not be empty (leave it out for the default)",
+            ));
+        }
+        if telemetry.batch_delay_ms == 0 {
+            problems.push(Problem::new(
+                "telemetry.batch_delay_ms",
+                "must be at least 1 millisecond",
+            ));
+        }
+        if telemetry.queue == 0 {
+            problems.push(Problem::new("telemetry.queue", "must be at least 1"));
+        }
+    }
+
+    if config.backends.is_empty() {
+        problems.push(Problem::new("backends", "no backend is configured"));
+    }
+    for (name, backend) in &config.backends {
+        let at = format!("backends.{name}");
+        if !is_valid_name(name) {
+            problems.push(Problem::new(
+                &at,
+                "backend names may use only letters, digits, '-', '_' and '.'",
+            ));
+        }
+        if let Err(why) = check_url(&backend.url) {
+            problems.push(Problem::new(format!("{at}.url"), why));
+        } else if let Some(own) = [Some(server.listen), server.metrics_listen]
+            .into_iter()
+            .flatten()
+            .find(|own| url_reaches(&backend.url, *own))
+        {
+            // Every request forwarded there would come back in and be forwarded again.
+            problems.push(Problem::new(
+                format!("{at}.url"),
+                format!(
+                    "\"{}\" is Switchyard's own listener ({own}): requests would loop",
+                    backend.url
+                ),
+            ));
+        }
+        if backend.max_concurrency == Some(0) {
+            problems.push(Problem::new(
+                format!("{at}.max_concurrency"),
+                "must be at least 1 (leave it out for the engine's own slot count)",
+            ));
+        }
+        if backend.require_verified_identity && backend.artifact.is_none() {
+            problems.push(Problem::new(
+                format!("{at}.require_verified_identity"),
+                "needs `artifact`: there is nothing to verify the engine against",
+            ));
+        }
+        if let Some(upstream) = &backend.upstream_model {
+            if upstream.is_empty() {
+                problems.push(Problem::new(
+                    format!("{at}.upstream_model"),
+                    "must not be empty",
+                ));
+            }
+        }
+    }
+
+    if config.models.is_empty() {
+        problems.push(Problem::new("models", "no model is configured"));
+    }
+    // Every public name and alias must resolve to exactly one model.
+    let mut owners: BTreeMap<&str, String> = BTreeMap::new();
+    for (name, model) in &config.models {
+        let at = format!("models.{name}");
+        if name.is_empty() {
+            problems.push(Problem::new(&at, "model names must not be empty"));
+        }
+        if let Some(previous) = owners.insert(name.as_str(), at.clone()) {
+            problems.push(Problem::new(
+                &at,
+                format!("\"{name}\" is already used by {previous}"),
+            ));
+        }
+        for (i, alias) in model.aliases.iter().enumerate() {
+            let alias_at = format!("{at}.aliases[{i}]");
+            if alias.is_empty() {
+                problems.push(Problem::new(&alias_at, "aliases must not be empty"));
+                continue;
+            }
+            if let Some(previous) = owners.insert(alias.as_str(), alias_at.clone()) {
+                problems.push(Problem::new(
+                    &alias_at,
+                    format!("\"{alias}\" is already used by {previous}"),
+                ));
+            }
+        }
+        if !config.backends.contains_key(&model.primary) {
+            problems.push(Problem::new(
+                format!("{at}.primary"),
+                format!("no backend named \"{}\"", model.primary),
+            ));
+        }
+        for (i, fallback) in model.fallback.iter().enumerate() {
+            let fb_at = format!("{at}.fallback[{i}]");
+            if !config.backends.contains_key(fallback) {
+                problems.push(Problem::new(
+                    &fb_at,
+                    format!("no backend named \"{fallback}\""),
+                ));
+            } else if *fallback == model.primary {
+                problems.push(Problem::new(
+                    &fb_at,
+                    "the primary cannot be its own fallback",
+                ));
+            } else if model.fallback[..i].contains(fallback) {
+                // A second try of a backend that just failed costs its timeout again.
+                problems.push(Problem::new(
+                    &fb_at,
+                    format!("\"{fallback}\" is already an earlier fallback"),
+                ));
+            }
+        }
+        if let Some(shadow) = &model.shadow {
+            let sh_at = format!("{at}.shadow");
+            if !config.backends.contains_key(&shadow.backend) {
+                problems.push(Problem::new(
+                    format!("{sh_at}.backend"),
+                    format!("no backend named \"{}\"", shadow.backend),
+                ));
+            } else if shadow.backend == model.primary {
+                problems.push(Problem::new(
+                    format!("{sh_at}.backend"),
+                    "the primary cannot shadow itself (a comparison needs two backends)",
+                ));
+            }
+            if !(0.0..=1.0).contains(&shadow.sample) {
+                problems.push(Problem::new(
+                    format!("{sh_at}.sample"),
+                    format!("{} is not a fraction between 0 and 1", shadow.sample),
+                ));
+            }
+            if shadow.max_in_flight == 0 {
+                problems.push(Problem::new(
+                    format!("{sh_at}.max_in_flight"),
+                    "must be at least 1",
+                ));
+            }
+        }
+    }
+    problems
+}

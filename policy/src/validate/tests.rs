@@ -1,0 +1,198 @@
+//! Unit tests of `validate`: every problem reported with its path, and the value checks.
+
+use super::*;
+
+fn parse(text: &str) -> Config {
+    toml::from_str(text).unwrap()
+}
+
+#[test]
+fn valid_config_has_no_problems() {
+    let config = parse(
+        r#"
+        [backends.llama]
+        engine = "llama.cpp"
+        url = "http://127.0.0.1:8081"
+        [models.smollm2]
+        aliases = ["default"]
+        primary = "llama"
+    "#,
+    );
+    assert_eq!(validate(&config), vec![]);
+}
+
+#[test]
+fn a_backend_at_switchyards_own_listener_is_refused() {
+    for (listen, metrics, url, expected) in [
+        (
+            "127.0.0.1:8080",
+            None,
+            "http://127.0.0.1:8080",
+            Some("backends.self.url"),
+        ),
+        (
+            "127.0.0.1:8080",
+            None,
+            "http://localhost:8080/",
+            Some("backends.self.url"),
+        ),
+        (
+            "0.0.0.0:8080",
+            None,
+            "http://127.0.0.1:8080",
+            Some("backends.self.url"),
+        ),
+        (
+            "[::1]:8080",
+            None,
+            "http://[::1]:8080",
+            Some("backends.self.url"),
+        ),
+        (
+            "127.0.0.1:8080",
+            Some("127.0.0.1:9464"),
+            "http://127.0.0.1:9464",
+            Some("backends.self.url"),
+        ),
+        ("127.0.0.1:8080", None, "http://127.0.0.1:8081", None),
+        ("127.0.0.1:8080", None, "http://10.0.0.2:8080", None),
+        ("127.0.0.1:0", None, "http://127.0.0.1:8080", None),
+        (
+            "127.0.0.1:8080",
+            Some("127.0.0.1:8080"),
+            "http://127.0.0.1:8081",
+            Some("server.metrics_listen"),
+        ),
+        (
+            "0.0.0.0:8080",
+            Some("127.0.0.1:8080"),
+            "http://127.0.0.1:8081",
+            Some("server.metrics_listen"),
+        ),
+    ] {
+        let metrics = metrics.map_or(String::new(), |m| format!("metrics_listen = \"{m}\"\n"));
+        let config = parse(&format!(
+            "[server]\nlisten = \"{listen}\"\n{metrics}[backends.self]\nengine = \"llama.cpp\"\nurl = \"{url}\"\n[models.m]\nprimary = \"self\"\n"
+        ));
+        let paths: Vec<String> = validate(&config).into_iter().map(|p| p.path).collect();
+        assert_eq!(
+            paths,
+            expected.into_iter().collect::<Vec<_>>(),
+            "{listen} {url}"
+        );
+    }
+}
+
+#[test]
+fn shadow_problems_are_reported() {
+    let config = parse(
+        r#"
+        [backends.llama]
+        engine = "llama.cpp"
+        url = "http://127.0.0.1:8081"
+        [models.a]
+        primary = "llama"
+        shadow = { backend = "llama", sample = 1.5, max_in_flight = 0 }
+        [models.b]
+        primary = "llama"
+        shadow = { backend = "mlx", sample = nan }
+    "#,
+    );
+    let paths: Vec<String> = validate(&config).into_iter().map(|p| p.path).collect();
+    assert_eq!(
+        paths,
+        vec![
+            "models.a.shadow.backend",
+            "models.a.shadow.sample",
+            "models.a.shadow.max_in_flight",
+            "models.b.shadow.backend",
+            "models.b.shadow.sample",
+        ]
+    );
+}
+
+#[test]
+fn every_problem_is_reported_with_its_path() {
+    let config = parse(
+        r#"
+        [server]
+        connect_timeout_ms = 0
+        workers = 0
+        [backends.llama]
+        engine = "llama.cpp"
+        url = "127.0.0.1:8081"
+        max_concurrency = 0
+        [models.a]
+        aliases = ["shared"]
+        primary = "llama"
+        [models.b]
+        aliases = ["shared", "a"]
+        primary = "missing"
+        fallback = ["llama", "nope", "llama"]
+    "#,
+    );
+    let paths: Vec<String> = validate(&config).into_iter().map(|p| p.path).collect();
+    assert_eq!(
+        paths,
+        vec![
+            "server.workers",
+            "server.connect_timeout_ms",
+            "backends.llama.url",
+            "backends.llama.max_concurrency",
+            "models.b.aliases[0]",
+            "models.b.aliases[1]",
+            "models.b.primary",
+            "models.b.fallback[1]",
+            "models.b.fallback[2]",
+        ]
+    );
+}
+
+#[test]
+fn telemetry_is_checked() {
+    let config = parse(
+        r#"
+        [telemetry]
+        otlp_endpoint = "https://collector:4318"
+        service_name = ""
+        batch_delay_ms = 0
+        queue = 0
+        [backends.llama]
+        engine = "llama.cpp"
+        url = "http://127.0.0.1:8081"
+        [models.smollm2]
+        primary = "llama"
+    "#,
+    );
+    let paths: Vec<String> = validate(&config).into_iter().map(|p| p.path).collect();
+    assert_eq!(
+        paths,
+        vec![
+            "telemetry.otlp_endpoint",
+            "telemetry.service_name",
+            "telemetry.batch_delay_ms",
+            "telemetry.queue",
+        ]
+    );
+    assert!(check_otlp_endpoint("http://127.0.0.1:4318").is_ok());
+    assert!(check_otlp_endpoint("http://collector:4318/").is_ok());
+    assert!(check_otlp_endpoint("http://collector:4318/otlp").is_ok());
+    assert!(check_otlp_endpoint("http://collector:4318/v1/traces").is_err());
+    assert!(check_otlp_endpoint("http://collector").is_err());
+    assert!(check_otlp_endpoint("http://collector:0").is_err());
+    assert!(check_otlp_endpoint("http://:4318").is_err());
+    assert!(check_otlp_endpoint("http://u:p@collector:4318").is_err());
+    assert!(check_otlp_endpoint("http://collector:4318/?x=1").is_err());
+    assert!(check_otlp_endpoint("127.0.0.1:4318").is_err());
+}
+
+#[test]
+fn urls_are_checked() {
+    assert!(check_url("http://127.0.0.1:8081").is_ok());
+    assert!(check_url("http://localhost:8081/").is_ok());
+    assert!(check_url("https://127.0.0.1:8081").is_err());
+    assert!(check_url("http://127.0.0.1").is_err());
+    assert!(check_url("http://127.0.0.1:8081/v1").is_err());
+    assert!(check_url("http://127.0.0.1:0").is_err());
+    assert!(check_url("http://:80").is_err());
+}

@@ -1,0 +1,340 @@
+//! A fake llama-server: exact timings, fault injection and benchmarks.
+//!
+//! It speaks llama-server's shapes (see `shared/engine-transcripts/llama.cpp/`): `/health` (503
+//! "Loading model" for a configurable period), `/props`, `/v1/models`, chat and text completions,
+//! streaming and not, with `timings`, `usage` and `system_fingerprint`. Its text is derived
+//! deterministically from the prompt. Every request, stream chunk and abort is reported as an
+//! [`Event`] with the instant it happened, so tests can compare clocks instead of sleeping.
+//!
+//! It is a test instrument in addition to the real engines, never instead of them.
+//!
+//! This module holds the public face: faults, events, the builder and the running engine's handle.
+//! Serving HTTP (accepting, routing, the probes) is in `server`; answering a completion, in JSON or
+//! as a stream, is in `completion`.
+
+mod completion;
+mod server;
+#[cfg(test)]
+mod tests;
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+use tokio::net::{TcpListener, TcpSocket, TcpStream};
+use tokio::sync::{mpsc, Mutex};
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+pub use completion::answer_tokens;
+use server::{accept_loop, Serving, Shared};
+
+/// A fault to inject.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+pub enum Fault {
+    #[default]
+    None,
+    /// Nothing listens on the port: connections are refused.
+    Refuse,
+    /// Connections are accepted by the kernel but never by the engine (full backlog): connect
+    /// attempts hang until they time out.
+    NoAccept,
+    /// Requests are read but never answered.
+    Hang,
+    /// Streams stop half-way by closing the connection.
+    CloseMidStream,
+    /// Completions answer 500 with llama-server's error shape.
+    #[value(name = "error-500")]
+    Error500,
+    /// Streams send `data: [DONE]`, then keep the response open until the client leaves (an
+    /// engine slow to end its body); the leaving is reported as `Aborted`.
+    LingerAfterDone,
+}
+
+/// Something the fake engine did, with when it did it.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Event {
+    /// A completion request arrived (path, parsed body and headers, e.g. the `traceparent` it
+    /// was sent).
+    Request {
+        path: String,
+        body: Value,
+        headers: http::HeaderMap,
+        at: Instant,
+    },
+    /// Stream chunk `index` (0-based, counting every `data:` event) was handed to the socket.
+    ChunkWritten { index: usize, at: Instant },
+    /// The client went away before the response was complete.
+    Aborted { at: Instant },
+    /// A response was completed.
+    Completed { at: Instant },
+}
+
+/// How the fake engine behaves.
+#[derive(Debug, Clone)]
+pub struct FakeEngineConfig {
+    pub prefill: Duration,
+    pub per_token: Duration,
+    pub tokens: usize,
+    pub loading: Duration,
+    pub fault: Fault,
+    pub model_path: String,
+    pub build_info: String,
+    pub slots: u32,
+    /// Extra pause between the first and the second stream chunk that carries a token.
+    pub pause_after_first: Duration,
+    /// A fixed answer instead of the prompt-derived one (for "fast but wrong" candidates).
+    pub fixed_text: Option<String>,
+    /// Benchmarks: each streamed token's text is `ts=NANOS;`, the Unix time in nanoseconds at
+    /// which the chunk was handed to the connection, so a client in another process can tell
+    /// how long the chunk took to reach it (through a proxy or not).
+    pub stamp_chunks: bool,
+}
+
+impl Default for FakeEngineConfig {
+    fn default() -> Self {
+        Self {
+            prefill: Duration::ZERO,
+            per_token: Duration::ZERO,
+            tokens: 10,
+            loading: Duration::ZERO,
+            fault: Fault::None,
+            model_path: "/models/fake.gguf".to_owned(),
+            build_info: "b4242-fake000".to_owned(),
+            slots: 4,
+            pause_after_first: Duration::ZERO,
+            fixed_text: None,
+            stamp_chunks: false,
+        }
+    }
+}
+
+/// Builds a fake engine: `FakeEngine::llama_cpp().prefill_ms(200).token_ms(20).spawn()`.
+#[derive(Debug, Clone, Default)]
+pub struct FakeEngine {
+    config: FakeEngineConfig,
+}
+
+impl FakeEngine {
+    pub fn llama_cpp() -> Self {
+        Self::default()
+    }
+
+    pub fn with_config(config: FakeEngineConfig) -> Self {
+        Self { config }
+    }
+
+    pub fn prefill_ms(mut self, ms: u64) -> Self {
+        self.config.prefill = Duration::from_millis(ms);
+        self
+    }
+
+    pub fn token_ms(mut self, ms: u64) -> Self {
+        self.config.per_token = Duration::from_millis(ms);
+        self
+    }
+
+    pub fn tokens(mut self, n: usize) -> Self {
+        self.config.tokens = n;
+        self
+    }
+
+    pub fn loading_ms(mut self, ms: u64) -> Self {
+        self.config.loading = Duration::from_millis(ms);
+        self
+    }
+
+    pub fn fault(mut self, fault: Fault) -> Self {
+        self.config.fault = fault;
+        self
+    }
+
+    pub fn model_path(mut self, path: impl Into<String>) -> Self {
+        self.config.model_path = path.into();
+        self
+    }
+
+    pub fn build_info(mut self, build: impl Into<String>) -> Self {
+        self.config.build_info = build.into();
+        self
+    }
+
+    pub fn pause_after_first_ms(mut self, ms: u64) -> Self {
+        self.config.pause_after_first = Duration::from_millis(ms);
+        self
+    }
+
+    pub fn fixed_text(mut self, text: impl Into<String>) -> Self {
+        self.config.fixed_text = Some(text.into());
+        self
+    }
+
+    /// Starts serving on `127.0.0.1:0`.
+    pub async fn spawn(self) -> std::io::Result<FakeEngineHandle> {
+        self.spawn_on("127.0.0.1:0".parse().map_err(std::io::Error::other)?)
+            .await
+    }
+
+    /// Starts serving on `addr`.
+    pub async fn spawn_on(self, addr: SocketAddr) -> std::io::Result<FakeEngineHandle> {
+        let (events_tx, events_rx) = mpsc::unbounded_channel();
+        let stop = CancellationToken::new();
+        let tasks = TaskTracker::new();
+        let mut keep_alive = Vec::new();
+        let accepted = Arc::new(AtomicU64::new(0));
+        let serving = Arc::new(std::sync::Mutex::new(Serving {
+            model_path: self.config.model_path.clone(),
+            build_info: self.config.build_info.clone(),
+        }));
+        let local = match self.config.fault {
+            Fault::Refuse => {
+                let listener = TcpListener::bind(addr).await?;
+                let local = listener.local_addr()?;
+                drop(listener);
+                local
+            }
+            Fault::NoAccept => {
+                let socket = TcpSocket::new_v4()?;
+                socket.bind(addr)?;
+                let listener = socket.listen(1)?;
+                let local = listener.local_addr()?;
+                // Fill the accept queue so further SYNs are dropped and connects hang.
+                for _ in 0..4 {
+                    if let Ok(Ok(s)) =
+                        tokio::time::timeout(Duration::from_millis(100), TcpStream::connect(local))
+                            .await
+                    {
+                        keep_alive.push(s);
+                    }
+                }
+                tasks.spawn(hold(listener, keep_alive, stop.clone()));
+                local
+            }
+            _ => {
+                let listener = TcpListener::bind(addr).await?;
+                let local = listener.local_addr()?;
+                let shared = Arc::new(Shared {
+                    config: self.config.clone(),
+                    serving: serving.clone(),
+                    accepted: accepted.clone(),
+                    started: Instant::now(),
+                    events: events_tx,
+                    requests: Mutex::new(0),
+                });
+                tasks.spawn(accept_loop(listener, shared, stop.clone(), tasks.clone()));
+                local
+            }
+        };
+        Ok(FakeEngineHandle {
+            addr: local,
+            accepted,
+            serving,
+            events: events_rx,
+            stop,
+            tasks,
+        })
+    }
+}
+
+async fn hold(listener: TcpListener, conns: Vec<TcpStream>, stop: CancellationToken) {
+    stop.cancelled().await;
+    drop(conns);
+    drop(listener);
+}
+
+/// A running fake engine. Dropping it stops it.
+#[derive(Debug)]
+pub struct FakeEngineHandle {
+    pub addr: SocketAddr,
+    accepted: Arc<AtomicU64>,
+    serving: Arc<std::sync::Mutex<Serving>>,
+    events: mpsc::UnboundedReceiver<Event>,
+    stop: CancellationToken,
+    tasks: TaskTracker,
+}
+
+impl FakeEngineHandle {
+    /// `http://127.0.0.1:PORT`.
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// Names another model path and build from now on, in probes and answers alike: what an
+    /// engine restarted on another model between two probes does (without the restart's
+    /// closed connections).
+    pub fn serve_as(&self, model_path: impl Into<String>, build_info: impl Into<String>) {
+        let mut serving = self.serving.lock().unwrap_or_else(|e| e.into_inner());
+        serving.model_path = model_path.into();
+        serving.build_info = build_info.into();
+    }
+
+    /// Connections accepted so far.
+    pub fn connections(&self) -> u64 {
+        self.accepted.load(Ordering::Relaxed)
+    }
+
+    /// Stops keeping events. Every request, chunk and ending is an event, held until read: an
+    /// engine that serves for long without anyone reading them (the standalone binary, under a
+    /// benchmark) would grow by every request it answered.
+    pub fn ignore_events(&mut self) {
+        self.events.close();
+        while self.events.try_recv().is_ok() {}
+    }
+
+    /// The next event, waiting at most `timeout`.
+    pub async fn next_event(&mut self, timeout: Duration) -> Option<Event> {
+        tokio::time::timeout(timeout, self.events.recv())
+            .await
+            .ok()
+            .flatten()
+    }
+
+    /// Waits (at most `timeout`) for the engine to see its client leave before the response was
+    /// complete; returns when it did.
+    pub async fn aborted(&mut self, timeout: Duration) -> Option<Instant> {
+        self.wait_for(timeout, |e| match e {
+            Event::Aborted { at } => Some(*at),
+            _ => None,
+        })
+        .await
+    }
+
+    /// Waits (at most `timeout`) for the engine to receive a request; `Some` when it did.
+    pub async fn request(&mut self, timeout: Duration) -> Option<()> {
+        self.wait_for(timeout, |e| {
+            matches!(e, Event::Request { .. }).then_some(())
+        })
+        .await
+    }
+
+    /// Waits for the first event that `pick` accepts, skipping others.
+    pub async fn wait_for<T>(
+        &mut self,
+        timeout: Duration,
+        mut pick: impl FnMut(&Event) -> Option<T>,
+    ) -> Option<T> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let left = deadline.checked_duration_since(Instant::now())?;
+            let event = self.next_event(left).await?;
+            if let Some(found) = pick(&event) {
+                return Some(found);
+            }
+        }
+    }
+
+    /// Stops accepting and ends every connection.
+    pub async fn stop(self) {
+        self.stop.cancel();
+        self.tasks.close();
+        let _ = tokio::time::timeout(Duration::from_secs(1), self.tasks.wait()).await;
+    }
+}
+
+impl Drop for FakeEngineHandle {
+    fn drop(&mut self) {
+        self.stop.cancel();
+    }
+}

@@ -1,0 +1,223 @@
+//! The fake engine's HTTP side: the state its connections share, the accept loop, and the routes
+//! llama-server answers (`/health`, `/props`, `/v1/models`, completions), with the response helpers
+//! and the guard that reports a client leaving early.
+
+use std::convert::Infallible;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
+
+use bytes::Bytes;
+use http::{Request, Response, StatusCode};
+use http_body_util::BodyExt;
+use hyper::body::Incoming;
+use hyper::service::service_fn;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use serde_json::{json, Value};
+use tokio::net::TcpListener;
+use tokio::sync::{mpsc, Mutex};
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use super::completion::{complete, ChannelBody};
+use super::{Event, FakeEngineConfig, Fault};
+
+/// The model path and build an engine names in its probes and answers.
+#[derive(Debug)]
+pub(super) struct Serving {
+    pub(super) model_path: String,
+    pub(super) build_info: String,
+}
+
+pub(super) struct Shared {
+    pub(super) config: FakeEngineConfig,
+    pub(super) serving: Arc<std::sync::Mutex<Serving>>,
+    pub(super) accepted: Arc<AtomicU64>,
+    pub(super) started: Instant,
+    pub(super) events: mpsc::UnboundedSender<Event>,
+    pub(super) requests: Mutex<u64>,
+}
+
+impl Shared {
+    /// The model path and build named now.
+    pub(super) fn serving(&self) -> (String, String) {
+        let serving = self.serving.lock().unwrap_or_else(|e| e.into_inner());
+        (serving.model_path.clone(), serving.build_info.clone())
+    }
+}
+
+pub(super) async fn accept_loop(
+    listener: TcpListener,
+    shared: Arc<Shared>,
+    stop: CancellationToken,
+    tasks: TaskTracker,
+) {
+    loop {
+        let stream = tokio::select! {
+            _ = stop.cancelled() => return,
+            accepted = listener.accept() => match accepted {
+                Ok((stream, _)) => stream,
+                Err(_) => continue,
+            },
+        };
+        let _ = stream.set_nodelay(true);
+        shared.accepted.fetch_add(1, Ordering::Relaxed);
+        let shared = shared.clone();
+        let stop = stop.clone();
+        tasks.spawn(async move {
+            let service = service_fn(move |req| {
+                let shared = shared.clone();
+                async move { Ok::<_, Infallible>(route(shared, req).await) }
+            });
+            let builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
+            let conn = builder.serve_connection(TokioIo::new(stream), service);
+            tokio::select! {
+                _ = conn => {}
+                _ = stop.cancelled() => {}
+            }
+        });
+    }
+}
+pub(super) type FakeBody = http_body_util::Either<http_body_util::Full<Bytes>, ChannelBody>;
+
+pub(super) fn json_response(status: StatusCode, body: Value) -> Response<FakeBody> {
+    let mut response = Response::new(http_body_util::Either::Left(http_body_util::Full::new(
+        Bytes::from(body.to_string()),
+    )));
+    *response.status_mut() = status;
+    response.headers_mut().insert(
+        http::header::CONTENT_TYPE,
+        http::HeaderValue::from_static("application/json; charset=utf-8"),
+    );
+    response.headers_mut().insert(
+        http::header::SERVER,
+        http::HeaderValue::from_static("llama.cpp"),
+    );
+    response
+}
+
+fn loading(shared: &Shared) -> bool {
+    shared.started.elapsed() < shared.config.loading
+}
+
+fn loading_error() -> Value {
+    json!({"error": {"message": "Loading model", "type": "unavailable_error", "code": 503}})
+}
+
+/// Reports an abort when dropped before `done` is called: the client went away.
+pub(super) struct AbortGuard {
+    events: mpsc::UnboundedSender<Event>,
+    done: bool,
+}
+
+impl AbortGuard {
+    pub(super) fn done(mut self) {
+        self.done = true;
+        let _ = self.events.send(Event::Completed { at: Instant::now() });
+    }
+}
+
+impl Drop for AbortGuard {
+    fn drop(&mut self) {
+        if !self.done {
+            let _ = self.events.send(Event::Aborted { at: Instant::now() });
+        }
+    }
+}
+async fn route(shared: Arc<Shared>, req: Request<Incoming>) -> Response<FakeBody> {
+    let path = req.uri().path().to_owned();
+    let method = req.method().clone();
+    let config = &shared.config;
+    match (method.as_str(), path.as_str()) {
+        ("GET", "/health") => {
+            if loading(&shared) {
+                json_response(StatusCode::SERVICE_UNAVAILABLE, loading_error())
+            } else {
+                json_response(StatusCode::OK, json!({"status": "ok"}))
+            }
+        }
+        ("GET", "/props") => {
+            let (model_path, build_info) = shared.serving();
+            json_response(
+                StatusCode::OK,
+                json!({
+                    "default_generation_settings": {"n_ctx": 2048, "params": {"temperature": 0.8}},
+                    "total_slots": config.slots,
+                    "model_alias": model_path,
+                    "model_path": model_path,
+                    "build_info": build_info,
+                    "is_sleeping": false,
+                }),
+            )
+        }
+        ("GET", "/v1/models") => json_response(
+            StatusCode::OK,
+            json!({"object": "list", "data": [{"id": shared.serving().0, "object": "model", "created": now_secs(), "owned_by": "llamacpp",
+                   "meta": {"n_ctx_train": 8192, "n_params": 134515008, "size": 96576768}}]}),
+        ),
+        ("POST", "/v1/chat/completions" | "/v1/completions") => {
+            let guard = AbortGuard {
+                events: shared.events.clone(),
+                done: false,
+            };
+            let headers = req.headers().clone();
+            let body = match req.into_body().collect().await {
+                Ok(b) => b.to_bytes(),
+                Err(_) => {
+                    return json_response(
+                        StatusCode::BAD_REQUEST,
+                        json!({"error": {"code": 400, "message": "bad body", "type": "invalid_request_error"}}),
+                    )
+                }
+            };
+            let body: Value = match serde_json::from_slice(&body) {
+                Ok(v) => v,
+                Err(e) => {
+                    return json_response(
+                        StatusCode::BAD_REQUEST,
+                        json!({"error": {"code": 400, "message": format!("[json.exception.parse_error.101] {e}"), "type": "invalid_request_error"}}),
+                    )
+                }
+            };
+            let _ = shared.events.send(Event::Request {
+                path: path.clone(),
+                body: body.clone(),
+                headers,
+                at: Instant::now(),
+            });
+            *shared.requests.lock().await += 1;
+            if loading(&shared) {
+                guard.done();
+                return json_response(StatusCode::SERVICE_UNAVAILABLE, loading_error());
+            }
+            match config.fault {
+                Fault::Hang => {
+                    // Never answer; the guard reports the abort when the client gives up.
+                    std::future::pending::<()>().await;
+                    unreachable_response()
+                }
+                Fault::Error500 => {
+                    guard.done();
+                    json_response(
+                        StatusCode::INTERNAL_SERVER_ERROR,
+                        json!({"error": {"code": 500, "message": "fake engine failure", "type": "server_error"}}),
+                    )
+                }
+                _ => complete(shared.clone(), &path, body, guard).await,
+            }
+        }
+        _ => json_response(
+            StatusCode::NOT_FOUND,
+            json!({"error": {"code": 404, "message": "File Not Found", "type": "not_found_error"}}),
+        ),
+    }
+}
+fn unreachable_response() -> Response<FakeBody> {
+    json_response(StatusCode::INTERNAL_SERVER_ERROR, json!({}))
+}
+pub(super) fn now_secs() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
+}
