@@ -149,10 +149,16 @@ fn json_response(status: StatusCode, body: Bytes) -> Response<ProxyBody> {
 /// scrape arrived.
 async fn metrics(state: &AppState) -> Response<ProxyBody> {
     state.recorder.settled().await;
-    let mut text = state.recorder.render_metrics();
-    if let Some(telemetry) = &state.telemetry {
-        telemetry.render_metrics(&mut text);
-    }
+    let trace_spans = state.telemetry.as_ref().map(|telemetry| {
+        let stats = telemetry.stats();
+        let count = |c: &std::sync::atomic::AtomicU64| c.load(std::sync::atomic::Ordering::Relaxed);
+        crate::metrics::SpanCounts {
+            exported: count(&stats.spans_exported),
+            dropped: count(&stats.spans_dropped),
+            failed: count(&stats.spans_failed),
+        }
+    });
+    let text = state.recorder.render_metrics(trace_spans);
     let mut response = Response::new(ProxyBody::full(text));
     response.headers_mut().insert(
         header::CONTENT_TYPE,
