@@ -77,7 +77,7 @@ pub async fn fake_stack(
 /// Starts Switchyard in-process from TOML text.
 pub async fn start_switchyard(toml: &str) -> anyhow::Result<Running> {
     let figment = figment_from(toml);
-    let config = switchyard::config::from_figment(figment).map_err(|e| anyhow::anyhow!("{e}"))?;
+    let config = switchyard::cli::from_figment(figment).map_err(|e| anyhow::anyhow!("{e}"))?;
     let app = App::new(config).map_err(anyhow::Error::msg)?;
     Ok(switchyard::start(app).await?)
 }

@@ -1,6 +1,7 @@
 //! `GET /metrics`: the counters move by exactly the requests served, histogram counts agree with
 //! them, the in-flight gauge follows a stream and returns to 0, `promtool check metrics` accepts
-//! the exposition, and the optional separate listener serves `/metrics` alone.
+//! the exposition, the optional separate listener serves `/metrics` alone, and with traces on the
+//! exporter's span counters are part of the exposition.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // a failed unwrap is a failed test
 
@@ -213,7 +214,12 @@ fn with<'a>(base: &[(&'a str, &'a str)], extra: &[(&'a str, &'a str)]) -> Vec<(&
     base.iter().chain(extra).copied().collect()
 }
 
-async fn setup(metrics_listen: bool) -> (FakeEngineHandle, switchyard::Running, String) {
+/// A proxy in front of one fake engine; with `traces`, request spans are exported to the
+/// engine itself, which answers every export with a 404.
+async fn setup(
+    metrics_listen: bool,
+    traces: bool,
+) -> (FakeEngineHandle, switchyard::Running, String) {
     // Long answers by default (for the client that leaves mid-stream); the successful requests
     // ask for 4 tokens. Prefill takes time so that the engine reports a prefill rate.
     let engine = FakeEngine::llama_cpp()
@@ -228,8 +234,15 @@ async fn setup(metrics_listen: bool) -> (FakeEngineHandle, switchyard::Running, 
     } else {
         ""
     };
+    let telemetry = if traces {
+        format!("[telemetry]\notlp_endpoint = \"{}\"", engine.url())
+    } else {
+        String::new()
+    };
     let toml = format!(
         r#"
+{telemetry}
+
 [server]
 listen = "127.0.0.1:0"
 probe_interval_ms = 100
@@ -277,7 +290,7 @@ fn chat(model: &str, stream: bool) -> Value {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn counters_move_by_exactly_the_requests_served() {
-    let (mut engine, proxy, base) = setup(false).await;
+    let (mut engine, proxy, base) = setup(false, false).await;
     let client = TestClient::new();
     let metrics_url = format!("{base}/metrics");
     let chat_url = format!("{base}/v1/chat/completions");
@@ -436,7 +449,7 @@ async fn counters_move_by_exactly_the_requests_served() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn separate_metrics_listener_serves_only_metrics() {
-    let (_engine, proxy, base) = setup(true).await;
+    let (_engine, proxy, base) = setup(true, false).await;
     let client = TestClient::new();
     let r = client
         .post_json(
@@ -480,5 +493,42 @@ async fn separate_metrics_listener_serves_only_metrics() {
         .unwrap();
     assert_eq!(r.status, 404);
 
+    proxy.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn trace_span_counters_are_in_the_exposition_when_traces_are_on() {
+    let (_engine, proxy, base) = setup(false, true).await;
+    assert!(proxy.state().telemetry.is_some());
+    let client = TestClient::new();
+    let r = client
+        .post_json(
+            &format!("{base}/v1/chat/completions"),
+            &chat("smollm2", false),
+        )
+        .await
+        .unwrap();
+    assert_eq!(r.status, 200);
+    let (text, scrape) = scrape(&client, &format!("{base}/metrics")).await;
+    for outcome in ["exported", "dropped", "failed"] {
+        let name = format!("switchyard_trace_spans_{outcome}_total");
+        assert!(
+            text.contains(&format!("# TYPE {name} counter\n")),
+            "{name} is not declared:\n{text}"
+        );
+        assert_eq!(
+            scrape.total(&name),
+            scrape.get(&name, &[]),
+            "{name} has no labels"
+        );
+    }
+    assert_eq!(
+        scrape.get(
+            "switchyard_requests_total",
+            &with(&ROUTED, &[("status_class", "2xx")])
+        ),
+        1.0
+    );
+    promtool_check(&text);
     proxy.shutdown().await;
 }

@@ -65,7 +65,7 @@ pub(crate) fn overrides() -> Env {
 }
 
 /// Validates a figment (used by `load`, and by tests with in-memory sources).
-pub(super) fn from_figment(figment: Figment) -> Result<Config, ConfigError> {
+pub fn from_figment(figment: Figment) -> Result<Config, ConfigError> {
     let config: Config = match figment.extract() {
         Ok(config) => config,
         Err(whole) => {

@@ -10,7 +10,7 @@ use tracing_subscriber::EnvFilter;
 mod config;
 
 use crate::App;
-pub use config::{load, ConfigError, EX_USAGE};
+pub use config::{from_figment, load, ConfigError, EX_USAGE};
 
 #[derive(Debug, Parser)]
 #[command(

@@ -87,18 +87,21 @@ impl Recorder {
         drop(self.deferred.write().await);
     }
 
-    /// The Prometheus exposition, with the ledger's counters as of now.
-    pub fn render_metrics(&self) -> String {
+    /// The Prometheus exposition, with the ledger's counters as of now, and the trace
+    /// exporter's span counters when traces are on.
+    pub fn render_metrics(&self, trace_spans: Option<crate::metrics::SpanCounts>) -> String {
         if let Some(ledger) = &self.ledger {
             let c = &ledger.counters;
             self.metrics
                 .ledger_written
+                .inner()
                 .store(c.written.load(Ordering::Relaxed), Ordering::Relaxed);
             self.metrics
                 .ledger_dropped
+                .inner()
                 .store(c.dropped(), Ordering::Relaxed);
         }
-        self.metrics.render()
+        self.metrics.render_with(trace_spans)
     }
 
     /// Records one comparison (`source`: `shadow` or `compare`) in the ledger.

@@ -18,10 +18,17 @@ impl Router {
     pub(crate) async fn metrics(&self) -> Response<ProxyBody> {
         let recorder = &self.routing.recorder;
         recorder.settled().await;
-        let mut text = recorder.render_metrics();
-        if let Some(telemetry) = &self.routing.telemetry {
-            telemetry.render_metrics(&mut text);
-        }
+        let trace_spans = self.routing.telemetry.as_ref().map(|telemetry| {
+            let stats = telemetry.stats();
+            let count =
+                |c: &std::sync::atomic::AtomicU64| c.load(std::sync::atomic::Ordering::Relaxed);
+            crate::metrics::SpanCounts {
+                exported: count(&stats.spans_exported),
+                dropped: count(&stats.spans_dropped),
+                failed: count(&stats.spans_failed),
+            }
+        });
+        let text = recorder.render_metrics(trace_spans);
         let mut response = Response::new(ProxyBody::full(text));
         response.headers_mut().insert(
             header::CONTENT_TYPE,

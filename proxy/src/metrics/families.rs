@@ -1,0 +1,221 @@
+//! The metric families: their label sets as typed structs, and their registration, in the order
+//! they appear in the exposition.
+//!
+//! Names are registered without the `_total` of counters (prometheus-client appends it) and
+//! without a unit (a unit would be appended to the name again: the names already end in
+//! `_seconds` or `_per_second`). HELP texts are registered without their final period, which the
+//! registry adds.
+
+use std::sync::Arc;
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::registry::Registry;
+
+use super::{LATENCY_BUCKETS, RATE_BUCKETS};
+
+/// The labels shared by the per-request families. `None` is written as `""`: a request that was
+/// not routed has no model, backend or variant. Hashed as its borrowed form (`series.rs`).
+#[derive(Debug, Clone, PartialEq, Eq, EncodeLabelSet)]
+pub(super) struct SeriesLabels {
+    pub(super) model: Option<Arc<str>>,
+    pub(super) backend: Option<Arc<str>>,
+    pub(super) variant: &'static str,
+}
+
+/// `switchyard_requests_total`: a series and its HTTP status class.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+pub(super) struct StatusLabels {
+    #[prometheus(flatten)]
+    pub(super) series: SeriesLabels,
+    pub(super) status_class: &'static str,
+}
+
+/// `switchyard_request_errors_total`: a series and who failed.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+pub(super) struct ErrorLabels {
+    #[prometheus(flatten)]
+    pub(super) series: SeriesLabels,
+    pub(super) error_class: &'static str,
+}
+
+/// The token rate histograms: a series and where the rate came from (`engine`, `measured`).
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+pub(super) struct RateLabels {
+    #[prometheus(flatten)]
+    pub(super) series: SeriesLabels,
+    pub(super) source: &'static str,
+}
+
+/// The per-backend families; `""` for requests that were not routed.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+pub(super) struct BackendLabels {
+    pub(super) backend: Arc<str>,
+}
+
+/// A shadowed model and its candidate backend.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+pub(super) struct ShadowLabels {
+    pub(super) model: Arc<str>,
+    pub(super) candidate: Arc<str>,
+}
+
+/// `switchyard_shadow_comparisons_total`: a shadow pair and the comparison's verdict.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+pub(super) struct VerdictLabels {
+    #[prometheus(flatten)]
+    pub(super) pair: ShadowLabels,
+    pub(super) verdict: &'static str,
+}
+
+/// `switchyard_rejected_request_heads_total`: the status hyper answered with.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+pub(super) struct HeadLabels {
+    pub(super) status: u16,
+}
+
+/// A histogram family whose children all have the same buckets.
+pub(super) type Histograms<L> = Family<L, Histogram, fn() -> Histogram>;
+
+fn latency() -> Histogram {
+    Histogram::new(LATENCY_BUCKETS.iter().copied())
+}
+
+fn rate() -> Histogram {
+    Histogram::new(RATE_BUCKETS.iter().copied())
+}
+
+/// Handles to every labelled family (a clone shares its series with the one in the registry),
+/// from which the cached per-series handles are created.
+#[derive(Debug)]
+pub(super) struct Families {
+    pub(super) duration: Histograms<SeriesLabels>,
+    pub(super) ttft: Histograms<SeriesLabels>,
+    pub(super) queue: Histograms<SeriesLabels>,
+    pub(super) prefill: Histograms<RateLabels>,
+    pub(super) decode: Histograms<RateLabels>,
+    pub(super) requests: Family<StatusLabels, Counter>,
+    pub(super) errors: Family<ErrorLabels, Counter>,
+    pub(super) disconnects: Family<BackendLabels, Counter>,
+    pub(super) contradictions: Family<BackendLabels, Counter>,
+    pub(super) in_flight: Family<BackendLabels, Gauge>,
+    pub(super) waiting: Family<BackendLabels, Gauge>,
+    pub(super) comparisons: Family<VerdictLabels, Counter>,
+    pub(super) skipped: Family<ShadowLabels, Counter>,
+    pub(super) idle_closed: Counter,
+    pub(super) rejected_heads: Family<HeadLabels, Counter>,
+}
+
+impl Families {
+    /// Creates every family and registers it in `registry`, with the run ledger's two counters
+    /// (`[written, dropped]`, owned by [`super::Metrics`]) in their place among them.
+    pub(super) fn register(registry: &mut Registry, ledger: [&Counter; 2]) -> Self {
+        let families = Self {
+            duration: Family::new_with_constructor(latency),
+            ttft: Family::new_with_constructor(latency),
+            queue: Family::new_with_constructor(latency),
+            prefill: Family::new_with_constructor(rate),
+            decode: Family::new_with_constructor(rate),
+            requests: Family::default(),
+            errors: Family::default(),
+            disconnects: Family::default(),
+            contradictions: Family::default(),
+            in_flight: Family::default(),
+            waiting: Family::default(),
+            comparisons: Family::default(),
+            skipped: Family::default(),
+            idle_closed: Counter::default(),
+            rejected_heads: Family::default(),
+        };
+        let f = &families;
+        registry.register(
+            "gen_ai_server_request_duration_seconds",
+            "Time from the request's arrival at Switchyard to its last response byte (or the client leaving)",
+            f.duration.clone(),
+        );
+        registry.register(
+            "gen_ai_server_time_to_first_token_seconds",
+            "Time from the request's arrival to the first generated token forwarded (streamed requests)",
+            f.ttft.clone(),
+        );
+        registry.register(
+            "switchyard_queue_seconds",
+            "Time a request waited for admission to its backend",
+            f.queue.clone(),
+        );
+        registry.register(
+            "switchyard_prefill_tokens_per_second",
+            "Prompt tokens processed per second, as the engine reported it (source=engine) or as measured by Switchyard (source=measured)",
+            f.prefill.clone(),
+        );
+        registry.register(
+            "switchyard_decode_tokens_per_second",
+            "Tokens generated per second, as the engine reported it (source=engine) or as measured by Switchyard from the stream (source=measured)",
+            f.decode.clone(),
+        );
+        registry.register(
+            "switchyard_requests",
+            "Finished requests, by HTTP status class; status_class=\"none\" when the client left before a status was sent",
+            f.requests.clone(),
+        );
+        registry.register(
+            "switchyard_request_errors",
+            "Finished requests that failed, by who failed (client, upstream, internal, shutdown); a stream that breaks after its 200 head counts here too",
+            f.errors.clone(),
+        );
+        registry.register(
+            "switchyard_client_disconnects",
+            "Requests whose client went away before the response was complete",
+            f.disconnects.clone(),
+        );
+        registry.register(
+            "switchyard_identity_contradictions",
+            "Answers that named a model or build other than the backend's last probe found (the engine changed between probes); each was stamped unverified, and refused where the backend requires a verified identity",
+            f.contradictions.clone(),
+        );
+        registry.register(
+            "switchyard_in_flight_requests",
+            "Requests forwarded to a backend whose answer is not complete yet",
+            f.in_flight.clone(),
+        );
+        registry.register(
+            "switchyard_waiting_requests",
+            "Requests waiting for a free slot at a backend (its max_concurrency) before they are forwarded",
+            f.waiting.clone(),
+        );
+        registry.register(
+            "switchyard_ledger_records_written",
+            "Request records written to the run ledger",
+            ledger[0].clone(),
+        );
+        registry.register(
+            "switchyard_ledger_records_dropped",
+            "Request records the run ledger dropped (queue full or write failed)",
+            ledger[1].clone(),
+        );
+        registry.register(
+            "switchyard_idle_connections_closed",
+            "Connections closed because the client sent nothing within the idle timeout of connecting, or, over HTTP/2, had no request under way for that long",
+            f.idle_closed.clone(),
+        );
+        registry.register(
+            "switchyard_rejected_request_heads",
+            "Request heads that could not be parsed (a malformed request line or header, a URI or head too large), answered before routing",
+            f.rejected_heads.clone(),
+        );
+        registry.register(
+            "switchyard_shadow_comparisons",
+            "Shadow comparisons recorded, by verdict (incomparable includes skipped shadows)",
+            f.comparisons.clone(),
+        );
+        registry.register(
+            "switchyard_shadow_skipped",
+            "Sampled requests not shadowed because the shadow pool (max_in_flight) was full",
+            f.skipped.clone(),
+        );
+        families
+    }
+}

@@ -1,0 +1,299 @@
+//! Prometheus metrics, served at `GET /metrics`: families of `prometheus-client` in one
+//! registry, written in Prometheus' text format (0.0.4).
+//!
+//! Every finished request is observed exactly once, from [`crate::record::Recorder`], so the
+//! metrics count the same requests as the log and the ledger. In-flight requests are counted by
+//! a [`GaugeGuard`] taken when a request is forwarded to its backend and dropped when the
+//! engine's answer is complete or the client left.
+//!
+//! Families (OpenTelemetry GenAI names in Prometheus form where one exists, seconds as the unit):
+//!
+//! | family | type | labels |
+//! | --- | --- | --- |
+//! | `gen_ai_server_request_duration_seconds` | histogram | `model`, `backend`, `variant` |
+//! | `gen_ai_server_time_to_first_token_seconds` | histogram | `model`, `backend`, `variant` |
+//! | `switchyard_queue_seconds` | histogram | `model`, `backend`, `variant` |
+//! | `switchyard_prefill_tokens_per_second` | histogram | `model`, `backend`, `variant`, `source` |
+//! | `switchyard_decode_tokens_per_second` | histogram | `model`, `backend`, `variant`, `source` |
+//! | `switchyard_requests_total` | counter | `model`, `backend`, `variant`, `status_class` |
+//! | `switchyard_request_errors_total` | counter | `model`, `backend`, `variant`, `error_class` |
+//! | `switchyard_client_disconnects_total` | counter | `backend` |
+//! | `switchyard_identity_contradictions_total` | counter | `backend` |
+//! | `switchyard_in_flight_requests` | gauge | `backend` |
+//! | `switchyard_waiting_requests` | gauge | `backend` |
+//! | `switchyard_ledger_records_written_total` | counter | none |
+//! | `switchyard_ledger_records_dropped_total` | counter | none |
+//! | `switchyard_idle_connections_closed_total` | counter | none |
+//! | `switchyard_rejected_request_heads_total` | counter | `status` (`400`, `414`, `431`) |
+//! | `switchyard_shadow_comparisons_total` | counter | `model`, `candidate`, `verdict` |
+//! | `switchyard_shadow_skipped_total` | counter | `model`, `candidate` |
+//! | `switchyard_trace_spans_{exported,dropped,failed}_total` | counter | none (traces on only) |
+//!
+//! Label values come from configuration (public model names, backend names), never from what a
+//! client sent: a request that was not routed (unknown model, malformed body) is counted with
+//! `model=""`, `backend=""` and `variant=""`, so clients cannot grow the number of series.
+//!
+//! The request path never goes through a family's own map (which builds and hashes a label
+//! set): the children one series writes to are cached in [`series`] by configured names. A
+//! labelled child appears once observed; the per-backend gauges and counters exist from start-up
+//! for every configured backend. A family with no child yet is not written at all.
+
+mod families;
+mod series;
+#[cfg(test)]
+mod tests;
+
+use std::sync::Arc;
+
+use arc_swap::ArcSwap;
+use prometheus_client::encoding::prometheus_text;
+use prometheus_client::metrics::counter::{ConstCounter, Counter};
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::Registry;
+use switchyard_policy::compare::Verdict;
+
+use self::families::{Families, HeadLabels, SeriesLabels};
+use self::series::{
+    get_or_insert, AsKey, BackendHandles, SeriesHandles, SeriesKey, ShadowHandles, ShadowKey,
+};
+use crate::NameMap;
+use switchyard_record::RequestRecord;
+
+/// The `Content-Type` of the exposition: Prometheus' text format 0.0.4, which every Prometheus
+/// scrapes and `promtool check metrics` reads (OpenMetrics, prometheus-client's other text
+/// format, names counter families without their `_total`, which promtool's linter refuses).
+pub const CONTENT_TYPE: &str = prometheus_text::CONTENT_TYPE;
+
+/// Upper bounds, in seconds, of the latency histograms: from a queue wait of a millisecond to a
+/// two-minute generation on a CPU.
+pub const LATENCY_BUCKETS: &[f64] = &[
+    0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0,
+];
+
+/// Upper bounds, in tokens per second, of the prefill and decode rate histograms.
+pub const RATE_BUCKETS: &[f64] = &[
+    1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 100.0, 200.0, 500.0, 1000.0, 2000.0, 5000.0, 10000.0,
+];
+
+/// The registry and the cached handles into it. One per process, inside the
+/// [`crate::record::Recorder`].
+#[derive(Debug)]
+pub struct Metrics {
+    registry: Registry,
+    families: Families,
+    series: ArcSwap<NameMap<SeriesLabels, Arc<SeriesHandles>>>,
+    backends: ArcSwap<NameMap<Arc<str>, Arc<BackendHandles>>>,
+    shadows: ArcSwap<NameMap<ShadowKey, Arc<ShadowHandles>>>,
+    /// The children of `switchyard_rejected_request_heads_total`, in the order of
+    /// [`crate::server::head_errors::STATUSES`].
+    rejected_heads: [Counter; crate::server::head_errors::STATUSES.len()],
+    /// Records the run ledger wrote; set from the ledger's own count before each scrape
+    /// ([`crate::record::Recorder::render_metrics`]). Written as
+    /// `switchyard_ledger_records_written_total`.
+    pub ledger_written: Counter,
+    /// Records the run ledger dropped (queue full, write failed), set like `ledger_written`.
+    /// Written as `switchyard_ledger_records_dropped_total`.
+    pub ledger_dropped: Counter,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// The trace exporter's counts of request spans, read at each scrape when traces are on.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SpanCounts {
+    /// Spans in batches the collector accepted.
+    pub exported: u64,
+    /// Spans dropped because the export queue was full.
+    pub dropped: u64,
+    /// Spans in batches whose export failed.
+    pub failed: u64,
+}
+
+impl SpanCounts {
+    /// Writes `switchyard_trace_spans_{exported,dropped,failed}_total` to `out`, in the format of
+    /// the rest of the exposition.
+    fn encode(self, out: &mut String) -> std::fmt::Result {
+        let mut registry = Registry::default();
+        for (name, help, value) in [
+            (
+                "switchyard_trace_spans_exported",
+                "Request spans the OTLP collector accepted",
+                self.exported,
+            ),
+            (
+                "switchyard_trace_spans_dropped",
+                "Request spans dropped because the export queue was full",
+                self.dropped,
+            ),
+            (
+                "switchyard_trace_spans_failed",
+                "Request spans in exports that failed",
+                self.failed,
+            ),
+        ] {
+            registry.register(name, help, ConstCounter::new(value));
+        }
+        prometheus_text::encode(out, &registry)
+    }
+}
+
+/// Counts one request in one of a backend's gauges (in flight, waiting for a slot) until
+/// dropped.
+#[derive(Debug)]
+#[must_use = "the request is counted only while the guard lives"]
+pub struct GaugeGuard {
+    gauge: Gauge,
+}
+
+impl GaugeGuard {
+    fn raise(gauge: &Gauge) -> Self {
+        gauge.inc();
+        Self {
+            gauge: gauge.clone(),
+        }
+    }
+}
+
+impl Drop for GaugeGuard {
+    fn drop(&mut self) {
+        self.gauge.dec();
+    }
+}
+
+impl Metrics {
+    pub fn new() -> Self {
+        let mut registry = Registry::default();
+        let ledger_written = Counter::default();
+        let ledger_dropped = Counter::default();
+        let families = Families::register(&mut registry, [&ledger_written, &ledger_dropped]);
+        let rejected_heads = crate::server::head_errors::STATUSES.map(|status| {
+            families
+                .rejected_heads
+                .get_or_create_owned(&HeadLabels { status })
+        });
+        Self {
+            registry,
+            families,
+            series: ArcSwap::default(),
+            backends: ArcSwap::default(),
+            shadows: ArcSwap::default(),
+            rejected_heads,
+            ledger_written,
+            ledger_dropped,
+        }
+    }
+
+    /// Creates the per-backend series (gauges, disconnect and contradiction counters) ahead of
+    /// the first request, so they are scraped as 0 from start-up and the request path finds
+    /// them made.
+    pub fn register_backend(&self, backend: &str) {
+        let _ = self.backend(backend);
+    }
+
+    /// Marks one request as in flight at `backend`, until the guard is dropped.
+    pub fn in_flight(&self, backend: &str) -> GaugeGuard {
+        GaugeGuard::raise(&self.backend(backend).in_flight)
+    }
+
+    /// Marks one request as waiting for a slot at `backend`, until the guard is dropped.
+    pub fn waiting(&self, backend: &str) -> GaugeGuard {
+        GaugeGuard::raise(&self.backend(backend).waiting)
+    }
+
+    /// Requests in flight at `backend` right now.
+    pub fn in_flight_now(&self, backend: &str) -> u64 {
+        self.backends
+            .load()
+            .get(backend)
+            .map_or(0, |b| b.in_flight.get().max(0).unsigned_abs())
+    }
+
+    /// Requests waiting for a slot at `backend` right now.
+    pub fn waiting_now(&self, backend: &str) -> u64 {
+        self.backends
+            .load()
+            .get(backend)
+            .map_or(0, |b| b.waiting.get().max(0).unsigned_abs())
+    }
+
+    /// Counts one recorded shadow comparison; `skipped` when the pool was full. Returns the
+    /// pair's skips so far (this one included).
+    pub fn observe_comparison(
+        &self,
+        model: &Arc<str>,
+        candidate: &Arc<str>,
+        verdict: Verdict,
+        skipped: bool,
+    ) -> u64 {
+        let key = (model.clone(), candidate.clone());
+        get_or_insert(
+            &self.shadows,
+            &key,
+            || key.clone(),
+            || ShadowHandles::new(&self.families, &key),
+        )
+        .observe(verdict, skipped)
+    }
+
+    /// Counts one finished request. Called exactly once per request, when its record is written.
+    pub fn observe(&self, r: &RequestRecord) {
+        let key = SeriesKey::of(r);
+        let series = self.series.load();
+        if let Some(handles) = series.get(&key as &dyn AsKey) {
+            handles.observe(&self.families, r);
+            return;
+        }
+        drop(series);
+        get_or_insert(
+            &self.series,
+            &key as &dyn AsKey,
+            || key.labels(),
+            || SeriesHandles::new(key.labels()),
+        )
+        .observe(&self.families, r);
+    }
+
+    /// Counts a connection closed because its client sent nothing within the idle timeout.
+    pub fn idle_connection_closed(&self) {
+        self.families.idle_closed.inc();
+    }
+
+    /// Counts a request head hyper could not parse and answered with `status`, one of
+    /// [`crate::server::head_errors::STATUSES`].
+    pub fn rejected_request_head(&self, status: u16) {
+        if let Some(i) = crate::server::head_errors::STATUSES
+            .iter()
+            .position(|&s| s == status)
+        {
+            self.rejected_heads[i].inc();
+        }
+    }
+
+    /// The text exposition of every family that has a series.
+    pub fn render(&self) -> String {
+        self.render_with(None)
+    }
+
+    /// The text exposition, with the trace exporter's span counters when traces are on.
+    pub fn render_with(&self, trace_spans: Option<SpanCounts>) -> String {
+        let mut out = String::with_capacity(16 * 1024);
+        // Writing to a String cannot fail, nor can any of the label values.
+        let written = prometheus_text::encode(&mut out, &self.registry)
+            .and_then(|()| trace_spans.map_or(Ok(()), |spans| spans.encode(&mut out)));
+        debug_assert!(written.is_ok(), "encoding the exposition failed");
+        out
+    }
+
+    fn backend(&self, name: &str) -> Arc<BackendHandles> {
+        get_or_insert(
+            &self.backends,
+            name,
+            || Arc::from(name),
+            || BackendHandles::new(&self.families, Arc::from(name)),
+        )
+    }
+}
