@@ -246,13 +246,13 @@ pub async fn run(cli: Cli) -> anyhow::Result<i32> {
                 ] {
                     std::fs::write(
                         dir.join(name),
-                        crate::offline::compare::render(&comparison, f),
+                        crate::offline::render::render(&comparison, f),
                     )?;
                 }
             }
             std::io::stdout()
                 .lock()
-                .write_all(crate::offline::compare::render(&comparison, format).as_bytes())?;
+                .write_all(crate::offline::render::render(&comparison, format).as_bytes())?;
             Ok(0)
         }
         Command::Report {
@@ -297,7 +297,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<i32> {
                 let comparison = switchyard_policy::compare::compare(&pairs, include_cold);
                 std::io::stdout()
                     .lock()
-                    .write_all(crate::offline::compare::render(&comparison, format).as_bytes())?;
+                    .write_all(crate::offline::render::render(&comparison, format).as_bytes())?;
                 return Ok(0);
             }
             let report = crate::offline::report::build(&path, window)?;

@@ -3,4 +3,5 @@
 //! and `switchyard report` ([`report`]: reads the ledger back as tables).
 
 pub mod compare;
+pub mod render;
 pub mod report;

@@ -1,0 +1,342 @@
+//! A sampled request's shadow once planned: its ticket (started when the primary is done, or
+//! already running beside it, or skipped), running the copy on the candidate, and judging and
+//! recording the pair — or the skip.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use http::HeaderValue;
+use http_body_util::BodyExt;
+use switchyard_adapters::fingerprint::WorkloadFingerprint;
+use switchyard_engine::Backend;
+use switchyard_policy::compare::{judge, Pair, Side, Verdict};
+use switchyard_policy::ShadowWhen;
+use switchyard_record::RequestRecord;
+use tokio::sync::oneshot;
+use tower::ServiceExt as _;
+
+use crate::forward::{Attempt, BackendStack, Ctx, Outgoing};
+use crate::recording::{Recorder, Recording};
+use switchyard_observe::ledger::SkipKind;
+
+use super::Shadowing;
+
+/// A sampled request's shadow, by mode.
+pub(crate) enum Ticket {
+    /// Starts when the primary is done, if the pool has room then.
+    AfterPrimary(Box<PlannedJob>),
+    /// Already running; waits for the primary's outcome.
+    Concurrent(oneshot::Sender<Side>),
+    /// Sampled but not run: recorded as skipped, with the reason, once the primary is done.
+    Skipped(Box<Planned>, Skip),
+}
+
+impl Ticket {
+    pub(super) fn primary_done(self, record: &RequestRecord) {
+        match self {
+            Self::Concurrent(tx) => {
+                let _ = tx.send(record.side());
+            }
+            Self::Skipped(plan, skip) => plan.skipped(record, skip),
+            Self::AfterPrimary(job) => {
+                let PlannedJob { plan, outgoing } = *job;
+                let shadowing = &plan.shadowing;
+                if shadowing.stop.is_cancelled() || tokio::runtime::Handle::try_current().is_err() {
+                    return plan.skipped(record, Skip::ShuttingDown);
+                }
+                let Some(fingerprint) = record.fingerprint.as_ref() else {
+                    return plan.lost("the primary's record has no fingerprint");
+                };
+                if record.failed() {
+                    // Nothing to compare against: recorded as such, without loading the candidate.
+                    plan.comparison(fingerprint.clone())
+                        .finish(record.side(), None, None);
+                    return;
+                }
+                // The pool is asked before anything of the primary is copied: with a candidate
+                // slower than the traffic, most sampled requests end here, and a skip must cost
+                // next to nothing.
+                let Some(permit) = shadowing.permit(&plan.model) else {
+                    return plan.skipped(record, Skip::PoolFull);
+                };
+                let stop = shadowing.stop.clone();
+                let tasks = shadowing.tasks.clone();
+                let mut comparison = plan.comparison(fingerprint.clone());
+                let primary = record.side();
+                comparison.in_flight = comparison.contention(Some(primary.backend.as_str()));
+                let job = ShadowJob {
+                    comparison,
+                    outgoing,
+                };
+                tasks.spawn(async move {
+                    let _permit = permit;
+                    let c = &job.comparison;
+                    tokio::select! {
+                        candidate = job.run_candidate() => c.finish(primary, Some(candidate), None),
+                        _ = stop.cancelled() => c.finish(primary, None, Some(Skip::ShuttingDown)),
+                    }
+                });
+            }
+        }
+    }
+}
+
+/// Why a sampled request was not shadowed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Skip {
+    /// The model's pool had no room: when the primary finished (`after-primary`), or when the
+    /// request arrived (`concurrent`).
+    PoolFull,
+    ShuttingDown,
+    /// Embeddings are not compared (outputs are compared as generated text).
+    Embeddings,
+}
+
+impl Skip {
+    /// Why, after `shadow skipped: `.
+    fn why(self) -> &'static str {
+        match self {
+            Self::PoolFull => "pool full",
+            Self::ShuttingDown => "shutting down",
+            Self::Embeddings => "embeddings are not compared",
+        }
+    }
+}
+
+/// A sampled request's shadow as planned when the request arrived. Running it takes a copy of
+/// the primary's fingerprints ([`Planned::comparison`]); recording its skip reads them from the
+/// primary's record.
+pub(crate) struct Planned {
+    pub(super) shadowing: Arc<Shadowing>,
+    pub(super) model: Arc<str>,
+    /// The route's primary backend (the one that serves unless a fallback was used).
+    pub(super) primary: Arc<str>,
+    pub(super) candidate: Arc<str>,
+    /// The candidate's backend and stack, resolved when the request arrived.
+    pub(super) target: Candidate,
+    pub(super) when: ShadowWhen,
+    pub(super) streamed: bool,
+}
+
+/// A shadow's backend with its stack.
+#[derive(Clone)]
+pub(crate) struct Candidate {
+    pub(crate) backend: Arc<Backend>,
+    pub(crate) stack: BackendStack,
+}
+
+/// A planned `after-primary` shadow and the request it copies.
+pub(crate) struct PlannedJob {
+    pub(super) plan: Planned,
+    pub(super) outgoing: Arc<Outgoing>,
+}
+
+impl Planned {
+    pub(super) fn comparison(self, fingerprint: WorkloadFingerprint) -> Comparison {
+        Comparison {
+            plan: self,
+            fingerprint,
+            in_flight: (None, None),
+        }
+    }
+
+    /// A shadow that can be neither run nor recorded as a comparison (a record without the
+    /// fingerprints every proxied request's record gets): said in the log, never silent.
+    pub(super) fn lost(self, why: &str) {
+        tracing::warn!(
+            model = %self.model,
+            candidate = %self.candidate,
+            "shadow comparison lost: {why}"
+        );
+    }
+
+    /// Records a sampled request whose shadow never ran: counted, and in the ledger by kind.
+    /// Skips for a full pool come in bursts as long as the candidate is slower than the traffic:
+    /// the log gets the first and then every power of two, with the count so far.
+    pub(super) fn skipped(self, primary: &RequestRecord, skip: Skip) {
+        let Some(fingerprint) = primary.fingerprint.as_ref() else {
+            return self.lost("the primary's record has no fingerprint");
+        };
+        let shadowing = &self.shadowing;
+        let pool = shadowing.pools.get(&self.model);
+        let reason: Arc<str> = match (skip, pool) {
+            (Skip::PoolFull, Some(pool)) => pool.full.clone(),
+            _ => format!("shadow skipped: {}", skip.why()).into(),
+        };
+        // Only pool-full skips are counted in switchyard_shadow_skipped_total.
+        let pool_full = skip == Skip::PoolFull;
+        let recorder = &shadowing.recorder;
+        let skipped_so_far = recorder.metrics.observe_comparison(
+            &self.model,
+            &self.candidate,
+            Verdict::Incomparable,
+            pool_full,
+        );
+        if !pool_full || skipped_so_far.is_power_of_two() {
+            tracing::info!(
+                target: "switchyard::comparison",
+                source = "shadow",
+                model = %self.model,
+                candidate = %self.candidate,
+                primary_request_id = %primary.id,
+                skipped = pool_full.then_some(skipped_so_far),
+                "{reason}{}",
+                if pool_full {
+                    " (each skip is in the ledger and in switchyard_shadow_skipped_total)"
+                } else {
+                    ""
+                },
+            );
+        }
+        recorder.skipped(SkipKind {
+            model: &self.model,
+            mode: self.when.as_str(),
+            workload: &fingerprint.workload,
+            sampling: &fingerprint.sampling,
+            sampling_json: &fingerprint.sampling_json,
+            streamed: self.streamed,
+            reason: &reason,
+            primary_backend: primary.backend.as_ref(),
+            primary_engine: primary.engine.as_deref(),
+            primary_artifact: primary.artifact.as_deref(),
+            primary_warm: primary.warm,
+        });
+        shadowing.recorded.send_modify(|n| *n += 1);
+    }
+}
+
+/// What judging and recording a comparison needs: the plan, and a copy of the primary's
+/// fingerprints.
+pub(super) struct Comparison {
+    pub(super) plan: Planned,
+    pub(super) fingerprint: WorkloadFingerprint,
+    /// Requests in flight at the primary's and the candidate's backend when the shadow started.
+    pub(super) in_flight: (Option<u64>, Option<u64>),
+}
+
+/// A shadow to run: the comparison, and the copy of the request that goes to the candidate.
+pub(super) struct ShadowJob {
+    pub(super) comparison: Comparison,
+    pub(super) outgoing: Arc<Outgoing>,
+}
+
+impl ShadowJob {
+    /// Sends the copy to the candidate and reads its answer to the end.
+    pub(super) async fn run_candidate(&self) -> Side {
+        let c = &self.comparison;
+        run_on(
+            &c.plan.shadowing.recorder,
+            &c.plan.target,
+            "shadow",
+            &self.outgoing,
+            &c.plan.model,
+            &c.fingerprint,
+            c.plan.streamed,
+            None,
+        )
+        .await
+    }
+}
+
+impl Comparison {
+    /// In-flight counts on both sides now. `primary` names the backend that served, when known.
+    pub(super) fn contention(&self, primary: Option<&str>) -> (Option<u64>, Option<u64>) {
+        let metrics = &self.plan.shadowing.recorder.metrics;
+        let primary = primary.unwrap_or(&self.plan.primary);
+        (
+            Some(metrics.in_flight_now(primary)),
+            Some(metrics.in_flight_now(&self.plan.candidate)),
+        )
+    }
+
+    /// Judges and records a comparison whose candidate ran (or was cancelled at shutdown).
+    pub(super) fn finish(
+        &self,
+        mut primary: Side,
+        mut candidate: Option<Side>,
+        skip: Option<Skip>,
+    ) {
+        primary.in_flight = self.in_flight.0;
+        if let Some(c) = candidate.as_mut() {
+            c.in_flight = self.in_flight.1;
+        }
+        let (verdict, reason) = judge(
+            &primary,
+            candidate.as_ref(),
+            self.fingerprint.deterministic,
+            skip.map(Skip::why),
+        );
+        let pair = Pair {
+            model: self.plan.model.to_string(),
+            workload: self.fingerprint.workload.clone(),
+            sampling: self.fingerprint.sampling.clone(),
+            streamed: self.plan.streamed,
+            mode: self.plan.when.as_str().to_owned(),
+            primary,
+            candidate,
+            verdict,
+            reason,
+            count: 1,
+        };
+        let recorder = &self.plan.shadowing.recorder;
+        recorder.metrics.observe_comparison(
+            &self.plan.model,
+            &self.plan.candidate,
+            pair.verdict,
+            false,
+        );
+        Recorder::log_comparison(&pair, "shadow");
+        recorder.comparison(pair, &self.fingerprint.sampling_json, "shadow");
+        self.plan.shadowing.recorded.send_modify(|n| *n += 1);
+    }
+}
+
+/// Runs one request on `candidate` as its own recorded request (variant `variant`), reads the
+/// answer to its end, and returns the outcome. Used by shadows and by `switchyard compare`.
+#[allow(clippy::too_many_arguments)]
+pub(crate) async fn run_on(
+    recorder: &Arc<Recorder>,
+    candidate: &Candidate,
+    variant: &'static str,
+    outgoing: &Arc<Outgoing>,
+    model: &Arc<str>,
+    fingerprint: &WorkloadFingerprint,
+    streamed: bool,
+    warm: Option<bool>,
+) -> Side {
+    let id = ulid::Ulid::new().to_string();
+    let header_id = HeaderValue::from_str(&id).unwrap_or(HeaderValue::from_static("shadow"));
+    let mut record = RequestRecord::new(
+        id,
+        outgoing.head.method.clone(),
+        outgoing.head.uri.path().to_owned(),
+        Instant::now(),
+    );
+    record.describe(model, fingerprint.clone(), streamed);
+    record.warm_override = warm;
+    let mut recording = Recording::new(recorder.clone(), record);
+    let (tx, rx) = oneshot::channel();
+    recording.set_hook(Box::new(move |record: &RequestRecord| {
+        let _ = tx.send(record.side());
+    }));
+    let attempt = Attempt::new(Ctx::new(recording, header_id), outgoing.clone(), variant);
+    match candidate.stack.clone().oneshot(attempt).await {
+        Ok(response) => {
+            // A streamed answer's record is written when its body ends; read it to the end.
+            let mut body = response.into_body();
+            while let Some(frame) = body.frame().await {
+                if frame.is_err() {
+                    break;
+                }
+            }
+        }
+        Err(failed) => {
+            let _ = failed.into_response();
+        }
+    }
+    rx.await.unwrap_or_else(|_| Side {
+        backend: candidate.backend.name.to_string(),
+        error: Some("the request's record was not written".to_owned()),
+        ..Side::default()
+    })
+}

@@ -1,0 +1,130 @@
+//! Shadow planning: sampling, what is skipped and why, and the ticket each mode gets.
+
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use bytes::Bytes;
+use switchyard_adapters::fingerprint::WorkloadFingerprint;
+use switchyard_engine::Upstream;
+use switchyard_policy::{Config, RoutingTable};
+use tokio_util::sync::CancellationToken;
+
+use super::{Shadowing, Skip, Ticket};
+use crate::forward::{Outgoing, Shared};
+use crate::recording::Recorder;
+use crate::route::Snapshot;
+
+fn config(sample: f64, when: &str) -> Config {
+    use figment::providers::Format as _;
+    let toml = format!(
+        r#"
+        [backends.llama]
+        engine = "llama.cpp"
+        url = "http://127.0.0.1:8081"
+        [backends.mlx]
+        engine = "mlx"
+        url = "http://127.0.0.1:8082"
+        [models.smollm2]
+        primary = "llama"
+        shadow = {{ backend = "mlx", sample = {sample}, when = "{when}", max_in_flight = 1 }}
+    "#
+    );
+    figment::Figment::new()
+        .merge(figment::providers::Toml::string(&toml))
+        .extract()
+        .unwrap()
+}
+
+struct Planner {
+    snapshot: Snapshot,
+    routes: RoutingTable,
+    shadowing: Arc<Shadowing>,
+}
+
+impl Planner {
+    fn new(sample: f64, when: &str) -> Self {
+        let recorder = Arc::new(Recorder::default());
+        let shared = Shared {
+            upstream: Upstream::new(Duration::from_secs(1), Duration::from_secs(1)),
+            recorder: recorder.clone(),
+            drain_over: CancellationToken::new(),
+            max_response_bytes: 1 << 20,
+        };
+        let config = config(sample, when);
+        let routes = RoutingTable::new(&config);
+        let snapshot = Snapshot::build(config, None, &shared, SystemTime::now(), |b| b).unwrap();
+        let shadowing = Arc::new(Shadowing::new(&routes, recorder));
+        Self {
+            snapshot,
+            routes,
+            shadowing,
+        }
+    }
+
+    /// Plans one request to `path`.
+    fn plan(&self, path: &str) -> Option<Ticket> {
+        let route = self.routes.resolve("smollm2").unwrap();
+        let shadow = route.shadow.as_ref().unwrap();
+        let candidate = self.snapshot.candidate(&shadow.backend).unwrap();
+        let body = Bytes::from_static(br#"{"model":"smollm2","messages":[],"input":"x"}"#);
+        let (outgoing, _, fingerprint): (Outgoing, String, WorkloadFingerprint) =
+            Outgoing::from_json(path, body, false).unwrap();
+        self.shadowing.plan_ticket(
+            route,
+            shadow,
+            candidate,
+            &Arc::new(outgoing),
+            false,
+            &fingerprint,
+        )
+    }
+}
+
+#[test]
+fn sample_zero_plans_nothing_and_sample_one_plans_every_request() {
+    let never = Planner::new(0.0, "after-primary");
+    assert!((0..100).all(|_| never.plan("/v1/chat/completions").is_none()));
+    let always = Planner::new(1.0, "after-primary");
+    assert!((0..100).all(|_| matches!(
+        always.plan("/v1/chat/completions"),
+        Some(Ticket::AfterPrimary(_))
+    )));
+}
+
+#[test]
+fn a_fraction_is_sampled_at_about_its_rate() {
+    let half = Planner::new(0.5, "after-primary");
+    let sampled = (0..2000)
+        .filter(|_| half.plan("/v1/chat/completions").is_some())
+        .count();
+    // Binomial(2000, 0.5): 800..1200 is more than eight standard deviations either side.
+    assert!((800..1200).contains(&sampled), "{sampled} of 2000");
+}
+
+#[test]
+fn embeddings_and_shutdown_are_planned_as_skips_with_their_reasons() {
+    let planner = Planner::new(1.0, "after-primary");
+    assert!(matches!(
+        planner.plan("/v1/embeddings"),
+        Some(Ticket::Skipped(_, Skip::Embeddings))
+    ));
+    planner.shadowing.stop.cancel();
+    assert!(matches!(
+        planner.plan("/v1/chat/completions"),
+        Some(Ticket::Skipped(_, Skip::ShuttingDown))
+    ));
+}
+
+#[tokio::test]
+async fn concurrent_mode_starts_at_once_and_skips_when_its_pool_is_full() {
+    let planner = Planner::new(1.0, "concurrent");
+    let first = planner.plan("/v1/chat/completions");
+    assert!(matches!(first, Some(Ticket::Concurrent(_))), "started");
+    // The pool holds one: the first shadow is still running (its primary has not finished).
+    assert!(matches!(
+        planner.plan("/v1/chat/completions"),
+        Some(Ticket::Skipped(_, Skip::PoolFull))
+    ));
+    planner.shadowing.stop.cancel();
+    drop(first);
+}
