@@ -210,11 +210,14 @@ impl Telemetry {
     pub fn start_request(&self, headers: &HeaderMap, path: &str, received: Instant) -> RequestSpan {
         let now = SystemTime::now();
         let start = now.checked_sub(received.elapsed()).unwrap_or(now);
+        let operation = operation_name(path);
         let span = tracing::dispatcher::with_default(&self.inner.dispatch, || {
             tracing::info_span!(
                 target: SPAN_TARGET,
                 parent: None,
                 "request",
+                // Named by the operation until the model is known (`finish`).
+                otel.name = operation,
                 otel.kind = "server",
                 // `tracer::ARRIVED`: the tracer starts the span then.
                 switchyard.arrived_unix_nano = tracer::unix_nanos(start),
@@ -236,7 +239,7 @@ impl Telemetry {
             start,
             received,
             forwarded: None,
-            operation: operation_name(path),
+            operation,
         }
     }
 
