@@ -11,7 +11,8 @@ use tracing::field::{Field, Visit};
 use tracing_subscriber::field::RecordFields;
 use tracing_subscriber::fmt::format::Writer;
 use tracing_subscriber::fmt::time::FormatTime;
-use tracing_subscriber::fmt::FormatFields;
+use tracing_subscriber::fmt::{FmtContext, FormatEvent, FormatFields};
+use tracing_subscriber::registry::LookupSpan;
 
 /// Formats an event's or a span's fields (see the module documentation).
 #[derive(Debug, Default, Clone, Copy)]
@@ -173,12 +174,14 @@ pub(crate) enum Written {
     Message,
 }
 
-/// One per-request line (a request's or a comparison's), written without tracing's event
-/// machinery in the text the `fmt` layer writes for the same event (its timestamp, level and
-/// target, then the message and the fields in their order), for every form of
-/// [`LineForm`]. Through the layer, a line of twenty fields cost some 7k instructions: a
-/// visitor call per field behind `dyn`, a formatter per displayed value. A field whose value
-/// is absent is left out, as the layer leaves out an empty `Option`.
+/// One per-request line (a request's or a comparison's): its message and fields written at
+/// once, as the `fmt` layer would write an event with those fields (its timestamp, level and
+/// target, then the message and the fields in their order), in every form of [`LineForm`], or
+/// only the message and the fields in the text form, for an event to carry as its message
+/// ([`crate::logsink::access`]). Formatting twenty fields through the layer costs a visitor
+/// call per field behind `dyn` and a formatter per displayed value; this writes them straight
+/// into one buffer. A field whose value is absent is left out, as the layer leaves out an
+/// empty `Option`.
 pub(crate) struct AccessLine<'a> {
     out: &'a mut String,
     written: Written,
@@ -292,6 +295,51 @@ impl<'a> AccessLine<'a> {
             Written::Line(LineForm::Text { .. }) => self.out.push('\n'),
             Written::Message => {}
         }
+    }
+}
+
+thread_local! {
+    /// The access line being emitted on this thread, whole, in the JSON form: what
+    /// [`JsonAccess`] prints for its event. Empty when none is.
+    static JSON_LINE: std::cell::RefCell<String> = const { std::cell::RefCell::new(String::new()) };
+}
+
+/// Empties this thread's JSON access line and has `fill` write the next one (writing nothing
+/// clears it).
+pub(crate) fn set_json_line(fill: impl FnOnce(&mut String)) {
+    JSON_LINE.with_borrow_mut(|line| {
+        line.clear();
+        fill(line);
+    });
+}
+
+/// The JSON log's event format: `F`'s, except for an access line's event, whose line
+/// [`crate::logsink::access`] has already written in the JSON form: that line is printed as
+/// it is. The event itself carries the line's text form as its message, for any other layer.
+#[derive(Debug, Clone)]
+pub struct JsonAccess<F>(pub F);
+
+impl<S, N, F> FormatEvent<S, N> for JsonAccess<F>
+where
+    S: tracing::Subscriber + for<'a> LookupSpan<'a>,
+    N: for<'w> FormatFields<'w> + 'static,
+    F: FormatEvent<S, N>,
+{
+    fn format_event(
+        &self,
+        ctx: &FmtContext<'_, S, N>,
+        mut writer: Writer<'_>,
+        event: &tracing::Event<'_>,
+    ) -> fmt::Result {
+        let target = event.metadata().target();
+        if target == "switchyard::request" || target == "switchyard::comparison" {
+            let printed =
+                JSON_LINE.with_borrow(|line| (!line.is_empty()).then(|| writer.write_str(line)));
+            if let Some(result) = printed {
+                return result;
+            }
+        }
+        self.0.format_event(ctx, writer, event)
     }
 }
 

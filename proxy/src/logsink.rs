@@ -1,7 +1,7 @@
 //! Where the log's lines go: standard error, with the per-request lines gathered first.
 //!
 //! Every proxied request logs a line (`switchyard::request`), and every comparison one
-//! (`switchyard::comparison`). Written one by one, each is a `write(2)` of a few hundred bytes
+//! (`switchyard::comparison`), as `tracing` events ([`access`]). Written one by one, each is a `write(2)` of a few hundred bytes
 //! into the log file: under load about 1 µs of CPU per request, a thirtieth of what the whole
 //! request costs (measured against this sink, README's Performance). Like nginx's `access_log … buffer=` and Envoy's access-log flush
 //! interval, those lines are gathered in memory and written together:
@@ -120,11 +120,6 @@ impl LogSink {
     pub fn flush(&self) {
         self.shared.lock().write_out(None);
     }
-
-    /// Gathers `bytes`, one or more whole lines (written at once without a flushing thread).
-    fn gather(&self, bytes: &[u8]) {
-        self.shared.write(bytes, self.shared.gathering);
-    }
 }
 
 impl std::fmt::Debug for LogSink {
@@ -150,16 +145,20 @@ pub(crate) enum Access {
 }
 
 thread_local! {
-    /// Where [`access`] writes a line before handing it to the sink.
+    /// Where [`access`] writes a line's message before the event carries it.
     static ACCESS: std::cell::RefCell<String> = const { std::cell::RefCell::new(String::new()) };
 }
 
-/// Writes one `INFO` line of `kind` with the fields `fields` writes, if `SWITCHYARD_LOG` lets
-/// that target's `INFO` lines through: straight into the installed sink's gathered lines, in
-/// the sink's form, as the `fmt` layer would have written the event (see [`AccessLine`]).
-/// Without an installed sink (the library run without [`LogSink::stderr`], as in tests), the
-/// fields go out as the message of a tracing event of the same target.
-pub(crate) fn access(kind: Access, fields: impl FnOnce(&mut AccessLine<'_>)) {
+/// Emits one `INFO` event of `kind` with the fields `fields` writes, if `SWITCHYARD_LOG` (or
+/// whatever else the subscriber filters with) lets that target's `INFO` lines through.
+///
+/// The event goes through `tracing`, so every layer of the subscriber sees it; its message is
+/// the message and the fields already written in the text log's form (`request request_id=…
+/// model="smollm2" …`, see [`AccessLine`]), which the text log prints as it is: one field to
+/// carry instead of twenty to visit and format. The JSON log needs its own form of the
+/// fields: when the installed sink writes JSON, the line is also written in that form, for
+/// [`crate::logfmt::JsonAccess`] to print in the event's place.
+pub(crate) fn access(kind: Access, fields: impl Fn(&mut AccessLine<'_>)) {
     // The targets are literals here: tracing's macros need them so.
     let (enabled, target, message) = match kind {
         Access::Request => (
@@ -176,20 +175,27 @@ pub(crate) fn access(kind: Access, fields: impl FnOnce(&mut AccessLine<'_>)) {
     if !enabled {
         return;
     }
-    let installed = INSTALLED.get();
-    let written = installed.map_or(Written::Message, |(_, form)| Written::Line(*form));
+    let json = matches!(INSTALLED.get(), Some((_, LineForm::Json)));
+    if json {
+        crate::logfmt::set_json_line(|out| {
+            let mut line = AccessLine::start(out, Written::Line(LineForm::Json), target, message);
+            fields(&mut line);
+            line.finish();
+        });
+    }
     crate::logfmt::with_scratch(&ACCESS, |out| {
-        let mut line = AccessLine::start(out, written, target, message);
+        let mut line = AccessLine::start(out, Written::Message, target, message);
         fields(&mut line);
         line.finish();
-        match installed {
-            Some((sink, _)) => sink.gather(out.as_bytes()),
-            None => match kind {
-                Access::Request => tracing::info!(target: "switchyard::request", "{out}"),
-                Access::Comparison => tracing::info!(target: "switchyard::comparison", "{out}"),
-            },
+        let out = out.as_str();
+        match kind {
+            Access::Request => tracing::info!(target: "switchyard::request", message = out),
+            Access::Comparison => tracing::info!(target: "switchyard::comparison", message = out),
         }
     });
+    if json {
+        crate::logfmt::set_json_line(|_| {});
+    }
 }
 
 impl Shared {

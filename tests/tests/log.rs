@@ -1,6 +1,6 @@
-//! The `switchyard serve` binary's log: one line per request in the configured form, written
-//! by the process's own sink (the request lines skip tracing's event machinery there), and none
-//! when `SWITCHYARD_LOG` filters them out.
+//! The `switchyard serve` binary's log: one line per request in the configured form, a `tracing`
+//! event printed by the log's `fmt` layer into the process's own sink, and none when
+//! `SWITCHYARD_LOG` filters them out.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // a failed unwrap is a failed test
 

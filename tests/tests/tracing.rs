@@ -2,7 +2,7 @@
 //! Switchyard exports. One SERVER span per request continues the client's `traceparent`, carries
 //! the GenAI and identity attributes, has its phases as timed events, and its context
 //! reaches the engine; with telemetry off the client's trace context passes through untouched;
-//! shutdown flushes what is still waiting.
+//! shutdown flushes what is still waiting; the log's filter never turns traces off.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // a failed unwrap is a failed test
 
@@ -24,7 +24,7 @@ use prost::Message;
 use serde_json::{json, Map, Value};
 use switchyard_tests::fake_engine::{Event, FakeEngine, FakeEngineHandle, Fault};
 use switchyard_tests::harness::{
-    config_for, fake_stack, start_switchyard, timing, wait_ready, TestClient,
+    config_for, fake_stack, start_switchyard, switchyard_bin, timing, wait_ready, TestClient,
 };
 use tokio::net::TcpListener;
 use tokio::sync::mpsc;
@@ -586,4 +586,74 @@ async fn a_clients_unsampled_trace_is_continued_and_not_exported() {
         .map(|r| attributes(&r.span)["switchyard.request_id"].clone())
         .collect();
     assert_eq!(exported, [json!("sampled")]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn spans_arrive_when_the_log_lets_only_warnings_through() {
+    use std::io::{BufRead, BufReader};
+    use std::process::{Command, Stdio};
+
+    let mut collector = Collector::start().await;
+    let engine = FakeEngine::llama_cpp().tokens(2).spawn().await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("switchyard.toml");
+    std::fs::write(
+        &config,
+        config_for(&engine.url(), &telemetry(&collector, 20)),
+    )
+    .unwrap();
+    let log = dir.path().join("stderr.log");
+    let mut child = Command::new(switchyard_bin().unwrap())
+        .args(["serve", "--config"])
+        .arg(&config)
+        .env("SWITCHYARD_LOG", "warn")
+        .env_remove("OTEL_EXPORTER_OTLP_ENDPOINT")
+        .env_remove("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
+        .stdout(Stdio::piped())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .unwrap();
+    let stdout = child.stdout.take().unwrap();
+    let base = tokio::task::spawn_blocking(move || {
+        BufReader::new(stdout)
+            .lines()
+            .map_while(Result::ok)
+            .find_map(|l| {
+                l.strip_prefix("switchyard listening on ")
+                    .map(str::to_owned)
+            })
+    })
+    .await
+    .unwrap()
+    .expect("the binary printed where it listens");
+    let body = json!({"model": "smollm2", "messages": [{"role": "user", "content": "hi"}]});
+    let response = TestClient::new()
+        .post_json_with(
+            &format!("{base}/v1/chat/completions"),
+            &body,
+            &[("x-request-id", "quiet-log")],
+        )
+        .await
+        .unwrap();
+    assert_eq!(response.status, 200);
+    let server = collector.server_span("quiet-log").await;
+    assert_eq!(server.span.name, "chat smollm2");
+    assert_eq!(attributes(&server.span)["http.response.status_code"], 200);
+
+    let pid = child.id().to_string();
+    assert!(Command::new("kill")
+        .args(["-TERM", &pid])
+        .status()
+        .unwrap()
+        .success());
+    let status = tokio::task::spawn_blocking(move || child.wait())
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(status.success(), "switchyard exited with {status}");
+    let log = std::fs::read_to_string(&log).unwrap();
+    assert!(
+        !log.contains("switchyard::request") && !log.contains(" INFO "),
+        "the log printed below its filter: {log}"
+    );
 }

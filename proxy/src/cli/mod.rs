@@ -340,28 +340,44 @@ fn report_invalid(e: &ConfigError) -> i32 {
     EX_USAGE
 }
 
+/// Installs the process's log: one `fmt` layer writing to standard error through
+/// [`crate::logsink::LogSink`], behind its own filter (`SWITCHYARD_LOG`, `info` by default).
+/// The filter is the layer's, not the subscriber's: it decides what the log prints and
+/// nothing else. Request spans never pass through here (see [`crate::telemetry`]).
 fn init_logging(format: LogFormat) {
+    use tracing_subscriber::layer::SubscriberExt as _;
+    use tracing_subscriber::util::SubscriberInitExt as _;
+    use tracing_subscriber::Layer as _;
+
     let filter =
         EnvFilter::try_from_env("SWITCHYARD_LOG").unwrap_or_else(|_| EnvFilter::new("info"));
     // Colour codes only for a person at a terminal, never into a log file or a collector.
     let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_ansi(ansi)
-        .with_timer(crate::logfmt::Timestamp);
     let sink = crate::logsink::LogSink::stderr(match format {
         LogFormat::Json => crate::logfmt::LineForm::Json,
         LogFormat::Text => crate::logfmt::LineForm::Text { ansi },
     });
+    let layer = tracing_subscriber::fmt::layer()
+        .with_ansi(ansi)
+        .with_timer(crate::logfmt::Timestamp)
+        .with_writer(sink);
+    let registry = tracing_subscriber::registry();
     let _ = match format {
-        LogFormat::Json => builder
-            .with_writer(sink)
-            .json()
-            .flatten_event(true)
+        LogFormat::Json => registry
+            .with(
+                layer
+                    .json()
+                    .flatten_event(true)
+                    .map_event_format(crate::logfmt::JsonAccess)
+                    .with_filter(filter),
+            )
             .try_init(),
-        LogFormat::Text => builder
-            .with_writer(sink)
-            .fmt_fields(crate::logfmt::TextFields)
+        LogFormat::Text => registry
+            .with(
+                layer
+                    .fmt_fields(crate::logfmt::TextFields)
+                    .with_filter(filter),
+            )
             .try_init(),
     };
 }

@@ -1,86 +1,92 @@
-//! OpenTelemetry traces: one span per proxied request, exported over OTLP/HTTP (protobuf).
+//! OpenTelemetry traces: one span per proxied request, made with `tracing-opentelemetry` and
+//! exported by `opentelemetry_sdk`'s batch span processor and `opentelemetry-otlp` (OTLP/HTTP,
+//! protobuf).
 //!
 //! Off unless configured (`[telemetry] otlp_endpoint`, or the standard
 //! `OTEL_EXPORTER_OTLP_ENDPOINT` / `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`); off, a request pays one
-//! `Option` check and nothing else.
+//! `Option` check and nothing else. The exporter reads the other standard variables itself
+//! (`OTEL_EXPORTER_OTLP_HEADERS`, `…_TIMEOUT`, `…_COMPRESSION`, with their `TRACES_` forms);
+//! `otlp_endpoint` wins over the endpoint variables.
 //!
-//! **The span.** [`Telemetry::start_request`] opens it when the request record is created, dated
-//! back to the moment the request head arrived: a child of the client's W3C `traceparent` (and
-//! `tracestate`) when those are valid, else the root of a new trace. Before the request is
-//! forwarded, [`RequestSpan::forwarding`] writes its context into the engine's request headers,
-//! replacing the client's. Kind SERVER, named like the GenAI conventions (`chat smollm2`). Its
-//! attributes are set, and it ends, when the record is written ([`RequestSpan::finish`], called
-//! by [`crate::record::Recorder`]), at `received + total`: the same clock and the same numbers as
-//! `server-timing`, the log line and the ledger.
+//! **The span.** [`Telemetry::start_request`] opens it when the request record is created: a
+//! `tracing` span, which `tracing-opentelemetry` turns into an OpenTelemetry one, a child of the
+//! client's W3C `traceparent` (and `tracestate`) when those are valid, else the root of a new
+//! trace. Before the request is forwarded, [`RequestSpan::forwarding`] writes its context into
+//! the engine's request headers, replacing the client's. Kind SERVER, named like the GenAI
+//! conventions (`chat smollm2`). Its attributes are set, and it ends, when the record is written
+//! ([`RequestSpan::finish`], called by [`crate::record::Recorder`]).
 //!
-//! **Phases** are timed events on the request span, each with its length in
-//! `switchyard.duration_ms`: one span per request to create, queue and export, where child
-//! spans made three or four. The ones measured on the proxy's clock are placed
-//! exactly, stamped at the moment they ended: `queue` (ending when the request was forwarded),
-//! `ttfb` (forwarded → the engine's response head), `ttft` (received → first token forwarded)
-//! and a stream's measured `decode` (first → last token). The engine's own `prefill` and
-//! `decode` are durations on the engine's clock, which does not say when they began on ours
-//! (network and scheduling lie between): they are stamped when the proxy learned them (the
-//! span's end) — a number, never a guessed position.
+//! **Its times** are the request's, not the `tracing` span's: it starts when the request head
+//! arrived (the span is created a little later; [`tracer::ArrivalTracer`] dates it back) and
+//! ends at `received + total`, ended explicitly through the OpenTelemetry span API, so that the
+//! `tracing` span closing afterwards (when the record is dropped) changes nothing. The same
+//! clock and the same numbers as `server-timing`, the log line and the ledger.
 //!
-//! **Built once, as bytes.** The span's identity (trace id, a new span id, the client's sampled
-//! flag and trace state; sampling as the SDK's default, parent-based always-on) is fixed when
-//! the request arrives. When the record is written, the span is encoded from it, once, straight
-//! into OTLP protobuf (`otlp.rs`) in the export queue: no SDK span, no `SpanData`, nothing
-//! allocated per request. The SDK's span API (a boxed span behind a lock, one call per attribute
-//! and event) cost twice what `SpanData` did; `SpanData` (an allocation per attribute, handed to
-//! the exporter thread, encoded and freed there) cost 17.5k instructions per request, 14% of a
-//! bare request; this costs 11.8k, most of it the encoding (`tests/bench/instructions
-//! --recording traces`, release build: 121.7k → 133.5k per request). Encoding on the exporter
-//! thread instead, from the record's strings moved there, was measured and was no faster.
+//! **Phases** are timed events on the request span (`add_event_with_timestamp`), each with its
+//! length in `switchyard.duration_ms`: one span per request to create, queue and export. The
+//! ones measured on the proxy's clock are placed exactly, stamped at the moment they ended:
+//! `queue` (ending when the request was forwarded), `ttfb` (forwarded → the engine's response
+//! head), `ttft` (received → first token forwarded) and a stream's measured `decode` (first →
+//! last token). The engine's own `prefill` and `decode` are durations on the engine's clock,
+//! which does not say when they began on ours (network and scheduling lie between): they are
+//! stamped when the proxy learned them (the span's end) — a number, never a guessed position.
 //!
-//! **Export.** A thread of its own sends the queued spans in batches, wrapped in the OTLP
-//! envelope; the HTTP request itself runs on the server's tokio runtime, which hyper needs
-//! (`export.rs`). At most `telemetry.queue` spans wait; one more is dropped, counted in
+//! **Its own dispatcher.** Request spans are created in a `tracing` [`Dispatch`] that
+//! [`Telemetry`] owns — a registry with the OpenTelemetry layer alone, filtered to the request
+//! span's target — never in the process's global subscriber. A span stays bound to the
+//! dispatcher it was created in, so: the log's filter (`SWITCHYARD_LOG`) and its `fmt` layer
+//! never see the request span (a filter of `warn` cannot turn traces off, and the log never
+//! formats the span); traces work the same in a process that installs no global subscriber
+//! (the in-process tests); and what the log layers do costs the span nothing.
+//!
+//! **Export** (`pipeline.rs`): the SDK's batch processor, on a thread of its own, sends
+//! batches through `opentelemetry-otlp`; the HTTP requests run on the server's runtime
+//! (`client.rs`). At most `telemetry.queue` spans wait; one more is dropped, counted in
 //! [`TelemetryStats`] and logged: a request never waits for telemetry. [`Telemetry::shutdown`]
 //! flushes what is left, after the server has drained.
-//!
-//! `tracing-opentelemetry` is not used: it dates a span by the `tracing` span's own life (opened
-//! now, closed now), which cannot express a span that began when the request head arrived, nor
-//! phases measured before their span exists; and it would tie traces to the global log
-//! subscriber, which in-process users (the tests) do not install.
 
-use std::fmt;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
 use http::{HeaderMap, HeaderName, HeaderValue};
 use opentelemetry::propagation::TextMapPropagator;
-use opentelemetry::trace::{SpanContext, SpanId, TraceContextExt, TraceFlags, TraceId, TraceState};
-use opentelemetry::{Context, KeyValue};
+use opentelemetry::trace::{
+    SpanContext, SpanRef, Status, TraceContextExt, TraceFlags, TraceId, TracerProvider,
+};
+use opentelemetry::{Context, InstrumentationScope, KeyValue, Value};
 use opentelemetry_http::HeaderExtractor;
 use opentelemetry_sdk::propagation::TraceContextPropagator;
-use opentelemetry_sdk::trace::{IdGenerator, RandomIdGenerator};
+use opentelemetry_sdk::trace::SdkTracerProvider;
 use opentelemetry_sdk::Resource;
 use switchyard_policy::TelemetryConfig;
+use tracing::Dispatch;
+use tracing_opentelemetry::OpenTelemetrySpanExt;
+use tracing_subscriber::layer::SubscriberExt as _;
+use tracing_subscriber::Layer as _;
 
-use otlp::Attr;
-use switchyard_record::RequestRecord;
-use switchyard_record::Source;
+use switchyard_record::{RequestRecord, Source};
 
-mod export;
-mod otlp;
+mod client;
+mod pipeline;
+mod tracer;
 
 const TRACEPARENT: HeaderName = HeaderName::from_static("traceparent");
 const TRACESTATE: HeaderName = HeaderName::from_static("tracestate");
 /// The length of a phase event, in milliseconds.
 const DURATION_MS: &str = "switchyard.duration_ms";
+/// The target of request spans, the only one [`Telemetry`]'s dispatcher takes.
+const SPAN_TARGET: &str = "switchyard::trace";
 
 /// What happened to finished spans, readable while serving.
 #[derive(Debug, Default)]
 pub struct TelemetryStats {
     /// Spans in batches the collector accepted.
-    pub spans_exported: AtomicU64,
+    pub spans_exported: std::sync::atomic::AtomicU64,
     /// Spans dropped because the export queue was full.
-    pub spans_dropped: AtomicU64,
+    pub spans_dropped: std::sync::atomic::AtomicU64,
     /// Spans in batches whose export failed (after the exporter's own retries).
-    pub spans_failed: AtomicU64,
+    pub spans_failed: std::sync::atomic::AtomicU64,
 }
 
 /// The tracer and its export pipeline; cheap to clone.
@@ -91,26 +97,12 @@ pub struct Telemetry {
 
 #[derive(Debug)]
 struct Inner {
-    /// Where finished spans go: the bounded export queue of `export.rs`.
-    pipeline: export::Pipeline,
-    ids: RandomIdGenerator,
+    /// Where request spans are created: a registry with the OpenTelemetry layer alone.
+    dispatch: Dispatch,
+    /// Owns the batch processor; dropping the last handle flushes it (as the SDK does).
+    provider: SdkTracerProvider,
     stats: Arc<TelemetryStats>,
-    /// Set by [`Telemetry::shutdown`]; otherwise the pipeline is flushed when dropped.
-    shut_down: std::sync::atomic::AtomicBool,
 }
-
-impl Drop for Inner {
-    fn drop(&mut self) {
-        // As the SDK's tracer provider does: spans still waiting are exported, not lost.
-        if !self.shut_down.load(Ordering::Relaxed) {
-            self.pipeline.flush(DROP_FLUSH_TIMEOUT, true);
-        }
-    }
-}
-
-/// How long dropping the last handle waits for the spans still queued to be sent (the SDK's
-/// default shutdown timeout).
-const DROP_FLUSH_TIMEOUT: Duration = Duration::from_secs(5);
 
 impl Telemetry {
     /// The telemetry `config` (or the environment) asks for; `None` when traces are off. Must be
@@ -132,17 +124,45 @@ impl Telemetry {
             .with_service_name(service_name.clone())
             .with_attribute(KeyValue::new("service.version", env!("CARGO_PKG_VERSION")))
             .build();
-        let scope = otlp::scope("switchyard", env!("CARGO_PKG_VERSION"));
-        let exporter = export::otlp_http(&endpoint, runtime, &resource, scope)?;
+
+        let mut exporter = opentelemetry_otlp::SpanExporter::builder().with_http();
+        if config.otlp_endpoint.is_some() {
+            // Otherwise the exporter finds the endpoint in the environment itself.
+            use opentelemetry_otlp::WithExportConfig as _;
+            exporter = exporter.with_endpoint(endpoint.clone());
+        }
+        let exporter = client::with_client(exporter, &endpoint, runtime)?
+            .build()
+            .map_err(|e| format!("telemetry: the OTLP exporter: {e}"))?;
         let stats = Arc::new(TelemetryStats::default());
-        let pipeline = export::Pipeline::start(config, exporter, stats.clone())?;
+        let gate = pipeline::Gate::new(config.queue, stats.clone());
+        let provider = SdkTracerProvider::builder()
+            .with_span_processor(pipeline::processor(config, exporter, gate))
+            .with_resource(resource)
+            .build();
+        let scope = InstrumentationScope::builder("switchyard")
+            .with_version(env!("CARGO_PKG_VERSION"))
+            .build();
+        let tracer = tracer::ArrivalTracer(provider.tracer_with_scope(scope));
+        let layer = tracing_opentelemetry::layer()
+            .with_tracer(tracer)
+            // The span carries what it is given, nothing about the code or thread that made it.
+            .with_location(false)
+            .with_threads(false)
+            .with_target(false)
+            .with_tracked_inactivity(false)
+            .with_context_activation(false)
+            .with_filter(
+                tracing_subscriber::filter::Targets::new()
+                    .with_target(SPAN_TARGET, tracing::Level::INFO),
+            );
+        let dispatch = Dispatch::new(tracing_subscriber::registry().with(layer));
         tracing::info!(%endpoint, service = %service_name, "exporting traces (OTLP/HTTP)");
         Ok(Some(Self {
             inner: Arc::new(Inner {
-                pipeline,
-                ids: RandomIdGenerator::default(),
+                dispatch,
+                provider,
                 stats,
-                shut_down: std::sync::atomic::AtomicBool::new(false),
             }),
         }))
     }
@@ -171,7 +191,7 @@ impl Telemetry {
             let _ = write!(
                 out,
                 "# HELP {name} {help}\n# TYPE {name} counter\n{name} {}\n",
-                value.load(std::sync::atomic::Ordering::Relaxed)
+                value.load(Ordering::Relaxed)
             );
         }
     }
@@ -185,37 +205,40 @@ impl Telemetry {
     ///
     /// Sampling is the SDK default's (parent-based, always on): a request continuing a sampled
     /// trace, or starting one, is recorded; one whose client's trace is not sampled is not, and
-    /// still passes its context on. The span is not built through the SDK's span API: its
-    /// identity is fixed here, and it is encoded once, when the record is written, straight into
-    /// the export queue ([`RequestSpan::finish`]).
+    /// still passes its context on.
     pub fn start_request(&self, headers: &HeaderMap, path: &str, received: Instant) -> RequestSpan {
         let now = SystemTime::now();
         let start = now.checked_sub(received.elapsed()).unwrap_or(now);
+        let operation = operation_name(path);
+        let span = tracing::dispatcher::with_default(&self.inner.dispatch, || {
+            tracing::info_span!(
+                target: SPAN_TARGET,
+                parent: None,
+                "request",
+                // Named by the operation until the model is known (`finish`).
+                otel.name = operation,
+                otel.kind = "server",
+                // `tracer::ARRIVED`: the tracer starts the span then.
+                switchyard.arrived_unix_nano = tracer::unix_nanos(start),
+            )
+        });
         let parent = TraceContextPropagator::new()
             .extract_with_context(&Context::new(), &HeaderExtractor(headers));
-        let parent = parent.span().span_context().clone();
-        let ids = &self.inner.ids;
-        let (trace_id, flags, parent_span_id) = if parent.is_valid() {
-            (parent.trace_id(), parent.trace_flags(), parent.span_id())
-        } else {
-            (ids.new_trace_id(), TraceFlags::SAMPLED, SpanId::INVALID)
-        };
-        let context = SpanContext::new(
-            trace_id,
-            ids.new_span_id(),
-            flags,
-            false,
-            parent.trace_state().clone(),
-        );
+        if parent.span().span_context().is_valid() {
+            // Cannot fail: the span has not started yet.
+            let _ = span.set_parent(parent);
+        }
+        // Starts the OpenTelemetry span: its identity is fixed from here.
+        let context = span.context();
+        let identity = context.span().span_context().clone();
         RequestSpan {
-            telemetry: self.inner.clone(),
+            _span: span,
             context,
-            parent_span_id,
-            parent_is_remote: parent.is_remote(),
+            identity,
             start,
             received,
             forwarded: None,
-            operation: operation_name(path),
+            operation,
         }
     }
 
@@ -224,8 +247,7 @@ impl Telemetry {
     /// multi-threaded runtime (the export itself runs on the runtime). `false` when something
     /// was left unexported.
     pub fn shutdown(&self, timeout: Duration) -> bool {
-        self.inner.shut_down.store(true, Ordering::Relaxed);
-        let flushed = self.inner.pipeline.flush(timeout, true);
+        let flushed = self.inner.provider.shutdown_with_timeout(timeout).is_ok();
         let stats = &self.inner.stats;
         let (exported, dropped, failed) = (
             stats.spans_exported.load(Ordering::Relaxed),
@@ -280,14 +302,17 @@ fn traces_endpoint(
 
 /// The span of one proxied request. Lives in its [`RequestRecord`] and ends when that is
 /// written.
+#[derive(Debug)]
 pub struct RequestSpan {
-    telemetry: Arc<Inner>,
-    /// This span's identity: the client's trace (or a new one), a new span id, the client's
+    /// The `tracing` span, in [`Telemetry`]'s dispatcher: held, not read, so that it closes
+    /// when the record is dropped, after [`RequestSpan::finish`] has ended the OpenTelemetry
+    /// span (closing it first would end that span early).
+    _span: tracing::Span,
+    /// The started OpenTelemetry span, to record into.
+    context: Context,
+    /// The span's identity: the client's trace (or a new one), a new span id, the client's
     /// sampled flag and trace state.
-    context: SpanContext,
-    /// The client's span, or invalid when this span starts the trace.
-    parent_span_id: SpanId,
-    parent_is_remote: bool,
+    identity: SpanContext,
     /// Wall-clock time of `received`: every phase is placed from this anchor.
     start: SystemTime,
     received: Instant,
@@ -296,25 +321,14 @@ pub struct RequestSpan {
     operation: &'static str,
 }
 
-impl fmt::Debug for RequestSpan {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let context = &self.context;
-        f.debug_struct("RequestSpan")
-            .field("trace_id", &context.trace_id())
-            .field("span_id", &context.span_id())
-            .field("sampled", &context.is_sampled())
-            .finish()
-    }
-}
-
 impl RequestSpan {
     pub fn trace_id(&self) -> TraceId {
-        self.context.trace_id()
+        self.identity.trace_id()
     }
 
     /// The trace id as its `Display` writes it (32 lowercase hex digits), written into `buf`.
     pub fn trace_id_hex<'b>(&self, buf: &'b mut [u8; 32]) -> &'b str {
-        hex_into(buf, &self.context.trace_id().to_bytes());
+        hex_into(buf, &self.trace_id().to_bytes());
         // Hex digits: always UTF-8.
         std::str::from_utf8(buf).unwrap_or_default()
     }
@@ -326,7 +340,7 @@ impl RequestSpan {
         self.forwarded = Some(at);
         headers.remove(TRACEPARENT);
         headers.remove(TRACESTATE);
-        let context = &self.context;
+        let context = &self.identity;
         if !context.is_valid() {
             return;
         }
@@ -341,10 +355,11 @@ impl RequestSpan {
         }
     }
 
-    /// Ends the span with the finished record `r`: encodes it, with its attributes, its phases
-    /// and its status, into the export queue.
+    /// Ends the span with the finished record `r`: its name, attributes, phases and status, and
+    /// its end at `received + total`.
     pub fn finish(&self, r: &RequestRecord) {
-        if !self.context.is_sampled() {
+        let span = self.context.span();
+        if !span.is_recording() {
             // The client's trace is not sampled: nothing is exported for it.
             return;
         }
@@ -352,93 +367,60 @@ impl RequestSpan {
             .phases
             .total
             .map_or_else(SystemTime::now, |total| self.at_ms(total));
+        // Named like the GenAI conventions: `{operation} {model}`.
+        if let Some(model) = &r.model {
+            span.update_name(format!("{} {model}", self.operation));
+        }
         // HTTP server conventions: a 4xx is the client's error, not this span's.
-        let status_code;
         let error_type = if r.status >= 500 {
-            status_code = r.status.to_string();
-            Some(status_code.as_str())
+            Some(Value::from(r.status.to_string()))
         } else if r.client_disconnected {
-            Some("client_disconnected")
+            Some(Value::from("client_disconnected"))
         } else if r.error.is_some() && r.status < 400 {
             // The head said success, then the answer broke (a stream cut mid-way).
-            Some(r.error_class.unwrap_or("upstream"))
+            Some(Value::from(r.error_class.unwrap_or("upstream")))
         } else {
             None
         };
         // A client that left is not Switchyard failing; everything else here is.
         let failed = error_type.is_some() && (!r.client_disconnected || r.status >= 500);
-        self.telemetry.pipeline.push(|buf| {
-            otlp::message(buf, 2, |buf| self.encode(buf, r, end, error_type, failed));
-        });
-    }
-
-    /// The `Span` message's body.
-    fn encode(
-        &self,
-        buf: &mut Vec<u8>,
-        r: &RequestRecord,
-        end: SystemTime,
-        error_type: Option<&str>,
-        failed: bool,
-    ) {
-        let cx = &self.context;
-        otlp::bytes(buf, 1, &cx.trace_id().to_bytes());
-        otlp::bytes(buf, 2, &cx.span_id().to_bytes());
-        if *cx.trace_state() != TraceState::NONE {
-            otlp::string(buf, 3, &cx.trace_state().header());
-        }
-        if self.parent_span_id != SpanId::INVALID {
-            otlp::bytes(buf, 4, &self.parent_span_id.to_bytes());
-        }
-        // Named like the GenAI conventions: `{operation} {model}`.
-        match &r.model {
-            Some(model) => otlp::string_of(buf, 5, &[self.operation, " ", model]),
-            None => otlp::string(buf, 5, self.operation),
-        }
-        otlp::uint(buf, 6, otlp::KIND_SERVER);
-        otlp::fixed64(buf, 7, otlp::nanos(self.start));
-        otlp::fixed64(buf, 8, otlp::nanos(end));
-        attributes(buf, 9, self.operation, r);
+        let mut attributes = attributes(self.operation, r);
         if let Some(error_type) = error_type {
-            otlp::kv_str(buf, 9, "error.type", error_type);
+            attributes.push(KeyValue::new("error.type", error_type));
         }
-        self.phases(buf, r, end);
-        otlp::message(buf, 15, |buf| {
-            // Status: unset, or an error with the record's description.
-            if failed {
-                otlp::string(buf, 2, r.error.as_deref().unwrap_or_default());
-                otlp::uint(buf, 3, otlp::STATUS_ERROR);
-            }
-        });
-        otlp::fixed32(
-            buf,
-            16,
-            otlp::flags(self.parent_is_remote, cx.trace_flags().to_u8()),
-        );
+        span.set_attributes(attributes);
+        self.phases(&span, r, end);
+        if failed {
+            span.set_status(Status::error(r.error.clone().unwrap_or_default()));
+        }
+        span.end_with_timestamp(end);
     }
 
     /// The phases, as timed events on the request span (one span per request to create, queue
-    /// and export, not one per phase): `Span.events`, field 11.
+    /// and export, not one per phase).
     ///
     /// Those measured on the proxy's clock are placed exactly: stamped at the moment the phase
     /// ended, with its length in `switchyard.duration_ms`, so it began that long before. The
     /// engine's own `prefill` and `decode` are stamped at the span's end, when the proxy learned
     /// them: their lengths are on the engine's clock, which does not say when they began on ours.
-    fn phases(&self, buf: &mut Vec<u8>, r: &RequestRecord, end: SystemTime) {
+    fn phases(&self, span: &SpanRef<'_>, r: &RequestRecord, end: SystemTime) {
         let p = &r.phases;
-        let proxy_clock = |buf: &mut Vec<u8>, name: &str, at: SystemTime, phase_ms: f64| {
-            otlp::event(buf, at, name, &[Attr::F64(DURATION_MS, phase_ms)]);
+        let event = |name: &'static str, at: SystemTime, attributes: Vec<KeyValue>| {
+            span.add_event_with_timestamp(name, at, attributes);
+        };
+        let proxy_clock = |name: &'static str, at: SystemTime, phase_ms: f64| {
+            event(name, at, vec![KeyValue::new(DURATION_MS, phase_ms)]);
         };
         if let Some(forwarded) = self.forwarded.map(|at| self.at(at)) {
             if let Some(queue) = p.queue {
-                proxy_clock(buf, "queue", forwarded, queue);
+                proxy_clock("queue", forwarded, queue);
             }
             if let Some(ttfb) = p.ttfb {
-                proxy_clock(buf, "ttfb", forwarded + ms(ttfb), ttfb);
+                proxy_clock("ttfb", forwarded + ms(ttfb), ttfb);
             }
         }
         if let Some(ttft) = p.ttft {
-            proxy_clock(buf, "ttft", self.at_ms(ttft), ttft);
+            proxy_clock("ttft", self.at_ms(ttft), ttft);
         }
         for (name, phase) in [("prefill", p.prefill), ("decode", p.decode)] {
             let Some(phase) = phase else { continue };
@@ -451,13 +433,14 @@ impl RequestSpan {
                 Source::Engine => "engine",
                 Source::Measured => "measured",
             };
-            let attributes = [
-                Attr::F64(DURATION_MS, phase.ms),
-                Attr::Str("switchyard.source", source),
-                Attr::I64("switchyard.tokens", phase.tokens.map_or(0, int)),
+            let mut attributes = vec![
+                KeyValue::new(DURATION_MS, phase.ms),
+                KeyValue::new("switchyard.source", source),
             ];
-            let n = if phase.tokens.is_some() { 3 } else { 2 };
-            otlp::event(buf, at, name, &attributes[..n]);
+            if let Some(tokens) = phase.tokens {
+                attributes.push(KeyValue::new("switchyard.tokens", int(tokens)));
+            }
+            event(name, at, attributes);
         }
     }
 
@@ -472,56 +455,65 @@ impl RequestSpan {
     }
 }
 
-/// The request span's attributes, as field `field`: GenAI and HTTP conventions, then
-/// Switchyard's identity.
-fn attributes(buf: &mut Vec<u8>, field: u32, operation: &'static str, r: &RequestRecord) {
-    otlp::kv_str(buf, field, "gen_ai.operation.name", operation);
+/// The request span's attributes: GenAI and HTTP conventions, then Switchyard's identity.
+fn attributes(operation: &'static str, r: &RequestRecord) -> Vec<KeyValue> {
+    let text = |s: &std::sync::Arc<str>| Value::String(s.clone().into());
+    let mut a = Vec::with_capacity(20);
+    a.push(KeyValue::new("gen_ai.operation.name", operation));
     if let Some(model) = &r.model {
-        otlp::kv_str(buf, field, "gen_ai.request.model", model);
+        a.push(KeyValue::new("gen_ai.request.model", text(model)));
     }
     if let Some(engine) = &r.engine {
         // `kind/build`: the kind is the provider (`llama.cpp`, `mlx`, `openai`).
         let kind = engine.split('/').next().unwrap_or(engine);
-        otlp::kv_str(buf, field, "gen_ai.provider.name", kind);
-        otlp::kv_str(buf, field, "switchyard.engine", engine);
+        a.push(KeyValue::new("gen_ai.provider.name", kind.to_owned()));
+        a.push(KeyValue::new("switchyard.engine", text(engine)));
     }
     if let Some(facts) = &r.facts {
         if let Some(model) = &facts.model {
-            otlp::kv_str(buf, field, "gen_ai.response.model", model);
+            a.push(KeyValue::new("gen_ai.response.model", model.clone()));
         }
         if let Some(n) = facts.usage.prompt_tokens {
-            otlp::kv_i64(buf, field, "gen_ai.usage.input_tokens", int(n));
+            a.push(KeyValue::new("gen_ai.usage.input_tokens", int(n)));
         }
         if let Some(n) = facts.usage.completion_tokens {
-            otlp::kv_i64(buf, field, "gen_ai.usage.output_tokens", int(n));
+            a.push(KeyValue::new("gen_ai.usage.output_tokens", int(n)));
         }
     }
-    otlp::kv_str(buf, field, "http.request.method", r.method.as_str());
-    otlp::kv_str(buf, field, "url.path", &r.path);
+    a.push(KeyValue::new(
+        "http.request.method",
+        r.method.as_str().to_owned(),
+    ));
+    a.push(KeyValue::new("url.path", r.path.clone()));
     if r.status != 0 {
-        otlp::kv_i64(buf, field, "http.response.status_code", i64::from(r.status));
+        a.push(KeyValue::new(
+            "http.response.status_code",
+            i64::from(r.status),
+        ));
     }
-    otlp::kv_str(buf, field, "switchyard.request_id", &r.id);
+    a.push(KeyValue::new("switchyard.request_id", r.id.clone()));
     if let Some(backend) = &r.backend {
-        otlp::kv_str(buf, field, "switchyard.backend", backend);
-        otlp::kv_str(buf, field, "switchyard.variant", r.variant);
+        a.push(KeyValue::new("switchyard.backend", text(backend)));
+        a.push(KeyValue::new("switchyard.variant", r.variant));
     }
     if let Some(artifact) = &r.artifact {
-        otlp::kv_str(buf, field, "switchyard.artifact", artifact);
+        a.push(KeyValue::new("switchyard.artifact", text(artifact)));
     }
     if let Some(fingerprint) = &r.fingerprint {
-        otlp::kv_str(buf, field, "switchyard.workload", &fingerprint.workload);
+        a.push(KeyValue::new(
+            "switchyard.workload",
+            fingerprint.workload.clone(),
+        ));
     }
     if let Some(warm) = r.warm {
-        otlp::kv_bool(buf, field, "switchyard.warm", warm);
+        a.push(KeyValue::new("switchyard.warm", warm));
     }
-    otlp::kv_bool(buf, field, "switchyard.streamed", r.streamed);
-    otlp::kv_bool(
-        buf,
-        field,
+    a.push(KeyValue::new("switchyard.streamed", r.streamed));
+    a.push(KeyValue::new(
         "switchyard.client_disconnected",
         r.client_disconnected,
-    );
+    ));
+    a
 }
 
 fn ms(phase_ms: f64) -> Duration {
@@ -561,6 +553,65 @@ fn hex_into(out: &mut [u8], bytes: &[u8]) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// What a log subscriber printed.
+    #[derive(Clone, Default)]
+    struct Printed(Arc<std::sync::Mutex<Vec<u8>>>);
+
+    impl std::io::Write for Printed {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(buf);
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 1)]
+    async fn request_spans_ignore_the_log_its_filter_and_its_layer() {
+        let config = TelemetryConfig {
+            // Nothing listens there; nothing is exported in this test.
+            otlp_endpoint: Some("http://127.0.0.1:9".to_owned()),
+            ..TelemetryConfig::default()
+        };
+        let telemetry = Telemetry::from_config(Some(&config)).unwrap().unwrap();
+        let start = |telemetry: &Telemetry| {
+            telemetry.start_request(&HeaderMap::new(), "/v1/chat/completions", Instant::now())
+        };
+
+        // A log that lets only warnings through: the span is recorded all the same.
+        let quiet = tracing_subscriber::fmt()
+            .with_max_level(tracing::Level::WARN)
+            .with_writer(std::io::sink)
+            .finish();
+        let span = tracing::subscriber::with_default(quiet, || start(&telemetry));
+        assert!(span.identity.is_sampled() && span.context.span().is_recording());
+
+        // A log that prints everything, spans' lives included, never sees the request span.
+        let printed = Printed::default();
+        let writer = printed.clone();
+        let loud = tracing_subscriber::fmt()
+            .with_max_level(tracing::Level::TRACE)
+            .with_span_events(tracing_subscriber::fmt::format::FmtSpan::FULL)
+            .with_writer(move || writer.clone())
+            .finish();
+        tracing::subscriber::with_default(loud, || {
+            let span = start(&telemetry);
+            assert!(span.context.span().is_recording());
+            drop(span);
+        });
+        let printed = String::from_utf8(printed.0.lock().unwrap().clone()).unwrap();
+        assert!(
+            !printed.contains(SPAN_TARGET) && !printed.contains("request"),
+            "{printed}"
+        );
+        // Both spans end; their export, to nowhere, fails or is cut short by the shutdown.
+        drop(span);
+        tokio::task::block_in_place(|| telemetry.shutdown(Duration::from_secs(5)));
+        let stats = telemetry.stats();
+        assert_eq!(stats.spans_exported.load(Ordering::Relaxed), 0);
+    }
 
     fn vars<'a>(pairs: &'a [(&'a str, &'a str)]) -> impl Fn(&str) -> Option<String> + 'a {
         move |name| {
