@@ -21,8 +21,6 @@ pub mod app;
 pub mod cli;
 pub(crate) mod forward;
 pub mod http;
-pub mod logfmt;
-pub mod logsink;
 pub mod metrics;
 pub mod offline;
 pub mod recording;
@@ -30,7 +28,6 @@ pub mod route;
 pub mod server;
 pub mod shadow;
 pub mod stack;
-pub mod telemetry;
 
 pub use app::App;
 pub use server::{start, start_on, Running};

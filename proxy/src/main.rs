@@ -11,6 +11,6 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 fn main() -> anyhow::Result<()> {
     let code = switchyard::cli::main(switchyard::cli::Cli::parse());
     // The log's gathered request lines, before the process ends (exit runs no destructors).
-    switchyard::logsink::flush();
+    switchyard_observe::log::sink::flush();
     std::process::exit(code?);
 }

@@ -19,8 +19,8 @@ use crate::route::{Live, Routing, Snapshot};
 use crate::shadow::Shadowing;
 use crate::stack::activity::Activity;
 use crate::stack::{Router, Stack};
-use crate::telemetry::Telemetry;
 use switchyard_observe::ledger::Ledger;
+use switchyard_observe::telemetry::Telemetry;
 
 /// State shared by every request.
 #[derive(Debug)]

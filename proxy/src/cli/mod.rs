@@ -341,7 +341,7 @@ fn report_invalid(e: &ConfigError) -> i32 {
 }
 
 /// Installs the process's log: one `fmt` layer writing to standard error through
-/// [`crate::logsink::LogSink`], behind its own filter (`SWITCHYARD_LOG`, `info` by default).
+/// [`switchyard_observe::log::sink::LogSink`], behind its own filter (`SWITCHYARD_LOG`, `info` by default).
 /// The filter is the layer's, not the subscriber's: it decides what the log prints and
 /// nothing else. Request spans never pass through here (see [`crate::telemetry`]).
 fn init_logging(format: LogFormat) {
@@ -353,13 +353,13 @@ fn init_logging(format: LogFormat) {
         EnvFilter::try_from_env("SWITCHYARD_LOG").unwrap_or_else(|_| EnvFilter::new("info"));
     // Colour codes only for a person at a terminal, never into a log file or a collector.
     let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
-    let sink = crate::logsink::LogSink::stderr(match format {
-        LogFormat::Json => crate::logfmt::LineForm::Json,
-        LogFormat::Text => crate::logfmt::LineForm::Text { ansi },
+    let sink = switchyard_observe::log::sink::LogSink::stderr(match format {
+        LogFormat::Json => switchyard_observe::log::format::LineForm::Json,
+        LogFormat::Text => switchyard_observe::log::format::LineForm::Text { ansi },
     });
     let layer = tracing_subscriber::fmt::layer()
         .with_ansi(ansi)
-        .with_timer(crate::logfmt::Timestamp)
+        .with_timer(switchyard_observe::log::format::Timestamp)
         .with_writer(sink);
     let registry = tracing_subscriber::registry();
     let _ = match format {
@@ -368,14 +368,14 @@ fn init_logging(format: LogFormat) {
                 layer
                     .json()
                     .flatten_event(true)
-                    .map_event_format(crate::logfmt::JsonAccess)
+                    .map_event_format(switchyard_observe::log::format::JsonAccess)
                     .with_filter(filter),
             )
             .try_init(),
         LogFormat::Text => registry
             .with(
                 layer
-                    .fmt_fields(crate::logfmt::TextFields)
+                    .fmt_fields(switchyard_observe::log::format::TextFields)
                     .with_filter(filter),
             )
             .try_init(),

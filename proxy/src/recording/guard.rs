@@ -11,7 +11,7 @@ use std::time::Instant;
 use switchyard_record::RequestRecord;
 
 use super::Recorder;
-use crate::telemetry::RequestSpan;
+use switchyard_observe::telemetry::RequestSpan;
 
 /// Told the outcome of a request once its record is written (a shadow waiting for its primary,
 /// a `switchyard compare` run waiting for its answer).

@@ -19,7 +19,7 @@ use switchyard_policy::compare::Pair;
 use switchyard_record::RequestRecord;
 use tokio::sync::RwLock;
 
-use crate::logsink::Access;
+use switchyard_observe::log::sink::Access;
 
 mod guard;
 
@@ -121,7 +121,7 @@ impl Recorder {
     /// One log line for a comparison.
     pub fn log_comparison(pair: &Pair, source: &'static str) {
         let c = pair.candidate.as_ref();
-        crate::logsink::access(Access::Comparison, |line| {
+        switchyard_observe::log::sink::access(Access::Comparison, |line| {
             line.text("source", source);
             line.shown("mode", &pair.mode);
             line.shown("model", &pair.model);
@@ -149,7 +149,7 @@ impl Recorder {
         });
     }
 
-    fn write(&self, r: &RequestRecord, trace: Option<&crate::telemetry::RequestSpan>) {
+    fn write(&self, r: &RequestRecord, trace: Option<&switchyard_observe::telemetry::RequestSpan>) {
         if let Some(ledger) = &self.ledger {
             ledger.record(r);
         }
@@ -171,7 +171,7 @@ impl Recorder {
             .stamped_server_timing()
             .and_then(|v| v.to_str().ok())
             .map_or_else(|| Cow::Owned(r.phases.header_value()), Cow::Borrowed);
-        crate::logsink::access(Access::Request, |line| {
+        switchyard_observe::log::sink::access(Access::Request, |line| {
             line.shown("request_id", &r.id);
             if let Some(trace) = trace {
                 let mut id = [0u8; 32];

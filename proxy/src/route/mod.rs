@@ -26,7 +26,7 @@ use crate::http::headers::header_value;
 use crate::http::{ProxyBody, ProxyError};
 use crate::recording::{Recorder, Recording};
 use crate::shadow::Shadowing;
-use crate::telemetry::Telemetry;
+use switchyard_observe::telemetry::Telemetry;
 
 pub use state::{Live, Snapshot};
 

@@ -11,6 +11,7 @@
 use std::sync::Arc;
 use std::time::SystemTime;
 
+#[allow(clippy::disallowed_types)]
 use arc_swap::ArcSwap;
 use bytes::Bytes;
 use serde_json::json;
@@ -112,10 +113,12 @@ impl Snapshot {
 
 /// The current snapshot, swappable while requests run.
 #[derive(Debug)]
+#[allow(clippy::disallowed_types)] // the one place that may name it
 pub struct Live {
     current: ArcSwap<Snapshot>,
 }
 
+#[allow(clippy::disallowed_types)]
 impl Live {
     pub(crate) fn new(snapshot: Snapshot) -> Self {
         Self {
