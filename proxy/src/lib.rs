@@ -15,7 +15,8 @@
 //! - [`recording`]: the write-once record guard and the fan-out to the sinks;
 //! - [`http`]: errors and their responses, the body type, header names.
 //!
-//! The sinks (`ledger`, `metrics`, `telemetry`, the access log) follow.
+//! The sinks (`telemetry`, the access log) follow; the ledger and the metrics are in
+//! `switchyard-observe`.
 
 pub mod app;
 pub mod cli;
@@ -23,7 +24,6 @@ pub(crate) mod forward;
 pub mod http;
 pub mod logfmt;
 pub mod logsink;
-pub mod metrics;
 pub mod offline;
 pub mod recording;
 pub mod route;
@@ -35,6 +35,4 @@ pub mod telemetry;
 pub use app::App;
 pub use server::{start, start_on, Running};
 
-/// A map the request path looks names up in (backends, metric series, shadow pools): keys come
-/// from the configuration, so a fast hasher serves.
-pub type NameMap<K, V> = std::collections::HashMap<K, V, foldhash::fast::RandomState>;
+pub use switchyard_observe::NameMap;
