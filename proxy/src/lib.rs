@@ -15,13 +15,14 @@
 //! - [`recording`]: the write-once record guard and the fan-out to the sinks;
 //! - [`http`]: errors and their responses, the body type, header names.
 //!
-//! The sinks (`ledger`, `metrics`, `telemetry`, the access log) follow.
+//! The sinks a record goes to (ledger, metrics, traces, the access log) are in
+//! `switchyard-observe`; one engine endpoint is in `switchyard-engine`, and the record itself in
+//! `switchyard-record`.
 
 pub mod app;
 pub mod cli;
 pub(crate) mod forward;
 pub mod http;
-pub mod metrics;
 pub mod offline;
 pub mod recording;
 pub mod route;
@@ -32,6 +33,4 @@ pub mod stack;
 pub use app::App;
 pub use server::{start, start_on, Running};
 
-/// A map the request path looks names up in (backends, metric series, shadow pools): keys come
-/// from the configuration, so a fast hasher serves.
-pub type NameMap<K, V> = std::collections::HashMap<K, V, foldhash::fast::RandomState>;
+pub use switchyard_observe::NameMap;

@@ -27,8 +27,8 @@ use switchyard_engine::{Backend, Upstream};
 use tokio::sync::OwnedSemaphorePermit;
 use tokio_util::sync::CancellationToken;
 
-use crate::metrics::GaugeGuard;
 use crate::recording::Recorder;
+use switchyard_observe::metrics::GaugeGuard;
 
 pub(crate) use context::{Attempt, Ctx, Failed};
 pub(crate) use request::Outgoing;

@@ -48,7 +48,7 @@ pub struct Recorder {
     pub stats: Stats,
     pub ledger: Option<switchyard_observe::ledger::Ledger>,
     /// Prometheus metrics (`GET /metrics`); every written record is observed once.
-    pub metrics: crate::metrics::Metrics,
+    pub metrics: switchyard_observe::metrics::Metrics,
     /// Records whose responses went out before them. Each holds a shared permit until it is
     /// written; taking the lock exclusively waits for exactly those (it is fair: once a writer
     /// waits, new records cannot take a permit and are written before their responses).
@@ -89,7 +89,10 @@ impl Recorder {
 
     /// The Prometheus exposition, with the ledger's counters as of now, and the trace
     /// exporter's span counters when traces are on.
-    pub fn render_metrics(&self, trace_spans: Option<crate::metrics::SpanCounts>) -> String {
+    pub fn render_metrics(
+        &self,
+        trace_spans: Option<switchyard_observe::metrics::SpanCounts>,
+    ) -> String {
         if let Some(ledger) = &self.ledger {
             let c = &ledger.counters;
             self.metrics

@@ -100,3 +100,33 @@ async fn while_a_reader_waits_records_are_written_before_their_responses() {
     settling.await;
     assert_eq!(written(&recorder), 4);
 }
+
+#[test]
+fn the_metrics_observe_each_record_once_when_it_is_written() {
+    let recorder = Arc::new(Recorder::default());
+    let routed = |id| {
+        let mut r = record(&recorder, id);
+        r.model = Some(Arc::from("smollm2"));
+        r.backend = Some(Arc::from("llama"));
+        r.variant = "primary";
+        r
+    };
+    routed("a").finish();
+    // Dropped unfinished: the client left before any status.
+    let mut left = routed("b");
+    left.status = 0;
+    drop(left);
+
+    let text = recorder.render_metrics(None);
+    let series = "model=\"smollm2\",backend=\"llama\",variant=\"primary\"";
+    for line in [
+        format!("switchyard_requests_total{{{series},status_class=\"2xx\"}} 1\n"),
+        format!("switchyard_requests_total{{{series},status_class=\"none\"}} 1\n"),
+        "switchyard_client_disconnects_total{backend=\"llama\"} 1\n".to_owned(),
+        // Both closed when written: `total` measured.
+        format!("gen_ai_server_request_duration_seconds_count{{{series}}} 2\n"),
+    ] {
+        assert!(text.contains(&line), "{line} not in:\n{text}");
+    }
+    assert_eq!(written(&recorder), 2);
+}

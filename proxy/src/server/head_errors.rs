@@ -21,8 +21,11 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use crate::app::AppState;
 use crate::http::error_body;
 
-/// The statuses hyper answers a head with, in the order of [`crate::metrics::Metrics`]'s counters.
-pub(crate) const STATUSES: [u16; 3] = [400, 414, 431];
+/// The statuses hyper answers a head with, in the order of [`Metrics`]'s counters (the list is
+/// defined beside them).
+///
+/// [`Metrics`]: switchyard_observe::metrics::Metrics
+pub(crate) use switchyard_observe::metrics::REJECTED_HEAD_STATUSES as STATUSES;
 
 /// The longest automatic answer hyper writes: a status line, `content-length: 0`, a `date` and
 /// perhaps `connection: keep-alive`.

@@ -22,7 +22,7 @@ impl Router {
             let stats = telemetry.stats();
             let count =
                 |c: &std::sync::atomic::AtomicU64| c.load(std::sync::atomic::Ordering::Relaxed);
-            crate::metrics::SpanCounts {
+            switchyard_observe::metrics::SpanCounts {
                 exported: count(&stats.spans_exported),
                 dropped: count(&stats.spans_dropped),
                 failed: count(&stats.spans_failed),
@@ -32,7 +32,7 @@ impl Router {
         let mut response = Response::new(ProxyBody::full(text));
         response.headers_mut().insert(
             header::CONTENT_TYPE,
-            HeaderValue::from_static(crate::metrics::CONTENT_TYPE),
+            HeaderValue::from_static(switchyard_observe::metrics::CONTENT_TYPE),
         );
         response
     }

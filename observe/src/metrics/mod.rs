@@ -1,10 +1,10 @@
 //! Prometheus metrics, served at `GET /metrics`: families of `prometheus-client` in one
 //! registry, written in Prometheus' text format (0.0.4).
 //!
-//! Every finished request is observed exactly once, from [`crate::record::Recorder`], so the
-//! metrics count the same requests as the log and the ledger. In-flight requests are counted by
-//! a [`GaugeGuard`] taken when a request is forwarded to its backend and dropped when the
-//! engine's answer is complete or the client left.
+//! Every finished request is observed exactly once, by the proxy's recorder when it writes the
+//! request's record, so the metrics count the same requests as the log and the ledger.
+//! In-flight requests are counted by a [`GaugeGuard`] taken when a request is forwarded to its
+//! backend and dropped when the engine's answer is complete or the client left.
 //!
 //! Families (OpenTelemetry GenAI names in Prometheus form where one exists, seconds as the unit):
 //!
@@ -64,6 +64,12 @@ use switchyard_record::RequestRecord;
 /// format, names counter families without their `_total`, which promtool's linter refuses).
 pub const CONTENT_TYPE: &str = prometheus_text::CONTENT_TYPE;
 
+/// The statuses hyper's HTTP/1 server answers a request head it cannot parse with (`400` a
+/// malformed request line or header, `414` a URI too long, `431` too many headers or a head too
+/// large), before any request reaches the service; the `status` label values of
+/// `switchyard_rejected_request_heads_total`, in the order of its counters.
+pub const REJECTED_HEAD_STATUSES: [u16; 3] = [400, 414, 431];
+
 /// Upper bounds, in seconds, of the latency histograms: from a queue wait of a millisecond to a
 /// two-minute generation on a CPU.
 pub const LATENCY_BUCKETS: &[f64] = &[
@@ -75,8 +81,7 @@ pub const RATE_BUCKETS: &[f64] = &[
     1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 100.0, 200.0, 500.0, 1000.0, 2000.0, 5000.0, 10000.0,
 ];
 
-/// The registry and the cached handles into it. One per process, inside the
-/// [`crate::record::Recorder`].
+/// The registry and the cached handles into it. One per process, inside the proxy's recorder.
 #[derive(Debug)]
 pub struct Metrics {
     registry: Registry,
@@ -85,10 +90,10 @@ pub struct Metrics {
     backends: ArcSwap<NameMap<Arc<str>, Arc<BackendHandles>>>,
     shadows: ArcSwap<NameMap<ShadowKey, Arc<ShadowHandles>>>,
     /// The children of `switchyard_rejected_request_heads_total`, in the order of
-    /// [`crate::server::head_errors::STATUSES`].
-    rejected_heads: [Counter; crate::server::head_errors::STATUSES.len()],
-    /// Records the run ledger wrote; set from the ledger's own count before each scrape
-    /// ([`crate::record::Recorder::render_metrics`]). Written as
+    /// [`REJECTED_HEAD_STATUSES`].
+    rejected_heads: [Counter; REJECTED_HEAD_STATUSES.len()],
+    /// Records the run ledger wrote; set from the ledger's own count before each scrape (the
+    /// proxy's `Recorder::render_metrics`). Written as
     /// `switchyard_ledger_records_written_total`.
     pub ledger_written: Counter,
     /// Records the run ledger dropped (queue full, write failed), set like `ledger_written`.
@@ -170,7 +175,7 @@ impl Metrics {
         let ledger_written = Counter::default();
         let ledger_dropped = Counter::default();
         let families = Families::register(&mut registry, [&ledger_written, &ledger_dropped]);
-        let rejected_heads = crate::server::head_errors::STATUSES.map(|status| {
+        let rejected_heads = REJECTED_HEAD_STATUSES.map(|status| {
             families
                 .rejected_heads
                 .get_or_create_owned(&HeadLabels { status })
@@ -263,12 +268,9 @@ impl Metrics {
     }
 
     /// Counts a request head hyper could not parse and answered with `status`, one of
-    /// [`crate::server::head_errors::STATUSES`].
+    /// [`REJECTED_HEAD_STATUSES`]; any other status is not counted.
     pub fn rejected_request_head(&self, status: u16) {
-        if let Some(i) = crate::server::head_errors::STATUSES
-            .iter()
-            .position(|&s| s == status)
-        {
+        if let Some(i) = REJECTED_HEAD_STATUSES.iter().position(|&s| s == status) {
             self.rejected_heads[i].inc();
         }
     }

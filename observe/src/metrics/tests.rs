@@ -6,7 +6,6 @@ use switchyard_policy::compare::Verdict;
 
 use super::series::{status_class, STATUS_CLASSES};
 use super::{Metrics, SpanCounts};
-use crate::recording::{Recorder, Recording};
 use switchyard_record::RequestRecord;
 use switchyard_record::{Phases, Source, TokenPhase};
 
@@ -61,24 +60,34 @@ fn families(text: &str) -> BTreeMap<String, (String, Vec<String>)> {
     declared
 }
 
-fn record(recorder: &Arc<Recorder>) -> Recording {
-    Recording::new(
-        recorder.clone(),
-        RequestRecord::new(
-            "id".to_owned(),
-            http::Method::POST,
-            "/v1/chat/completions".to_owned(),
-            Instant::now(),
-        ),
+fn record() -> RequestRecord {
+    RequestRecord::new(
+        "id".to_owned(),
+        http::Method::POST,
+        "/v1/chat/completions".to_owned(),
+        Instant::now(),
     )
 }
 
-fn routed(recorder: &Arc<Recorder>) -> Recording {
-    let mut r = record(recorder);
+fn routed() -> RequestRecord {
+    let mut r = record();
     r.model = Some(Arc::from("smollm2"));
     r.backend = Some(Arc::from("llama"));
     r.variant = "primary";
     r
+}
+
+/// Observes `r` as the proxy writes a finished record: closed now (`total` measured unless
+/// already set), then observed once.
+fn finish(m: &Metrics, mut r: RequestRecord) {
+    r.close(Instant::now());
+    m.observe(&r);
+}
+
+/// Observes `r` as the proxy writes a record dropped before it finished: its client left.
+fn leave(m: &Metrics, mut r: RequestRecord) {
+    r.unfinished(false);
+    finish(m, r);
 }
 
 const ROUTED: &str = "model=\"smollm2\",backend=\"llama\",variant=\"primary\"";
@@ -143,15 +152,15 @@ fn waiting_guard_counts_while_alive() {
 
 #[test]
 fn buckets_are_upper_inclusive_and_cumulative() {
-    let recorder = Arc::new(Recorder::default());
+    let m = Metrics::new();
     // Milliseconds; NaN and negative totals are not observed.
     for total in [0.5, 1.0, 1.5, 5.0, 200_000.0, f64::NAN, -1.0] {
-        let mut r = routed(&recorder);
+        let mut r = routed();
         r.status = 200;
         r.phases.total = Some(total);
-        r.finish();
+        finish(&m, r);
     }
-    let text = recorder.metrics.render();
+    let text = m.render();
     let bucket = |le: &str| {
         value(
             &text,
@@ -185,8 +194,8 @@ fn buckets_are_upper_inclusive_and_cumulative() {
 
 #[test]
 fn finished_records_are_observed_once() {
-    let recorder = Arc::new(Recorder::default());
-    let mut ok = routed(&recorder);
+    let m = Metrics::new();
+    let mut ok = routed();
     ok.status = 200;
     ok.phases = Phases {
         queue: Some(0.5),
@@ -204,15 +213,15 @@ fn finished_records_are_observed_once() {
         }),
         ..Phases::default()
     };
-    ok.finish();
-    let mut unknown = record(&recorder);
+    finish(&m, ok);
+    let mut unknown = record();
     unknown.status = 404;
     unknown.variant = "primary";
-    unknown.finish();
+    finish(&m, unknown);
     // Dropped unfinished: the client left before any status.
-    drop(routed(&recorder));
+    leave(&m, routed());
 
-    let text = recorder.metrics.render();
+    let text = m.render();
     let v = |p: &str| value(&text, p);
     assert_eq!(
         v(&format!(
@@ -299,14 +308,14 @@ fn finished_records_are_observed_once() {
 
 #[test]
 fn an_empty_name_is_no_name() {
-    let recorder = Arc::new(Recorder::default());
+    let m = Metrics::new();
     for model in [None, Some(Arc::from(""))] {
-        let mut r = record(&recorder);
+        let mut r = record();
         r.model = model;
         r.status = 400;
-        r.finish();
+        finish(&m, r);
     }
-    let text = recorder.metrics.render();
+    let text = m.render();
     assert_eq!(
         value(
             &text,
@@ -314,7 +323,7 @@ fn an_empty_name_is_no_name() {
         ),
         Some(2.0)
     );
-    assert_eq!(recorder.metrics.series.load().len(), 1);
+    assert_eq!(m.series.load().len(), 1);
 }
 
 #[test]
@@ -451,9 +460,9 @@ const DOCUMENTED: &[(&str, &str, &[&str])] = &[
 
 #[test]
 fn every_family_is_written_as_documented() {
-    let recorder = Arc::new(Recorder::default());
-    recorder.metrics.register_backend("llama");
-    let mut r = routed(&recorder);
+    let m = Metrics::new();
+    m.register_backend("llama");
+    let mut r = routed();
     r.status = 502;
     r.error_class = Some("upstream");
     r.identity_contradicted = true;
@@ -473,8 +482,7 @@ fn every_family_is_written_as_documented() {
         }),
         ..Phases::default()
     };
-    r.finish();
-    let m = &recorder.metrics;
+    finish(&m, r);
     m.observe_comparison(
         &Arc::from("smollm2"),
         &Arc::from("mlx"),
@@ -512,15 +520,15 @@ fn every_family_is_written_as_documented() {
 
 #[test]
 fn series_handles_are_made_once() {
-    let recorder = Arc::new(Recorder::default());
+    let m = Metrics::new();
     for status in [200, 200, 500] {
-        let mut r = routed(&recorder);
+        let mut r = routed();
         r.status = status;
-        r.finish();
+        finish(&m, r);
     }
-    let series = recorder.metrics.series.load();
+    let series = m.series.load();
     assert_eq!(series.len(), 1);
-    let text = recorder.metrics.render();
+    let text = m.render();
     assert_eq!(
         value(
             &text,
