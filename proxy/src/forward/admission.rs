@@ -44,6 +44,41 @@ impl<S> Admission<S> {
     }
 }
 
+/// Puts [`Admission`] in front of a backend's inner stages.
+#[derive(Debug, Clone)]
+pub(crate) struct AdmissionLayer {
+    backend: Arc<Backend>,
+    recorder: Arc<Recorder>,
+    drain_over: CancellationToken,
+}
+
+impl AdmissionLayer {
+    pub(crate) fn new(
+        backend: Arc<Backend>,
+        recorder: Arc<Recorder>,
+        drain_over: CancellationToken,
+    ) -> Self {
+        Self {
+            backend,
+            recorder,
+            drain_over,
+        }
+    }
+}
+
+impl<S> tower::Layer<S> for AdmissionLayer {
+    type Service = Admission<S>;
+
+    fn layer(&self, inner: S) -> Admission<S> {
+        Admission::new(
+            self.backend.clone(),
+            self.recorder.clone(),
+            self.drain_over.clone(),
+            inner,
+        )
+    }
+}
+
 impl<S, R> tower::Service<Attempt> for Admission<S>
 where
     S: tower::Service<Attempt, Response = R, Error = Failed> + Clone + Send + 'static,

@@ -24,6 +24,26 @@ impl<S> IdentityGate<S> {
     }
 }
 
+/// Puts an [`IdentityGate`] in front of a backend's stages.
+#[derive(Debug, Clone)]
+pub(crate) struct IdentityGateLayer {
+    backend: Arc<Backend>,
+}
+
+impl IdentityGateLayer {
+    pub(crate) fn new(backend: Arc<Backend>) -> Self {
+        Self { backend }
+    }
+}
+
+impl<S> tower::Layer<S> for IdentityGateLayer {
+    type Service = IdentityGate<S>;
+
+    fn layer(&self, inner: S) -> IdentityGate<S> {
+        IdentityGate::new(self.backend.clone(), inner)
+    }
+}
+
 impl<S, R> tower::Service<Attempt> for IdentityGate<S>
 where
     S: tower::Service<Attempt, Response = R, Error = Failed>,

@@ -44,6 +44,27 @@ impl<S> Inspect<S> {
     }
 }
 
+/// Puts [`Inspect`] in front of the sending stage.
+#[derive(Debug, Clone)]
+pub(crate) struct InspectLayer {
+    backend: Arc<Backend>,
+    limit: u64,
+}
+
+impl InspectLayer {
+    pub(crate) fn new(backend: Arc<Backend>, limit: u64) -> Self {
+        Self { backend, limit }
+    }
+}
+
+impl<S> tower::Layer<S> for InspectLayer {
+    type Service = Inspect<S>;
+
+    fn layer(&self, inner: S) -> Inspect<S> {
+        Inspect::new(self.backend.clone(), self.limit, inner)
+    }
+}
+
 impl<S, B> tower::Service<Attempt> for Inspect<S>
 where
     S: tower::Service<Attempt, Response = Sent<B>, Error = Failed>,

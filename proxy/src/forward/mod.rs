@@ -59,21 +59,29 @@ pub(crate) struct Shared {
     pub(crate) max_response_bytes: u64,
 }
 
-/// Builds `backend`'s stack, outermost stage first.
+/// Builds `backend`'s stack, in the order a request meets its stages.
 pub(crate) fn stack(backend: &Arc<Backend>, shared: &Shared) -> BackendStack {
-    let send = send::Send::new(
-        backend.clone(),
-        shared.upstream.clone(),
-        shared.recorder.clone(),
-    );
-    let inspect = inspect::Inspect::new(backend.clone(), shared.max_response_bytes, send);
-    let admission = admission::Admission::new(
-        backend.clone(),
-        shared.recorder.clone(),
-        shared.drain_over.clone(),
-        inspect,
-    );
-    gate::IdentityGate::new(backend.clone(), admission)
+    tower::ServiceBuilder::new()
+        // Stamp the identity; refuse an unverified one that must be verified, sending nothing.
+        .layer(gate::IdentityGateLayer::new(backend.clone()))
+        // Wait for a slot: the queue phase.
+        .layer(admission::AdmissionLayer::new(
+            backend.clone(),
+            shared.recorder.clone(),
+            shared.drain_over.clone(),
+        ))
+        // Turn the engine's answer into the client's: observe a stream, check a whole answer.
+        .layer(inspect::InspectLayer::new(
+            backend.clone(),
+            shared.max_response_bytes,
+        ))
+        // Build the engine's request and send it.
+        .service(send::Send::new(
+            backend.clone(),
+            shared.upstream.clone(),
+            shared.recorder.clone(),
+        ))
 }
+
 #[cfg(test)]
 pub(crate) mod tests;
