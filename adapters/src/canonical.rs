@@ -37,11 +37,10 @@ pub(crate) fn write_json(out: &mut Vec<u8>, value: &(impl serde::Serialize + ?Si
 }
 
 /// Appends the canonical text of the JSON text `raw`, read straight from it: no `Value` tree is
-/// built and dropped (parsing a request's fingerprinted fields into values, then dropping them,
-/// was half of what fingerprinting a request cost). The same text as [`canonicalize`] gives the
-/// parsed value, a later key winning over an earlier one as a parsed object's does. On error
-/// (what `serde_json` cannot parse into a value either, e.g. a number out of range), `out` may
-/// hold part of the text: the caller truncates it.
+/// built only to be dropped, as this runs on every request's fingerprinted fields. The same text
+/// as [`canonicalize`] gives the parsed value, a later key winning over an earlier one as a parsed
+/// object's does. On error (what `serde_json` cannot parse into a value either, e.g. a number
+/// out of range), `out` may hold part of the text: the caller truncates it.
 pub fn write_canonical_raw(out: &mut Vec<u8>, raw: &str) -> serde_json::Result<()> {
     let mut de = serde_json::Deserializer::from_str(raw);
     serde::de::DeserializeSeed::deserialize(Canonical(out), &mut de)?;

@@ -108,9 +108,9 @@ impl ResponseFacts {
 }
 
 /// Parses a body or a chunk into its view. The text is checked for UTF-8 once, whole, then parsed
-/// as a `str`: parsed from bytes, serde_json checks every string it meets on its own, which cost
-/// twice as many instructions for an answer of a few hundred bytes. Bytes that are not UTF-8
-/// throughout are parsed as bytes, as before (a field the view ignores may hold them).
+/// as a `str`: parsed from bytes, serde_json checks every string it meets on its own, which is
+/// slower than one pass over the whole. Bytes that are not UTF-8 throughout are parsed as bytes
+/// (a field the view ignores may hold them).
 fn parse_view(bytes: &[u8]) -> Option<ChunkView<'_>> {
     match std::str::from_utf8(bytes) {
         Ok(text) => serde_json::from_str(text).ok(),
@@ -293,7 +293,7 @@ mod tests {
             facts.output,
             inspect_response(br#"{"choices":[{"index":0,"message":{"content":"hi"}}]}"#).output
         );
-        // In a field it reads: no facts, as before.
+        // In a field it reads: the body does not parse, so no facts.
         let facts =
             inspect_response(b"{\"choices\":[{\"index\":0,\"message\":{\"content\":\"h\xff\"}}]}");
         assert!(facts.output.is_none());

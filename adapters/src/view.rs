@@ -1,6 +1,6 @@
 //! Borrowed views of engine response bodies and stream chunks: only the fields Switchyard reads,
-//! parsed in one pass without building a `serde_json::Value` tree (which cost a fifth of the
-//! request path's instructions). Strings borrow from the body unless they hold escapes.
+//! parsed in one pass without building a `serde_json::Value` tree, as every response body and
+//! stream chunk is read this way. Strings borrow from the body unless they hold escapes.
 //!
 //! The views are lenient the way `Value` lookups are: a field of an unexpected type reads as
 //! absent instead of failing the whole body, so one odd field from an engine never hides the

@@ -63,8 +63,8 @@ pub struct ServerConfig {
     /// set, it is served on both.
     pub metrics_listen: Option<SocketAddr>,
     /// Threads serving requests. None (the default): one per CPU this process may run on. With
-    /// 1, a single-threaded runtime: no work stealing and no cross-thread wake-ups, which made a
-    /// one-CPU Switchyard 15–25% faster at concurrency 32 than a one-worker multi-thread runtime.
+    /// 1, a single-threaded runtime: no work stealing and no cross-thread wake-ups, which makes a
+    /// Switchyard on one CPU faster than a one-worker multi-thread runtime would.
     pub workers: Option<usize>,
 }
 

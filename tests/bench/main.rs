@@ -163,9 +163,9 @@ async fn main() -> anyhow::Result<()> {
         };
         let mut merged: Vec<Sample> = vec![Sample::default(); targets.len()];
         let mut cpu = vec![0u64; targets.len()];
-        // Each round starts one target further on: a target's place in the round matters (the
-        // Switchyard right after direct ran 6-25% slower than the same one last, in five runs
-        // out of five at c=32), and over four rounds every target holds every place once.
+        // Each round starts one target further on: a target's place in the round moves its
+        // numbers (a Switchyard right after direct runs slower than the same one last), and over
+        // four rounds every target holds every place once.
         for round in 0..args.rounds {
             for k in 0..targets.len() {
                 let i = (round + k) % targets.len();

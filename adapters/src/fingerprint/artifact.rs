@@ -55,7 +55,7 @@ pub fn hex(bytes: &[u8]) -> String {
 pub fn prefixed_hex(prefix: &str, bytes: &[u8]) -> String {
     const DIGITS: &[u8; 16] = b"0123456789abcdef";
     // Bytes first, then one check of the whole: a `char` pushed at a time checks the capacity
-    // and encodes each digit on its own (about ten instructions a digit).
+    // and encodes each digit on its own.
     let mut out = Vec::with_capacity(prefix.len() + bytes.len() * 2);
     out.extend_from_slice(prefix.as_bytes());
     out.extend(

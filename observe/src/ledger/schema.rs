@@ -142,8 +142,8 @@ pub(super) const MIGRATIONS: &[&str] = &[
     CREATE INDEX comparisons_ts ON comparisons (ts_ms);
     "#,
     // 3: no query of Switchyard's reads `requests` by group (the report selects a time window and
-    // groups as it reads), and keeping the index up to date was a large part of what each
-    // recorded request costs.
+    // groups as it reads), and keeping the index up to date adds to what every recorded
+    // request costs.
     r#"
     DROP INDEX IF EXISTS requests_group;
     "#,

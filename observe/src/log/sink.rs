@@ -1,10 +1,10 @@
 //! Where the log's lines go: standard error, with the per-request lines gathered first.
 //!
 //! Every proxied request logs a line (`switchyard::request`), and every comparison one
-//! (`switchyard::comparison`), as `tracing` events ([`access`]). Written one by one, each is a `write(2)` of a few hundred bytes
-//! into the log file: under load about 1 µs of CPU per request, a thirtieth of what the whole
-//! request costs (measured against this sink, README's Performance). Like nginx's `access_log … buffer=` and Envoy's access-log flush
-//! interval, those lines are gathered in memory and written together:
+//! (`switchyard::comparison`), as `tracing` events ([`access`]). Written one by one, each would
+//! be a `write(2)` of a few hundred bytes, a system call per request. Like nginx's
+//! `access_log … buffer=` and Envoy's access-log flush interval, those lines are gathered in
+//! memory and written together:
 //!
 //! - once [`GATHER_BYTES`] have gathered;
 //! - [`FLUSH_AFTER`] after the first of them, by a thread of their own;

@@ -343,7 +343,7 @@ fn report_invalid(e: &ConfigError) -> i32 {
 /// Installs the process's log: one `fmt` layer writing to standard error through
 /// [`switchyard_observe::log::sink::LogSink`], behind its own filter (`SWITCHYARD_LOG`, `info` by default).
 /// The filter is the layer's, not the subscriber's: it decides what the log prints and
-/// nothing else. Request spans never pass through here (see [`crate::telemetry`]).
+/// nothing else. Request spans never pass through here (see [`switchyard_observe::telemetry`]).
 fn init_logging(format: LogFormat) {
     use tracing_subscriber::layer::SubscriberExt as _;
     use tracing_subscriber::util::SubscriberInitExt as _;
