@@ -48,7 +48,7 @@ pub struct Recorder {
     pub stats: Stats,
     pub ledger: Option<switchyard_observe::ledger::Ledger>,
     /// Prometheus metrics (`GET /metrics`); every written record is observed once.
-    pub metrics: switchyard_observe::metrics::Metrics,
+    pub metrics: Arc<switchyard_observe::metrics::Metrics>,
     /// Records whose responses went out before them. Each holds a shared permit until it is
     /// written; taking the lock exclusively waits for exactly those (it is fair: once a writer
     /// waits, new records cannot take a permit and are written before their responses).

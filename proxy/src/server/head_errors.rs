@@ -18,7 +18,8 @@ use std::task::{ready, Context, Poll};
 
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
-use crate::app::AppState;
+use switchyard_observe::metrics::Metrics;
+
 use crate::http::error_body;
 
 /// The statuses hyper answers a head with, in the order of [`Metrics`]'s counters (the list is
@@ -35,7 +36,8 @@ const LONGEST: usize = 160;
 #[derive(Debug)]
 pub(crate) struct HeadErrors<T> {
     io: T,
-    state: Arc<AppState>,
+    /// Where rejected heads are counted.
+    metrics: Arc<Metrics>,
     /// The answer being written in place of hyper's.
     rewrite: Option<Rewrite>,
 }
@@ -49,10 +51,10 @@ struct Rewrite {
 }
 
 impl<T> HeadErrors<T> {
-    pub(crate) fn new(io: T, state: Arc<AppState>) -> Self {
+    pub(crate) fn new(io: T, metrics: Arc<Metrics>) -> Self {
         Self {
             io,
-            state,
+            metrics,
             rewrite: None,
         }
     }
@@ -69,7 +71,7 @@ impl<T: AsyncWrite + Unpin> HeadErrors<T> {
     ) -> Option<Poll<io::Result<usize>>> {
         if self.rewrite.is_none() {
             let status = automatic_answer(first, total)?;
-            self.state.recorder.metrics.rejected_request_head(status);
+            self.metrics.rejected_request_head(status);
             self.rewrite = Some(Rewrite {
                 bytes: answer(first, status),
                 written: 0,

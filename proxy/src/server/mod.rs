@@ -161,7 +161,7 @@ pub async fn serve(app: App, listener: TcpListener, stop: CancellationToken, dra
             let service = TowerToHyperService::new(app.service_on(activity.clone()));
             let connection = builder
                 .serve_connection_with_upgrades(
-                    TokioIo::new(HeadErrors::new(stream, state.clone())),
+                    TokioIo::new(HeadErrors::new(stream, state.recorder.metrics.clone())),
                     service,
                 )
                 .into_owned();
@@ -333,7 +333,10 @@ async fn serve_metrics(app: App, listener: TcpListener, stop: CancellationToken)
                 Ok::<_, Infallible>(response)
             }
         });
-        let io = TokioIo::new(HeadErrors::new(stream, app.state().clone()));
+        let io = TokioIo::new(HeadErrors::new(
+            stream,
+            app.state().recorder.metrics.clone(),
+        ));
         let connection = graceful.watch(builder.serve_connection(io, service));
         tasks.spawn(async move {
             match connection.await {
