@@ -11,8 +11,7 @@ use tracing::field::{Field, Visit};
 use tracing_subscriber::field::RecordFields;
 use tracing_subscriber::fmt::format::Writer;
 use tracing_subscriber::fmt::time::FormatTime;
-use tracing_subscriber::fmt::{FmtContext, FormatEvent, FormatFields};
-use tracing_subscriber::registry::LookupSpan;
+use tracing_subscriber::fmt::FormatFields;
 
 /// Formats an event's or a span's fields (see the module documentation).
 #[derive(Debug, Default, Clone, Copy)]
@@ -210,6 +209,16 @@ impl<'a> AccessLine<'a> {
         self.written == Written::Line(LineForm::Json)
     }
 
+    /// How many bytes of the line are written so far.
+    pub fn len(&self) -> usize {
+        self.out.len()
+    }
+
+    /// Whether nothing is written yet.
+    pub fn is_empty(&self) -> bool {
+        self.out.is_empty()
+    }
+
     /// ` name=` in text, `,"name":` in JSON.
     fn name(&mut self, name: &str) {
         if self.json() {
@@ -269,51 +278,6 @@ impl<'a> AccessLine<'a> {
             Written::Line(LineForm::Text { .. }) => self.out.push('\n'),
             Written::Message => {}
         }
-    }
-}
-
-thread_local! {
-    /// The access line being emitted on this thread, whole, in the JSON form: what
-    /// [`JsonAccess`] prints for its event. Empty when none is.
-    static JSON_LINE: std::cell::RefCell<String> = const { std::cell::RefCell::new(String::new()) };
-}
-
-/// Empties this thread's JSON access line and has `fill` write the next one (writing nothing
-/// clears it).
-pub fn set_json_line(fill: impl FnOnce(&mut String)) {
-    JSON_LINE.with_borrow_mut(|line| {
-        line.clear();
-        fill(line);
-    });
-}
-
-/// The JSON log's event format: `F`'s, except for an access line's event, whose line
-/// [`crate::log::sink::access`] has already written in the JSON form: that line is printed as
-/// it is. The event itself carries the line's text form as its message, for any other layer.
-#[derive(Debug, Clone)]
-pub struct JsonAccess<F>(pub F);
-
-impl<S, N, F> FormatEvent<S, N> for JsonAccess<F>
-where
-    S: tracing::Subscriber + for<'a> LookupSpan<'a>,
-    N: for<'w> FormatFields<'w> + 'static,
-    F: FormatEvent<S, N>,
-{
-    fn format_event(
-        &self,
-        ctx: &FmtContext<'_, S, N>,
-        mut writer: Writer<'_>,
-        event: &tracing::Event<'_>,
-    ) -> fmt::Result {
-        let target = event.metadata().target();
-        if target == "switchyard::request" || target == "switchyard::comparison" {
-            let printed =
-                JSON_LINE.with_borrow(|line| (!line.is_empty()).then(|| writer.write_str(line)));
-            if let Some(result) = printed {
-                return result;
-            }
-        }
-        self.0.format_event(ctx, writer, event)
     }
 }
 

@@ -5,4 +5,4 @@
 pub mod format;
 pub mod sink;
 
-pub use sink::{access, Access};
+pub use sink::{access, is_access_target, Access, AccessLines};

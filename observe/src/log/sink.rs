@@ -147,6 +147,14 @@ pub enum Access {
 thread_local! {
     /// Where [`access`] writes a line's message before the event carries it.
     static ACCESS: std::cell::RefCell<String> = const { std::cell::RefCell::new(String::new()) };
+    /// The access line being logged, whole and in the installed sink's form, for [`AccessLines`]
+    /// to write when its event arrives. Empty when none is.
+    static LINE: std::cell::RefCell<String> = const { std::cell::RefCell::new(String::new()) };
+}
+
+/// Whether `target` is one of the access lines' targets.
+pub fn is_access_target(target: &str) -> bool {
+    GATHERED_TARGETS.contains(&target)
 }
 
 /// Emits one `INFO` event of `kind` with the fields `fields` writes, if `SWITCHYARD_LOG` (or
@@ -154,10 +162,10 @@ thread_local! {
 ///
 /// The event goes through `tracing`, so every layer of the subscriber sees it; its message is
 /// the message and the fields already written in the text log's form (`request request_id=…
-/// model="smollm2" …`, see [`AccessLine`]), which the text log prints as it is: one field to
-/// carry instead of twenty to visit and format. The JSON log needs its own form of the
-/// fields: when the installed sink writes JSON, the line is also written in that form, for
-/// [`crate::log::format::JsonAccess`] to print in the event's place.
+/// model="smollm2" …`, see [`AccessLine`]): one field to carry instead of twenty to visit and
+/// format. With a sink installed ([`LogSink::stderr`]), the whole line is written first, in the
+/// sink's form, for [`AccessLines`] to write in the `fmt` layer's place: the text line once (its
+/// message is the event's), the JSON line beside the text message.
 pub fn access(kind: Access, fields: impl Fn(&mut AccessLine<'_>)) {
     // The targets are literals here: tracing's macros need them so.
     let (enabled, target, message) = match kind {
@@ -175,26 +183,83 @@ pub fn access(kind: Access, fields: impl Fn(&mut AccessLine<'_>)) {
     if !enabled {
         return;
     }
-    let json = matches!(INSTALLED.get(), Some((_, LineForm::Json)));
-    if json {
-        crate::log::format::set_json_line(|out| {
-            let mut line = AccessLine::start(out, Written::Line(LineForm::Json), target, message);
-            fields(&mut line);
-            line.finish();
-        });
+    let emit = |out: &str| match kind {
+        Access::Request => tracing::info!(target: "switchyard::request", message = out),
+        Access::Comparison => tracing::info!(target: "switchyard::comparison", message = out),
+    };
+    match INSTALLED.get().map(|(_, form)| *form) {
+        Some(form @ LineForm::Text { .. }) => {
+            let message_at = LINE.with_borrow_mut(|out| {
+                out.clear();
+                let mut line = AccessLine::start(out, Written::Line(form), target, message);
+                let message_at = line.len() - message.len();
+                fields(&mut line);
+                line.finish();
+                message_at
+            });
+            // The line ends with its newline; the message runs from `message_at` to it. Borrowed
+            // shared: `AccessLines` reads the line while the event is dispatched.
+            LINE.with_borrow(|out| {
+                emit(
+                    out.get(message_at..out.len().saturating_sub(1))
+                        .unwrap_or_default(),
+                )
+            });
+            LINE.with_borrow_mut(String::clear);
+        }
+        Some(LineForm::Json) => {
+            LINE.with_borrow_mut(|out| {
+                out.clear();
+                let mut line =
+                    AccessLine::start(out, Written::Line(LineForm::Json), target, message);
+                fields(&mut line);
+                line.finish();
+            });
+            message_only(target, message, &fields, emit);
+            LINE.with_borrow_mut(String::clear);
+        }
+        None => message_only(target, message, &fields, emit),
     }
+}
+
+/// Writes the access line's message alone and emits it.
+fn message_only(
+    target: &'static str,
+    message: &str,
+    fields: &impl Fn(&mut AccessLine<'_>),
+    emit: impl Fn(&str),
+) {
     crate::log::format::with_scratch(&ACCESS, |out| {
         let mut line = AccessLine::start(out, Written::Message, target, message);
         fields(&mut line);
         line.finish();
-        let out = out.as_str();
-        match kind {
-            Access::Request => tracing::info!(target: "switchyard::request", message = out),
-            Access::Comparison => tracing::info!(target: "switchyard::comparison", message = out),
-        }
+        emit(out.as_str());
     });
-    if json {
-        crate::log::format::set_json_line(|_| {});
+}
+
+/// The layer that writes the access lines into the installed sink, as [`access`] wrote them,
+/// in place of the `fmt` layer (which is filtered off their targets): the line is formatted once,
+/// by the code that knows its fields, and written as it is.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct AccessLines;
+
+impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for AccessLines {
+    fn on_event(
+        &self,
+        event: &tracing::Event<'_>,
+        _ctx: tracing_subscriber::layer::Context<'_, S>,
+    ) {
+        if !is_access_target(event.metadata().target()) {
+            return;
+        }
+        let Some((sink, _)) = INSTALLED.get() else {
+            return;
+        };
+        LINE.with_borrow(|line| {
+            if !line.is_empty() {
+                sink.shared.write(line.as_bytes(), sink.shared.gathering);
+            }
+        });
     }
 }
 

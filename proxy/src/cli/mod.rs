@@ -345,12 +345,19 @@ fn report_invalid(e: &ConfigError) -> i32 {
 /// The filter is the layer's, not the subscriber's: it decides what the log prints and
 /// nothing else. Request spans never pass through here (see [`switchyard_observe::telemetry`]).
 fn init_logging(format: LogFormat) {
+    use tracing_subscriber::filter::FilterExt as _;
     use tracing_subscriber::layer::SubscriberExt as _;
     use tracing_subscriber::util::SubscriberInitExt as _;
     use tracing_subscriber::Layer as _;
 
     let filter =
-        EnvFilter::try_from_env("SWITCHYARD_LOG").unwrap_or_else(|_| EnvFilter::new("info"));
+        || EnvFilter::try_from_env("SWITCHYARD_LOG").unwrap_or_else(|_| EnvFilter::new("info"));
+    // The access lines (one per request and comparison) are written by a layer of their own, as
+    // they were formatted once; the `fmt` layer writes every other line.
+    let others = tracing_subscriber::filter::filter_fn(|meta| {
+        !switchyard_observe::log::is_access_target(meta.target())
+    });
+    let access = switchyard_observe::log::AccessLines.with_filter(filter());
     // Colour codes only for a person at a terminal, never into a log file or a collector.
     let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
     let sink = switchyard_observe::log::sink::LogSink::stderr(match format {
@@ -361,22 +368,21 @@ fn init_logging(format: LogFormat) {
         .with_ansi(ansi)
         .with_timer(switchyard_observe::log::format::Timestamp)
         .with_writer(sink);
-    let registry = tracing_subscriber::registry();
+    let registry = tracing_subscriber::registry().with(access);
     let _ = match format {
         LogFormat::Json => registry
             .with(
                 layer
                     .json()
                     .flatten_event(true)
-                    .map_event_format(switchyard_observe::log::format::JsonAccess)
-                    .with_filter(filter),
+                    .with_filter(filter().and(others)),
             )
             .try_init(),
         LogFormat::Text => registry
             .with(
                 layer
                     .fmt_fields(switchyard_observe::log::format::TextFields)
-                    .with_filter(filter),
+                    .with_filter(filter().and(others)),
             )
             .try_init(),
     };

@@ -10,6 +10,7 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Instant;
 
+use futures_util::future::Either;
 use switchyard_engine::Backend;
 use switchyard_record::between;
 use tokio_util::sync::CancellationToken;
@@ -86,7 +87,8 @@ where
 {
     type Response = R;
     type Error = Failed;
-    type Future = Pin<Box<dyn Future<Output = Result<R, Failed>> + Send>>;
+    /// The inner service's future when a slot is free at once; a boxed wait for one otherwise.
+    type Future = Either<S::Future, Pin<Box<dyn Future<Output = Result<R, Failed>> + Send>>>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Failed>> {
         self.inner.poll_ready(cx)
@@ -108,7 +110,7 @@ where
                     let backend = self.backend.name.clone();
                     let waiting = self.recorder.metrics.waiting(&backend);
                     let drain_over = self.drain_over.clone();
-                    return Box::pin(async move {
+                    return Either::Right(Box::pin(async move {
                         let acquired = semaphore.acquire_owned().await;
                         drop(waiting);
                         match acquired {
@@ -127,12 +129,12 @@ where
                         }
                         admitted(&mut attempt, queued);
                         inner.call(attempt).await
-                    });
+                    }));
                 }
             }
         }
         admitted(&mut attempt, queued);
-        Box::pin(self.inner.call(attempt))
+        Either::Left(self.inner.call(attempt))
     }
 }
 

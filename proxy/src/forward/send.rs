@@ -87,7 +87,7 @@ impl Send {
         let recording = &mut ctx.recording;
         let warm = backend.mark_served();
         recording.warm = Some(recording.warm_override.unwrap_or(warm));
-        if let Some(trace) = recording.trace.as_mut() {
+        if let Some(trace) = recording.trace_mut() {
             // The engine continues this request's trace (the client's context is replaced).
             trace.forwarding(forwarded, request.headers_mut());
         }

@@ -19,13 +19,16 @@ pub(crate) type Hook = Box<dyn FnOnce(&RequestRecord) + Send + Sync>;
 
 /// A request's record on its way to the sinks. Dereferences to the record, which the stages
 /// fill as the request advances.
-pub(crate) struct Recording {
-    /// Boxed: a record is about a kilobyte, and a guard moves from stage to stage and into the
-    /// streaming body.
-    record: Box<RequestRecord>,
+///
+/// One allocation holds the record and its handles: the guard is a pointer, cheap to move from
+/// stage to stage, into the streaming body and back inside an error.
+pub(crate) struct Recording(Box<Inner>);
+
+struct Inner {
+    record: RequestRecord,
     recorder: Arc<Recorder>,
     /// The request's OpenTelemetry span when traces are on; it ends when the record is written.
-    pub(crate) trace: Option<RequestSpan>,
+    trace: Option<RequestSpan>,
     hook: Option<Hook>,
     written: bool,
 }
@@ -33,9 +36,9 @@ pub(crate) struct Recording {
 impl std::fmt::Debug for Recording {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Recording")
-            .field("id", &self.record.id)
-            .field("hooked", &self.hook.is_some())
-            .field("written", &self.written)
+            .field("id", &self.0.record.id)
+            .field("hooked", &self.0.hook.is_some())
+            .field("written", &self.0.written)
             .finish()
     }
 }
@@ -44,30 +47,40 @@ impl Deref for Recording {
     type Target = RequestRecord;
 
     fn deref(&self) -> &RequestRecord {
-        &self.record
+        &self.0.record
     }
 }
 
 impl DerefMut for Recording {
     fn deref_mut(&mut self) -> &mut RequestRecord {
-        &mut self.record
+        &mut self.0.record
     }
 }
 
 impl Recording {
     pub(crate) fn new(recorder: Arc<Recorder>, record: RequestRecord) -> Self {
-        Self {
-            record: Box::new(record),
+        Self(Box::new(Inner {
+            record,
             recorder,
             trace: None,
             hook: None,
             written: false,
-        }
+        }))
     }
 
     /// Calls `hook` with the record once it is written.
     pub(crate) fn set_hook(&mut self, hook: Hook) {
-        self.hook = Some(hook);
+        self.0.hook = Some(hook);
+    }
+
+    /// The request's span, when traces are on.
+    pub(crate) fn trace_mut(&mut self) -> Option<&mut RequestSpan> {
+        self.0.trace.as_mut()
+    }
+
+    /// Gives the request its span.
+    pub(crate) fn set_trace(&mut self, trace: Option<RequestSpan>) {
+        self.0.trace = trace;
     }
 
     /// Writes the record now, with `total` measured to this instant unless already set.
@@ -85,7 +98,7 @@ impl Recording {
     /// (the reader waits for it), takes what has gathered once, when it runs, and later records
     /// start another: a reader waits for one batch, never for a stream of them.
     pub(crate) fn finish_after_response(mut self) {
-        let recorder = Arc::clone(&self.recorder);
+        let recorder = Arc::clone(&self.0.recorder);
         let mut queued = recorder.queued();
         if queued.draining {
             queued.records.push(self);
@@ -114,23 +127,24 @@ impl Recording {
     }
 
     fn write_once(&mut self) {
-        if self.written {
+        let inner = &mut *self.0;
+        if inner.written {
             return;
         }
-        self.written = true;
-        self.record.close(Instant::now());
-        self.recorder.write(&self.record, self.trace.as_ref());
-        if let Some(hook) = self.hook.take() {
-            hook(&self.record);
+        inner.written = true;
+        inner.record.close(Instant::now());
+        inner.recorder.write(&inner.record, inner.trace.as_ref());
+        if let Some(hook) = inner.hook.take() {
+            hook(&inner.record);
         }
     }
 }
 
 impl Drop for Recording {
     fn drop(&mut self) {
-        if !self.written {
-            let cut = self.recorder.cutting.load(Ordering::Relaxed);
-            self.record.unfinished(cut);
+        if !self.0.written {
+            let cut = self.0.recorder.cutting.load(Ordering::Relaxed);
+            self.0.record.unfinished(cut);
             self.write_once();
         }
     }

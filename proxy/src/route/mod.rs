@@ -58,10 +58,11 @@ impl Routing {
         let mut recording = Recording::new(self.recorder.clone(), record);
         // The request's span (when traces are on) exists from here, dated from `received`, so
         // that its context is there to forward.
-        recording.trace = self
-            .telemetry
-            .as_ref()
-            .map(|t| t.start_request(req.headers(), req.uri().path(), received));
+        recording.set_trace(
+            self.telemetry
+                .as_ref()
+                .map(|t| t.start_request(req.headers(), req.uri().path(), received)),
+        );
         let ctx = Ctx::new(recording, id.clone());
         match self.route(req, ctx).await {
             Ok(response) => response,
