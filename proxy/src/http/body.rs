@@ -10,10 +10,10 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::pin::Pin;
 use std::task::{Context, Poll};
 
-use bytes::{Bytes, BytesMut};
+use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
 
-use super::error::ProxyError;
+use super::error::{sse_event, ProxyError};
 
 /// Errors a body can end with (the engine's connection failing mid-stream).
 pub(crate) type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -91,12 +91,7 @@ impl ProxyBody {
                 tracing::error!("dropping a stream that panicked panicked too");
             }
         }
-        let event = ProxyError::Internal(why).body();
-        let mut bytes = BytesMut::with_capacity(event.len() + 8);
-        bytes.extend_from_slice(b"data: ");
-        bytes.extend_from_slice(&event);
-        bytes.extend_from_slice(b"\n\n");
-        bytes.freeze()
+        sse_event(&ProxyError::Internal(why).body())
     }
 }
 

@@ -203,6 +203,16 @@ impl ProxyError {
     }
 }
 
+/// `body` as one server-sent event (`data: …` and the blank line that ends it): how an error
+/// reaches a client whose stream has already begun.
+pub(crate) fn sse_event(body: &[u8]) -> Bytes {
+    let mut bytes = bytes::BytesMut::with_capacity(body.len() + 8);
+    bytes.extend_from_slice(b"data: ");
+    bytes.extend_from_slice(body);
+    bytes.extend_from_slice(b"\n\n");
+    bytes.freeze()
+}
+
 /// An OpenAI-shaped error body.
 pub fn error_body(message: &str, kind: &str, param: Option<&str>, code: &str) -> Bytes {
     Bytes::from(

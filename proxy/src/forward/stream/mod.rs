@@ -28,6 +28,7 @@ use switchyard_record::{between, Source, TokenPhase};
 
 use super::Held;
 use crate::http::body::{BoxError, StreamBody};
+use crate::http::error::sse_event;
 use crate::http::{error_body, ProxyError};
 use crate::recording::Recording;
 
@@ -255,12 +256,7 @@ impl<B> ObservedStream<B> {
         self.inner = None;
         self.holding = None;
         self.held.clear();
-        let event = error.body();
-        let mut bytes = BytesMut::with_capacity(event.len() + 10);
-        bytes.extend_from_slice(b"data: ");
-        bytes.extend_from_slice(&event);
-        bytes.extend_from_slice(b"\n\n");
-        self.out.push_back(Frame::data(bytes.freeze()));
+        self.out.push_back(Frame::data(sse_event(&error.body())));
         let comment = self.comment();
         self.out.push_back(Frame::data(comment));
         let trailers = self.want_trailers;
@@ -339,11 +335,7 @@ impl<B> ObservedStream<B> {
                 None,
                 "upstream_broken",
             );
-            let mut bytes = BytesMut::with_capacity(event.len() + 10);
-            bytes.extend_from_slice(b"data: ");
-            bytes.extend_from_slice(&event);
-            bytes.extend_from_slice(b"\n\n");
-            self.out.push_back(Frame::data(bytes.freeze()));
+            self.out.push_back(Frame::data(sse_event(&event)));
         }
         if !self.comment_sent {
             let comment = self.comment();
