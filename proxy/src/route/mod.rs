@@ -145,11 +145,11 @@ impl Routing {
                 Ok(candidate) => candidate,
                 Err(error) => return Err(ctx.fail(error)),
             };
-            if let Some(hook) =
+            if let Some(ticket) =
                 self.shadowing
                     .plan(&route, shadow, candidate, &outgoing, streamed, &fingerprint)
             {
-                ctx.recording.set_hook(hook);
+                ctx.recording.set_hook(ticket.into_hook());
             }
         }
         ctx.recording.describe(&route.model, fingerprint, streamed);

@@ -24,7 +24,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::forward::Outgoing;
-use crate::recording::{Hook, Recorder};
+use crate::recording::Recorder;
 
 mod run;
 
@@ -95,26 +95,12 @@ impl Shadowing {
         hasher.finish()
     }
 
-    /// Decides whether this request is shadowed; if so, returns the hook its record carries.
-    /// In `concurrent` mode the shadow starts here. Otherwise nothing of the request is copied
-    /// until its shadow is known to run: a skip reads the fingerprints from the primary's record.
-    /// `candidate` is the shadow's backend with its stack.
-    #[allow(clippy::too_many_arguments)]
+    /// Decides whether this request is shadowed; if so, returns its ticket, which the record
+    /// carries as its hook ([`Ticket::into_hook`]). In `concurrent` mode the shadow starts here.
+    /// Otherwise nothing of the request is copied until its shadow is known to run: a skip reads
+    /// the fingerprints from the primary's record. `candidate` is the shadow's backend with its
+    /// stack.
     pub(crate) fn plan(
-        self: &Arc<Self>,
-        route: &Route,
-        shadow: &ShadowRoute,
-        candidate: Candidate,
-        outgoing: &Arc<Outgoing>,
-        streamed: bool,
-        fingerprint: &WorkloadFingerprint,
-    ) -> Option<Hook> {
-        self.plan_ticket(route, shadow, candidate, outgoing, streamed, fingerprint)
-            .map(|ticket| -> Hook { Box::new(move |record| ticket.primary_done(record)) })
-    }
-
-    /// [`Shadowing::plan`]'s decision, as the ticket its hook carries.
-    pub(crate) fn plan_ticket(
         self: &Arc<Self>,
         route: &Route,
         shadow: &ShadowRoute,

@@ -16,7 +16,7 @@ use tokio::sync::oneshot;
 use tower::ServiceExt as _;
 
 use crate::forward::{Attempt, BackendStack, Ctx, Outgoing};
-use crate::recording::{Recorder, Recording};
+use crate::recording::{Hook, Recorder, Recording};
 use switchyard_observe::ledger::SkipKind;
 
 use super::Shadowing;
@@ -32,6 +32,11 @@ pub(crate) enum Ticket {
 }
 
 impl Ticket {
+    /// The hook that tells this ticket the primary's outcome once its record is written.
+    pub(crate) fn into_hook(self) -> Hook {
+        Box::new(move |record| self.primary_done(record))
+    }
+
     pub(super) fn primary_done(self, record: &RequestRecord) {
         match self {
             Self::Concurrent(tx) => {

@@ -69,7 +69,7 @@ impl Planner {
         let body = Bytes::from_static(br#"{"model":"smollm2","messages":[],"input":"x"}"#);
         let (outgoing, _, fingerprint): (Outgoing, String, WorkloadFingerprint) =
             Outgoing::from_json(path, body, false).unwrap();
-        self.shadowing.plan_ticket(
+        self.shadowing.plan(
             route,
             shadow,
             candidate,
