@@ -60,6 +60,28 @@ pub(crate) fn probed(backend: &Backend, health: Health) {
     backend.record_probe(EngineReport { health, identity });
 }
 
+/// A configuration read from TOML as the file would be (without validation).
+pub(crate) fn config(toml: &str) -> switchyard_policy::Config {
+    use figment::providers::Format as _;
+    figment::Figment::new()
+        .merge(figment::providers::Toml::string(toml))
+        .extract()
+        .unwrap()
+}
+
+/// What every backend's stack shares, recording into `recorder`.
+pub(crate) fn shared(recorder: &Arc<Recorder>) -> super::Shared {
+    super::Shared {
+        upstream: switchyard_engine::Upstream::new(
+            std::time::Duration::from_secs(1),
+            std::time::Duration::from_secs(1),
+        ),
+        recorder: recorder.clone(),
+        drain_over: CancellationToken::new(),
+        max_response_bytes: 1 << 20,
+    }
+}
+
 pub(crate) fn ctx(recorder: &Arc<Recorder>) -> Ctx {
     let record = RequestRecord::new(
         "req-1".to_owned(),

@@ -6,7 +6,7 @@ use http::Response;
 use switchyard_adapters::Health;
 
 use super::fallback;
-use crate::forward::tests::{backend, ctx, mocked, outgoing, probed};
+use crate::forward::tests::{backend, ctx, mocked, outgoing, probed, Mocked};
 use crate::http::{ProxyBody, ProxyError};
 use crate::recording::Recorder;
 
@@ -17,15 +17,24 @@ fn unreachable(name: &str) -> ProxyError {
     }
 }
 
-#[tokio::test]
-async fn an_unreachable_primary_falls_back_and_says_so() {
-    let recorder = Arc::new(Recorder::default());
-    let (a, mut handle_a) = mocked::<Response<ProxyBody>>();
-    let (b, mut handle_b) = mocked::<Response<ProxyBody>>();
+type Handle = tower_test::mock::Handle<crate::forward::Attempt, Response<ProxyBody>>;
+type Tries = Vec<(Arc<switchyard_engine::Backend>, Mocked<Response<ProxyBody>>)>;
+
+/// A primary `a` and a fallback `b`, each a mocked stack, with their handles.
+fn two_backends() -> (Tries, Handle, Handle) {
+    let (a, handle_a) = mocked::<Response<ProxyBody>>();
+    let (b, handle_b) = mocked::<Response<ProxyBody>>();
     let tries = vec![
         (backend("a", serde_json::json!({})), a),
         (backend("b", serde_json::json!({})), b),
     ];
+    (tries, handle_a, handle_b)
+}
+
+#[tokio::test]
+async fn an_unreachable_primary_falls_back_and_says_so() {
+    let recorder = Arc::new(Recorder::default());
+    let (tries, mut handle_a, mut handle_b) = two_backends();
     let run = fallback(tries, ctx(&recorder), outgoing());
     let engines = async {
         let (first, reply) = handle_a.next_request().await.unwrap();
@@ -47,12 +56,7 @@ async fn an_unreachable_primary_falls_back_and_says_so() {
 #[tokio::test]
 async fn an_error_after_the_engine_was_reached_is_not_retried() {
     let recorder = Arc::new(Recorder::default());
-    let (a, mut handle_a) = mocked::<Response<ProxyBody>>();
-    let (b, mut handle_b) = mocked::<Response<ProxyBody>>();
-    let tries = vec![
-        (backend("a", serde_json::json!({})), a),
-        (backend("b", serde_json::json!({})), b),
-    ];
+    let (tries, mut handle_a, mut handle_b) = two_backends();
     let run = fallback(tries, ctx(&recorder), outgoing());
     let engines = async {
         let (first, reply) = handle_a.next_request().await.unwrap();

@@ -1,22 +1,20 @@
 //! Shadow planning: sampling, what is skipped and why, and the ticket each mode gets.
 
 use std::sync::Arc;
-use std::time::{Duration, SystemTime};
+use std::time::SystemTime;
 
 use bytes::Bytes;
 use switchyard_adapters::fingerprint::WorkloadFingerprint;
-use switchyard_engine::Upstream;
-use switchyard_policy::{Config, RoutingTable};
-use tokio_util::sync::CancellationToken;
+use switchyard_policy::Config;
 
 use super::{Shadowing, Skip, Ticket};
-use crate::forward::{Outgoing, Shared};
+use crate::forward::tests::{config, shared};
+use crate::forward::Outgoing;
 use crate::recording::Recorder;
 use crate::route::Snapshot;
 
-fn config(sample: f64, when: &str) -> Config {
-    use figment::providers::Format as _;
-    let toml = format!(
+fn shadowed(sample: f64, when: &str) -> Config {
+    config(&format!(
         r#"
         [backends.llama]
         engine = "llama.cpp"
@@ -28,42 +26,35 @@ fn config(sample: f64, when: &str) -> Config {
         primary = "llama"
         shadow = {{ backend = "mlx", sample = {sample}, when = "{when}", max_in_flight = 1 }}
     "#
-    );
-    figment::Figment::new()
-        .merge(figment::providers::Toml::string(&toml))
-        .extract()
-        .unwrap()
+    ))
 }
 
 struct Planner {
     snapshot: Snapshot,
-    routes: RoutingTable,
     shadowing: Arc<Shadowing>,
 }
 
 impl Planner {
     fn new(sample: f64, when: &str) -> Self {
         let recorder = Arc::new(Recorder::default());
-        let shared = Shared {
-            upstream: Upstream::new(Duration::from_secs(1), Duration::from_secs(1)),
-            recorder: recorder.clone(),
-            drain_over: CancellationToken::new(),
-            max_response_bytes: 1 << 20,
-        };
-        let config = config(sample, when);
-        let routes = RoutingTable::new(&config);
-        let snapshot = Snapshot::build(config, None, &shared, SystemTime::now(), |b| b).unwrap();
-        let shadowing = Arc::new(Shadowing::new(&routes, recorder));
+        let snapshot = Snapshot::build(
+            shadowed(sample, when),
+            None,
+            &shared(&recorder),
+            SystemTime::now(),
+            |b| b,
+        )
+        .unwrap();
+        let shadowing = Arc::new(Shadowing::new(&snapshot.routes, recorder));
         Self {
             snapshot,
-            routes,
             shadowing,
         }
     }
 
     /// Plans one request to `path`.
     fn plan(&self, path: &str) -> Option<Ticket> {
-        let route = self.routes.resolve("smollm2").unwrap();
+        let route = self.snapshot.routes.resolve("smollm2").unwrap();
         let shadow = route.shadow.as_ref().unwrap();
         let candidate = self.snapshot.candidate(&shadow.backend).unwrap();
         let body = Bytes::from_static(br#"{"model":"smollm2","messages":[],"input":"x"}"#);

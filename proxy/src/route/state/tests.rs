@@ -1,23 +1,12 @@
 //! Building and swapping snapshots.
 
 use std::sync::Arc;
-use std::time::{Duration, SystemTime};
-
-use switchyard_engine::Upstream;
-use switchyard_policy::Config;
-use tokio_util::sync::CancellationToken;
+use std::time::SystemTime;
 
 use super::{Live, Snapshot};
+use crate::forward::tests::{self as forward_tests, config};
 use crate::forward::Shared;
 use crate::recording::Recorder;
-
-fn config(toml: &str) -> Config {
-    use figment::providers::Format as _;
-    figment::Figment::new()
-        .merge(figment::providers::Toml::string(toml))
-        .extract()
-        .unwrap()
-}
 
 const TWO: &str = r#"
     [backends.llama]
@@ -32,12 +21,7 @@ const TWO: &str = r#"
 "#;
 
 fn shared() -> Shared {
-    Shared {
-        upstream: Upstream::new(Duration::from_secs(1), Duration::from_secs(1)),
-        recorder: Arc::new(Recorder::default()),
-        drain_over: CancellationToken::new(),
-        max_response_bytes: 1 << 20,
-    }
+    forward_tests::shared(&Arc::new(Recorder::default()))
 }
 
 #[test]
