@@ -39,6 +39,27 @@ pub fn run_switchyard<S: AsRef<std::ffi::OsStr>>(
     Ok(String::from_utf8(out.stdout)?)
 }
 
+/// Waits until the `switchyard serve` process `child` (its stdout piped) prints where it
+/// listens, and returns that base URL.
+pub async fn listening_on(child: &mut std::process::Child) -> anyhow::Result<String> {
+    use std::io::{BufRead, BufReader};
+    let stdout = child
+        .stdout
+        .take()
+        .ok_or_else(|| anyhow::anyhow!("the child's stdout is not piped"))?;
+    tokio::task::spawn_blocking(move || {
+        BufReader::new(stdout)
+            .lines()
+            .map_while(Result::ok)
+            .find_map(|l| {
+                l.strip_prefix("switchyard listening on ")
+                    .map(str::to_owned)
+            })
+    })
+    .await?
+    .ok_or_else(|| anyhow::anyhow!("the binary ended without printing where it listens"))
+}
+
 /// A configuration with one model `smollm2` (alias `default`) served by one llama.cpp backend
 /// named `fake` at `engine_url`, listening on `127.0.0.1:0`. `extra` is appended verbatim.
 pub fn config_for(engine_url: &str, extra: &str) -> String {

@@ -4,12 +4,11 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // a failed unwrap is a failed test
 
-use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
 
 use serde_json::{json, Value};
 use switchyard_tests::fake_engine::FakeEngine;
-use switchyard_tests::harness::{config_for, switchyard_bin, TestClient};
+use switchyard_tests::harness::{config_for, listening_on, switchyard_bin, TestClient};
 
 /// Serves `requests` chat requests (request ids `log-test-0`, `log-test-1`, ...) through the
 /// binary with `server.log_format = format` and `SWITCHYARD_LOG = filter`, stops it with
@@ -33,19 +32,9 @@ async fn serve_and_log(format: &str, filter: &str, requests: usize) -> String {
         .stderr(std::fs::File::create(&log).unwrap())
         .spawn()
         .unwrap();
-    let stdout = child.stdout.take().unwrap();
-    let base = tokio::task::spawn_blocking(move || {
-        BufReader::new(stdout)
-            .lines()
-            .map_while(Result::ok)
-            .find_map(|l| {
-                l.strip_prefix("switchyard listening on ")
-                    .map(str::to_owned)
-            })
-    })
-    .await
-    .unwrap()
-    .expect("the binary printed where it listens");
+    let base = listening_on(&mut child)
+        .await
+        .expect("the binary printed where it listens");
     let client = TestClient::new();
     for i in 0..requests {
         let id = format!("log-test-{i}");

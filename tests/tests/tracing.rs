@@ -24,7 +24,8 @@ use prost::Message;
 use serde_json::{json, Map, Value};
 use switchyard_tests::fake_engine::{Event, FakeEngine, FakeEngineHandle, Fault};
 use switchyard_tests::harness::{
-    config_for, fake_stack, start_switchyard, switchyard_bin, timing, wait_ready, TestClient,
+    config_for, fake_stack, listening_on, start_switchyard, switchyard_bin, timing, wait_ready,
+    TestClient,
 };
 use tokio::net::TcpListener;
 use tokio::sync::mpsc;
@@ -590,7 +591,6 @@ async fn a_clients_unsampled_trace_is_continued_and_not_exported() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn spans_arrive_when_the_log_lets_only_warnings_through() {
-    use std::io::{BufRead, BufReader};
     use std::process::{Command, Stdio};
 
     let mut collector = Collector::start().await;
@@ -613,19 +613,9 @@ async fn spans_arrive_when_the_log_lets_only_warnings_through() {
         .stderr(std::fs::File::create(&log).unwrap())
         .spawn()
         .unwrap();
-    let stdout = child.stdout.take().unwrap();
-    let base = tokio::task::spawn_blocking(move || {
-        BufReader::new(stdout)
-            .lines()
-            .map_while(Result::ok)
-            .find_map(|l| {
-                l.strip_prefix("switchyard listening on ")
-                    .map(str::to_owned)
-            })
-    })
-    .await
-    .unwrap()
-    .expect("the binary printed where it listens");
+    let base = listening_on(&mut child)
+        .await
+        .expect("the binary printed where it listens");
     let body = json!({"model": "smollm2", "messages": [{"role": "user", "content": "hi"}]});
     let response = TestClient::new()
         .post_json_with(
