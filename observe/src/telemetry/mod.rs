@@ -92,6 +92,18 @@ pub struct TelemetryStats {
     pub spans_failed: std::sync::atomic::AtomicU64,
 }
 
+impl TelemetryStats {
+    /// The three counts as of now, for the metrics' exposition.
+    pub fn counts(&self) -> crate::metrics::SpanCounts {
+        let count = |c: &std::sync::atomic::AtomicU64| c.load(Ordering::Relaxed);
+        crate::metrics::SpanCounts {
+            exported: count(&self.spans_exported),
+            dropped: count(&self.spans_dropped),
+            failed: count(&self.spans_failed),
+        }
+    }
+}
+
 /// The tracer and its export pipeline; cheap to clone.
 #[derive(Debug, Clone)]
 pub struct Telemetry {

@@ -18,16 +18,11 @@ impl Router {
     pub(crate) async fn metrics(&self) -> Response<ProxyBody> {
         let recorder = &self.routing.recorder;
         recorder.settled().await;
-        let trace_spans = self.routing.telemetry.as_ref().map(|telemetry| {
-            let stats = telemetry.stats();
-            let count =
-                |c: &std::sync::atomic::AtomicU64| c.load(std::sync::atomic::Ordering::Relaxed);
-            switchyard_observe::metrics::SpanCounts {
-                exported: count(&stats.spans_exported),
-                dropped: count(&stats.spans_dropped),
-                failed: count(&stats.spans_failed),
-            }
-        });
+        let trace_spans = self
+            .routing
+            .telemetry
+            .as_ref()
+            .map(|telemetry| telemetry.stats().counts());
         let text = recorder.render_metrics(trace_spans);
         let mut response = Response::new(ProxyBody::full(text));
         response.headers_mut().insert(
