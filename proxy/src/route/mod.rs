@@ -140,17 +140,15 @@ impl Routing {
             body,
             want_trailers,
         });
-        if let Some(shadow) = &route.shadow {
+        if let Some(shadow) = route.shadow.as_ref().filter(|s| self.shadowing.sampled(s)) {
             let candidate = match snapshot.candidate(&shadow.backend) {
                 Ok(candidate) => candidate,
                 Err(error) => return Err(ctx.fail(error)),
             };
-            if let Some(ticket) =
+            let ticket =
                 self.shadowing
-                    .plan(&route, shadow, candidate, &outgoing, streamed, &fingerprint)
-            {
-                ctx.recording.set_hook(ticket.into_hook());
-            }
+                    .plan(&route, shadow, candidate, &outgoing, streamed, &fingerprint);
+            ctx.recording.set_hook(ticket.into_hook());
         }
         ctx.recording.describe(&route.model, fingerprint, streamed);
 

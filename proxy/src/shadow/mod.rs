@@ -95,10 +95,16 @@ impl Shadowing {
         hasher.finish()
     }
 
-    /// Decides whether this request is shadowed; if so, returns its ticket, which the record
-    /// carries as its hook ([`Ticket::into_hook`]). In `concurrent` mode the shadow starts here.
-    /// Otherwise nothing of the request is copied until its shadow is known to run: a skip reads
-    /// the fingerprints from the primary's record. `candidate` is the shadow's backend with its
+    /// Whether this request is copied to `shadow`'s candidate (its `sample`): asked before
+    /// anything is looked up or planned for it.
+    pub(crate) fn sampled(&self, shadow: &ShadowRoute) -> bool {
+        shadow.sampled(self.draw())
+    }
+
+    /// Plans a sampled request's shadow and returns its ticket, which the record carries as its
+    /// hook ([`Ticket::into_hook`]). In `concurrent` mode the shadow starts here. Otherwise
+    /// nothing of the request is copied until its shadow is known to run: a skip reads the
+    /// fingerprints from the primary's record. `candidate` is the shadow's backend with its
     /// stack.
     pub(crate) fn plan(
         self: &Arc<Self>,
@@ -108,10 +114,7 @@ impl Shadowing {
         outgoing: &Arc<Outgoing>,
         streamed: bool,
         fingerprint: &WorkloadFingerprint,
-    ) -> Option<Ticket> {
-        if !shadow.sampled(self.draw()) {
-            return None;
-        }
+    ) -> Ticket {
         let plan = Planned {
             shadowing: self.clone(),
             model: route.model.clone(),
@@ -130,18 +133,17 @@ impl Shadowing {
             None
         };
         if let Some(skip) = skip {
-            return Some(Ticket::Skipped(Box::new(plan), skip));
+            return Ticket::Skipped(Box::new(plan), skip);
         }
         // The copy shares the primary's request: nothing is copied but a reference count.
         let outgoing = outgoing.clone();
         match shadow.when {
             // The pool is asked when the primary is done: a client's next request usually
             // arrives while the previous shadow still runs.
-            ShadowWhen::AfterPrimary => Some(Ticket::AfterPrimary(Box::new(PlannedJob {
-                plan,
-                outgoing,
-            }))),
-            ShadowWhen::Concurrent => Some(self.start_concurrent(plan, outgoing, fingerprint)),
+            ShadowWhen::AfterPrimary => {
+                Ticket::AfterPrimary(Box::new(PlannedJob { plan, outgoing }))
+            }
+            ShadowWhen::Concurrent => self.start_concurrent(plan, outgoing, fingerprint),
         }
     }
 

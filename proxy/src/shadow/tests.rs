@@ -52,22 +52,25 @@ impl Planner {
         }
     }
 
-    /// Plans one request to `path`.
+    /// Samples and plans one request to `path`, as routing does.
     fn plan(&self, path: &str) -> Option<Ticket> {
         let route = self.snapshot.routes.resolve("smollm2").unwrap();
         let shadow = route.shadow.as_ref().unwrap();
+        if !self.shadowing.sampled(shadow) {
+            return None;
+        }
         let candidate = self.snapshot.candidate(&shadow.backend).unwrap();
         let body = Bytes::from_static(br#"{"model":"smollm2","messages":[],"input":"x"}"#);
         let (outgoing, _, fingerprint): (Outgoing, String, WorkloadFingerprint) =
             Outgoing::from_json(path, body, false).unwrap();
-        self.shadowing.plan(
+        Some(self.shadowing.plan(
             route,
             shadow,
             candidate,
             &Arc::new(outgoing),
             false,
             &fingerprint,
-        )
+        ))
     }
 }
 
