@@ -24,6 +24,10 @@ pub struct Config {
     /// `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT` in the environment): no traces, at no cost.
     #[serde(default)]
     pub telemetry: Option<TelemetryConfig>,
+    /// The admin API (backends, models, configuration, reload, events). Absent: no admin
+    /// listener; `SIGHUP` still reloads the configuration.
+    #[serde(default)]
+    pub admin: Option<AdminConfig>,
     /// Running engines, by the name the models refer to them with.
     #[serde(default)]
     pub backends: BTreeMap<String, BackendConfig>,
@@ -84,6 +88,24 @@ impl Default for ServerConfig {
             workers: None,
         }
     }
+}
+
+/// The admin listener, separate from the client listener.
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct AdminConfig {
+    /// Where the admin API listens. Loopback by default; any other address needs `tokens`.
+    #[serde(default = "default_admin_listen")]
+    pub listen: SocketAddr,
+    /// A file of named admin token digests (`switchyard admin token add NAME` writes it). When
+    /// set, every admin call needs one of its tokens; when absent, the admin API answers anyone
+    /// who can reach its loopback address.
+    #[serde(default)]
+    pub tokens: Option<PathBuf>,
+}
+
+fn default_admin_listen() -> SocketAddr {
+    SocketAddr::from(([127, 0, 0, 1], 8090))
 }
 
 /// The run ledger: one SQLite row per request, written off the request path.

@@ -13,7 +13,8 @@
 //! - [`forward`]: the per-backend stages (identity gate, admission, inspection, sending) and
 //!   the observed stream;
 //! - [`recording`]: the write-once record guard and the fan-out to the sinks;
-//! - [`http`]: errors and their responses, the body type, header names.
+//! - [`http`]: errors and their responses, the body type, header names;
+//! - [`config`]: reading and validating the configuration file (at start and at every reload).
 //!
 //! The sinks a record goes to (ledger, metrics, traces, the access log) are in
 //! `switchyard-observe`; one engine endpoint is in `switchyard-engine`, and the record itself in
@@ -21,6 +22,7 @@
 
 pub mod app;
 pub mod cli;
+pub mod config;
 pub(crate) mod forward;
 pub mod http;
 pub mod offline;

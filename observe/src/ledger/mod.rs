@@ -33,7 +33,7 @@ mod writer;
 mod tests;
 
 pub use read::{open_read_only, read_comparisons};
-pub use rows::IdentitySnapshot;
+pub use rows::{ConfigChange, IdentitySnapshot};
 pub use skips::SkipKind;
 
 use rows::{unix_ms, ComparisonRow, Row};
@@ -161,6 +161,11 @@ impl Ledger {
     /// Queues an identity snapshot.
     pub fn identity(&self, snapshot: IdentitySnapshot) {
         self.submit(Entry::Identity(SystemTime::now(), Box::new(snapshot)));
+    }
+
+    /// Queues a configuration change (or a refused one).
+    pub fn config_change(&self, change: ConfigChange) {
+        self.submit(Entry::ConfigChange(SystemTime::now(), Box::new(change)));
     }
 
     /// Waits (up to `timeout`) until every record queued so far is written; for shutdown.

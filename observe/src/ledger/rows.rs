@@ -1,6 +1,6 @@
 //! What the writer inserts, as the values its statements bind: a request row copied out of its
 //! record ([`Row`]), a comparison ([`ComparisonRow`]) and an engine's identity
-//! ([`IdentitySnapshot`]).
+//! ([`IdentitySnapshot`]) and a configuration change ([`ConfigChange`]).
 //!
 //! Values are bound borrowed from the rows themselves (no copies on the writer thread), and
 //! each kind of value has one conversion to SQLite's: counts saturate at `i64::MAX`, times are
@@ -85,6 +85,43 @@ impl IdentitySnapshot {
         ]
     }
 }
+
+/// A change of the configuration in force, or a refused attempt at one.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConfigChange {
+    /// Who asked: an admin token's name, `SIGHUP`, or `file watch`.
+    pub actor: String,
+    /// `applied`, `unchanged` or `rejected`.
+    pub outcome: &'static str,
+    /// The digest of the configuration in force before.
+    pub digest_before: String,
+    /// The digest of the configuration read (absent when it could not be read at all).
+    pub digest_after: Option<String>,
+    /// One line: what changed, or why nothing did.
+    pub summary: String,
+    /// Every problem found, one per line (rejected changes only).
+    pub errors: Option<String>,
+}
+
+impl ConfigChange {
+    /// The values of [`INSERT_CONFIG_CHANGE`]'s parameters, in its order.
+    pub(super) fn params(&self, at: SystemTime) -> [Param<'_>; 7] {
+        [
+            Param::Int(unix_ms(at)),
+            Param::Text(&self.actor),
+            Param::Text(self.outcome),
+            Param::Text(&self.digest_before),
+            Param::text(self.digest_after.as_deref()),
+            Param::Text(&self.summary),
+            Param::text(self.errors.as_deref()),
+        ]
+    }
+}
+
+/// The insert statement for `config_changes`.
+pub(super) const INSERT_CONFIG_CHANGE: &str =
+    "INSERT INTO config_changes (ts_ms, actor, outcome, digest_before, digest_after, summary, errors)
+     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)";
 
 /// The insert statement for `identities`.
 pub(super) const INSERT_IDENTITY: &str =

@@ -155,6 +155,20 @@ pub(super) const MIGRATIONS: &[&str] = &[
     r#"
     ALTER TABLE requests ADD COLUMN fallback_from TEXT;
     "#,
+    // 6: every configuration change, applied or refused (`ConfigChange`).
+    r#"
+    CREATE TABLE config_changes (
+        id INTEGER PRIMARY KEY,
+        ts_ms INTEGER NOT NULL,
+        actor TEXT NOT NULL,
+        outcome TEXT NOT NULL,
+        digest_before TEXT NOT NULL,
+        digest_after TEXT,
+        summary TEXT NOT NULL,
+        errors TEXT
+    );
+    CREATE INDEX config_changes_ts ON config_changes (ts_ms);
+    "#,
 ];
 
 /// Opens (creating and migrating) the ledger database, for the writer.

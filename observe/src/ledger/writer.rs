@@ -16,7 +16,8 @@ use switchyard_policy::LedgerConfig;
 use tokio::sync::mpsc;
 
 use super::rows::{
-    insert_comparison_sql, int, unix_ms, ComparisonRow, IdentitySnapshot, Param, Row,
+    insert_comparison_sql, int, unix_ms, ComparisonRow, ConfigChange, IdentitySnapshot, Param, Row,
+    INSERT_CONFIG_CHANGE,
     INSERT_IDENTITY, INSERT_REQUEST, REQUEST_PARAMS,
 };
 use super::skips::{PendingSkips, SkippedShadow};
@@ -41,6 +42,7 @@ pub(super) enum Entry {
     /// Skips are pending ([`PendingSkips`]): the writer takes them with this batch.
     Skips,
     Identity(SystemTime, Box<IdentitySnapshot>),
+    ConfigChange(SystemTime, Box<ConfigChange>),
     /// Answered once everything queued before it is written (or lost).
     Flush(std::sync::mpsc::SyncSender<()>),
 }
@@ -271,6 +273,10 @@ impl Writer {
                     }
                     Entry::Identity(at, s) => {
                         insert_identity.execute(s.params(*at))?;
+                    }
+                    Entry::ConfigChange(at, c) => {
+                        tx.prepare_cached(INSERT_CONFIG_CHANGE)?
+                            .execute(c.params(*at))?;
                     }
                 }
             }

@@ -77,6 +77,12 @@ pub(super) struct HeadLabels {
     pub(super) status: u16,
 }
 
+/// `switchyard_config_reloads_total`: how a reload ended (`applied`, `unchanged`, `rejected`).
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+pub(super) struct ReloadLabels {
+    pub(super) result: &'static str,
+}
+
 /// A histogram family whose children all have the same buckets.
 pub(super) type Histograms<L> = Family<L, Histogram, fn() -> Histogram>;
 
@@ -107,6 +113,8 @@ pub(super) struct Families {
     pub(super) skipped: Family<ShadowLabels, Counter>,
     pub(super) idle_closed: Counter,
     pub(super) rejected_heads: Family<HeadLabels, Counter>,
+    pub(super) reloads: Family<ReloadLabels, Counter>,
+    pub(super) reload_ok: Gauge,
 }
 
 impl Families {
@@ -129,6 +137,8 @@ impl Families {
             skipped: Family::default(),
             idle_closed: Counter::default(),
             rejected_heads: Family::default(),
+            reloads: Family::default(),
+            reload_ok: Gauge::default(),
         };
         let f = &families;
         registry.register(
@@ -215,6 +225,16 @@ impl Families {
             "switchyard_shadow_skipped",
             "Sampled requests not shadowed because the shadow pool (max_in_flight) was full",
             f.skipped.clone(),
+        );
+        registry.register(
+            "switchyard_config_reloads",
+            "Configuration reloads (SIGHUP, the admin API, the file watch), by result: applied, unchanged, or rejected (the configuration in force stayed)",
+            f.reloads.clone(),
+        );
+        registry.register(
+            "switchyard_config_last_reload_successful",
+            "1 when the last reload was applied or found nothing to change (or none was tried), 0 when it was rejected",
+            f.reload_ok.clone(),
         );
         families
     }

@@ -180,6 +180,15 @@ impl Metrics {
                 .rejected_heads
                 .get_or_create_owned(&HeadLabels { status })
         });
+        // Every result is exposed from the start (at 0), and no reload has failed yet.
+        for result in ["applied", "unchanged", "rejected"] {
+            drop(
+                families
+                    .reloads
+                    .get_or_create(&families::ReloadLabels { result }),
+            );
+        }
+        families.reload_ok.set(1);
         Self {
             registry,
             families,
@@ -260,6 +269,17 @@ impl Metrics {
             || SeriesHandles::new(key.labels()),
         )
         .observe(&self.families, r);
+    }
+
+    /// Counts a configuration reload by its result (`applied`, `unchanged`, `rejected`).
+    pub fn config_reload(&self, result: &'static str) {
+        self.families
+            .reloads
+            .get_or_create(&families::ReloadLabels { result })
+            .inc();
+        self.families
+            .reload_ok
+            .set(i64::from(result != "rejected"));
     }
 
     /// Counts a connection closed because its client sent nothing within the idle timeout.

@@ -56,6 +56,31 @@ pub fn validate(config: &Config) -> Vec<Problem> {
             ));
         }
     }
+    if let Some(admin) = &config.admin {
+        for (own, key) in [
+            (Some(server.listen), "server.listen"),
+            (server.metrics_listen, "server.metrics_listen"),
+        ] {
+            if own.is_some_and(|own| same_listener(admin.listen, own)) {
+                problems.push(Problem::new(
+                    "admin.listen",
+                    format!(
+                        "{} is {key}'s address; the admin API needs a listener of its own",
+                        admin.listen
+                    ),
+                ));
+            }
+        }
+        if !admin.listen.ip().is_loopback() && admin.tokens.is_none() {
+            problems.push(Problem::new(
+                "admin.listen",
+                format!(
+                    "{} is not a loopback address: set admin.tokens (switchyard admin token add NAME) so that only holders of a token can change this router",
+                    admin.listen
+                ),
+            ));
+        }
+    }
     if server.workers == Some(0) {
         problems.push(Problem::new("server.workers", "must be at least 1"));
     }

@@ -196,3 +196,38 @@ fn urls_are_checked() {
     assert!(check_url("http://127.0.0.1:0").is_err());
     assert!(check_url("http://:80").is_err());
 }
+
+#[test]
+fn an_admin_listener_off_loopback_needs_tokens_and_a_port_of_its_own() {
+    let base = r#"
+        [backends.llama]
+        engine = "llama.cpp"
+        url = "http://127.0.0.1:8081"
+        [models.smollm2]
+        primary = "llama"
+    "#;
+    let problems = |admin: &str| {
+        validate(&parse(&format!("{base}\n[admin]\n{admin}")))
+            .into_iter()
+            .map(|p| p.to_string())
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(problems(""), Vec::<String>::new());
+    assert_eq!(
+        problems("listen = \"127.0.0.1:9100\""),
+        Vec::<String>::new()
+    );
+    let open = problems("listen = \"0.0.0.0:9100\"");
+    assert_eq!(open.len(), 1, "{open:?}");
+    assert!(
+        open[0].starts_with("admin.listen: ") && open[0].contains("admin.tokens"),
+        "{open:?}"
+    );
+    assert_eq!(
+        problems("listen = \"0.0.0.0:9100\"\ntokens = \"admin-tokens\""),
+        Vec::<String>::new()
+    );
+    let shared = problems("listen = \"127.0.0.1:8080\"");
+    assert_eq!(shared.len(), 1, "{shared:?}");
+    assert!(shared[0].contains("server.listen"), "{shared:?}");
+}

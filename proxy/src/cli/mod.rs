@@ -7,8 +7,7 @@ use clap::{Parser, Subcommand};
 use switchyard_policy::LogFormat;
 use tracing_subscriber::EnvFilter;
 
-mod config;
-
+use crate::config;
 use crate::App;
 pub use config::{from_figment, load, ConfigError, EX_USAGE};
 
@@ -121,12 +120,8 @@ fn runtime(workers: Option<usize>) -> std::io::Result<tokio::runtime::Runtime> {
 /// `serve` on a runtime sized by its configuration.)
 pub async fn run(cli: Cli) -> anyhow::Result<i32> {
     match cli.command {
-        Command::Check { config } => match config::load(&config) {
+        Command::Check { config } => match config::load_checked(&config) {
             Ok(c) => {
-                let missing = config::missing_files(&c);
-                if !missing.is_empty() {
-                    return Ok(report_invalid(&config::ConfigError { problems: missing }));
-                }
                 let mut out = std::io::stdout().lock();
                 writeln!(
                     out,

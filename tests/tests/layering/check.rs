@@ -35,6 +35,7 @@ pub(crate) const PROXY_LAYERS: &[&str] = &[
     "forward",
     "recording",
     "http",
+    "config",
 ];
 
 /// Where the list lives, for the messages that ask to extend it.

@@ -8,7 +8,7 @@ use std::path::Path;
 use figment::providers::{Env, Format, Toml};
 use figment::Figment;
 use switchyard_policy::{
-    validate, BackendConfig, Config, LedgerConfig, ModelConfig, Problem, ServerConfig,
+    validate, AdminConfig, BackendConfig, Config, LedgerConfig, ModelConfig, Problem, ServerConfig,
     TelemetryConfig,
 };
 
@@ -54,6 +54,28 @@ pub fn load(path: &Path) -> Result<Config, ConfigError> {
     from_figment(figment)
 }
 
+/// Loads the configuration at `path` as [`load`] does and also reports the identity files it
+/// names that are not there ([`missing_files`]): what `switchyard check` prints, and what a
+/// reload must pass before it replaces the configuration in force.
+pub fn load_checked(path: &Path) -> Result<Config, ConfigError> {
+    let config = load(path)?;
+    let problems = missing_files(&config);
+    if problems.is_empty() {
+        Ok(config)
+    } else {
+        Err(ConfigError { problems })
+    }
+}
+
+/// The digest of the effective configuration (environment overrides applied, defaults filled
+/// in): `sha256:` and the hex SHA-256 of its JSON form, whose keys are in a fixed order. Two
+/// files that mean the same configuration have the same digest.
+pub fn digest(config: &Config) -> String {
+    use sha2::{Digest as _, Sha256};
+    let json = serde_json::to_vec(config).unwrap_or_default();
+    format!("sha256:{:x}", Sha256::digest(&json))
+}
+
 /// The environment overrides: `SWITCHYARD_SECTION__KEY=value`. Only names with a `__` are
 /// configuration; other `SWITCHYARD_*` variables (`SWITCHYARD_LOG`, the tooling's
 /// `SWITCHYARD_CACHE`) are not, so they never trip the unknown-key check. A misspelt override
@@ -87,7 +109,7 @@ pub fn from_figment(figment: Figment) -> Result<Config, ConfigError> {
 /// unknown, with an error in the log, and a backend with `require_verified_identity` answers
 /// 503 —, so `switchyard check` reports them before that happens. Paths are read as `serve`
 /// reads them: relative ones from the working directory.
-pub(super) fn missing_files(config: &Config) -> Vec<Problem> {
+pub fn missing_files(config: &Config) -> Vec<Problem> {
     let mut problems = Vec::new();
     for (name, backend) in &config.backends {
         let files = [
@@ -157,6 +179,7 @@ fn every_value_problem(figment: &Figment, whole: figment::Error) -> Vec<Problem>
         "telemetry".into(),
         read_part::<TelemetryConfig>(figment, "telemetry"),
     );
+    read("admin".into(), read_part::<AdminConfig>(figment, "admin"));
     for section in ["backends", "models"] {
         let Ok(figment::value::Value::Dict(_, entries)) = figment.find_value(section) else {
             continue;
@@ -212,6 +235,7 @@ struct Sections {
     server: Option<serde::de::IgnoredAny>,
     ledger: Option<serde::de::IgnoredAny>,
     telemetry: Option<serde::de::IgnoredAny>,
+    admin: Option<serde::de::IgnoredAny>,
     backends: Option<serde::de::IgnoredAny>,
     models: Option<serde::de::IgnoredAny>,
 }
@@ -340,7 +364,7 @@ mod tests {
         let config = from_figment(Figment::new().merge(Toml::string(BASE))).unwrap();
         let value = serde_json::to_value(&config).unwrap();
         let keys: Vec<&String> = value.as_object().unwrap().keys().collect();
-        assert_eq!(keys.len(), 5, "{keys:?}");
+        assert_eq!(keys.len(), 6, "{keys:?}");
         serde_json::from_value::<Sections>(value.clone()).unwrap();
     }
 
