@@ -17,8 +17,7 @@ use tokio::sync::mpsc;
 
 use super::rows::{
     insert_comparison_sql, int, unix_ms, ComparisonRow, ConfigChange, IdentitySnapshot, Param, Row,
-    INSERT_CONFIG_CHANGE,
-    INSERT_IDENTITY, INSERT_REQUEST, REQUEST_PARAMS,
+    INSERT_CONFIG_CHANGE, INSERT_IDENTITY, INSERT_REQUEST, REQUEST_PARAMS,
 };
 use super::skips::{PendingSkips, SkippedShadow};
 use super::LedgerCounters;

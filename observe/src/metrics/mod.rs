@@ -277,9 +277,7 @@ impl Metrics {
             .reloads
             .get_or_create(&families::ReloadLabels { result })
             .inc();
-        self.families
-            .reload_ok
-            .set(i64::from(result != "rejected"));
+        self.families.reload_ok.set(i64::from(result != "rejected"));
     }
 
     /// Counts a connection closed because its client sent nothing within the idle timeout.

@@ -2,9 +2,13 @@
 //! shadow pools, the engine client), the stack each connection is served by, and the
 //! background work ([`probes`]) that keeps identity current off the request path.
 
+pub mod events;
 mod probes;
+pub mod reload;
+pub mod watch;
 
-use std::sync::Arc;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, SystemTime};
 
 use switchyard_adapters::fingerprint::DigestCache;
@@ -39,6 +43,79 @@ pub struct AppState {
     started: SystemTime,
     /// Bumped whenever a backend's health or identity changes.
     revision: Arc<tokio::sync::watch::Sender<u64>>,
+    /// The configuration file, re-read by a reload; `None` for a configuration built in memory.
+    source: Option<PathBuf>,
+    /// State changes, for the admin API's event stream.
+    pub events: events::Events,
+    /// Held by the reload under way.
+    reloading: tokio::sync::Mutex<()>,
+    /// The background tasks, once started: each backend's probes, the event watcher.
+    background: Background,
+}
+
+/// The background work of a running application, kept so that a reload can start the probes
+/// of the backends it adds and stop those of the backends it removes.
+#[derive(Debug, Default)]
+struct Background {
+    running: Mutex<Option<Running>>,
+}
+
+#[derive(Debug)]
+struct Running {
+    tasks: TaskTracker,
+    stop: CancellationToken,
+    /// Each probed backend with the token that stops its probes.
+    probed: Vec<(Arc<Backend>, CancellationToken)>,
+}
+
+impl Background {
+    /// Starts the background work on `state`'s current backends.
+    fn start(&self, state: &Arc<AppState>, tasks: &TaskTracker, stop: CancellationToken) {
+        tasks.spawn(events::watch_backends(state.clone(), stop.clone()));
+        let mut running = Running {
+            tasks: tasks.clone(),
+            stop,
+            probed: Vec::new(),
+        };
+        for backend in state.live.load().backends.values() {
+            running.probe(state, backend);
+        }
+        *self.running.lock().unwrap_or_else(PoisonError::into_inner) = Some(running);
+    }
+
+    /// After a reload: probes the backends in `started`, and stops probing those not in `kept`.
+    fn replace(&self, state: &Arc<AppState>, kept: &[Arc<Backend>], started: &[Arc<Backend>]) {
+        let mut guard = self.running.lock().unwrap_or_else(PoisonError::into_inner);
+        let Some(running) = guard.as_mut() else {
+            return;
+        };
+        running.probed.retain(|(backend, stop)| {
+            let keep = kept.iter().any(|k| Arc::ptr_eq(k, backend));
+            if !keep {
+                stop.cancel();
+            }
+            keep
+        });
+        for backend in started {
+            running.probe(state, backend);
+        }
+    }
+}
+
+impl Running {
+    /// Hashes `backend`'s identity files and probes it until it is removed or the server stops.
+    fn probe(&mut self, state: &Arc<AppState>, backend: &Arc<Backend>) {
+        let stop = self.stop.child_token();
+        let (s, hashed) = (state.clone(), backend.clone());
+        self.tasks
+            .spawn(async move { probes::hash_identity_files(&s, &hashed).await });
+        self.tasks.spawn(probes::probe_loop(
+            state.clone(),
+            backend.clone(),
+            stop.clone(),
+        ));
+        self.probed.push((backend.clone(), stop));
+    }
 }
 
 impl AppState {
@@ -63,6 +140,29 @@ impl AppState {
                 admission.close();
             }
         }
+    }
+
+    /// Waits (on a blocking thread, up to 5 s) until the ledger has written every record queued
+    /// so far; true when it did or there is no ledger. Works on either runtime flavour.
+    pub(crate) async fn flush_ledger(self: &Arc<Self>) -> bool {
+        if self.recorder.ledger.is_none() {
+            return true;
+        }
+        let state = self.clone();
+        tokio::task::spawn_blocking(move || {
+            state
+                .recorder
+                .ledger
+                .as_ref()
+                .is_none_or(|ledger| ledger.flush(Duration::from_secs(5)))
+        })
+        .await
+        .unwrap_or(false)
+    }
+
+    /// The digest of the configuration in force.
+    pub fn config_digest(&self) -> Arc<str> {
+        self.live.load().digest.clone()
     }
 
     /// The backend configured under `name` in the current snapshot.
@@ -96,6 +196,16 @@ pub struct App {
 impl App {
     /// Builds the application from a validated configuration.
     pub fn new(config: Config) -> Result<Self, String> {
+        Self::build(config, None)
+    }
+
+    /// Builds the application from the configuration read from `path`, which a reload reads
+    /// again.
+    pub fn from_file(config: Config, path: PathBuf) -> Result<Self, String> {
+        Self::build(config, Some(path))
+    }
+
+    fn build(config: Config, source: Option<PathBuf>) -> Result<Self, String> {
         let revision = Arc::new(tokio::sync::watch::Sender::new(0u64));
         let started = SystemTime::now();
         let ledger = match &config.ledger {
@@ -122,7 +232,7 @@ impl App {
         };
         let subscribe = |backend: Backend| backend.with_revision(revision.clone());
         let snapshot = Snapshot::build(config, None, &shared, started, subscribe)?;
-        let shadowing = Arc::new(Shadowing::new(&snapshot.routes, recorder.clone()));
+        let shadowing = Arc::new(Shadowing::new(recorder.clone()));
         Ok(Self {
             state: Arc::new(AppState {
                 live: Arc::new(Live::new(snapshot)),
@@ -133,6 +243,10 @@ impl App {
                 digests: DigestCache::new(),
                 started,
                 revision,
+                source,
+                events: events::Events::default(),
+                reloading: tokio::sync::Mutex::new(()),
+                background: Background::default(),
             }),
         })
     }
@@ -141,19 +255,10 @@ impl App {
         &self.state
     }
 
-    /// Starts hashing the configured artifacts and binaries and probing every backend, until
-    /// `stop` is cancelled.
+    /// Starts hashing the configured artifacts and binaries and probing every backend (and
+    /// those a reload adds), and publishing their changes as events, until `stop` is cancelled.
     pub fn start_background(&self, tasks: &TaskTracker, stop: CancellationToken) {
-        for backend in self.state.live.load().backends.values() {
-            let state = self.state.clone();
-            let hashed = backend.clone();
-            tasks.spawn(async move { probes::hash_identity_files(&state, &hashed).await });
-
-            let state = self.state.clone();
-            let backend = backend.clone();
-            let stop = stop.clone();
-            tasks.spawn(async move { probes::probe_loop(state, backend, stop).await });
-        }
+        self.state.background.start(&self.state, tasks, stop);
     }
 
     /// The whole request path as one infallible tower service (see [`crate::stack`]).

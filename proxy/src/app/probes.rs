@@ -73,11 +73,12 @@ pub(super) async fn probe_loop(
     backend: Arc<Backend>,
     stop: CancellationToken,
 ) {
-    let interval = Duration::from_millis(state.live.load().config.server.probe_interval_ms);
-    let timeout = Backend::probe_timeout(interval);
     let mut last_snapshot: Option<IdentitySnapshot> = None;
     let mut busy_probes: u64 = 0;
     loop {
+        // Read each time: a reload may change it.
+        let interval = Duration::from_millis(state.live.load().config.server.probe_interval_ms);
+        let timeout = Backend::probe_timeout(interval);
         let mut results = Vec::with_capacity(backend.adapter.probes().len());
         for path in backend.adapter.probes() {
             results.push(state.shared.upstream.probe(&backend, path, timeout).await);

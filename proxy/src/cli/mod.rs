@@ -24,10 +24,14 @@ pub struct Cli {
 
 #[derive(Debug, Subcommand)]
 pub enum Command {
-    /// Serve the configured models until SIGINT or SIGTERM, then drain.
+    /// Serve the configured models until SIGINT or SIGTERM, then drain. SIGHUP re-reads the
+    /// configuration.
     Serve {
         #[arg(long, short)]
         config: PathBuf,
+        /// Re-read the configuration whenever its file is saved.
+        #[arg(long)]
+        watch_config: bool,
     },
     /// Validate a configuration and print every problem with its key path (exit 64 if invalid).
     Check {
@@ -91,12 +95,16 @@ pub enum Command {
 /// its configuration once, here: the runtime has `server.workers` threads (one per available
 /// CPU by default), single-threaded when that is one.
 pub fn main(cli: Cli) -> anyhow::Result<i32> {
-    if let Command::Serve { config } = &cli.command {
-        let config = match config::load(config) {
+    if let Command::Serve {
+        config: path,
+        watch_config,
+    } = &cli.command
+    {
+        let config = match config::load(path) {
             Ok(c) => c,
             Err(e) => return Ok(report_invalid(&e)),
         };
-        return runtime(config.server.workers)?.block_on(serve(config));
+        return runtime(config.server.workers)?.block_on(serve(config, path, *watch_config));
     }
     runtime(None)?.block_on(run(cli))
 }
@@ -221,7 +229,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<i32> {
             }
             .await;
             stop.cancel();
-            if !crate::server::flush_ledger(&state).await {
+            if !state.flush_ledger().await {
                 tracing::warn!("the ledger did not finish writing within 5 s");
             }
             let pairs = match result {
@@ -301,19 +309,36 @@ pub async fn run(cli: Cli) -> anyhow::Result<i32> {
                 .write_all(crate::offline::report::render(&report, format).as_bytes())?;
             Ok(0)
         }
-        Command::Serve { config } => match config::load(&config) {
-            Ok(config) => serve(config).await,
+        Command::Serve {
+            config: path,
+            watch_config,
+        } => match config::load(&path) {
+            Ok(config) => serve(config, &path, watch_config).await,
             Err(e) => Ok(report_invalid(&e)),
         },
     }
 }
 
-/// Serves `config` until SIGINT or SIGTERM, then drains.
-async fn serve(config: switchyard_policy::Config) -> anyhow::Result<i32> {
+/// Serves `config`, read from `path`, until SIGINT or SIGTERM, then drains. SIGHUP (and with
+/// `watch`, saving the file) reloads it.
+async fn serve(
+    config: switchyard_policy::Config,
+    path: &std::path::Path,
+    watch: bool,
+) -> anyhow::Result<i32> {
     init_logging(config.server.log_format);
-    let app = App::new(config).map_err(anyhow::Error::msg)?;
+    // Relative paths in the file are read from the working directory; the file itself is
+    // re-read from wherever it is, whatever the working directory becomes.
+    let path = std::path::absolute(path)?;
+    let app = App::from_file(config, path.clone()).map_err(anyhow::Error::msg)?;
     let shutdown = shutdown_signals()?;
+    let reloads = reload_signals(app.state().clone())?;
     let running = crate::start(app).await?;
+    let _watching = if watch {
+        Some(crate::app::watch::watch(running.state().clone(), &path)?)
+    } else {
+        None
+    };
     // One line on stdout for whoever started us (scripts, tests binding port 0).
     writeln!(
         std::io::stdout().lock(),
@@ -325,9 +350,35 @@ async fn serve(config: switchyard_policy::Config) -> anyhow::Result<i32> {
         workers = tokio::runtime::Handle::current().metrics().num_workers(),
         "listening"
     );
-    shutdown.await;
+    tokio::select! {
+        () = shutdown => {}
+        () = reloads => {}
+    }
     running.shutdown().await;
     Ok(0)
+}
+
+/// Reloads the configuration at every SIGHUP (the signal's listener is installed before the
+/// listening line is printed, as for [`shutdown_signals`]). Never resolves.
+#[cfg(unix)]
+fn reload_signals(
+    state: std::sync::Arc<crate::app::AppState>,
+) -> std::io::Result<impl std::future::Future<Output = ()>> {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut hangup = signal(SignalKind::hangup())?;
+    Ok(async move {
+        while hangup.recv().await.is_some() {
+            state.reload("SIGHUP").await;
+        }
+        std::future::pending::<()>().await;
+    })
+}
+
+#[cfg(not(unix))]
+fn reload_signals(
+    _state: std::sync::Arc<crate::app::AppState>,
+) -> std::io::Result<impl std::future::Future<Output = ()>> {
+    Ok(std::future::pending::<()>())
 }
 
 fn report_invalid(e: &ConfigError) -> i32 {

@@ -141,13 +141,13 @@ impl Routing {
             want_trailers,
         });
         if let Some(shadow) = route.shadow.as_ref().filter(|s| self.shadowing.sampled(s)) {
-            let candidate = match snapshot.candidate(&shadow.backend) {
-                Ok(candidate) => candidate,
+            let target = match snapshot.shadow_target(&route.model, &shadow.backend) {
+                Ok(target) => target,
                 Err(error) => return Err(ctx.fail(error)),
             };
             let ticket =
                 self.shadowing
-                    .plan(&route, shadow, candidate, &outgoing, streamed, &fingerprint);
+                    .plan(&route, shadow, target, &outgoing, streamed, &fingerprint);
             ctx.recording.set_hook(ticket.into_hook());
         }
         ctx.recording.describe(&route.model, fingerprint, streamed);

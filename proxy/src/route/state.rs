@@ -20,7 +20,7 @@ use switchyard_policy::{Config, RoutingTable};
 
 use crate::forward::{self, BackendStack};
 use crate::http::ProxyError;
-use crate::shadow::Candidate;
+use crate::shadow::{self, Candidate, Target};
 use crate::NameMap;
 
 /// One consistent view of the configuration, as requests see it.
@@ -28,9 +28,13 @@ use crate::NameMap;
 pub struct Snapshot {
     /// The configuration this snapshot was built from.
     pub(crate) config: Arc<Config>,
+    /// The configuration's digest ([`crate::config::digest`]).
+    pub(crate) digest: Arc<str>,
     pub(crate) routes: RoutingTable,
     pub(crate) backends: NameMap<Arc<str>, Arc<Backend>>,
     stacks: NameMap<Arc<str>, BackendStack>,
+    /// The shadow pool of each shadowed model.
+    shadow_pools: NameMap<Arc<str>, Arc<shadow::Pool>>,
     /// `GET /v1/models`, rendered once.
     pub(crate) models_body: Bytes,
 }
@@ -38,6 +42,8 @@ pub struct Snapshot {
 impl Snapshot {
     /// Builds a snapshot of `config`. Backends of `previous` whose configuration is unchanged
     /// are kept as they are (pool, identity, admission); new or changed ones start unprobed.
+    /// A shadowed model keeps its shadow pool (and the shadows running in it) while its
+    /// `max_in_flight` stays.
     /// `configure` is applied to each new backend (it subscribes it to state changes).
     pub(crate) fn build(
         config: Config,
@@ -70,6 +76,19 @@ impl Snapshot {
             stacks.insert(backend.name.clone(), stack);
             backends.insert(backend.name.clone(), backend);
         }
+        let routes = RoutingTable::new(&config);
+        let mut shadow_pools = NameMap::default();
+        for name in routes.public_names() {
+            let Some(shadow) = routes.resolve(name).and_then(|r| r.shadow.as_ref()) else {
+                continue;
+            };
+            let kept = previous
+                .and_then(|p| p.shadow_pools.get(name))
+                .filter(|pool| pool.max_in_flight == shadow.max_in_flight)
+                .cloned();
+            let pool = kept.unwrap_or_else(|| Arc::new(shadow::Pool::new(shadow.max_in_flight)));
+            shadow_pools.insert(name.clone(), pool);
+        }
         let created = started
             .duration_since(SystemTime::UNIX_EPOCH)
             .map(|d| d.as_secs())
@@ -83,10 +102,12 @@ impl Snapshot {
             .collect();
         let models_body = Bytes::from(json!({"object": "list", "data": data}).to_string());
         Ok(Self {
-            routes: RoutingTable::new(&config),
+            routes,
+            digest: crate::config::digest(&config).into(),
             config: Arc::new(config),
             backends,
             stacks,
+            shadow_pools,
             models_body,
         })
     }
@@ -108,6 +129,19 @@ impl Snapshot {
             .cloned()
             .ok_or_else(|| ProxyError::Internal(format!("no stack for backend {name}")))?;
         Ok(Candidate { backend, stack })
+    }
+
+    /// Where `model`'s shadows go: the backend `backend` with its stack, and the model's pool.
+    pub(crate) fn shadow_target(&self, model: &str, backend: &str) -> Result<Target, ProxyError> {
+        let pool = self
+            .shadow_pools
+            .get(model)
+            .cloned()
+            .ok_or_else(|| ProxyError::Internal(format!("no shadow pool for model {model}")))?;
+        Ok(Target {
+            candidate: self.candidate(backend)?,
+            pool,
+        })
     }
 }
 

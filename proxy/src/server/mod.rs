@@ -78,8 +78,7 @@ pub fn start_on(app: App, listener: TcpListener) -> std::io::Result<Running> {
         app.state().recorder.metrics.register_backend(name);
     }
     let stop = CancellationToken::new();
-    let drain = Duration::from_millis(app.state().config().server.drain_timeout_ms);
-    let serving = serve(app.clone(), listener, stop.clone(), drain);
+    let serving = serve(app.clone(), listener, stop.clone());
     let metrics = metrics_listener.map(|l| serve_metrics(app.clone(), l, stop.clone()));
     #[allow(clippy::disallowed_methods)] // the server's own root task, awaited by `shutdown`
     let done = tokio::spawn(async move {
@@ -115,8 +114,9 @@ fn maybe_http2(first: &[u8]) -> bool {
 /// that was still waiting for a slot, before every connection still open is cut.
 const ANSWER_AT_DRAIN_END: Duration = Duration::from_millis(250);
 
-/// Accepts until `stop` is cancelled, then drains.
-pub async fn serve(app: App, listener: TcpListener, stop: CancellationToken, drain: Duration) {
+/// Accepts until `stop` is cancelled, then drains for `server.drain_timeout_ms` of the
+/// configuration in force then.
+pub async fn serve(app: App, listener: TcpListener, stop: CancellationToken) {
     let tasks = TaskTracker::new();
     app.start_background(&tasks, stop.clone());
     // The connections' own tasks: drained once every one of them has ended.
@@ -201,6 +201,7 @@ pub async fn serve(app: App, listener: TcpListener, stop: CancellationToken, dra
         });
     }
     drop(listener);
+    let drain = Duration::from_millis(app.state().config().server.drain_timeout_ms);
     tracing::info!("shutting down: draining in-flight requests");
     connections.close();
     let drained = connections.wait();
@@ -243,7 +244,7 @@ pub async fn serve(app: App, listener: TcpListener, stop: CancellationToken, dra
     // recorded (or cancelled and recorded as skipped) before the ledger's last flush.
     app.state().recorder.settled().await;
     app.state().shadowing.shutdown(Duration::from_secs(2)).await;
-    if !flush_ledger(app.state()).await {
+    if !app.state().flush_ledger().await {
         tracing::warn!("the ledger did not finish writing within 5 s of shutdown");
     }
     if app.state().telemetry.is_some() {
@@ -257,24 +258,6 @@ pub async fn serve(app: App, listener: TcpListener, stop: CancellationToken, dra
         })
         .await;
     }
-}
-
-/// Waits (on a blocking thread, up to 5 s) until the ledger has written every record queued so
-/// far; true when it did or there is no ledger. Works on either runtime flavour.
-pub(crate) async fn flush_ledger(state: &Arc<AppState>) -> bool {
-    if state.recorder.ledger.is_none() {
-        return true;
-    }
-    let state = state.clone();
-    tokio::task::spawn_blocking(move || {
-        state
-            .recorder
-            .ledger
-            .as_ref()
-            .is_none_or(|ledger| ledger.flush(Duration::from_secs(5)))
-    })
-    .await
-    .unwrap_or(false)
 }
 
 /// The next connection, or `None` once `stop` is cancelled. Accept errors (EMFILE and friends)

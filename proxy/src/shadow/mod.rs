@@ -18,7 +18,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use switchyard_adapters::fingerprint::WorkloadFingerprint;
-use switchyard_policy::{Route, RoutingTable, ShadowRoute, ShadowWhen};
+use switchyard_policy::{Route, ShadowRoute, ShadowWhen};
 use tokio::sync::{oneshot, OwnedSemaphorePermit, Semaphore};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -28,13 +28,13 @@ use crate::recording::Recorder;
 
 mod run;
 
-pub(crate) use run::{run_on, Candidate, Skip, Ticket};
+pub(crate) use run::{run_on, Candidate, Skip, Target, Ticket};
 use run::{Planned, PlannedJob, ShadowJob};
 
-/// The shadow pools and their tasks, one pool per shadowed model.
+/// The shadows' tasks and what they share. The pools (one per shadowed model) belong to the
+/// live snapshot, which keeps a model's pool across reloads for as long as its size stays.
 #[derive(Debug)]
 pub struct Shadowing {
-    pools: crate::NameMap<Arc<str>, Pool>,
     recorder: Arc<Recorder>,
     tasks: TaskTracker,
     stop: CancellationToken,
@@ -44,35 +44,33 @@ pub struct Shadowing {
     recorded: tokio::sync::watch::Sender<u64>,
 }
 
-/// One model's shadow pool.
+/// One model's shadow pool: at most `max_in_flight` of its shadows run at once.
 #[derive(Debug)]
-struct Pool {
+pub(crate) struct Pool {
     permits: Arc<Semaphore>,
+    pub(crate) max_in_flight: u32,
     /// The reason a skip for want of room is recorded with.
     full: Arc<str>,
 }
 
-impl Shadowing {
-    pub(crate) fn new(routes: &RoutingTable, recorder: Arc<Recorder>) -> Self {
-        let pools = routes
-            .public_names()
-            .iter()
-            .filter_map(|name| {
-                let shadow = routes.resolve(name)?.shadow.as_ref()?;
-                let permits = usize::try_from(shadow.max_in_flight).unwrap_or(usize::MAX);
-                let pool = Pool {
-                    permits: Arc::new(Semaphore::new(permits)),
-                    full: format!(
-                        "shadow skipped: pool full (max_in_flight = {})",
-                        shadow.max_in_flight
-                    )
-                    .into(),
-                };
-                Some((name.clone(), pool))
-            })
-            .collect();
+impl Pool {
+    pub(crate) fn new(max_in_flight: u32) -> Self {
+        let permits = usize::try_from(max_in_flight).unwrap_or(usize::MAX);
         Self {
-            pools,
+            permits: Arc::new(Semaphore::new(permits)),
+            max_in_flight,
+            full: format!("shadow skipped: pool full (max_in_flight = {max_in_flight})").into(),
+        }
+    }
+
+    fn permit(&self) -> Option<OwnedSemaphorePermit> {
+        self.permits.clone().try_acquire_owned().ok()
+    }
+}
+
+impl Shadowing {
+    pub(crate) fn new(recorder: Arc<Recorder>) -> Self {
+        Self {
             recorder,
             tasks: TaskTracker::new(),
             stop: CancellationToken::new(),
@@ -104,13 +102,13 @@ impl Shadowing {
     /// Plans a sampled request's shadow and returns its ticket, which the record carries as its
     /// hook ([`Ticket::into_hook`]). In `concurrent` mode the shadow starts here. Otherwise
     /// nothing of the request is copied until its shadow is known to run: a skip reads the
-    /// fingerprints from the primary's record. `candidate` is the shadow's backend with its
-    /// stack.
+    /// fingerprints from the primary's record. `target` is the shadow's backend with its
+    /// stack, and the model's pool.
     pub(crate) fn plan(
         self: &Arc<Self>,
         route: &Route,
         shadow: &ShadowRoute,
-        candidate: Candidate,
+        target: Target,
         outgoing: &Arc<Outgoing>,
         streamed: bool,
         fingerprint: &WorkloadFingerprint,
@@ -120,7 +118,8 @@ impl Shadowing {
             model: route.model.clone(),
             primary: route.primary.clone(),
             candidate: shadow.backend.clone(),
-            target: candidate,
+            target: target.candidate,
+            pool: target.pool,
             when: shadow.when,
             streamed,
         };
@@ -153,7 +152,7 @@ impl Shadowing {
         outgoing: Arc<Outgoing>,
         fingerprint: &WorkloadFingerprint,
     ) -> Ticket {
-        let Some(permit) = self.permit(&plan.model) else {
+        let Some(permit) = plan.pool.permit() else {
             return Ticket::Skipped(Box::new(plan), Skip::PoolFull);
         };
         let mut job = ShadowJob {
@@ -183,15 +182,6 @@ impl Shadowing {
             }
         });
         Ticket::Concurrent(tx)
-    }
-
-    fn permit(&self, model: &str) -> Option<OwnedSemaphorePermit> {
-        self.pools
-            .get(model)?
-            .permits
-            .clone()
-            .try_acquire_owned()
-            .ok()
     }
 
     /// Stops starting shadows, cancels the running ones (each recorded as skipped), and waits up

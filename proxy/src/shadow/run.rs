@@ -19,7 +19,7 @@ use crate::forward::{Attempt, BackendStack, Ctx, Outgoing};
 use crate::recording::{Hook, Recorder, Recording};
 use switchyard_observe::ledger::SkipKind;
 
-use super::Shadowing;
+use super::{Pool, Shadowing};
 
 /// A sampled request's shadow, by mode.
 pub(crate) enum Ticket {
@@ -61,7 +61,7 @@ impl Ticket {
                 // The pool is asked before anything of the primary is copied: with a candidate
                 // slower than the traffic, most sampled requests end here, and a skip must cost
                 // next to nothing.
-                let Some(permit) = shadowing.permit(&plan.model) else {
+                let Some(permit) = plan.pool.permit() else {
                     return plan.skipped(record, Skip::PoolFull);
                 };
                 let stop = shadowing.stop.clone();
@@ -119,6 +119,8 @@ pub(crate) struct Planned {
     pub(super) candidate: Arc<str>,
     /// The candidate's backend and stack, resolved when the request arrived.
     pub(super) target: Candidate,
+    /// The model's shadow pool, as the snapshot had it when the request arrived.
+    pub(super) pool: Arc<Pool>,
     pub(super) when: ShadowWhen,
     pub(super) streamed: bool,
 }
@@ -128,6 +130,12 @@ pub(crate) struct Planned {
 pub(crate) struct Candidate {
     pub(crate) backend: Arc<Backend>,
     pub(crate) stack: BackendStack,
+}
+
+/// Where a sampled request's shadow goes: the candidate, and the model's pool.
+pub(crate) struct Target {
+    pub(crate) candidate: Candidate,
+    pub(crate) pool: Arc<Pool>,
 }
 
 /// A planned `after-primary` shadow and the request it copies.
@@ -163,9 +171,8 @@ impl Planned {
             return self.lost("the primary's record has no fingerprint");
         };
         let shadowing = &self.shadowing;
-        let pool = shadowing.pools.get(&self.model);
-        let reason: Arc<str> = match (skip, pool) {
-            (Skip::PoolFull, Some(pool)) => pool.full.clone(),
+        let reason: Arc<str> = match skip {
+            Skip::PoolFull => self.pool.full.clone(),
             _ => format!("shadow skipped: {}", skip.why()).into(),
         };
         // Only pool-full skips are counted in switchyard_shadow_skipped_total.

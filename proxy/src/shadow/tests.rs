@@ -45,7 +45,7 @@ impl Planner {
             |b| b,
         )
         .unwrap();
-        let shadowing = Arc::new(Shadowing::new(&snapshot.routes, recorder));
+        let shadowing = Arc::new(Shadowing::new(recorder));
         Self {
             snapshot,
             shadowing,
@@ -59,14 +59,17 @@ impl Planner {
         if !self.shadowing.sampled(shadow) {
             return None;
         }
-        let candidate = self.snapshot.candidate(&shadow.backend).unwrap();
+        let target = self
+            .snapshot
+            .shadow_target(&route.model, &shadow.backend)
+            .unwrap();
         let body = Bytes::from_static(br#"{"model":"smollm2","messages":[],"input":"x"}"#);
         let (outgoing, _, fingerprint): (Outgoing, String, WorkloadFingerprint) =
             Outgoing::from_json(path, body, false).unwrap();
         Some(self.shadowing.plan(
             route,
             shadow,
-            candidate,
+            target,
             &Arc::new(outgoing),
             false,
             &fingerprint,

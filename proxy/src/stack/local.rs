@@ -5,8 +5,8 @@
 use bytes::Bytes;
 use http::header::{self, HeaderValue};
 use http::{Method, Response, StatusCode};
-use serde_json::Map;
-use switchyard_engine::Verification;
+use serde_json::{Map, Value};
+use switchyard_engine::{Backend, Verification};
 
 use super::Router;
 use crate::http::{json_response, ProxyBody, ProxyError};
@@ -67,36 +67,7 @@ impl Router {
         let state = self.routing.live.load();
         let mut backends = Map::new();
         for (name, backend) in &state.backends {
-            let s = backend.state();
-            let health = s.health();
-            let headers = backend.identity_headers();
-            let identity = s.report.as_ref().map(|r| &r.identity);
-            let (verified, verification_note) = match &headers.verification {
-                Verification::Verified => ("verified", None),
-                Verification::Unverified(why) => ("unverified", Some(why.clone())),
-                Verification::Unknown(why) => ("unknown", Some(why.clone())),
-            };
-            backends.insert(
-                name.to_string(),
-                serde_json::json!({
-                    "state": health.state(),
-                    "reason": health.reason(),
-                    "engine": headers.engine.to_str().unwrap_or(""),
-                    "build_note": identity.and_then(|i| i.build_note.clone()),
-                    "artifact": headers.artifact.to_str().unwrap_or(""),
-                    "identity": verified,
-                    "identity_note": verification_note,
-                    "served_model": identity.and_then(|i| i.served_model.clone()),
-                    "model_path": identity.and_then(|i| i.model_path.clone()),
-                    "slots": identity.and_then(|i| i.slots),
-                    "n_ctx": identity.and_then(|i| i.n_ctx),
-                    "n_ctx_train": identity.and_then(|i| i.n_ctx_train),
-                    "n_params": identity.and_then(|i| i.n_params),
-                    "model_size": identity.and_then(|i| i.model_size),
-                    "chat_template": identity.and_then(|i| i.chat_template.clone()),
-                    "max_concurrency": backend.admission().map(|_| backend.config.max_concurrency.or(identity.and_then(|i| i.slots))),
-                }),
-            );
+            backends.insert(name.to_string(), backend_status(backend));
         }
         let mut models = Map::new();
         let mut ready = true;
@@ -114,7 +85,12 @@ impl Router {
                 serde_json::json!({"primary": &*route.primary, "ready": primary_ready}),
             );
         }
-        let body = serde_json::json!({"ready": ready, "backends": backends, "models": models});
+        let body = serde_json::json!({
+            "ready": ready,
+            "config_digest": &*state.digest,
+            "backends": backends,
+            "models": models,
+        });
         let status = if ready {
             StatusCode::OK
         } else {
@@ -122,6 +98,37 @@ impl Router {
         };
         json_response(status, Bytes::from(body.to_string()))
     }
+}
+
+/// A backend's health and identity as `/readyz` shows them (and the admin API, with more).
+pub(crate) fn backend_status(backend: &Backend) -> Value {
+    let s = backend.state();
+    let health = s.health();
+    let headers = backend.identity_headers();
+    let identity = s.report.as_ref().map(|r| &r.identity);
+    let (verified, verification_note) = match &headers.verification {
+        Verification::Verified => ("verified", None),
+        Verification::Unverified(why) => ("unverified", Some(why.clone())),
+        Verification::Unknown(why) => ("unknown", Some(why.clone())),
+    };
+    serde_json::json!({
+        "state": health.state(),
+        "reason": health.reason(),
+        "engine": headers.engine.to_str().unwrap_or(""),
+        "build_note": identity.and_then(|i| i.build_note.clone()),
+        "artifact": headers.artifact.to_str().unwrap_or(""),
+        "identity": verified,
+        "identity_note": verification_note,
+        "served_model": identity.and_then(|i| i.served_model.clone()),
+        "model_path": identity.and_then(|i| i.model_path.clone()),
+        "slots": identity.and_then(|i| i.slots),
+        "n_ctx": identity.and_then(|i| i.n_ctx),
+        "n_ctx_train": identity.and_then(|i| i.n_ctx_train),
+        "n_params": identity.and_then(|i| i.n_params),
+        "model_size": identity.and_then(|i| i.model_size),
+        "chat_template": identity.and_then(|i| i.chat_template.clone()),
+        "max_concurrency": backend.admission().map(|_| backend.config.max_concurrency.or(identity.and_then(|i| i.slots))),
+    })
 }
 
 pub(crate) fn method_not_allowed(

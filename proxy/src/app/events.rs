@@ -1,0 +1,125 @@
+//! State changes as events, for the admin API's `GET /admin/events` (a server-sent event
+//! stream): a backend's health or identity changing, and every reload, applied or refused.
+//!
+//! Events are broadcast to whoever listens at the moment; nobody listening costs nothing but
+//! building the event. A listener too slow to keep up loses the oldest events and is told how
+//! many (`lagged`), never silently.
+
+use std::sync::Arc;
+use std::time::SystemTime;
+
+use serde_json::Value;
+use tokio::sync::broadcast;
+
+use switchyard_engine::Backend;
+
+/// How many events a listener may fall behind before it loses the oldest.
+const BACKLOG: usize = 1024;
+
+/// One state change.
+#[derive(Debug, Clone)]
+pub struct Event {
+    /// The SSE event name: `backend`, `reload` or `lagged`.
+    pub kind: &'static str,
+    /// The event's JSON object, with `at` (RFC 3339, UTC) added.
+    pub data: Value,
+}
+
+impl Event {
+    pub(crate) fn new(kind: &'static str, mut data: Value) -> Self {
+        if let Value::Object(fields) = &mut data {
+            fields.insert(
+                "at".to_owned(),
+                Value::String(humantime::format_rfc3339_millis(SystemTime::now()).to_string()),
+            );
+        }
+        Self { kind, data }
+    }
+
+    /// The event as the bytes of one server-sent event.
+    pub fn to_sse(&self) -> String {
+        format!("event: {}\ndata: {}\n\n", self.kind, self.data)
+    }
+}
+
+/// The broadcast of events.
+#[derive(Debug)]
+pub struct Events {
+    tx: broadcast::Sender<Arc<Event>>,
+}
+
+impl Default for Events {
+    fn default() -> Self {
+        Self {
+            tx: broadcast::Sender::new(BACKLOG),
+        }
+    }
+}
+
+impl Events {
+    pub(crate) fn publish(&self, event: Event) {
+        // No listener: nothing to deliver to.
+        let _ = self.tx.send(Arc::new(event));
+    }
+
+    /// A new listener, from now on.
+    pub fn subscribe(&self) -> broadcast::Receiver<Arc<Event>> {
+        self.tx.subscribe()
+    }
+}
+
+/// What a `backend` event says of a backend: its health and what it would stamp (a part of
+/// what `/readyz` shows). Events are published when this changes.
+pub(crate) fn backend_event(backend: &Backend) -> Value {
+    let mut event = serde_json::Map::new();
+    event.insert("backend".to_owned(), Value::from(&*backend.name));
+    if let Value::Object(status) = crate::stack::local::backend_status(backend) {
+        for key in EVENT_FIELDS {
+            if let Some(value) = status.get(*key) {
+                event.insert((*key).to_owned(), value.clone());
+            }
+        }
+    }
+    Value::Object(event)
+}
+
+/// The fields of `/readyz`'s backend status a `backend` event carries.
+const EVENT_FIELDS: &[&str] = &[
+    "state",
+    "reason",
+    "engine",
+    "artifact",
+    "identity",
+    "identity_note",
+    "served_model",
+];
+
+/// Publishes a `backend` event whenever a backend's health or identity changes, until `stop`.
+pub(super) async fn watch_backends(
+    state: Arc<super::AppState>,
+    stop: tokio_util::sync::CancellationToken,
+) {
+    let mut changes = state.state_changes();
+    let mut last: std::collections::HashMap<Arc<str>, Value> = state
+        .live
+        .load()
+        .backends
+        .values()
+        .map(|b| (b.name.clone(), backend_event(b)))
+        .collect();
+    loop {
+        tokio::select! {
+            _ = stop.cancelled() => return,
+            changed = changes.changed() => if changed.is_err() { return },
+        }
+        let snapshot = state.live.load();
+        last.retain(|name, _| snapshot.backends.contains_key(name));
+        for backend in snapshot.backends.values() {
+            let now = backend_event(backend);
+            if last.get(&backend.name) != Some(&now) {
+                state.events.publish(Event::new("backend", now.clone()));
+                last.insert(backend.name.clone(), now);
+            }
+        }
+    }
+}

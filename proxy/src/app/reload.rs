@@ -1,0 +1,311 @@
+//! Reloading the configuration while requests run.
+//!
+//! A reload reads the file (with the environment's overrides, as at start), validates all of
+//! it, refuses settings that cannot change in a running process, and only then builds a new
+//! snapshot and swaps it in: a bad configuration never replaces a good one. Requests under way
+//! finish on the snapshot they started with. Backends whose configuration is unchanged are kept
+//! with their connections, identity, probes and admission queues; new or changed ones start
+//! fresh, and the probes of those no longer configured stop (each is dropped when its last
+//! request ends). Every attempt is logged, counted, published as an event and, with a ledger,
+//! written to `config_changes`.
+
+use std::sync::Arc;
+
+use serde::Serialize;
+use serde_json::Value;
+use switchyard_observe::ledger::ConfigChange;
+use switchyard_policy::{Config, Problem};
+
+use super::events::Event;
+use super::AppState;
+use crate::config::{self, ConfigError};
+use crate::route::Snapshot;
+
+/// Settings read once, when the process starts: a reload that changes one is refused.
+const FIXED: &[&str] = &[
+    "server.listen",
+    "server.metrics_listen",
+    "server.workers",
+    "server.log_format",
+    "server.connect_timeout_ms",
+    "server.first_byte_timeout_ms",
+    "server.max_response_bytes",
+    "server.client_idle_timeout_ms",
+    "ledger",
+    "telemetry",
+    "admin.listen",
+];
+
+/// How a reload ended, as the admin API answers it.
+#[derive(Debug, Clone, Serialize)]
+pub struct Reload {
+    /// `applied`, `unchanged` or `rejected`.
+    pub outcome: &'static str,
+    /// Who asked: an admin token's name, `SIGHUP`, or `file watch`.
+    pub actor: String,
+    /// The digest of the configuration in force before the reload.
+    pub digest_before: String,
+    /// The digest of the configuration in force after it (the same as before unless applied).
+    pub digest: String,
+    /// What changed, one line per setting (`models.a.primary: "x" → "y"`).
+    pub changes: Vec<String>,
+    /// Every problem found (rejected reloads only), each with its key path.
+    pub problems: Vec<String>,
+    /// Whether the change was written to the ledger (false without one).
+    pub recorded: bool,
+}
+
+impl AppState {
+    /// Re-reads the configuration file this process was started with and applies it.
+    pub async fn reload(self: &Arc<Self>, actor: &str) -> Reload {
+        let loaded = match self.source.clone() {
+            Some(path) => tokio::task::spawn_blocking(move || config::load_checked(&path))
+                .await
+                .unwrap_or_else(|e| Err(problem("--config", format!("reading failed: {e}")))),
+            None => Err(problem(
+                "--config",
+                "this Switchyard was not started from a configuration file".to_owned(),
+            )),
+        };
+        self.apply(loaded, actor).await
+    }
+
+    /// Applies a configuration read and validated by the caller (or the problems found in
+    /// reading it): the whole of a reload after reading the file.
+    pub async fn apply(
+        self: &Arc<Self>,
+        loaded: Result<Config, ConfigError>,
+        actor: &str,
+    ) -> Reload {
+        // One reload at a time: each builds on the snapshot the last one left.
+        let _one_at_a_time = self.reloading.lock().await;
+        let previous = self.live.load();
+        let digest_before = previous.digest.to_string();
+        let mut reload = Reload {
+            outcome: "rejected",
+            actor: actor.to_owned(),
+            digest: digest_before.clone(),
+            digest_before,
+            changes: Vec::new(),
+            problems: Vec::new(),
+            recorded: false,
+        };
+        let mut digest_read = None;
+        match loaded {
+            Err(e) => reload.problems = e.problems.iter().map(Problem::to_string).collect(),
+            Ok(config) => {
+                digest_read = Some(config::digest(&config));
+                let changes = diff(&previous.config, &config);
+                reload.changes = changes.iter().map(Change::to_string).collect();
+                reload.problems = changes
+                    .iter()
+                    .filter(|c| c.is_fixed())
+                    .map(|c| {
+                        format!(
+                            "{}: cannot change while Switchyard runs (in force: {}, in the file: {}); restart to apply it",
+                            c.path,
+                            c.before_text(),
+                            c.after_text()
+                        )
+                    })
+                    .collect();
+                if reload.problems.is_empty() && changes.is_empty() {
+                    reload.outcome = "unchanged";
+                } else if reload.problems.is_empty() {
+                    match self.swap_in(config, &previous) {
+                        Ok(digest) => {
+                            reload.outcome = "applied";
+                            reload.digest = digest;
+                        }
+                        Err(e) => reload.problems.push(e),
+                    }
+                }
+            }
+        }
+        self.note(&mut reload, digest_read).await;
+        reload
+    }
+
+    /// Builds the snapshot of `config` on `previous`, starts what the new backends need, swaps
+    /// it in and stops the probes of the backends it no longer has. Returns the new digest.
+    fn swap_in(self: &Arc<Self>, config: Config, previous: &Snapshot) -> Result<String, String> {
+        let subscribe =
+            |backend: switchyard_engine::Backend| backend.with_revision(self.revision.clone());
+        let next = Snapshot::build(
+            config,
+            Some(previous),
+            &self.shared,
+            self.started,
+            subscribe,
+        )?;
+        let digest = next.digest.to_string();
+        let started: Vec<_> = next
+            .backends
+            .values()
+            .filter(|b| {
+                !previous
+                    .backends
+                    .get(&b.name)
+                    .is_some_and(|old| Arc::ptr_eq(old, b))
+            })
+            .cloned()
+            .collect();
+        for backend in &started {
+            self.recorder.metrics.register_backend(&backend.name);
+        }
+        let kept: Vec<_> = next.backends.values().cloned().collect();
+        self.live.swap(next);
+        self.background.replace(self, &kept, &started);
+        Ok(digest)
+    }
+
+    /// Logs, counts, publishes and records a reload.
+    async fn note(self: &Arc<Self>, reload: &mut Reload, digest_read: Option<String>) {
+        self.recorder.metrics.config_reload(reload.outcome);
+        let summary = match reload.outcome {
+            "applied" => reload.changes.join("; "),
+            "unchanged" => "no change".to_owned(),
+            _ => format!(
+                "{} problem{}; the configuration in force stays",
+                reload.problems.len(),
+                if reload.problems.len() == 1 { "" } else { "s" }
+            ),
+        };
+        match reload.outcome {
+            "rejected" => tracing::error!(
+                actor = %reload.actor,
+                problems = %reload.problems.join("; "),
+                "configuration reload rejected; the configuration in force stays"
+            ),
+            outcome => tracing::info!(
+                actor = %reload.actor,
+                outcome,
+                digest = %reload.digest,
+                changes = %summary,
+                "configuration reloaded"
+            ),
+        }
+        self.events.publish(Event::new(
+            "reload",
+            serde_json::to_value(&*reload).unwrap_or(Value::Null),
+        ));
+        if let Some(ledger) = &self.recorder.ledger {
+            ledger.config_change(ConfigChange {
+                actor: reload.actor.clone(),
+                outcome: reload.outcome,
+                digest_before: reload.digest_before.clone(),
+                digest_after: digest_read,
+                summary,
+                errors: (!reload.problems.is_empty()).then(|| reload.problems.join("\n")),
+            });
+            reload.recorded = self.flush_ledger().await;
+        }
+    }
+}
+
+fn problem(path: &str, message: String) -> ConfigError {
+    ConfigError {
+        problems: vec![Problem {
+            path: path.to_owned(),
+            message,
+        }],
+    }
+}
+
+/// One setting that differs between two configurations.
+#[derive(Debug, PartialEq)]
+pub(crate) struct Change {
+    /// The key path (`backends.llama.url`); an entry added or removed is named whole
+    /// (`backends.llama`).
+    pub(crate) path: String,
+    pub(crate) before: Option<Value>,
+    pub(crate) after: Option<Value>,
+}
+
+impl Change {
+    /// Whether this setting is read only when the process starts.
+    fn is_fixed(&self) -> bool {
+        // Adding or removing the whole [admin] section starts or stops a listener.
+        self.path == "admin"
+            || FIXED.iter().any(|fixed| {
+                self.path == *fixed
+                    || self
+                        .path
+                        .strip_prefix(fixed)
+                        .is_some_and(|rest| rest.starts_with('.'))
+            })
+    }
+
+    fn before_text(&self) -> String {
+        shown(self.before.as_ref())
+    }
+
+    fn after_text(&self) -> String {
+        shown(self.after.as_ref())
+    }
+}
+
+impl std::fmt::Display for Change {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match (&self.before, &self.after) {
+            (None, Some(_)) => write!(f, "{}: added", self.path),
+            (Some(_), None) => write!(f, "{}: removed", self.path),
+            _ => write!(
+                f,
+                "{}: {} → {}",
+                self.path,
+                self.before_text(),
+                self.after_text()
+            ),
+        }
+    }
+}
+
+/// A value as a change shows it: compact JSON, cut short when long.
+fn shown(value: Option<&Value>) -> String {
+    const MAX: usize = 80;
+    let text = value.map_or_else(|| "(none)".to_owned(), Value::to_string);
+    match text.char_indices().nth(MAX) {
+        Some((cut, _)) => format!("{}…", &text[..cut]),
+        None => text,
+    }
+}
+
+/// Every setting that differs between `old` and `new`, in key order. Backends and models are
+/// compared setting by setting; one added or removed is a single change.
+pub(crate) fn diff(old: &Config, new: &Config) -> Vec<Change> {
+    let old = serde_json::to_value(old).unwrap_or(Value::Null);
+    let new = serde_json::to_value(new).unwrap_or(Value::Null);
+    let mut changes = Vec::new();
+    walk("", Some(&old), Some(&new), &mut changes);
+    changes
+}
+
+fn walk(path: &str, old: Option<&Value>, new: Option<&Value>, out: &mut Vec<Change>) {
+    match (old, new) {
+        (Some(Value::Object(a)), Some(Value::Object(b))) => {
+            let mut keys: Vec<&String> = a.keys().chain(b.keys()).collect();
+            keys.sort();
+            keys.dedup();
+            for key in keys {
+                let child = if path.is_empty() {
+                    key.clone()
+                } else {
+                    format!("{path}.{key}")
+                };
+                walk(&child, a.get(key), b.get(key), out);
+            }
+        }
+        // An absent section and a null one are the same configuration.
+        (None | Some(Value::Null), None | Some(Value::Null)) => {}
+        (a, b) if a == b => {}
+        (a, b) => out.push(Change {
+            path: path.to_owned(),
+            before: a.filter(|v| !v.is_null()).cloned(),
+            after: b.filter(|v| !v.is_null()).cloned(),
+        }),
+    }
+}
+
+#[cfg(test)]
+mod tests;
