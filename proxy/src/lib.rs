@@ -6,6 +6,7 @@
 //! - [`cli`]: the command line and configuration loading;
 //! - [`offline`]: `switchyard compare` and `switchyard report`;
 //! - [`server`]: listeners, accepting connections, draining;
+//! - `admin`: the admin API on a listener of its own (tokens, reload, events);
 //! - [`app`]: the application's shared state and background probes;
 //! - [`stack`]: the outer tower layers and the local endpoints;
 //! - [`route`]: model-level routing with fallback, over the live snapshot;
@@ -20,6 +21,7 @@
 //! `switchyard-observe`; one engine endpoint is in `switchyard-engine`, and the record itself in
 //! `switchyard-record`.
 
+pub(crate) mod admin;
 pub mod app;
 pub mod cli;
 pub mod config;

@@ -102,6 +102,25 @@ impl Background {
     }
 }
 
+impl Background {
+    /// Runs `task` with the background work, until it ends or the server stops. False (and
+    /// `task` dropped) when the background work has not started.
+    fn spawn(&self, task: impl std::future::Future<Output = ()> + Send + 'static) -> bool {
+        let guard = self.running.lock().unwrap_or_else(PoisonError::into_inner);
+        let Some(running) = guard.as_ref() else {
+            return false;
+        };
+        let stop = running.stop.clone();
+        running.tasks.spawn(async move {
+            tokio::select! {
+                () = stop.cancelled() => {}
+                () = task => {}
+            }
+        });
+        true
+    }
+}
+
 impl Running {
     /// Hashes `backend`'s identity files and probes it until it is removed or the server stops.
     fn probe(&mut self, state: &Arc<AppState>, backend: &Arc<Backend>) {
@@ -158,6 +177,11 @@ impl AppState {
         })
         .await
         .unwrap_or(false)
+    }
+
+    /// The configuration file a reload reads, when there is one.
+    pub fn source(&self) -> Option<&std::path::Path> {
+        self.source.as_deref()
     }
 
     /// The digest of the configuration in force.

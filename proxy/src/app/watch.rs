@@ -38,8 +38,13 @@ pub fn watch(state: Arc<AppState>, path: &Path) -> notify::Result<notify::Recomm
             Err(e) => tracing::warn!(error = %e, "watching the configuration file failed"),
         })?;
     watcher.watch(&folder, RecursiveMode::NonRecursive)?;
+    let task = reload_on_change(state.clone(), rx, path.to_path_buf());
+    if !state.background.spawn(task) {
+        return Err(notify::Error::generic(
+            "the server's background work has not started",
+        ));
+    }
     tracing::info!(config = %path.display(), "watching the configuration file for changes");
-    tokio::spawn(reload_on_change(state, rx, path.to_path_buf()));
     Ok(watcher)
 }
 

@@ -7,6 +7,8 @@ use clap::{Parser, Subcommand};
 use switchyard_policy::LogFormat;
 use tracing_subscriber::EnvFilter;
 
+mod admin;
+
 use crate::config;
 use crate::App;
 pub use config::{from_figment, load, ConfigError, EX_USAGE};
@@ -37,6 +39,11 @@ pub enum Command {
     Check {
         #[arg(long, short)]
         config: PathBuf,
+    },
+    /// Talk to a running Switchyard's admin API, or manage its admin tokens.
+    Admin {
+        #[command(subcommand)]
+        command: admin::AdminCommand,
     },
     /// Print the artifact digest (`sha256:…`) of a model file or folder.
     Fingerprint { path: PathBuf },
@@ -104,6 +111,11 @@ pub fn main(cli: Cli) -> anyhow::Result<i32> {
             Ok(c) => c,
             Err(e) => return Ok(report_invalid(&e)),
         };
+        if let Some(problem) = config::tokens_problems(&config) {
+            return Ok(report_invalid(&ConfigError {
+                problems: vec![problem],
+            }));
+        }
         return runtime(config.server.workers)?.block_on(serve(config, path, *watch_config));
     }
     runtime(None)?.block_on(run(cli))
@@ -142,6 +154,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<i32> {
             }
             Err(e) => Ok(report_invalid(&e)),
         },
+        Command::Admin { command } => admin::run(command).await,
         Command::Fingerprint { path } => {
             let digest = tokio::task::spawn_blocking(move || {
                 switchyard_adapters::fingerprint::DigestCache::new().digest(&path)

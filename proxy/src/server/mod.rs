@@ -26,6 +26,7 @@ pub(crate) mod head_errors;
 pub struct Running {
     addr: SocketAddr,
     metrics_addr: Option<SocketAddr>,
+    admin_addr: Option<SocketAddr>,
     app: App,
     stop: CancellationToken,
     done: tokio::task::JoinHandle<()>,
@@ -39,6 +40,11 @@ impl Running {
     /// Where the separate metrics listener (`server.metrics_listen`) is bound, when configured.
     pub fn metrics_addr(&self) -> Option<SocketAddr> {
         self.metrics_addr
+    }
+
+    /// Where the admin API (`[admin] listen`) is bound, when configured.
+    pub fn admin_addr(&self) -> Option<SocketAddr> {
+        self.admin_addr
     }
 
     pub fn state(&self) -> &Arc<AppState> {
@@ -73,6 +79,17 @@ pub fn start_on(app: App, listener: TcpListener) -> std::io::Result<Running> {
         Some(l) => Some(l.local_addr()?),
         None => None,
     };
+    let admin_listener = match app.state().config().admin.as_ref().map(|a| a.listen) {
+        Some(at) => Some(
+            bind_now(at)
+                .map_err(|e| std::io::Error::new(e.kind(), format!("admin.listen {at}: {e}")))?,
+        ),
+        None => None,
+    };
+    let admin_addr = match &admin_listener {
+        Some(l) => Some(l.local_addr()?),
+        None => None,
+    };
     // Per-backend gauges exist (as 0) from the start; the request path never creates them.
     for name in app.state().live.load().backends.keys() {
         app.state().recorder.metrics.register_backend(name);
@@ -80,18 +97,25 @@ pub fn start_on(app: App, listener: TcpListener) -> std::io::Result<Running> {
     let stop = CancellationToken::new();
     let serving = serve(app.clone(), listener, stop.clone());
     let metrics = metrics_listener.map(|l| serve_metrics(app.clone(), l, stop.clone()));
+    let admin = admin_listener.map(|l| crate::admin::serve(app.state().clone(), l, stop.clone()));
     #[allow(clippy::disallowed_methods)] // the server's own root task, awaited by `shutdown`
     let done = tokio::spawn(async move {
-        match metrics {
-            Some(metrics) => {
-                tokio::join!(serving, metrics);
+        let metrics = async {
+            if let Some(metrics) = metrics {
+                metrics.await;
             }
-            None => serving.await,
-        }
+        };
+        let admin = async {
+            if let Some(admin) = admin {
+                admin.await;
+            }
+        };
+        tokio::join!(serving, metrics, admin);
     });
     Ok(Running {
         addr,
         metrics_addr,
+        admin_addr,
         app,
         stop,
         done,

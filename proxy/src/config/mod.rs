@@ -2,6 +2,8 @@
 //! (`SWITCHYARD_SERVER__LISTEN=127.0.0.1:9000` sets `server.listen`), then one validation pass
 //! that reports every problem with its key path.
 
+pub mod tokens;
+
 use std::fmt;
 use std::path::Path;
 
@@ -104,8 +106,8 @@ pub fn from_figment(figment: Figment) -> Result<Config, ConfigError> {
     }
 }
 
-/// The identity files a configuration names that are not there: each backend's `artifact` (a
-/// model file or folder) and `binary` (a file). `serve` starts without them — the identity stays
+/// The files a configuration names that are not there or do not read: each backend's
+/// `artifact` (a model file or folder) and `binary` (a file), and the admin tokens file. `serve` starts without them — the identity stays
 /// unknown, with an error in the log, and a backend with `require_verified_identity` answers
 /// 503 —, so `switchyard check` reports them before that happens. Paths are read as `serve`
 /// reads them: relative ones from the working directory.
@@ -136,7 +138,19 @@ pub fn missing_files(config: &Config) -> Vec<Problem> {
             });
         }
     }
+    problems.extend(tokens_problems(config));
     problems
+}
+
+/// The admin tokens file, when one is configured and it does not read: `serve` refuses to start
+/// with it, since every admin call would be refused.
+pub fn tokens_problems(config: &Config) -> Option<Problem> {
+    let path = config.admin.as_ref()?.tokens.as_deref()?;
+    let e = tokens::read(path).err()?;
+    Some(Problem {
+        path: "admin.tokens".to_owned(),
+        message: format!("{e} (create it with `switchyard admin token add NAME`)"),
+    })
 }
 
 /// Every value that does not read, not only the first: deserializing stops at a struct's first

@@ -1,0 +1,247 @@
+//! The admin listener (`[admin] listen`): a JSON API for operators, apart from the client
+//! listener, which never answers these paths.
+//!
+//! - `GET /admin/backends`, `GET /admin/models`, `GET /admin/config`: what is in force;
+//! - `POST /admin/reload`: re-read the configuration file and apply it (or refuse it whole);
+//! - `GET /admin/events`: state changes as server-sent events.
+//!
+//! With `admin.tokens` set, every call needs `Authorization: Bearer TOKEN` with a token of that
+//! file ([`crate::config::tokens`]); without, the listener is on loopback (validation refuses anything else)
+//! and answers anyone who reaches it, as `local`. Every call is logged with the token's name.
+
+mod api;
+mod sse;
+
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::header::{self, HeaderMap, HeaderValue};
+use http::{Method, Request, Response, StatusCode};
+use hyper::body::Incoming;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use hyper_util::server::graceful::GracefulShutdown;
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use crate::app::AppState;
+use crate::config::tokens;
+use crate::http::{error_body, json_response, ProxyBody};
+
+/// The admin API's paths, with the method each answers.
+const PATHS: &[(&str, Method)] = &[
+    ("/admin/backends", Method::GET),
+    ("/admin/models", Method::GET),
+    ("/admin/config", Method::GET),
+    ("/admin/reload", Method::POST),
+    ("/admin/events", Method::GET),
+];
+
+/// Serves the admin API on `listener` (HTTP/1) until `stop` is cancelled. Connections are
+/// drained for at most a second; event streams are cut then.
+pub(crate) async fn serve(state: Arc<AppState>, listener: TcpListener, stop: CancellationToken) {
+    if let Ok(addr) = listener.local_addr() {
+        let open = state
+            .config()
+            .admin
+            .as_ref()
+            .is_some_and(|a| a.tokens.is_none());
+        if open {
+            tracing::warn!(%addr, "admin API listening without tokens (no admin.tokens): any local process can use it");
+        } else {
+            tracing::info!(%addr, "admin API listening");
+        }
+    }
+    let tasks = TaskTracker::new();
+    let graceful = GracefulShutdown::new();
+    let mut builder = hyper::server::conn::http1::Builder::new();
+    builder
+        .timer(TokioTimer::new())
+        .header_read_timeout(Duration::from_millis(
+            state.config().server.client_idle_timeout_ms,
+        ));
+    loop {
+        let (stream, peer) = tokio::select! {
+            _ = stop.cancelled() => break,
+            accepted = listener.accept() => match accepted {
+                Ok(pair) => pair,
+                Err(e) => {
+                    tracing::warn!(listener = "admin", error = %e, "accept failed");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+        };
+        let state = state.clone();
+        let service = hyper::service::service_fn(move |req: Request<Incoming>| {
+            let state = state.clone();
+            async move { Ok::<_, Infallible>(handle(&state, req).await) }
+        });
+        let connection = graceful.watch(builder.serve_connection(TokioIo::new(stream), service));
+        tasks.spawn(async move {
+            if let Err(e) = connection.await {
+                tracing::debug!(%peer, error = %e, "admin connection ended with an error");
+            }
+        });
+    }
+    drop(listener);
+    let _ = tokio::time::timeout(Duration::from_secs(1), graceful.shutdown()).await;
+    tasks.close();
+    let _ = tokio::time::timeout(Duration::from_secs(1), tasks.wait()).await;
+}
+
+/// Answers one admin call, and logs it with the caller's token name.
+async fn handle(state: &Arc<AppState>, req: Request<Incoming>) -> Response<ProxyBody> {
+    let method = req.method().clone();
+    let path = req.uri().path().to_owned();
+    let (response, actor) = match authorize(state, req.headers()).await {
+        Ok(actor) => (route(state, &method, &path, &actor).await, actor),
+        Err(refused) => (refused, "-".to_owned()),
+    };
+    tracing::info!(
+        target: "switchyard::admin",
+        token = %actor,
+        method = %method,
+        path = %path,
+        status = response.status().as_u16(),
+        "admin call"
+    );
+    response
+}
+
+async fn route(
+    state: &Arc<AppState>,
+    method: &Method,
+    path: &str,
+    actor: &str,
+) -> Response<ProxyBody> {
+    let json =
+        |value: serde_json::Value| json_response(StatusCode::OK, Bytes::from(value.to_string()));
+    match (method, path) {
+        (&Method::GET, "/admin/backends") => json(api::backends(state)),
+        (&Method::GET, "/admin/models") => json(api::models(state)),
+        (&Method::GET, "/admin/config") => json(api::config(state)),
+        (&Method::POST, "/admin/reload") => {
+            let reload = state.reload(actor).await;
+            let mut body = serde_json::to_value(&reload).unwrap_or_default();
+            let status = if reload.outcome == "rejected" {
+                if let serde_json::Value::Object(fields) = &mut body {
+                    let message = format!(
+                        "configuration refused; the configuration in force stays: {}",
+                        reload.problems.join("; ")
+                    );
+                    let error: serde_json::Value = serde_json::from_slice(&error_body(
+                        &message,
+                        "invalid_request_error",
+                        None,
+                        "invalid_configuration",
+                    ))
+                    .unwrap_or_default();
+                    fields.insert("error".to_owned(), error["error"].clone());
+                }
+                StatusCode::UNPROCESSABLE_ENTITY
+            } else {
+                StatusCode::OK
+            };
+            json_response(status, Bytes::from(body.to_string()))
+        }
+        (&Method::GET, "/admin/events") => {
+            let mut response = Response::new(sse::stream(state));
+            let headers = response.headers_mut();
+            headers.insert(
+                header::CONTENT_TYPE,
+                HeaderValue::from_static("text/event-stream"),
+            );
+            headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+            response
+        }
+        (method, path) => match PATHS.iter().find(|(p, _)| *p == path) {
+            Some((_, allowed)) => {
+                let mut response = error(
+                    StatusCode::METHOD_NOT_ALLOWED,
+                    &format!("{method} is not allowed on {path}; use {allowed}"),
+                    "method_not_allowed",
+                );
+                if let Ok(allow) = HeaderValue::from_str(allowed.as_str()) {
+                    response.headers_mut().insert(header::ALLOW, allow);
+                }
+                response
+            }
+            None => error(
+                StatusCode::NOT_FOUND,
+                &format!(
+                    "no admin endpoint at {path}; there are {}",
+                    PATHS
+                        .iter()
+                        .map(|(p, m)| format!("{m} {p}"))
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ),
+                "not_found",
+            ),
+        },
+    }
+}
+
+/// The caller's name: the name of the token presented, or `local` when no tokens are
+/// configured. Otherwise the response that refuses the call.
+async fn authorize(state: &AppState, headers: &HeaderMap) -> Result<String, Response<ProxyBody>> {
+    let Some(path) = state.config().admin.as_ref().and_then(|a| a.tokens.clone()) else {
+        return Ok("local".to_owned());
+    };
+    let entries = match tokio::task::spawn_blocking(move || tokens::read(&path)).await {
+        Ok(Ok(entries)) => entries,
+        Ok(Err(e)) => {
+            tracing::error!(error = %e, "admin tokens unreadable; admin calls are refused until they are");
+            return Err(error(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "the admin tokens file cannot be read; see Switchyard's log",
+                "admin_tokens_unreadable",
+            ));
+        }
+        Err(e) => {
+            return Err(error(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                &e.to_string(),
+                "internal_error",
+            ))
+        }
+    };
+    let presented = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| {
+            let (scheme, token) = v.split_once(' ')?;
+            scheme.eq_ignore_ascii_case("bearer").then(|| token.trim())
+        });
+    let refused = |message: &str, code: &str| {
+        let mut response = error(StatusCode::UNAUTHORIZED, message, code);
+        response.headers_mut().insert(
+            header::WWW_AUTHENTICATE,
+            HeaderValue::from_static("Bearer realm=\"switchyard-admin\""),
+        );
+        response
+    };
+    match presented {
+        None => Err(refused(
+            "This admin API needs a token: send `Authorization: Bearer TOKEN` (create one with `switchyard admin token add NAME`).",
+            "missing_admin_token",
+        )),
+        Some(token) => match tokens::check(&entries, token) {
+            Some(name) => Ok(name.to_owned()),
+            None => Err(refused("Incorrect admin token provided.", "invalid_admin_token")),
+        },
+    }
+}
+
+/// An error in OpenAI's shape.
+fn error(status: StatusCode, message: &str, code: &str) -> Response<ProxyBody> {
+    let kind = if status.is_server_error() {
+        "server_error"
+    } else {
+        "invalid_request_error"
+    };
+    json_response(status, error_body(message, kind, None, code))
+}

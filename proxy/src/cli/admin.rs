@@ -1,0 +1,368 @@
+//! `switchyard admin …`: the operator's side of the admin API, and the admin tokens file.
+//!
+//! Each command calls one endpoint at `--url` (or `SWITCHYARD_ADMIN_URL`) with `--token` (or
+//! `SWITCHYARD_ADMIN_TOKEN`), and prints the answer for people, or as the API's JSON with
+//! `--json`. `admin events` prints events as they come until interrupted.
+
+use std::io::Write as _;
+use std::path::PathBuf;
+
+use bytes::Bytes;
+use clap::{Args, Subcommand};
+use http_body_util::{BodyExt as _, Empty};
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::TokioExecutor;
+use serde_json::Value;
+
+use crate::config::{self, tokens};
+
+#[derive(Debug, Subcommand)]
+pub enum AdminCommand {
+    /// Each backend's health, identity and load.
+    Backends(Remote),
+    /// Each public model name and its routes.
+    Models(Remote),
+    /// The configuration in force, with its digest.
+    Config(Remote),
+    /// Re-read the configuration file and apply it, or print every problem found.
+    Reload(Remote),
+    /// Follow state changes (backends going down and up, reloads) until interrupted.
+    Events(Remote),
+    /// Manage the admin tokens file.
+    Token {
+        #[command(subcommand)]
+        command: TokenCommand,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum TokenCommand {
+    /// Create a token named NAME: prints it once, and stores only its digest.
+    Add {
+        name: String,
+        /// The tokens file (created when missing).
+        #[arg(long, required_unless_present = "config", conflicts_with = "config")]
+        tokens: Option<PathBuf>,
+        /// Take the tokens file from this configuration's `admin.tokens`.
+        #[arg(long, short)]
+        config: Option<PathBuf>,
+    },
+}
+
+/// Where the admin API is, and how to talk to it.
+#[derive(Debug, Args)]
+pub struct Remote {
+    /// The admin listener.
+    #[arg(
+        long,
+        env = "SWITCHYARD_ADMIN_URL",
+        default_value = "http://127.0.0.1:8090"
+    )]
+    url: String,
+    /// An admin token (`switchyard admin token add NAME`).
+    #[arg(long, env = "SWITCHYARD_ADMIN_TOKEN", hide_env_values = true)]
+    token: Option<String>,
+    /// Print the API's JSON instead of text.
+    #[arg(long)]
+    json: bool,
+}
+
+/// Runs an admin command; returns the process exit status.
+pub(super) async fn run(command: AdminCommand) -> anyhow::Result<i32> {
+    let (remote, method, path) = match &command {
+        AdminCommand::Token { command } => return token(command),
+        AdminCommand::Backends(r) => (r, http::Method::GET, "/admin/backends"),
+        AdminCommand::Models(r) => (r, http::Method::GET, "/admin/models"),
+        AdminCommand::Config(r) => (r, http::Method::GET, "/admin/config"),
+        AdminCommand::Reload(r) => (r, http::Method::POST, "/admin/reload"),
+        AdminCommand::Events(r) => (r, http::Method::GET, "/admin/events"),
+    };
+    let url = format!("{}{path}", remote.url.trim_end_matches('/'));
+    let mut request = http::Request::builder().method(method).uri(&url);
+    if let Some(token) = &remote.token {
+        request = request.header(http::header::AUTHORIZATION, format!("Bearer {token}"));
+    }
+    let request = request.body(Empty::<Bytes>::new())?;
+    let client = Client::builder(TokioExecutor::new()).build_http();
+    let response = match client.request(request).await {
+        Ok(r) => r,
+        Err(e) => {
+            let why = switchyard_engine::describe_chain(&e);
+            eprintln(&format!(
+                "cannot reach the admin API at {url}: {why}\n(is Switchyard running with an [admin] section? set --url or SWITCHYARD_ADMIN_URL)"
+            ));
+            return Ok(1);
+        }
+    };
+    let status = response.status();
+    if matches!(command, AdminCommand::Events(_)) && status.is_success() {
+        return follow(response.into_body(), remote.json).await;
+    }
+    let body = response.into_body().collect().await?.to_bytes();
+    let value: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+    if !status.is_success() && value.get("outcome").is_none() {
+        let message = value["error"]["message"].as_str().map_or_else(
+            || String::from_utf8_lossy(&body).into_owned(),
+            str::to_owned,
+        );
+        eprintln(&format!("{status}: {message}"));
+        return Ok(1);
+    }
+    let text = if remote.json {
+        format!("{}\n", serde_json::to_string_pretty(&value)?)
+    } else {
+        match command {
+            AdminCommand::Backends(_) => backends(&value),
+            AdminCommand::Models(_) => models(&value),
+            AdminCommand::Config(_) => config_text(&value)?,
+            _ => reload(&value),
+        }
+    };
+    std::io::stdout().lock().write_all(text.as_bytes())?;
+    Ok(if status.is_success() { 0 } else { 1 })
+}
+
+fn token(command: &TokenCommand) -> anyhow::Result<i32> {
+    let TokenCommand::Add {
+        name,
+        tokens: file,
+        config: from,
+    } = command;
+    let path = match (file, from) {
+        (Some(path), _) => path.clone(),
+        (None, Some(from)) => match config::load(from) {
+            Ok(c) => match c.admin.and_then(|a| a.tokens) {
+                Some(path) => path,
+                None => {
+                    eprintln(&format!(
+                        "{}: no admin.tokens is configured",
+                        from.display()
+                    ));
+                    return Ok(config::EX_USAGE);
+                }
+            },
+            Err(e) => {
+                eprintln(&e.to_string());
+                return Ok(config::EX_USAGE);
+            }
+        },
+        (None, None) => return Ok(config::EX_USAGE),
+    };
+    match tokens::add(&path, name) {
+        Ok(token) => {
+            writeln!(std::io::stdout().lock(), "{token}")?;
+            eprintln(&format!(
+                "token {name} added to {}: it is shown this once; only its digest is stored",
+                path.display()
+            ));
+            Ok(0)
+        }
+        Err(e) => {
+            eprintln(&e);
+            Ok(1)
+        }
+    }
+}
+
+/// Prints each server-sent event as it arrives, until the stream ends.
+async fn follow(mut body: hyper::body::Incoming, json: bool) -> anyhow::Result<i32> {
+    let mut buffer = String::new();
+    while let Some(frame) = body.frame().await {
+        let Ok(data) = frame?.into_data() else {
+            continue;
+        };
+        buffer.push_str(&String::from_utf8_lossy(&data));
+        while let Some(end) = buffer.find("\n\n") {
+            let block: String = buffer.drain(..end + 2).collect();
+            let mut kind = "message";
+            let mut data = String::new();
+            for line in block.lines() {
+                if let Some(k) = line.strip_prefix("event: ") {
+                    kind = k;
+                } else if let Some(d) = line.strip_prefix("data: ") {
+                    data.push_str(d);
+                }
+            }
+            if data.is_empty() {
+                continue; // a keep-alive comment
+            }
+            let value: Value = serde_json::from_str(&data).unwrap_or(Value::Null);
+            let line = if json {
+                format!("{}\n", serde_json::json!({"event": kind, "data": value}))
+            } else {
+                event_line(kind, &value)
+            };
+            let mut out = std::io::stdout().lock();
+            out.write_all(line.as_bytes())?;
+            out.flush()?;
+        }
+    }
+    Ok(0)
+}
+
+fn text(value: &Value) -> &str {
+    value.as_str().unwrap_or("-")
+}
+
+fn event_line(kind: &str, v: &Value) -> String {
+    let at = text(&v["at"]);
+    match kind {
+        "backend" => format!(
+            "{at} backend {}: {}{} (identity {}; engine {}; artifact {})\n",
+            text(&v["backend"]),
+            text(&v["state"]),
+            v["reason"]
+                .as_str()
+                .map(|r| format!(": {r}"))
+                .unwrap_or_default(),
+            text(&v["identity"]),
+            text(&v["engine"]),
+            text(&v["artifact"]),
+        ),
+        "reload" => format!(
+            "{at} reload by {}: {}{}\n",
+            text(&v["actor"]),
+            text(&v["outcome"]),
+            lines_after(
+                v,
+                if v["outcome"] == "rejected" {
+                    "problems"
+                } else {
+                    "changes"
+                },
+                "; "
+            ),
+        ),
+        other => format!("{at} {other}: {v}\n"),
+    }
+}
+
+fn lines_after(v: &Value, key: &str, separator: &str) -> String {
+    let items: Vec<&str> = v[key]
+        .as_array()
+        .map(|a| a.iter().filter_map(Value::as_str).collect())
+        .unwrap_or_default();
+    if items.is_empty() {
+        String::new()
+    } else {
+        format!(": {}", items.join(separator))
+    }
+}
+
+fn backends(v: &Value) -> String {
+    let mut rows = vec![[
+        "BACKEND",
+        "STATE",
+        "IDENTITY",
+        "ENGINE",
+        "ARTIFACT",
+        "IN FLIGHT",
+        "WAITING",
+        "PROBED",
+    ]
+    .map(str::to_owned)];
+    if let Some(backends) = v["backends"].as_object() {
+        for (name, b) in backends {
+            let state = match b["reason"].as_str() {
+                Some(why) => format!("{} ({why})", text(&b["state"])),
+                None => text(&b["state"]).to_owned(),
+            };
+            rows.push([
+                name.clone(),
+                state,
+                text(&b["identity"]).to_owned(),
+                text(&b["engine"]).to_owned(),
+                text(&b["artifact"]).to_owned(),
+                b["in_flight"].to_string(),
+                b["waiting"].to_string(),
+                text(&b["probed_at"]).to_owned(),
+            ]);
+        }
+    }
+    format!("{}config {}\n", table(&rows), text(&v["config_digest"]))
+}
+
+fn models(v: &Value) -> String {
+    let mut rows = vec![["MODEL", "PRIMARY", "FALLBACK", "SHADOW", "ALIASES"].map(str::to_owned)];
+    if let Some(models) = v["models"].as_object() {
+        for (name, m) in models {
+            let list = |key: &str| {
+                m[key]
+                    .as_array()
+                    .map(|a| {
+                        a.iter()
+                            .filter_map(Value::as_str)
+                            .collect::<Vec<_>>()
+                            .join(",")
+                    })
+                    .filter(|s| !s.is_empty())
+                    .unwrap_or_else(|| "-".to_owned())
+            };
+            let shadow = match m["shadow"].as_object() {
+                Some(s) => format!("{} (sample {})", text(&s["backend"]), s["sample"]),
+                None => "-".to_owned(),
+            };
+            rows.push([
+                name.clone(),
+                text(&m["primary"]).to_owned(),
+                list("fallback"),
+                shadow,
+                list("aliases"),
+            ]);
+        }
+    }
+    table(&rows)
+}
+
+fn config_text(v: &Value) -> anyhow::Result<String> {
+    Ok(format!(
+        "digest {}\nsource {}\n{}\n",
+        text(&v["digest"]),
+        text(&v["source"]),
+        serde_json::to_string_pretty(&v["config"])?
+    ))
+}
+
+fn reload(v: &Value) -> String {
+    let mut out = format!(
+        "{} (by {}; {} → {})\n",
+        text(&v["outcome"]),
+        text(&v["actor"]),
+        text(&v["digest_before"]),
+        text(&v["digest"])
+    );
+    let key = if v["outcome"] == "rejected" {
+        "problems"
+    } else {
+        "changes"
+    };
+    for line in v[key].as_array().into_iter().flatten() {
+        out.push_str(&format!("  {}\n", text(line)));
+    }
+    out
+}
+
+/// Rows as left-aligned columns, two spaces apart.
+fn table<const N: usize>(rows: &[[String; N]]) -> String {
+    let mut widths = [0usize; N];
+    for row in rows {
+        for (w, cell) in widths.iter_mut().zip(row) {
+            *w = (*w).max(cell.chars().count());
+        }
+    }
+    let mut out = String::new();
+    for row in rows {
+        let cells: Vec<String> = row
+            .iter()
+            .zip(widths)
+            .map(|(cell, w)| format!("{cell:<w$}"))
+            .collect();
+        out.push_str(cells.join("  ").trim_end());
+        out.push('\n');
+    }
+    out
+}
+
+fn eprintln(message: &str) {
+    let _ = writeln!(std::io::stderr().lock(), "{message}");
+}

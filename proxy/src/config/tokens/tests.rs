@@ -1,0 +1,58 @@
+//! Unit tests of the admin tokens file.
+
+use super::*;
+
+#[test]
+fn an_added_token_checks_under_its_name_and_only_its_digest_is_stored() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("admin-tokens");
+    let ops = add(&path, "ops").unwrap();
+    let ci = add(&path, "ci").unwrap();
+    assert!(ops.starts_with("sya_") && ops.len() == 4 + 64, "{ops}");
+    assert_ne!(ops, ci);
+    let text = std::fs::read_to_string(&path).unwrap();
+    assert!(
+        !text.contains(&ops[4..]) && !text.contains(&ci[4..]),
+        "{text}"
+    );
+    let entries = read(&path).unwrap();
+    assert_eq!(check(&entries, &ops), Some("ops"));
+    assert_eq!(check(&entries, &ci), Some("ci"));
+    assert_eq!(check(&entries, "sya_0000"), None);
+    assert_eq!(check(&entries, ""), None);
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt as _;
+        let mode = std::fs::metadata(&path).unwrap().permissions().mode();
+        assert_eq!(mode & 0o077, 0, "{mode:o}");
+    }
+}
+
+#[test]
+fn a_name_is_taken_once_and_must_be_plain() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("admin-tokens");
+    add(&path, "ops").unwrap();
+    let again = add(&path, "ops").unwrap_err();
+    assert!(again.contains("exists already"), "{again}");
+    for bad in ["", "two words", "ünï", &"x".repeat(65)] {
+        assert!(add(&path, bad).is_err(), "{bad:?}");
+    }
+    assert_eq!(read(&path).unwrap().len(), 1);
+}
+
+#[test]
+fn malformed_lines_are_refused_with_their_number() {
+    let good = format!("# admin tokens\n\nops sha256:{}\n", "ab".repeat(32));
+    assert_eq!(parse(&good).unwrap().len(), 1);
+    for (text, line) in [
+        (format!("{good}ci\n"), "line 4"),
+        (format!("{good}ci sha256:abc\n"), "line 4"),
+        (format!("{good}ci md5:{}\n", "ab".repeat(32)), "line 4"),
+        (format!("{good}ops sha256:{}\n", "cd".repeat(32)), "line 4"),
+        (format!("x y z\n{good}"), "line 1"),
+    ] {
+        let err = parse(&text).unwrap_err();
+        assert!(err.starts_with(line), "{err}");
+    }
+}
