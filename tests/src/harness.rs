@@ -103,6 +103,83 @@ pub async fn start_switchyard(toml: &str) -> anyhow::Result<Running> {
     Ok(switchyard::start(app).await?)
 }
 
+/// Starts Switchyard in-process from the configuration file at `path`, as `switchyard serve
+/// --config PATH` does: a reload reads the file again.
+pub async fn start_switchyard_file(path: &std::path::Path) -> anyhow::Result<Running> {
+    let config = switchyard::config::load(path).map_err(|e| anyhow::anyhow!("{e}"))?;
+    let app = App::from_file(config, path.to_path_buf()).map_err(anyhow::Error::msg)?;
+    Ok(switchyard::start(app).await?)
+}
+
+/// A reader of the admin API's event stream (`GET /admin/events`).
+#[derive(Debug)]
+pub struct AdminEvents {
+    body: hyper::body::Incoming,
+    buffer: String,
+}
+
+impl AdminEvents {
+    /// Opens the stream at `admin` (the admin listener's base URL) with `token`, if any.
+    pub async fn open(admin: &str, token: Option<&str>) -> anyhow::Result<Self> {
+        let mut request = Request::get(format!("{admin}/admin/events"));
+        if let Some(token) = token {
+            request = request.header("authorization", format!("Bearer {token}"));
+        }
+        let response = TestClient::new()
+            .client
+            .request(request.body(Full::new(Bytes::new()))?)
+            .await?;
+        anyhow::ensure!(response.status() == 200, "events: {}", response.status());
+        Ok(Self {
+            body: response.into_body(),
+            buffer: String::new(),
+        })
+    }
+
+    /// The next event: its name and its JSON.
+    pub async fn next(&mut self) -> anyhow::Result<(String, Value)> {
+        loop {
+            if let Some(end) = self.buffer.find("\n\n") {
+                let block: String = self.buffer.drain(..end + 2).collect();
+                let kind = block.lines().find_map(|l| l.strip_prefix("event: "));
+                let data = block.lines().find_map(|l| l.strip_prefix("data: "));
+                if let (Some(kind), Some(data)) = (kind, data) {
+                    return Ok((kind.to_owned(), serde_json::from_str(data)?));
+                }
+                continue;
+            }
+            let frame = self
+                .body
+                .frame()
+                .await
+                .ok_or_else(|| anyhow::anyhow!("the event stream ended"))??;
+            if let Ok(data) = frame.into_data() {
+                self.buffer.push_str(&String::from_utf8_lossy(&data));
+            }
+        }
+    }
+
+    /// Waits up to `timeout` for an event named `kind` that `until` accepts, and returns it;
+    /// the events before it are passed over.
+    pub async fn wait_for(
+        &mut self,
+        timeout: Duration,
+        kind: &str,
+        until: impl Fn(&Value) -> bool,
+    ) -> anyhow::Result<Value> {
+        tokio::time::timeout(timeout, async {
+            loop {
+                let (name, data) = self.next().await?;
+                if name == kind && until(&data) {
+                    return Ok(data);
+                }
+            }
+        })
+        .await
+        .map_err(|_| anyhow::anyhow!("no matching {kind} event within {timeout:?}"))?
+    }
+}
+
 fn figment_from(toml: &str) -> figment_shim::Figment {
     figment_shim::from_toml(toml)
 }

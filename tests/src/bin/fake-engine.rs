@@ -54,6 +54,7 @@ async fn main() -> anyhow::Result<()> {
         pause_after_first: std::time::Duration::from_millis(a.pause_after_first_ms),
         fixed_text: a.fixed_text,
         stamp_chunks: a.stamp_chunks,
+        deterministic: false,
     };
     let mut engine = FakeEngine::with_config(config).spawn_on(a.listen).await?;
     // Nobody reads this process's events.

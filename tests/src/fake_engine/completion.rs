@@ -117,7 +117,12 @@ pub(super) async fn complete(
         .pointer("/stream_options/include_usage")
         .and_then(Value::as_bool)
         .unwrap_or(false);
-    let id = format!("chatcmpl-fake{:08x}", *shared.requests.lock().await);
+    let id = if config.deterministic {
+        "chatcmpl-fake".to_owned()
+    } else {
+        format!("chatcmpl-fake{:08x}", *shared.requests.lock().await)
+    };
+    let created = if config.deterministic { 0 } else { now_secs() };
     let (model, fingerprint) = shared.serving();
     let prefill_ms = config.prefill.as_secs_f64() * 1000.0;
     let decode_ms = config.per_token.as_secs_f64() * 1000.0 * n as f64;
@@ -144,7 +149,7 @@ pub(super) async fn complete(
         guard.done();
         return json_response(
             StatusCode::OK,
-            json!({"choices": [choice], "created": now_secs(), "model": model, "system_fingerprint": fingerprint, "object": object,
+            json!({"choices": [choice], "created": created, "model": model, "system_fingerprint": fingerprint, "object": object,
                    "usage": usage, "id": id, "timings": timings}),
         );
     }
@@ -155,7 +160,7 @@ pub(super) async fn complete(
     } else {
         "text_completion"
     };
-    let envelope = move |choices: Value| json!({"choices": choices, "created": now_secs(), "id": id, "model": model, "system_fingerprint": fingerprint, "object": chunk_object});
+    let envelope = move |choices: Value| json!({"choices": choices, "created": created, "id": id, "model": model, "system_fingerprint": fingerprint, "object": chunk_object});
     let per_token = config.per_token;
     let stamp_chunks = config.stamp_chunks;
     let pause = config.pause_after_first;

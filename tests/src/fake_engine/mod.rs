@@ -91,6 +91,9 @@ pub struct FakeEngineConfig {
     /// which the chunk was handed to the connection, so a client in another process can tell
     /// how long the chunk took to reach it (through a proxy or not).
     pub stamp_chunks: bool,
+    /// Answers carry a fixed `id` and `created` (0), so that the same request gets the same
+    /// bytes from any engine so configured, at any time.
+    pub deterministic: bool,
 }
 
 impl Default for FakeEngineConfig {
@@ -107,6 +110,7 @@ impl Default for FakeEngineConfig {
             pause_after_first: Duration::ZERO,
             fixed_text: None,
             stamp_chunks: false,
+            deterministic: false,
         }
     }
 }
@@ -168,6 +172,19 @@ impl FakeEngine {
 
     pub fn fixed_text(mut self, text: impl Into<String>) -> Self {
         self.config.fixed_text = Some(text.into());
+        self
+    }
+
+    /// The slots the engine reports (`/props`), which Switchyard takes as its admission limit
+    /// when `max_concurrency` is not set.
+    pub fn slots(mut self, n: u32) -> Self {
+        self.config.slots = n;
+        self
+    }
+
+    /// Fixed `id` and `created` in every answer (see [`FakeEngineConfig::deterministic`]).
+    pub fn deterministic(mut self) -> Self {
+        self.config.deterministic = true;
         self
     }
 
