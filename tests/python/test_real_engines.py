@@ -548,6 +548,58 @@ path = "{db}"
     assert rows["after-probe"]["warm"] == 0
 
 
+def test_admin_events_show_a_llama_server_going_down_and_up_again(engines: Engines, tmp_path: Path) -> None:
+    """`switchyard admin events` follows the admin API's event stream: a real llama-server
+    stopped shows as its backend going down, and started again on the same port and GGUF, as
+    ready with the same verified artifact."""
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    admin = f"http://127.0.0.1:{free_port()}"
+
+    def llama(name: str) -> Proc:
+        proc = Proc(name, [str(engines.llama_bin), "-m", str(engines.gguf), "-c", "2048", "--host", "127.0.0.1", "--port", str(port)], tmp_path / f"{name}.log")
+        with httpx.Client(timeout=5.0) as http:
+            poll(name, lambda: http.get(f"{url}/health").status_code == 200, proc)
+        return proc
+
+    config = f"""
+[server]
+listen = "127.0.0.1:0"
+probe_interval_ms = 200
+
+[admin]
+listen = "{admin.removeprefix("http://")}"
+
+[backends.llama]
+engine = "llama.cpp"
+url = "{url}"
+artifact = "{engines.gguf}"
+
+[models.smollm2]
+primary = "llama"
+"""
+    digest = "sha256:" + sha256_file(engines.gguf)
+    ready = rf".* backend llama: ready \(identity verified; engine llama\.cpp/\S+; artifact {digest}\)"
+    first = llama("llama-server-events-1")
+    try:
+        with start_switchyard(tmp_path, config, lambda v: v.get("backends", {}).get("llama", {}).get("identity") == "verified"):
+            events = Proc("admin-events", [str(binary("SWITCHYARD_BIN", "switchyard")), "admin", "events", "--url", admin], tmp_path / "events.log")
+            try:
+                # The stream opens with each backend's state now.
+                events.wait_for_line(ready)
+                first.stop()
+                events.wait_for_line(r".* backend llama: down: .*", timeout=ENGINE_READY_TIMEOUT_S)
+                second = llama("llama-server-events-2")
+                try:
+                    events.wait_for_line(ready, timeout=ENGINE_READY_TIMEOUT_S)
+                finally:
+                    second.stop()
+            finally:
+                events.stop()
+    finally:
+        first.stop()
+
+
 # --- Shadow traffic and `switchyard compare` on the real engines --------------------------------
 
 SUITE = Path(__file__).resolve().parents[1] / "prompts" / "suite.jsonl"
