@@ -628,14 +628,14 @@ fn free_port() -> u16 {
         .port()
 }
 
-/// Runs `switchyard serve` on a configuration file, with `args`.
-fn serve(path: &Path, args: &[&str]) -> std::process::Child {
+/// Runs `switchyard serve` on a configuration file, with `args`; its log goes to `log`.
+fn serve(path: &Path, args: &[&str], log: &Path) -> std::process::Child {
     Command::new(switchyard_bin().unwrap())
         .args(["serve", "--config", path.to_str().unwrap()])
         .args(args)
         .env("SWITCHYARD_LOG", "info")
         .stdout(Stdio::piped())
-        .stderr(Stdio::null())
+        .stderr(std::fs::File::create(log).unwrap())
         .spawn()
         .unwrap()
 }
@@ -670,7 +670,8 @@ async fn sighup_reloads_and_the_server_goes_on() {
     let backends = [("a", llama(&a.url(), "")), ("b", llama(&b.url(), ""))];
     let path = dir.path().join("switchyard.toml");
     std::fs::write(&path, config(dir.path(), &admin, &backends, &model("a"))).unwrap();
-    let mut child = serve(&path, &[]);
+    let log = dir.path().join("switchyard.log");
+    let mut child = serve(&path, &[], &log);
     let base = listening_on(&mut child).await.unwrap();
     let mut events = AdminEvents::open(&format!("http://{admin}"), Some(token.trim()))
         .await
@@ -711,6 +712,14 @@ async fn sighup_reloads_and_the_server_goes_on() {
         )
         .unwrap();
     assert_eq!(actor, "SIGHUP");
+    // Every admin call is in the log with the name of its token.
+    let log = std::fs::read_to_string(&log).unwrap();
+    assert!(
+        log.lines().any(|l| l.contains("admin call")
+            && l.contains("token=ops")
+            && l.contains("path=/admin/events")),
+        "{log}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -735,7 +744,11 @@ async fn a_watched_configuration_applies_saves_in_place_and_by_rename() {
     let backends = [("a", llama(&a.url(), "")), ("b", llama(&b.url(), ""))];
     let path = dir.path().join("switchyard.toml");
     std::fs::write(&path, config(dir.path(), &admin, &backends, &model("a"))).unwrap();
-    let mut child = serve(&path, &["--watch-config"]);
+    let mut child = serve(
+        &path,
+        &["--watch-config"],
+        &dir.path().join("switchyard.log"),
+    );
     let base = listening_on(&mut child).await.unwrap();
     let mut events = AdminEvents::open(&format!("http://{admin}"), Some(token.trim()))
         .await

@@ -453,6 +453,8 @@ const DOCUMENTED: &[(&str, &str, &[&str])] = &[
         "counter",
         &["status"],
     ),
+    ("switchyard_config_reloads_total", "counter", &["result"]),
+    ("switchyard_config_last_reload_successful", "gauge", &[]),
     ("switchyard_trace_spans_exported_total", "counter", &[]),
     ("switchyard_trace_spans_dropped_total", "counter", &[]),
     ("switchyard_trace_spans_failed_total", "counter", &[]),
@@ -505,6 +507,16 @@ fn every_family_is_written_as_documented() {
         .collect();
     assert_eq!(declared, documented);
     assert!(text.contains("switchyard_ledger_records_written_total 3\n"));
+    assert!(text.contains("switchyard_config_reloads_total{result=\"rejected\"} 0\n"));
+    assert!(text.contains("switchyard_config_last_reload_successful 1\n"));
+    m.config_reload("rejected");
+    let after = m.render_with(None);
+    assert!(after.contains("switchyard_config_reloads_total{result=\"rejected\"} 1\n"));
+    assert!(after.contains("switchyard_config_last_reload_successful 0\n"));
+    m.config_reload("unchanged");
+    assert!(m
+        .render_with(None)
+        .contains("switchyard_config_last_reload_successful 1\n"));
     assert!(text.contains("switchyard_idle_connections_closed_total 1\n"));
     assert!(text.contains("switchyard_rejected_request_heads_total{status=\"431\"} 1\n"));
     assert!(text.contains("switchyard_rejected_request_heads_total{status=\"400\"} 0\n"));
