@@ -2,6 +2,7 @@
 //! SIGHUP and on a file save), the admin API's tokens, and the record of every change.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // a failed unwrap is a failed test
+#![allow(clippy::disallowed_methods)] // tokio::spawn: the test's own clients, not server tasks
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
