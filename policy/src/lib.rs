@@ -5,6 +5,7 @@
 
 pub mod compare;
 pub mod config;
+pub mod release;
 pub mod routing;
 pub mod validate;
 

@@ -1,0 +1,198 @@
+//! What a release does next, from the evidence of its current step: one pure function, in a
+//! fixed order — Switchyard's own ability to judge, integrity, correctness, availability,
+//! performance, and only then whether there is enough evidence to move on.
+//!
+//! Too little evidence never passes: the step holds and says what it still needs. A failure to
+//! evaluate holds too, and never counts against the candidate.
+
+use super::plan::{OnMismatch, Plan, Step};
+
+/// What the ledger says of a release's current step, counted from the step's start, from
+/// answers stamped with the identities the release pinned.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Evidence {
+    /// Seconds since the step started.
+    pub elapsed_s: u64,
+    /// Why Switchyard could not count the evidence (the ledger unreadable…), if it could not.
+    pub unavailable: Option<String>,
+    /// How an engine's identity left the pinned one, if it did.
+    pub identity_changed: Option<String>,
+    /// Pairs of the primary's and the candidate's answers to the same request that could be
+    /// compared, and how many of them differ.
+    pub comparable_pairs: u64,
+    pub mismatches: u64,
+    /// The first differing pair, described for people.
+    pub first_mismatch: Option<String>,
+    /// Live requests the candidate served, and those that failed (5xx) or broke mid-stream.
+    pub candidate_requests: u64,
+    pub candidate_errors: u64,
+    pub candidate_broken: u64,
+    /// The primary's live requests and failures in the same window.
+    pub primary_requests: u64,
+    pub primary_errors: u64,
+    /// The worst warm ratio of the candidate's speed to the primary's (above 1 is slower),
+    /// with what it measures; none until a group has enough repetitions.
+    pub worst_ratio: Option<(f64, String)>,
+    /// An operator asked to pass the gate.
+    pub promote_requested: bool,
+}
+
+/// What happens to the release.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Decision {
+    /// Stay in the step; `waiting_for` says what it still needs.
+    Hold { waiting_for: String },
+    /// Stay until a person decides (a gate, or a mismatch under `on_mismatch = "hold"`).
+    HoldForPerson { reason: String },
+    /// The step is done: on to the next one (after the last, the release is complete).
+    Advance,
+    /// The candidate failed: its weight goes to 0 at once and the release ends.
+    Abort { reason: String },
+    /// An engine is no longer the one the release pinned: weight 0, evidence frozen.
+    Supersede { reason: String },
+}
+
+/// Fewer candidate requests than this are too few to judge an error rate by (one failure in
+/// three is not a 33 % error rate); a broken stream fails the candidate at once regardless.
+pub const MIN_REQUESTS_FOR_ERROR_RATE: u64 = 10;
+
+/// Decides what a release in `step` of `plan` does, given the step's evidence.
+pub fn decide(plan: &Plan, step: &Step, ev: &Evidence) -> Decision {
+    if let Some(why) = &ev.unavailable {
+        return Decision::Hold {
+            waiting_for: format!(
+                "Switchyard could not evaluate this step ({why}); the candidate is not blamed"
+            ),
+        };
+    }
+    if let Some(why) = &ev.identity_changed {
+        return Decision::Supersede {
+            reason: why.clone(),
+        };
+    }
+    if ev.mismatches > 0 {
+        let reason = format!(
+            "{} of {} comparable pairs differ{}",
+            ev.mismatches,
+            ev.comparable_pairs,
+            ev.first_mismatch
+                .as_deref()
+                .map(|m| format!("; first: {m}"))
+                .unwrap_or_default()
+        );
+        return match plan.on_mismatch {
+            OnMismatch::Abort => Decision::Abort { reason },
+            OnMismatch::Hold => Decision::HoldForPerson { reason },
+        };
+    }
+    if ev.candidate_broken > 0 {
+        return Decision::Abort {
+            reason: format!("{} of the candidate's streams broke", ev.candidate_broken),
+        };
+    }
+    if ev.candidate_requests >= MIN_REQUESTS_FOR_ERROR_RATE {
+        let rate = ev.candidate_errors as f64 / ev.candidate_requests as f64;
+        let primary = if ev.primary_requests == 0 {
+            0.0
+        } else {
+            ev.primary_errors as f64 / ev.primary_requests as f64
+        };
+        if rate > plan.max_error_rate && rate > primary {
+            return Decision::Abort {
+                reason: format!(
+                    "candidate error rate {:.1}% ({} of {}) above max_error_rate {:.1}% (primary {:.1}%)",
+                    rate * 100.0,
+                    ev.candidate_errors,
+                    ev.candidate_requests,
+                    plan.max_error_rate * 100.0,
+                    primary * 100.0
+                ),
+            };
+        }
+    }
+    if let Some((ratio, what)) = &ev.worst_ratio {
+        if *ratio > plan.performance.critical {
+            return Decision::Abort {
+                reason: format!(
+                    "{what} ratio {ratio:.2} above critical {:.2}",
+                    plan.performance.critical
+                ),
+            };
+        }
+        if *ratio > plan.performance.allowed {
+            return Decision::Hold {
+                waiting_for: format!(
+                    "{what} ratio {ratio:.2} above allowed {:.2}",
+                    plan.performance.allowed
+                ),
+            };
+        }
+    }
+    enough(step, ev)
+}
+
+/// Whether the step has what it needs to move on.
+fn enough(step: &Step, ev: &Evidence) -> Decision {
+    let mut missing = Vec::new();
+    let (have, need, what) = match step {
+        Step::Shadow { min_pairs, .. } => (ev.comparable_pairs, *min_pairs, "comparable pairs"),
+        Step::Live { min_requests, .. } => (
+            ev.candidate_requests,
+            *min_requests,
+            "requests served by the candidate",
+        ),
+        Step::Gate { timeout_s } => {
+            if ev.promote_requested {
+                return Decision::Advance;
+            }
+            if let Some(limit) = timeout_s.filter(|t| ev.elapsed_s >= *t) {
+                return Decision::Abort {
+                    reason: format!("no promote within the gate's timeout of {limit} s"),
+                };
+            }
+            return Decision::HoldForPerson {
+                reason: "waiting for an operator's promote".to_owned(),
+            };
+        }
+        Step::Promote { .. } => (0, 0, ""),
+    };
+    if have < need {
+        let more = need - have;
+        let rate = if ev.elapsed_s > 0 && have > 0 {
+            let seconds = more as f64 * ev.elapsed_s as f64 / have as f64;
+            format!("; at this step's rate about {}", duration(seconds))
+        } else {
+            String::new()
+        };
+        missing.push(format!("needs {more} more {what}{rate}"));
+    }
+    let min_duration = match step {
+        Step::Shadow { min_duration_s, .. } | Step::Live { min_duration_s, .. } => *min_duration_s,
+        Step::Promote { bake_s } => *bake_s,
+        Step::Gate { .. } => 0,
+    };
+    if ev.elapsed_s < min_duration {
+        missing.push(format!(
+            "needs {} more of its minimum duration",
+            duration((min_duration - ev.elapsed_s) as f64)
+        ));
+    }
+    if missing.is_empty() {
+        Decision::Advance
+    } else {
+        Decision::Hold {
+            waiting_for: missing.join("; "),
+        }
+    }
+}
+
+/// Seconds as people read them: `45 s`, `12 min`, `2 h`.
+fn duration(seconds: f64) -> String {
+    if seconds < 90.0 {
+        format!("{} s", seconds.ceil())
+    } else if seconds < 5400.0 {
+        format!("{} min", (seconds / 60.0).ceil())
+    } else {
+        format!("{} h", (seconds / 3600.0).ceil())
+    }
+}

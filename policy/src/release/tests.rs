@@ -1,0 +1,282 @@
+//! Unit tests of plans, the sticky split and the decisions.
+
+use super::*;
+
+fn live(weight: u8, min_requests: u64) -> Step {
+    Step::Live {
+        weight,
+        min_requests,
+        min_duration_s: 0,
+    }
+}
+
+#[test]
+fn ten_thousand_sessions_at_ten_percent_put_ten_percent_on_the_candidate() {
+    let points: Vec<f64> = (0..10_000)
+        .map(|i| point("rel-1", format!("session-{i}").as_bytes()))
+        .collect();
+    let on_candidate = points
+        .iter()
+        .filter(|p| arm(**p, 10) == Arm::Candidate)
+        .count();
+    assert!((900..=1100).contains(&on_candidate), "{on_candidate}");
+    // Monotonic: raising the weight never moves a session back to the primary.
+    for p in &points {
+        let mut was_candidate = false;
+        for weight in [0, 5, 10, 25, 50, 99, 100] {
+            let now = arm(*p, weight) == Arm::Candidate;
+            assert!(now || !was_candidate, "point {p} moved back at {weight}%");
+            was_candidate = now;
+        }
+        assert_eq!(arm(*p, 0), Arm::Primary);
+        assert_eq!(arm(*p, 100), Arm::Candidate);
+    }
+    // Stable, and another release draws sessions anew.
+    assert_eq!(point("rel-1", b"session-7"), points[7]);
+    assert_ne!(point("rel-2", b"session-7"), points[7]);
+}
+
+#[test]
+fn the_standard_plan_is_valid_and_bad_plans_say_why() {
+    assert_eq!(Plan::standard().problems(), vec![]);
+    let mut plan = Plan::standard();
+    plan.steps = vec![
+        live(25, 1),
+        live(5, 1),
+        Step::Promote { bake_s: 0 },
+        live(0, 1),
+    ];
+    plan.sample = 0.0;
+    let keys: Vec<String> = plan.problems().into_iter().map(|(k, _)| k).collect();
+    assert_eq!(
+        keys,
+        ["steps[1].weight", "steps[2]", "steps[3].weight", "sample"],
+        "{:?}",
+        plan.problems()
+    );
+}
+
+#[test]
+fn a_plan_reads_from_toml() {
+    let plan: Plan = toml::from_str(
+        r#"
+        on_mismatch = "hold"
+        steps = [
+            { step = "shadow", min_pairs = 20 },
+            { step = "live", weight = 5, min_requests = 10, min_duration_s = 60 },
+            { step = "gate", timeout_s = 3600 },
+            { step = "promote", bake_s = 600 },
+        ]
+        "#,
+    )
+    .unwrap();
+    assert_eq!(plan.on_mismatch, OnMismatch::Hold);
+    assert_eq!(
+        plan.steps[1],
+        Step::Live {
+            weight: 5,
+            min_requests: 10,
+            min_duration_s: 60
+        }
+    );
+    assert_eq!(
+        plan.steps.iter().map(Step::weight).collect::<Vec<_>>(),
+        [0, 5, 0, 100]
+    );
+    assert!(toml::from_str::<Plan>("steps = [{ step = \"live\", weight = 5 }]").is_err());
+}
+
+#[test]
+fn too_little_evidence_holds_and_says_what_it_needs() {
+    let plan = Plan::standard();
+    let shadow = Step::Shadow {
+        min_pairs: 50,
+        min_duration_s: 600,
+    };
+    let ev = Evidence {
+        elapsed_s: 3600,
+        comparable_pairs: 13,
+        ..Evidence::default()
+    };
+    assert_eq!(
+        decide(&plan, &shadow, &ev),
+        Decision::Hold {
+            waiting_for: "needs 37 more comparable pairs; at this step's rate about 3 h".to_owned()
+        }
+    );
+    let ev = Evidence {
+        elapsed_s: 30,
+        comparable_pairs: 50,
+        ..Evidence::default()
+    };
+    assert_eq!(
+        decide(&plan, &shadow, &ev),
+        Decision::Hold {
+            waiting_for: "needs 10 min more of its minimum duration".to_owned()
+        }
+    );
+    let ev = Evidence {
+        elapsed_s: 600,
+        comparable_pairs: 50,
+        ..Evidence::default()
+    };
+    assert_eq!(decide(&plan, &shadow, &ev), Decision::Advance);
+    // No evidence at all is not a pass either.
+    let Decision::Hold { waiting_for } = decide(&plan, &live(5, 100), &Evidence::default()) else {
+        panic!("held")
+    };
+    assert!(
+        waiting_for.starts_with("needs 100 more requests served by the candidate"),
+        "{waiting_for}"
+    );
+}
+
+#[test]
+fn the_order_is_integrity_correctness_availability_performance() {
+    let plan = Plan::standard();
+    let step = live(25, 10);
+    let ready = Evidence {
+        elapsed_s: 10_000,
+        comparable_pairs: 40,
+        candidate_requests: 200,
+        primary_requests: 600,
+        ..Evidence::default()
+    };
+    assert_eq!(decide(&plan, &step, &ready), Decision::Advance);
+
+    let slow = Evidence {
+        worst_ratio: Some((1.5, "warm ttft p95".to_owned())),
+        ..ready.clone()
+    };
+    assert!(matches!(decide(&plan, &step, &slow), Decision::Hold { .. }));
+    let very_slow = Evidence {
+        worst_ratio: Some((3.0, "warm ttft p95".to_owned())),
+        ..ready.clone()
+    };
+    assert!(matches!(
+        decide(&plan, &step, &very_slow),
+        Decision::Abort { .. }
+    ));
+
+    let failing = Evidence {
+        candidate_errors: 30,
+        primary_errors: 1,
+        ..very_slow.clone()
+    };
+    let Decision::Abort { reason } = decide(&plan, &step, &failing) else {
+        panic!()
+    };
+    assert!(reason.starts_with("candidate error rate 15.0%"), "{reason}");
+    // Errors the primary has as much of are the traffic's, not the candidate's.
+    let both = Evidence {
+        candidate_errors: 30,
+        primary_errors: 120,
+        ..ready.clone()
+    };
+    assert_eq!(decide(&plan, &step, &both), Decision::Advance);
+    let broken = Evidence {
+        candidate_broken: 1,
+        ..ready.clone()
+    };
+    assert!(matches!(
+        decide(&plan, &step, &broken),
+        Decision::Abort { .. }
+    ));
+
+    let wrong = Evidence {
+        mismatches: 2,
+        first_mismatch: Some("request r-9: \"Paris\" vs \"Lyon\"".to_owned()),
+        ..failing.clone()
+    };
+    let Decision::Abort { reason } = decide(&plan, &step, &wrong) else {
+        panic!()
+    };
+    assert_eq!(
+        reason,
+        "2 of 40 comparable pairs differ; first: request r-9: \"Paris\" vs \"Lyon\""
+    );
+    let hold = Plan {
+        on_mismatch: OnMismatch::Hold,
+        ..Plan::standard()
+    };
+    assert!(matches!(
+        decide(&hold, &step, &wrong),
+        Decision::HoldForPerson { .. }
+    ));
+
+    let changed = Evidence {
+        identity_changed: Some("candidate artifact changed".to_owned()),
+        ..wrong.clone()
+    };
+    assert!(matches!(
+        decide(&plan, &step, &changed),
+        Decision::Supersede { .. }
+    ));
+    let blind = Evidence {
+        unavailable: Some("ledger locked".to_owned()),
+        ..changed
+    };
+    let Decision::Hold { waiting_for } = decide(&plan, &step, &blind) else {
+        panic!()
+    };
+    assert!(waiting_for.contains("could not evaluate"), "{waiting_for}");
+}
+
+#[test]
+fn a_gate_waits_for_a_person_and_may_time_out() {
+    let plan = Plan::standard();
+    let gate = Step::Gate {
+        timeout_s: Some(60),
+    };
+    assert!(matches!(
+        decide(
+            &plan,
+            &gate,
+            &Evidence {
+                elapsed_s: 10,
+                ..Evidence::default()
+            }
+        ),
+        Decision::HoldForPerson { .. }
+    ));
+    let promoted = Evidence {
+        elapsed_s: 10,
+        promote_requested: true,
+        ..Evidence::default()
+    };
+    assert_eq!(decide(&plan, &gate, &promoted), Decision::Advance);
+    assert!(matches!(
+        decide(
+            &plan,
+            &gate,
+            &Evidence {
+                elapsed_s: 60,
+                ..Evidence::default()
+            }
+        ),
+        Decision::Abort { .. }
+    ));
+    let bake = Step::Promote { bake_s: 600 };
+    assert!(matches!(
+        decide(
+            &plan,
+            &bake,
+            &Evidence {
+                elapsed_s: 10,
+                ..Evidence::default()
+            }
+        ),
+        Decision::Hold { .. }
+    ));
+    assert_eq!(
+        decide(
+            &plan,
+            &bake,
+            &Evidence {
+                elapsed_s: 600,
+                ..Evidence::default()
+            }
+        ),
+        Decision::Advance
+    );
+}
