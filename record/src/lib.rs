@@ -8,4 +8,4 @@ mod phases;
 mod request;
 
 pub use phases::{between, ms, Phases, Source, TokenPhase};
-pub use request::RequestRecord;
+pub use request::{ReleaseMark, RequestRecord};

@@ -41,6 +41,8 @@ pub struct RequestRecord {
     /// The backends that failed before the one that answered, in order, as
     /// `x-switchyard-fallback-from` names them (`name; code=...`); none when the first answered.
     pub fallback_from: Option<String>,
+    /// The canary release this request was split by, when its model has one.
+    pub release: Option<ReleaseMark>,
     pub phases: Phases,
     pub facts: Option<ResponseFacts>,
     pub client_disconnected: bool,
@@ -53,6 +55,18 @@ pub struct RequestRecord {
     /// The last `server-timing` value stamped on the response, with the phases it was made of:
     /// the log line reuses it when the phases have not changed since.
     server_timing: Option<(Phases, http::HeaderValue)>,
+}
+
+/// Which side of a canary release served a request, and how that side was chosen.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReleaseMark {
+    /// The release's id.
+    pub id: std::sync::Arc<str>,
+    /// `primary` or `candidate`.
+    pub arm: &'static str,
+    /// Where the request's sticky key came from (`header`, `user`, `prompt`, `request`), or
+    /// `forced` when an operator chose the arm.
+    pub key: &'static str,
 }
 
 impl RequestRecord {
@@ -77,6 +91,7 @@ impl RequestRecord {
             error_class: None,
             error: None,
             fallback_from: None,
+            release: None,
             phases: Phases::default(),
             facts: None,
             client_disconnected: false,

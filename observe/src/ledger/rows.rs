@@ -252,6 +252,8 @@ pub(super) struct Row {
     warm: Option<bool>,
     streamed: bool,
     client_disconnected: bool,
+    arm: Option<&'static str>,
+    arm_key: Option<&'static str>,
 }
 
 /// The text columns of a request row, in the order [`Texts`] keeps them.
@@ -270,9 +272,10 @@ enum Text {
     Output,
     Error,
     FallbackFrom,
+    ReleaseId,
 }
 
-const TEXTS: usize = Text::FallbackFrom as usize + 1;
+const TEXTS: usize = Text::ReleaseId as usize + 1;
 
 /// Optional strings, one after another in one `String`.
 #[derive(Debug)]
@@ -331,6 +334,7 @@ impl Row {
         values[Text::Output as usize] = facts.and_then(|f| f.output.as_deref());
         values[Text::Error as usize] = r.error.as_deref();
         values[Text::FallbackFrom as usize] = r.fallback_from.as_deref();
+        values[Text::ReleaseId as usize] = r.release.as_ref().map(|m| &*m.id);
         Self {
             ts_ms: unix_ms(r.started_at),
             texts: Texts::new(values),
@@ -350,6 +354,8 @@ impl Row {
             warm: r.warm,
             streamed: r.streamed,
             client_disconnected: r.client_disconnected,
+            arm: r.release.as_ref().map(|m| m.arm),
+            arm_key: r.release.as_ref().map(|m| m.key),
         }
     }
 
@@ -395,6 +401,9 @@ impl Row {
             Param::Int(i64::from(self.streamed)),
             Param::Int(i64::from(self.client_disconnected)),
             text(Text::FallbackFrom),
+            text(Text::ReleaseId),
+            Param::text(self.arm),
+            Param::text(self.arm_key),
         ]
     }
 }
@@ -405,12 +414,12 @@ pub(super) const INSERT_REQUEST: &str =
         workload, sampling, sampling_json, output, status, error_class, error, prompt_tokens,
         cached_tokens, completion_tokens, queue_ms, load_ms, ttfb_ms, ttft_ms, prefill_ms,
         prefill_tokens, prefill_source, decode_ms, decode_tokens, decode_source, total_ms, warm,
-        streamed, client_disconnected, fallback_from)
+        streamed, client_disconnected, fallback_from, release_id, arm, arm_key)
      VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19,
-        ?20, ?21, ?22, ?23, ?24, ?25, ?26, ?27, ?28, ?29, ?30, ?31, ?32, ?33, ?34)";
+        ?20, ?21, ?22, ?23, ?24, ?25, ?26, ?27, ?28, ?29, ?30, ?31, ?32, ?33, ?34, ?35, ?36, ?37)";
 
 /// The request insert's parameter count.
-pub(super) const REQUEST_PARAMS: usize = 34;
+pub(super) const REQUEST_PARAMS: usize = 37;
 
 /// One parameter value of the request insert, borrowed from its row.
 #[derive(Debug, Clone, Copy)]

@@ -169,6 +169,57 @@ pub(super) const MIGRATIONS: &[&str] = &[
     );
     CREATE INDEX config_changes_ts ON config_changes (ts_ms);
     "#,
+    // 7: canary releases: the release itself (its state is the row's, written before traffic
+    // moves), every transition, every verdict; and the release each request was split by.
+    r#"
+    CREATE TABLE releases (
+        id TEXT PRIMARY KEY,
+        model TEXT NOT NULL,
+        primary_backend TEXT NOT NULL,
+        candidate_backend TEXT NOT NULL,
+        plan_name TEXT NOT NULL,
+        plan_json TEXT NOT NULL,
+        primary_engine TEXT NOT NULL,
+        primary_artifact TEXT NOT NULL,
+        candidate_engine TEXT NOT NULL,
+        candidate_artifact TEXT NOT NULL,
+        created_ms INTEGER NOT NULL,
+        state TEXT NOT NULL,
+        step INTEGER NOT NULL,
+        step_started_ms INTEGER NOT NULL,
+        promote_requested INTEGER NOT NULL DEFAULT 0,
+        override_correctness TEXT,
+        reason TEXT,
+        updated_ms INTEGER NOT NULL
+    );
+    CREATE TABLE release_events (
+        id INTEGER PRIMARY KEY,
+        release_id TEXT NOT NULL,
+        ts_ms INTEGER NOT NULL,
+        actor TEXT NOT NULL,
+        from_state TEXT,
+        to_state TEXT NOT NULL,
+        from_step INTEGER,
+        to_step INTEGER NOT NULL,
+        reason TEXT NOT NULL
+    );
+    CREATE INDEX release_events_release ON release_events (release_id, id);
+    CREATE TABLE release_evaluations (
+        id INTEGER PRIMARY KEY,
+        release_id TEXT NOT NULL,
+        ts_ms INTEGER NOT NULL,
+        step INTEGER NOT NULL,
+        window_start_ms INTEGER NOT NULL,
+        decision TEXT NOT NULL,
+        reason TEXT,
+        evidence_json TEXT NOT NULL
+    );
+    CREATE INDEX release_evaluations_release ON release_evaluations (release_id, id);
+    ALTER TABLE requests ADD COLUMN release_id TEXT;
+    ALTER TABLE requests ADD COLUMN arm TEXT;
+    ALTER TABLE requests ADD COLUMN arm_key TEXT;
+    CREATE INDEX requests_release ON requests (release_id, ts_ms);
+    "#,
 ];
 
 /// Opens (creating and migrating) the ledger database, for the writer.

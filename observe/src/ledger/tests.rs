@@ -109,6 +109,11 @@ fn every_column_is_written_as_recorded() {
         r.error_class = Some("upstream");
         r.error = Some(format!("error-{i}"));
         r.fallback_from = Some(format!("fallback-{i}; code=connect_refused"));
+        r.release = Some(switchyard_record::ReleaseMark {
+            id: format!("rel-{i}").into(),
+            arm: "candidate",
+            key: "header",
+        });
         r.facts = Some(ResponseFacts {
             output: Some(format!("output-{i}")),
             usage: Usage {
@@ -191,6 +196,9 @@ fn every_column_is_written_as_recorded() {
                 "fallback_from",
                 T(format!("fallback-{i}; code=connect_refused")),
             ),
+            ("release_id", T(format!("rel-{i}"))),
+            ("arm", T("candidate".into())),
+            ("arm_key", T("header".into())),
         ];
         assert_eq!(names[0], "id");
         assert_eq!(row[0], I(k + 1), "row {i}: ids in order");
