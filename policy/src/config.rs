@@ -214,7 +214,7 @@ impl EngineKind {
 }
 
 /// One running engine.
-#[derive(Debug, Clone, Deserialize, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct BackendConfig {
     pub engine: EngineKind,

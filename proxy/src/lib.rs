@@ -3,7 +3,7 @@
 //! The modules, in the order of their layers (a module uses only those after it; a test holds
 //! the code to it, and `docs/ARCHITECTURE.md` walks a request through them):
 //!
-//! - [`cli`]: the command line and configuration loading;
+//! - [`cli`]: the command line (`serve`, `check`, `admin`, …);
 //! - [`offline`]: `switchyard compare` and `switchyard report`;
 //! - [`server`]: listeners, accepting connections, draining;
 //! - `admin`: the admin API on a listener of its own (tokens, reload, events);

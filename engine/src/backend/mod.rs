@@ -121,6 +121,39 @@ impl Backend {
         self
     }
 
+    /// Whether `a` and `b` configure the same engine: the same kind at the same URL, serving the
+    /// same artifact with the same binary. Two such backends differ only in how they are used
+    /// (limits, the model name sent, whether a verified identity is required).
+    pub fn same_engine(a: &BackendConfig, b: &BackendConfig) -> bool {
+        a.engine == b.engine && a.url == b.url && a.artifact == b.artifact && a.binary == b.binary
+    }
+
+    /// Takes over what `previous`, the same engine configured for other use
+    /// ([`Backend::same_engine`]), knows: its probed health and identity, its digests, whether
+    /// it has served since it became ready, and its kept-alive connections. The admission limit
+    /// is this backend's own (the engine's slot count when it sets none).
+    pub fn inheriting(mut self, previous: &Backend) -> Self {
+        let state = previous.state();
+        self.headers = ArcSwap::from_pointee(compute_headers(
+            &self.name,
+            &self.config,
+            self.adapter.as_ref(),
+            &state,
+        ));
+        if self.config.max_concurrency.is_none() {
+            let slots = state.report.as_ref().and_then(|r| r.identity.slots);
+            if let Some(slots) = slots.filter(|&n| n > 0) {
+                self.admission = ArcSwapOption::from_pointee(Semaphore::new(slots as usize));
+            }
+        }
+        self.state = ArcSwap::new(state);
+        self.served = std::sync::atomic::AtomicU64::new(
+            previous.served.load(std::sync::atomic::Ordering::Relaxed),
+        );
+        self.connections = previous.connections.clone();
+        self
+    }
+
     /// Resolves when an answer contradicted the probed identity and asked for a probe now.
     pub fn reprobe_requested(&self) -> tokio::sync::futures::Notified<'_> {
         self.reprobe.notified()

@@ -163,9 +163,12 @@ impl Ledger {
         self.submit(Entry::Identity(SystemTime::now(), Box::new(snapshot)));
     }
 
-    /// Queues a configuration change (or a refused one).
-    pub fn config_change(&self, change: ConfigChange) {
-        self.submit(Entry::ConfigChange(SystemTime::now(), Box::new(change)));
+    /// Queues a configuration change (or a refused one), waiting for room in the queue rather
+    /// than dropping it: a change is rare, and its record is what an operator relies on. False
+    /// when the writer is gone.
+    pub async fn config_change(&self, change: ConfigChange) -> bool {
+        let entry = Entry::ConfigChange(SystemTime::now(), Box::new(change));
+        self.tx.send(entry).await.is_ok()
     }
 
     /// Waits (up to `timeout`) until every record queued so far is written; for shutdown.

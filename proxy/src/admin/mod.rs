@@ -74,10 +74,10 @@ pub(crate) async fn serve(state: Arc<AppState>, listener: TcpListener, stop: Can
                 }
             },
         };
-        let state = state.clone();
+        let (state, stop) = (state.clone(), stop.clone());
         let service = hyper::service::service_fn(move |req: Request<Incoming>| {
-            let state = state.clone();
-            async move { Ok::<_, Infallible>(handle(&state, req).await) }
+            let (state, stop) = (state.clone(), stop.clone());
+            async move { Ok::<_, Infallible>(handle(&state, &stop, req).await) }
         });
         let connection = graceful.watch(builder.serve_connection(TokioIo::new(stream), service));
         tasks.spawn(async move {
@@ -93,11 +93,15 @@ pub(crate) async fn serve(state: Arc<AppState>, listener: TcpListener, stop: Can
 }
 
 /// Answers one admin call, and logs it with the caller's token name.
-async fn handle(state: &Arc<AppState>, req: Request<Incoming>) -> Response<ProxyBody> {
+async fn handle(
+    state: &Arc<AppState>,
+    stop: &CancellationToken,
+    req: Request<Incoming>,
+) -> Response<ProxyBody> {
     let method = req.method().clone();
     let path = req.uri().path().to_owned();
     let (response, actor) = match authorize(state, req.headers()).await {
-        Ok(actor) => (route(state, &method, &path, &actor).await, actor),
+        Ok(actor) => (route(state, stop, &method, &path, &actor).await, actor),
         Err(refused) => (refused, "-".to_owned()),
     };
     tracing::info!(
@@ -113,6 +117,7 @@ async fn handle(state: &Arc<AppState>, req: Request<Incoming>) -> Response<Proxy
 
 async fn route(
     state: &Arc<AppState>,
+    stop: &CancellationToken,
     method: &Method,
     path: &str,
     actor: &str,
@@ -126,7 +131,7 @@ async fn route(
         (&Method::POST, "/admin/reload") => {
             let reload = state.reload(actor).await;
             let mut body = serde_json::to_value(&reload).unwrap_or_default();
-            let status = if reload.outcome == "rejected" {
+            let status = if reload.outcome == crate::app::reload::Outcome::Rejected {
                 if let serde_json::Value::Object(fields) = &mut body {
                     let message = format!(
                         "configuration refused; the configuration in force stays: {}",
@@ -148,7 +153,7 @@ async fn route(
             json_response(status, Bytes::from(body.to_string()))
         }
         (&Method::GET, "/admin/events") => {
-            let mut response = Response::new(sse::stream(state));
+            let mut response = Response::new(sse::stream(state, stop));
             let headers = response.headers_mut();
             headers.insert(
                 header::CONTENT_TYPE,

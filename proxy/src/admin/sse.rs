@@ -3,9 +3,10 @@
 //! The stream opens with one `backend` event per configured backend (its state now), then
 //! carries every event as it is published. A comment line every [`KEEP_ALIVE`] keeps idle
 //! connections (and proxies between) from timing out. A listener that falls too far behind gets
-//! a `lagged` event with the number of events it missed.
+//! a `lagged` event with the number of events it missed. The stream ends when the server stops.
 
 use std::collections::VecDeque;
+use std::future::Future as _;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
@@ -25,14 +26,16 @@ const KEEP_ALIVE: Duration = Duration::from_secs(15);
 
 /// The body of one listener's event stream.
 struct EventStream {
+    /// Ends the stream when the server stops (a stream would otherwise hold the drain).
+    stopped: Pin<Box<tokio_util::sync::WaitForCancellationFutureOwned>>,
     /// Sent first: the backends' current states.
     opening: VecDeque<Bytes>,
     events: BroadcastStream<Arc<Event>>,
     keep_alive: tokio::time::Interval,
 }
 
-/// A new listener's event stream, as a response body.
-pub(super) fn stream(state: &AppState) -> ProxyBody {
+/// A new listener's event stream, as a response body, until `stop` is cancelled.
+pub(super) fn stream(state: &AppState, stop: &tokio_util::sync::CancellationToken) -> ProxyBody {
     // Subscribed before the opening states are read: a change in between is sent twice rather
     // than not at all.
     let events = BroadcastStream::new(state.events.subscribe());
@@ -48,6 +51,7 @@ pub(super) fn stream(state: &AppState) -> ProxyBody {
     // The first tick is immediate; the opening events say the stream is alive.
     keep_alive.reset();
     ProxyBody::stream(EventStream {
+        stopped: Box::pin(stop.clone().cancelled_owned()),
         opening,
         events,
         keep_alive,
@@ -62,6 +66,9 @@ impl Body for EventStream {
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
+        if self.stopped.as_mut().poll(cx).is_ready() {
+            return Poll::Ready(None);
+        }
         if let Some(first) = self.opening.pop_front() {
             return Poll::Ready(Some(Ok(Frame::data(first))));
         }

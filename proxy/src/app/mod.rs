@@ -71,6 +71,9 @@ struct Running {
 impl Background {
     /// Starts the background work on `state`'s current backends.
     fn start(&self, state: &Arc<AppState>, tasks: &TaskTracker, stop: CancellationToken) {
+        // Held while the snapshot is read: a reload swaps under the same lock, so the probes
+        // started are those of the snapshot in force.
+        let mut guard = self.running.lock().unwrap_or_else(PoisonError::into_inner);
         tasks.spawn(events::watch_backends(state.clone(), stop.clone()));
         let mut running = Running {
             tasks: tasks.clone(),
@@ -80,29 +83,45 @@ impl Background {
         for backend in state.live.load().backends.values() {
             running.probe(state, backend);
         }
-        *self.running.lock().unwrap_or_else(PoisonError::into_inner) = Some(running);
+        *guard = Some(running);
     }
 
-    /// After a reload: probes the backends in `started`, and stops probing those not in `kept`.
-    fn replace(&self, state: &Arc<AppState>, kept: &[Arc<Backend>], started: &[Arc<Backend>]) {
+    /// Swaps `next` in, then probes the backends it adds and stops probing those it drops, under
+    /// one lock with [`Background::start`]. Refused once the server is stopping.
+    fn swap(&self, state: &Arc<AppState>, next: Snapshot) -> Result<(), String> {
         let mut guard = self.running.lock().unwrap_or_else(PoisonError::into_inner);
+        if guard.as_ref().is_some_and(|r| r.stop.is_cancelled()) {
+            return Err("Switchyard is shutting down".to_owned());
+        }
+        let previous = state.live.swap(next);
+        let current = state.live.load();
         let Some(running) = guard.as_mut() else {
-            return;
+            // Not started yet: the start probes whatever is in force then.
+            return Ok(());
         };
         running.probed.retain(|(backend, stop)| {
-            let keep = kept.iter().any(|k| Arc::ptr_eq(k, backend));
-            if !keep {
+            let kept = current
+                .backends
+                .get(&backend.name)
+                .is_some_and(|b| Arc::ptr_eq(b, backend));
+            if !kept {
                 stop.cancel();
             }
-            keep
+            kept
         });
-        for backend in started {
-            running.probe(state, backend);
+        for backend in current.backends.values() {
+            let known = previous
+                .backends
+                .get(&backend.name)
+                .is_some_and(|old| Arc::ptr_eq(old, backend));
+            if !known {
+                state.recorder.metrics.register_backend(&backend.name);
+                running.probe(state, backend);
+            }
         }
+        Ok(())
     }
-}
 
-impl Background {
     /// Runs `task` with the background work, until it ends or the server stops. False (and
     /// `task` dropped) when the background work has not started.
     fn spawn(&self, task: impl std::future::Future<Output = ()> + Send + 'static) -> bool {
@@ -122,12 +141,18 @@ impl Background {
 }
 
 impl Running {
-    /// Hashes `backend`'s identity files and probes it until it is removed or the server stops.
+    /// Hashes `backend`'s identity files (unless it took them over from the backend it
+    /// replaces) and probes it until it is removed or the server stops.
     fn probe(&mut self, state: &Arc<AppState>, backend: &Arc<Backend>) {
         let stop = self.stop.child_token();
-        let (s, hashed) = (state.clone(), backend.clone());
-        self.tasks
-            .spawn(async move { probes::hash_identity_files(&s, &hashed).await });
+        let current = backend.state();
+        let hashing =
+            |d: &switchyard_engine::Digest| matches!(d, switchyard_engine::Digest::Hashing);
+        if hashing(&current.artifact) || hashing(&current.binary) {
+            let (s, hashed) = (state.clone(), backend.clone());
+            self.tasks
+                .spawn(async move { probes::hash_identity_files(&s, &hashed).await });
+        }
         self.tasks.spawn(probes::probe_loop(
             state.clone(),
             backend.clone(),

@@ -36,11 +36,32 @@ const FIXED: &[&str] = &[
     "admin.listen",
 ];
 
+/// How a reload ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Outcome {
+    /// The new configuration is in force.
+    Applied,
+    /// The file says what is in force already.
+    Unchanged,
+    /// Nothing changed: the file has problems, or changes what cannot change while running.
+    Rejected,
+}
+
+impl Outcome {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Applied => "applied",
+            Self::Unchanged => "unchanged",
+            Self::Rejected => "rejected",
+        }
+    }
+}
+
 /// How a reload ended, as the admin API answers it.
 #[derive(Debug, Clone, Serialize)]
 pub struct Reload {
-    /// `applied`, `unchanged` or `rejected`.
-    pub outcome: &'static str,
+    pub outcome: Outcome,
     /// Who asked: an admin token's name, `SIGHUP`, or `file watch`.
     pub actor: String,
     /// The digest of the configuration in force before the reload.
@@ -56,10 +77,13 @@ pub struct Reload {
 }
 
 impl AppState {
-    /// Re-reads the configuration file this process was started with and applies it.
+    /// Re-reads the configuration file this process was started with and applies it. The file
+    /// is read under the reload lock: two reloads never apply an older file over a newer one.
     pub async fn reload(self: &Arc<Self>, actor: &str) -> Reload {
+        let _one_at_a_time = self.reloading.lock().await;
+        let in_force = self.live.load().config.clone();
         let loaded = match self.source.clone() {
-            Some(path) => tokio::task::spawn_blocking(move || config::load_checked(&path))
+            Some(path) => tokio::task::spawn_blocking(move || read(&path, &in_force))
                 .await
                 .unwrap_or_else(|e| Err(problem("--config", format!("reading failed: {e}")))),
             None => Err(problem(
@@ -67,7 +91,7 @@ impl AppState {
                 "this Switchyard was not started from a configuration file".to_owned(),
             )),
         };
-        self.apply(loaded, actor).await
+        self.apply_locked(loaded, actor).await
     }
 
     /// Applies a configuration read and validated by the caller (or the problems found in
@@ -77,12 +101,20 @@ impl AppState {
         loaded: Result<Config, ConfigError>,
         actor: &str,
     ) -> Reload {
-        // One reload at a time: each builds on the snapshot the last one left.
         let _one_at_a_time = self.reloading.lock().await;
+        self.apply_locked(loaded, actor).await
+    }
+
+    /// [`AppState::apply`], with the reload lock held by the caller.
+    async fn apply_locked(
+        self: &Arc<Self>,
+        loaded: Result<Config, ConfigError>,
+        actor: &str,
+    ) -> Reload {
         let previous = self.live.load();
         let digest_before = previous.digest.to_string();
         let mut reload = Reload {
-            outcome: "rejected",
+            outcome: Outcome::Rejected,
             actor: actor.to_owned(),
             digest: digest_before.clone(),
             digest_before,
@@ -110,11 +142,11 @@ impl AppState {
                     })
                     .collect();
                 if reload.problems.is_empty() && changes.is_empty() {
-                    reload.outcome = "unchanged";
+                    reload.outcome = Outcome::Unchanged;
                 } else if reload.problems.is_empty() {
                     match self.swap_in(config, &previous) {
                         Ok(digest) => {
-                            reload.outcome = "applied";
+                            reload.outcome = Outcome::Applied;
                             reload.digest = digest;
                         }
                         Err(e) => reload.problems.push(e),
@@ -126,8 +158,8 @@ impl AppState {
         reload
     }
 
-    /// Builds the snapshot of `config` on `previous`, starts what the new backends need, swaps
-    /// it in and stops the probes of the backends it no longer has. Returns the new digest.
+    /// Builds the snapshot of `config` on `previous` and swaps it in (see
+    /// `Background::swap`). Returns the new digest.
     fn swap_in(self: &Arc<Self>, config: Config, previous: &Snapshot) -> Result<String, String> {
         let subscribe =
             |backend: switchyard_engine::Backend| backend.with_revision(self.revision.clone());
@@ -139,67 +171,73 @@ impl AppState {
             subscribe,
         )?;
         let digest = next.digest.to_string();
-        let started: Vec<_> = next
-            .backends
-            .values()
-            .filter(|b| {
-                !previous
-                    .backends
-                    .get(&b.name)
-                    .is_some_and(|old| Arc::ptr_eq(old, b))
-            })
-            .cloned()
-            .collect();
-        for backend in &started {
-            self.recorder.metrics.register_backend(&backend.name);
-        }
-        let kept: Vec<_> = next.backends.values().cloned().collect();
-        self.live.swap(next);
-        self.background.replace(self, &kept, &started);
+        self.background.swap(self, next)?;
         Ok(digest)
     }
 
-    /// Logs, counts, publishes and records a reload.
+    /// Logs, counts, records, then publishes a reload.
     async fn note(self: &Arc<Self>, reload: &mut Reload, digest_read: Option<String>) {
-        self.recorder.metrics.config_reload(reload.outcome);
+        self.recorder.metrics.config_reload(reload.outcome.as_str());
         let summary = match reload.outcome {
-            "applied" => reload.changes.join("; "),
-            "unchanged" => "no change".to_owned(),
-            _ => format!(
+            Outcome::Applied => reload.changes.join("; "),
+            Outcome::Unchanged => "no change".to_owned(),
+            Outcome::Rejected => format!(
                 "{} problem{}; the configuration in force stays",
                 reload.problems.len(),
                 if reload.problems.len() == 1 { "" } else { "s" }
             ),
         };
         match reload.outcome {
-            "rejected" => tracing::error!(
+            Outcome::Rejected => tracing::error!(
                 actor = %reload.actor,
                 problems = %reload.problems.join("; "),
                 "configuration reload rejected; the configuration in force stays"
             ),
             outcome => tracing::info!(
                 actor = %reload.actor,
-                outcome,
+                outcome = outcome.as_str(),
                 digest = %reload.digest,
                 changes = %summary,
                 "configuration reloaded"
             ),
         }
+        if let Some(ledger) = &self.recorder.ledger {
+            let queued = ledger
+                .config_change(ConfigChange {
+                    actor: reload.actor.clone(),
+                    outcome: reload.outcome.as_str(),
+                    digest_before: reload.digest_before.clone(),
+                    digest_after: digest_read,
+                    summary,
+                    errors: (!reload.problems.is_empty()).then(|| reload.problems.join("\n")),
+                })
+                .await;
+            reload.recorded = queued && self.flush_ledger().await;
+            if !reload.recorded {
+                tracing::error!(actor = %reload.actor, "the configuration change could not be written to the ledger");
+            }
+        }
         self.events.publish(Event::new(
             "reload",
             serde_json::to_value(&*reload).unwrap_or(Value::Null),
         ));
-        if let Some(ledger) = &self.recorder.ledger {
-            ledger.config_change(ConfigChange {
-                actor: reload.actor.clone(),
-                outcome: reload.outcome,
-                digest_before: reload.digest_before.clone(),
-                digest_after: digest_read,
-                summary,
-                errors: (!reload.problems.is_empty()).then(|| reload.problems.join("\n")),
-            });
-            reload.recorded = self.flush_ledger().await;
-        }
+    }
+}
+
+/// Reads the file at `path` as a reload does: every problem of its own, and the files it names
+/// that are missing now but were not missing for the configuration `in_force` (a backend
+/// started without its artifact does not block every later reload).
+fn read(path: &std::path::Path, in_force: &Config) -> Result<Config, ConfigError> {
+    let config = config::load(path)?;
+    let before = config::missing_files(in_force);
+    let problems: Vec<Problem> = config::missing_files(&config)
+        .into_iter()
+        .filter(|p| !before.contains(p))
+        .collect();
+    if problems.is_empty() {
+        Ok(config)
+    } else {
+        Err(ConfigError { problems })
     }
 }
 

@@ -4,12 +4,14 @@
 //! renaming it over the old one replaces the file a watch on it would follow. Events for other
 //! files in the folder are ignored. The events of one save (an editor may truncate, write,
 //! change modes and rename) are taken together: the reload starts once the file has been quiet
-//! for [`SETTLE`].
+//! for [`SETTLE`]. A symbolic link is not followed: a configuration swapped by relinking (as a
+//! Kubernetes ConfigMap is) is not seen; `SIGHUP` is the way to reload it.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
+use notify::event::{AccessKind, AccessMode};
 use notify::{EventKind, RecursiveMode, Watcher as _};
 use tokio::sync::mpsc;
 
@@ -31,7 +33,14 @@ pub fn watch(state: Arc<AppState>, path: &Path) -> notify::Result<notify::Recomm
                     .paths
                     .iter()
                     .any(|p| p.file_name().map(ToOwned::to_owned) == name);
-                if ours && !matches!(event.kind, EventKind::Access(_)) {
+                // Reads are not changes; a writer closing the file is (Linux says so when a
+                // write finishes, which may be well after it began).
+                let change = match event.kind {
+                    EventKind::Access(AccessKind::Close(AccessMode::Write)) => true,
+                    EventKind::Access(_) => false,
+                    _ => true,
+                };
+                if ours && change {
                     let _ = tx.send(());
                 }
             }

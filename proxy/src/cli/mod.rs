@@ -107,15 +107,10 @@ pub fn main(cli: Cli) -> anyhow::Result<i32> {
         watch_config,
     } = &cli.command
     {
-        let config = match config::load(path) {
+        let config = match load_for_serve(path) {
             Ok(c) => c,
             Err(e) => return Ok(report_invalid(&e)),
         };
-        if let Some(problem) = config::tokens_problems(&config) {
-            return Ok(report_invalid(&ConfigError {
-                problems: vec![problem],
-            }));
-        }
         return runtime(config.server.workers)?.block_on(serve(config, path, *watch_config));
     }
     runtime(None)?.block_on(run(cli))
@@ -325,10 +320,23 @@ pub async fn run(cli: Cli) -> anyhow::Result<i32> {
         Command::Serve {
             config: path,
             watch_config,
-        } => match config::load(&path) {
+        } => match load_for_serve(&path) {
             Ok(config) => serve(config, &path, watch_config).await,
             Err(e) => Ok(report_invalid(&e)),
         },
+    }
+}
+
+/// The configuration `serve` starts with: valid, and with a readable admin tokens file when one
+/// is configured (every admin call would be refused otherwise). Missing identity files are not
+/// refused: the backend starts with its identity unknown, and says so.
+fn load_for_serve(path: &std::path::Path) -> Result<switchyard_policy::Config, ConfigError> {
+    let config = config::load(path)?;
+    match config::tokens_problems(&config) {
+        Some(problem) => Err(ConfigError {
+            problems: vec![problem],
+        }),
+        None => Ok(config),
     }
 }
 

@@ -23,10 +23,34 @@ pub struct Entry {
     digest: [u8; 32],
 }
 
-/// Reads the tokens file. Every malformed line is an error naming its line number.
+/// Reads the tokens file. Every malformed line is an error naming its line number, and so is a
+/// file others may write to (whoever can add a line can let themselves in).
 pub fn read(path: &Path) -> Result<Vec<Entry>, String> {
     let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    writable_by_others(path)?;
     parse(&text).map_err(|e| format!("{}: {e}", path.display()))
+}
+
+#[cfg(unix)]
+fn writable_by_others(path: &Path) -> Result<(), String> {
+    use std::os::unix::fs::PermissionsExt as _;
+    let mode = std::fs::metadata(path)
+        .map_err(|e| format!("{}: {e}", path.display()))?
+        .permissions()
+        .mode();
+    if mode & 0o022 != 0 {
+        return Err(format!(
+            "{}: writable by others (mode {:o}); make it the owner's alone: chmod 600",
+            path.display(),
+            mode & 0o777
+        ));
+    }
+    Ok(())
+}
+
+#[cfg(not(unix))]
+fn writable_by_others(_path: &Path) -> Result<(), String> {
+    Ok(())
 }
 
 fn parse(text: &str) -> Result<Vec<Entry>, String> {
@@ -102,11 +126,12 @@ pub fn add(path: &Path, name: &str) -> Result<String, String> {
             "{name:?}: a name is 1–64 letters, digits, `-`, `_` or `.`"
         ));
     }
-    let existing = match std::fs::read_to_string(path) {
-        Ok(text) => parse(&text).map_err(|e| format!("{}: {e}", path.display()))?,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Vec::new(),
+    let text = match std::fs::read_to_string(path) {
+        Ok(text) => text,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => String::new(),
         Err(e) => return Err(format!("{}: {e}", path.display())),
     };
+    let existing = parse(&text).map_err(|e| format!("{}: {e}", path.display()))?;
     if existing.iter().any(|e| e.name == name) {
         return Err(format!(
             "{}: a token named {name} exists already; remove its line first to replace it",
@@ -116,7 +141,13 @@ pub fn add(path: &Path, name: &str) -> Result<String, String> {
     let mut secret = [0u8; 32];
     getrandom::fill(&mut secret).map_err(|e| format!("no randomness for a token: {e}"))?;
     let token = format!("{PREFIX}{}", to_hex(&secret));
-    let line = format!("{name} sha256:{}\n", to_hex(&digest(&token)));
+    // A file edited by hand may not end its last line: the new one must not join it.
+    let separator = if text.is_empty() || text.ends_with('\n') {
+        ""
+    } else {
+        "\n"
+    };
+    let line = format!("{separator}{name} sha256:{}\n", to_hex(&digest(&token)));
     let mut options = std::fs::OpenOptions::new();
     options.create(true).append(true);
     #[cfg(unix)]

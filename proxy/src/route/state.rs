@@ -41,7 +41,9 @@ pub struct Snapshot {
 
 impl Snapshot {
     /// Builds a snapshot of `config`. Backends of `previous` whose configuration is unchanged
-    /// are kept as they are (pool, identity, admission); new or changed ones start unprobed.
+    /// are kept as they are (connections, identity, admission queue). One configured for the
+    /// same engine with other limits is new but keeps what is known of the engine (its probed
+    /// identity and connections; see `Backend::inheriting`). Any other is new and unprobed.
     /// A shadowed model keeps its shadow pool (and the shadows running in it) while its
     /// `max_in_flight` stays.
     /// `configure` is applied to each new backend (it subscribes it to state changes).
@@ -55,19 +57,24 @@ impl Snapshot {
         let mut backends = NameMap::default();
         let mut stacks = NameMap::default();
         for (name, backend_config) in &config.backends {
-            let kept = previous.and_then(|p| {
-                let old = p.backends.get(name.as_str())?;
-                let same = serde_json::to_value(&old.config).ok()
-                    == serde_json::to_value(backend_config).ok();
-                same.then(|| (old.clone(), p.stacks.get(name.as_str()).cloned()))
-            });
-            let (backend, stack) = match kept {
-                Some((backend, Some(stack))) => (backend, stack),
-                Some((backend, None)) => {
+            let old = previous.and_then(|p| Some((p.backends.get(name.as_str())?, p)));
+            let (backend, stack) = match old {
+                // Unchanged: the same backend and stack, queue and all.
+                Some((old, p)) if old.config == *backend_config => {
+                    let stack = match p.stacks.get(name.as_str()) {
+                        Some(stack) => stack.clone(),
+                        None => forward::stack(old, shared),
+                    };
+                    (old.clone(), stack)
+                }
+                // The same engine under other limits: a new backend that keeps what is known.
+                Some((old, _)) if Backend::same_engine(&old.config, backend_config) => {
+                    let backend = Backend::new(name, backend_config.clone())?.inheriting(old);
+                    let backend = Arc::new(configure(backend));
                     let stack = forward::stack(&backend, shared);
                     (backend, stack)
                 }
-                None => {
+                _ => {
                     let backend = Arc::new(configure(Backend::new(name, backend_config.clone())?));
                     let stack = forward::stack(&backend, shared);
                     (backend, stack)
@@ -166,8 +173,7 @@ impl Live {
     }
 
     /// Makes `next` what new requests see; requests under way keep the snapshot they loaded.
-    /// Returns the one replaced. Its first caller outside the tests is the configuration reload.
-    #[allow(dead_code)]
+    /// Returns the one replaced. The configuration reload (`app::reload`) is its caller.
     pub(crate) fn swap(&self, next: Snapshot) -> Arc<Snapshot> {
         self.current.swap(Arc::new(next))
     }

@@ -95,7 +95,11 @@ pub fn start_on(app: App, listener: TcpListener) -> std::io::Result<Running> {
         app.state().recorder.metrics.register_backend(name);
     }
     let stop = CancellationToken::new();
-    let serving = serve(app.clone(), listener, stop.clone());
+    // The background work (probes, events) starts here, before anything is served or can be
+    // reloaded: a reload or a file watch set up as soon as this returns finds it running.
+    let tasks = TaskTracker::new();
+    app.start_background(&tasks, stop.clone());
+    let serving = serve(app.clone(), listener, stop.clone(), tasks);
     let metrics = metrics_listener.map(|l| serve_metrics(app.clone(), l, stop.clone()));
     let admin = admin_listener.map(|l| crate::admin::serve(app.state().clone(), l, stop.clone()));
     #[allow(clippy::disallowed_methods)] // the server's own root task, awaited by `shutdown`
@@ -139,10 +143,8 @@ fn maybe_http2(first: &[u8]) -> bool {
 const ANSWER_AT_DRAIN_END: Duration = Duration::from_millis(250);
 
 /// Accepts until `stop` is cancelled, then drains for `server.drain_timeout_ms` of the
-/// configuration in force then.
-pub async fn serve(app: App, listener: TcpListener, stop: CancellationToken) {
-    let tasks = TaskTracker::new();
-    app.start_background(&tasks, stop.clone());
+/// configuration in force then, and waits for the background `tasks` (started on `stop`).
+pub async fn serve(app: App, listener: TcpListener, stop: CancellationToken, tasks: TaskTracker) {
     // The connections' own tasks: drained once every one of them has ended.
     let connections = TaskTracker::new();
     let idle = Duration::from_millis(app.state().config().server.client_idle_timeout_ms);

@@ -56,3 +56,34 @@ fn malformed_lines_are_refused_with_their_number() {
         assert!(err.starts_with(line), "{err}");
     }
 }
+
+#[test]
+fn a_line_added_after_a_hand_edit_stays_a_line_of_its_own() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("admin-tokens");
+    std::fs::write(&path, format!("# by hand\nops sha256:{}", "ab".repeat(32))).unwrap();
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt as _;
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
+    }
+    let ci = add(&path, "ci").unwrap();
+    let entries = read(&path).unwrap();
+    assert_eq!(entries.len(), 2);
+    assert_eq!(check(&entries, &ci), Some("ci"));
+}
+
+#[cfg(unix)]
+#[test]
+fn a_file_others_may_write_to_is_refused() {
+    use std::os::unix::fs::PermissionsExt as _;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("admin-tokens");
+    add(&path, "ops").unwrap();
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o666)).unwrap();
+    let err = read(&path).unwrap_err();
+    assert!(
+        err.contains("writable by others") && err.contains("chmod 600"),
+        "{err}"
+    );
+}
