@@ -424,7 +424,10 @@ async fn a_kept_backend_keeps_its_identity_and_queue_and_a_removed_one_answers_i
     let limited_k = [
         with_a[0].clone(),
         with_a[1].clone(),
-        ("k", llama(&k.url(), &format!("{verified}\nmax_concurrency = 8"))),
+        (
+            "k",
+            llama(&k.url(), &format!("{verified}\nmax_concurrency = 8")),
+        ),
     ];
     let kept = s
         .reload_to(&config(
@@ -514,6 +517,19 @@ async fn a_kept_backend_keeps_its_identity_and_queue_and_a_removed_one_answers_i
             (http::StatusCode::OK, digest.as_str())
         );
     }
+    // The backend that took `k`'s new limit took what was known of the engine too: only `k`'s
+    // very first request met cold caches, none after the reload.
+    let Setup { proxy, dir, .. } = s;
+    proxy.shutdown().await;
+    let db = rusqlite::Connection::open(dir.path().join("ledger.db")).unwrap();
+    let cold: i64 = db
+        .query_row(
+            "SELECT count(*) FROM requests WHERE backend = 'k' AND warm = 0",
+            [],
+            |r| r.get(0),
+        )
+        .unwrap();
+    assert_eq!(cold, 1);
 }
 
 /// Waits until `/admin/backends` satisfies `until`, looking again at every backend state change
