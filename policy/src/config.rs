@@ -34,6 +34,20 @@ pub struct Config {
     /// Public model names that clients send in `model`.
     #[serde(default)]
     pub models: BTreeMap<String, ModelConfig>,
+    /// Canary release plans by name (`switchyard release start … --plan NAME`); `standard` is
+    /// built in ([`crate::release::Plan::standard`]) unless a plan of that name is configured.
+    #[serde(default)]
+    pub plans: BTreeMap<String, crate::release::Plan>,
+}
+
+impl Config {
+    /// The plan named `name`: a configured one, else the built-in `standard`.
+    pub fn plan(&self, name: &str) -> Option<crate::release::Plan> {
+        self.plans
+            .get(name)
+            .cloned()
+            .or_else(|| (name == "standard").then(crate::release::Plan::standard))
+    }
 }
 
 /// The listener and the limits of the request path.

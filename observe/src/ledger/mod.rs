@@ -24,6 +24,7 @@ use switchyard_record::RequestRecord;
 use tokio::sync::mpsc;
 
 mod read;
+mod releases;
 mod rows;
 mod schema;
 mod skips;
@@ -33,6 +34,7 @@ mod writer;
 mod tests;
 
 pub use read::{open_read_only, read_comparisons};
+pub use releases::{ArmCounts, Evaluation, Release, ReleaseEvent, ReleaseStore};
 pub use rows::{ConfigChange, IdentitySnapshot};
 pub use skips::SkipKind;
 

@@ -45,6 +45,17 @@ pub fn open_read_only(path: &Path) -> Result<Connection, LedgerError> {
 
 /// Comparisons recorded since `since_ms` (all when None), oldest first.
 pub fn read_comparisons(conn: &Connection, since_ms: Option<i64>) -> rusqlite::Result<Vec<Pair>> {
+    let pairs = read_comparisons_between(conn, since_ms.unwrap_or(i64::MIN), i64::MAX)?;
+    Ok(pairs.into_iter().map(|(_, pair)| pair).collect())
+}
+
+/// Comparisons recorded from `since_ms` up to (not including) `until_ms`, oldest first, each
+/// with its time.
+pub(super) fn read_comparisons_between(
+    conn: &Connection,
+    since_ms: i64,
+    until_ms: i64,
+) -> rusqlite::Result<Vec<(i64, Pair)>> {
     // A ledger from before comparisons existed (migration 2) has none.
     let has_table: bool = conn.query_row(
         "SELECT count(*) > 0 FROM sqlite_master WHERE type = 'table' AND name = 'comparisons'",
@@ -59,8 +70,9 @@ pub fn read_comparisons(conn: &Connection, since_ms: Option<i64>) -> rusqlite::R
     let counted = conn
         .prepare("SELECT count FROM comparisons LIMIT 0")
         .is_ok();
-    let mut statement = conn.prepare("SELECT * FROM comparisons WHERE ts_ms >= ?1 ORDER BY id")?;
-    let rows = statement.query_map([since_ms.unwrap_or(i64::MIN)], |row| {
+    let mut statement =
+        conn.prepare("SELECT * FROM comparisons WHERE ts_ms >= ?1 AND ts_ms < ?2 ORDER BY id")?;
+    let rows = statement.query_map([since_ms, until_ms], |row| {
         let side = |prefix: &str| -> rusqlite::Result<Side> {
             let col = |c: &str| format!("{prefix}_{c}");
             let timing = |name: &str| -> rusqlite::Result<Option<TokenTiming>> {
@@ -107,7 +119,8 @@ pub fn read_comparisons(conn: &Connection, since_ms: Option<i64>) -> rusqlite::R
         };
         let verdict: String = row.get("verdict")?;
         let candidate_ran: bool = row.get("candidate_ran")?;
-        Ok(Pair {
+        let ts_ms: i64 = row.get("ts_ms")?;
+        let pair = Pair {
             model: row.get("model")?,
             workload: row.get("workload")?,
             sampling: row.get("sampling")?,
@@ -126,7 +139,8 @@ pub fn read_comparisons(conn: &Connection, since_ms: Option<i64>) -> rusqlite::R
             } else {
                 1
             },
-        })
+        };
+        Ok((ts_ms, pair))
     })?;
     rows.collect()
 }

@@ -36,6 +36,15 @@ pub struct Plan {
     /// How often the release's evidence is evaluated.
     #[serde(default = "default_evaluate_every_ms")]
     pub evaluate_every_ms: u64,
+    /// The request header that names a session (its requests stay on one side); without it, the
+    /// OpenAI `user` field, else the system prompt and first user message, else the request
+    /// alone.
+    #[serde(default = "default_session_header")]
+    pub session_header: String,
+}
+
+fn default_session_header() -> String {
+    "x-session-id".to_owned()
 }
 
 /// Limits on the candidate's speed relative to the primary's (1.0 = as fast).
@@ -146,6 +155,7 @@ impl Plan {
             max_error_rate: default_max_error_rate(),
             performance: Performance::default(),
             evaluate_every_ms: default_evaluate_every_ms(),
+            session_header: default_session_header(),
         }
     }
 
@@ -190,9 +200,21 @@ impl Plan {
                 "needs 1 ≤ allowed ≤ critical (ratios where above 1 is slower)",
             );
         }
+        if http_token(&self.session_header).is_none() {
+            push("session_header".to_owned(), "must be a header name");
+        }
         if self.evaluate_every_ms == 0 {
             push("evaluate_every_ms".to_owned(), "must be at least 1");
         }
         problems
     }
+}
+
+/// `name` when it is a valid HTTP header name (an RFC 9110 token), lowercase.
+fn http_token(name: &str) -> Option<String> {
+    let valid = !name.is_empty()
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b));
+    valid.then(|| name.to_ascii_lowercase())
 }

@@ -81,6 +81,11 @@ pub fn validate(config: &Config) -> Vec<Problem> {
             ));
         }
     }
+    for (name, plan) in &config.plans {
+        for (key, message) in plan.problems() {
+            problems.push(Problem::new(format!("plans.{name}.{key}"), message));
+        }
+    }
     if server.workers == Some(0) {
         problems.push(Problem::new("server.workers", "must be at least 1"));
     }

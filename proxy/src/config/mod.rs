@@ -194,7 +194,7 @@ fn every_value_problem(figment: &Figment, whole: figment::Error) -> Vec<Problem>
         read_part::<TelemetryConfig>(figment, "telemetry"),
     );
     read("admin".into(), read_part::<AdminConfig>(figment, "admin"));
-    for section in ["backends", "models"] {
+    for section in ["backends", "models", "plans"] {
         let Ok(figment::value::Value::Dict(_, entries)) = figment.find_value(section) else {
             continue;
         };
@@ -202,10 +202,10 @@ fn every_value_problem(figment: &Figment, whole: figment::Error) -> Vec<Problem>
         // error still reports it.
         for name in entries.keys().filter(|n| !n.contains('.')) {
             let key = format!("{section}.{name}");
-            let error = if section == "backends" {
-                read_part::<BackendConfig>(figment, &key)
-            } else {
-                read_part::<ModelConfig>(figment, &key)
+            let error = match section {
+                "backends" => read_part::<BackendConfig>(figment, &key),
+                "models" => read_part::<ModelConfig>(figment, &key),
+                _ => read_part::<switchyard_policy::release::Plan>(figment, &key),
             };
             read(key, error);
         }
@@ -252,6 +252,7 @@ struct Sections {
     admin: Option<serde::de::IgnoredAny>,
     backends: Option<serde::de::IgnoredAny>,
     models: Option<serde::de::IgnoredAny>,
+    plans: Option<serde::de::IgnoredAny>,
 }
 
 fn describe_kind(e: &figment::Error) -> String {
@@ -378,7 +379,7 @@ mod tests {
         let config = from_figment(Figment::new().merge(Toml::string(BASE))).unwrap();
         let value = serde_json::to_value(&config).unwrap();
         let keys: Vec<&String> = value.as_object().unwrap().keys().collect();
-        assert_eq!(keys.len(), 6, "{keys:?}");
+        assert_eq!(keys.len(), 7, "{keys:?}");
         serde_json::from_value::<Sections>(value.clone()).unwrap();
     }
 
