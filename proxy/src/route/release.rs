@@ -1,0 +1,122 @@
+//! A model's canary release as routing sees it: which side serves a request, and where its
+//! shadow copy goes. The release's state lives in the ledger and in `app::releases`; the live
+//! snapshot carries this view of each open release ([`ReleaseRoute`]), swapped whenever the
+//! release moves.
+
+use std::sync::Arc;
+
+use http::HeaderMap;
+use serde::Deserialize;
+use sha2::{Digest as _, Sha256};
+use switchyard_policy::release::{arm, point, Arm, KeySource};
+use switchyard_policy::{ShadowRoute, ShadowWhen};
+
+use crate::forward::request::ParsedBody;
+use crate::shadow;
+
+/// One open release of a model, as requests are routed by it.
+#[derive(Debug)]
+pub struct ReleaseRoute {
+    pub id: Arc<str>,
+    pub primary: Arc<str>,
+    pub candidate: Arc<str>,
+    /// The share of sessions the candidate serves, in percent (100 once promoted).
+    pub weight: u8,
+    /// Promoted for good (the release completed): the candidate is the model's primary.
+    pub promoted: bool,
+    /// Where sampled copies go: to the candidate from the primary's requests (`shadow` step),
+    /// or back to the primary from the candidate's (`live` steps). None: no copies.
+    pub copies: Option<Copies>,
+    /// The header that names a session.
+    pub session_header: http::HeaderName,
+}
+
+/// Sampled copies of one arm's requests to the other.
+#[derive(Debug)]
+pub struct Copies {
+    /// The arm whose requests are copied.
+    pub from: Arm,
+    pub sample: f64,
+    pub pool: Arc<shadow::Pool>,
+}
+
+impl ReleaseRoute {
+    /// The shadow copy of a request `served_by` this arm, if one is planned: where it goes, as
+    /// a shadow route.
+    pub(crate) fn copy_of(&self, served_by: Arm) -> Option<(ShadowRoute, Arc<shadow::Pool>)> {
+        let copies = self.copies.as_ref().filter(|c| c.from == served_by)?;
+        let to = match served_by {
+            Arm::Primary => &self.candidate,
+            Arm::Candidate => &self.primary,
+        };
+        Some((
+            ShadowRoute {
+                backend: to.clone(),
+                sample: copies.sample,
+                max_in_flight: copies.pool.max_in_flight,
+                when: ShadowWhen::AfterPrimary,
+            },
+            copies.pool.clone(),
+        ))
+    }
+
+    /// The side that serves a request, and where its sticky key came from.
+    pub(crate) fn split(&self, headers: &HeaderMap, body: &ParsedBody<'_>) -> (Arm, KeySource) {
+        if self.promoted {
+            return (Arm::Candidate, KeySource::Request);
+        }
+        let (key, source) = sticky_key(&self.session_header, headers, body);
+        let at = match &key {
+            Some(key) => point(&self.id, key),
+            // No key: this request alone is split, at a point of its own.
+            None => point(&self.id, ulid::Ulid::new().to_string().as_bytes()),
+        };
+        (arm(at, self.weight), source)
+    }
+}
+
+/// The request's sticky key: the session header, else the OpenAI `user` field, else the
+/// system prompt with the first user message. None when there is none of these.
+fn sticky_key(
+    header: &http::HeaderName,
+    headers: &HeaderMap,
+    body: &ParsedBody<'_>,
+) -> (Option<Vec<u8>>, KeySource) {
+    if let Some(value) = headers.get(header).filter(|v| !v.is_empty()) {
+        return (Some(value.as_bytes().to_vec()), KeySource::Header);
+    }
+    if let Some(user) = body
+        .fields
+        .get("user")
+        .and_then(|raw| serde_json::from_str::<String>(raw.get()).ok())
+        .filter(|u| !u.is_empty())
+    {
+        return (Some(user.into_bytes()), KeySource::User);
+    }
+    if let Some(prompt) = body.fields.get("messages").and_then(|raw| opening(raw.get())) {
+        return (Some(prompt), KeySource::Prompt);
+    }
+    (None, KeySource::Request)
+}
+
+#[derive(Deserialize)]
+struct Message {
+    role: String,
+    #[serde(default)]
+    content: serde_json::Value,
+}
+
+/// A digest of a conversation's opening — its first system message and its first user
+/// message — which the later turns of the same conversation repeat.
+fn opening(messages: &str) -> Option<Vec<u8>> {
+    let messages: Vec<Message> = serde_json::from_str(messages).ok()?;
+    let first = |role: &str| messages.iter().find(|m| m.role == role).map(|m| &m.content);
+    let user = first("user")?;
+    let mut hash = Sha256::new();
+    if let Some(system) = first("system") {
+        hash.update(system.to_string().as_bytes());
+    }
+    hash.update([0]);
+    hash.update(user.to_string().as_bytes());
+    Some(hash.finalize().to_vec())
+}
