@@ -18,7 +18,7 @@ use serde_json::json;
 use switchyard_engine::Backend;
 use switchyard_policy::{Config, RoutingTable};
 
-use crate::forward::{self, BackendStack};
+use crate::forward;
 use crate::http::ProxyError;
 use crate::shadow::Candidate;
 use crate::NameMap;
@@ -30,7 +30,8 @@ pub struct Snapshot {
     pub(crate) config: Arc<Config>,
     pub(crate) routes: RoutingTable,
     pub(crate) backends: NameMap<Arc<str>, Arc<Backend>>,
-    stacks: NameMap<Arc<str>, BackendStack>,
+    /// Each backend with its stack, for a request to be sent to.
+    candidates: NameMap<Arc<str>, Candidate>,
     /// `GET /v1/models`, rendered once.
     pub(crate) models_body: Bytes,
 }
@@ -47,13 +48,16 @@ impl Snapshot {
         configure: impl Fn(Backend) -> Backend,
     ) -> Result<Self, String> {
         let mut backends = NameMap::default();
-        let mut stacks = NameMap::default();
+        let mut candidates = NameMap::default();
         for (name, backend_config) in &config.backends {
             let kept = previous.and_then(|p| {
                 let old = p.backends.get(name.as_str())?;
                 let same = serde_json::to_value(&old.config).ok()
                     == serde_json::to_value(backend_config).ok();
-                same.then(|| (old.clone(), p.stacks.get(name.as_str()).cloned()))
+                same.then(|| {
+                    let stack = p.candidates.get(name.as_str()).map(|c| c.stack.clone());
+                    (old.clone(), stack)
+                })
             });
             let (backend, stack) = match kept {
                 Some((backend, Some(stack))) => (backend, stack),
@@ -67,7 +71,11 @@ impl Snapshot {
                     (backend, stack)
                 }
             };
-            stacks.insert(backend.name.clone(), stack);
+            let candidate = Candidate {
+                backend: backend.clone(),
+                stack,
+            };
+            candidates.insert(backend.name.clone(), candidate);
             backends.insert(backend.name.clone(), backend);
         }
         let created = started
@@ -86,28 +94,18 @@ impl Snapshot {
             routes: RoutingTable::new(&config),
             config: Arc::new(config),
             backends,
-            stacks,
+            candidates,
             models_body,
         })
     }
 
-    /// The backend configured under `name` (routes only name configured backends).
-    pub(crate) fn backend(&self, name: &str) -> Result<Arc<Backend>, ProxyError> {
-        self.backends
+    /// The backend configured under `name` with its stack (routes only name configured
+    /// backends).
+    pub(crate) fn candidate(&self, name: &str) -> Result<Candidate, ProxyError> {
+        self.candidates
             .get(name)
             .cloned()
             .ok_or_else(|| ProxyError::Internal(format!("route names unknown backend {name}")))
-    }
-
-    /// The backend configured under `name` with its stack.
-    pub(crate) fn candidate(&self, name: &str) -> Result<Candidate, ProxyError> {
-        let backend = self.backend(name)?;
-        let stack = self
-            .stacks
-            .get(name)
-            .cloned()
-            .ok_or_else(|| ProxyError::Internal(format!("no stack for backend {name}")))?;
-        Ok(Candidate { backend, stack })
     }
 }
 
