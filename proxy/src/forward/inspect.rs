@@ -7,21 +7,24 @@
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::task::{Context, Poll};
+use std::task::{ready, Context, Poll};
 use std::time::Instant;
 
 use bytes::Bytes;
 use http::header::{self, HeaderName, HeaderValue};
 use http::{Response, StatusCode};
 use http_body::Body;
-use http_body_util::{BodyExt, LengthLimitError, Limited};
+use http_body_util::combinators::Collect;
+use http_body_util::{BodyExt, Collected, LengthLimitError, Limited};
 use switchyard_adapters::inspect_response;
 use switchyard_engine::Backend;
 use switchyard_record::between;
 
-use super::context::{Attempt, Failed};
+use super::context::{Attempt, Ctx, Failed};
 use super::send::Sent;
 use super::stream::ObservedStream;
+use super::Held;
+use crate::http::body::BoxError;
 use crate::http::headers::{copy_response_headers, SERVER_TIMING, X_ENGINE};
 use crate::http::{ProxyBody, ProxyError};
 
@@ -68,76 +71,161 @@ impl<S> tower::Layer<S> for InspectLayer {
 impl<S, B> tower::Service<Attempt> for Inspect<S>
 where
     S: tower::Service<Attempt, Response = Sent<B>, Error = Failed>,
-    S::Future: Send + 'static,
+    S::Future: Unpin,
     B: Body<Data = Bytes> + Send + Unpin + 'static,
     B::Error: std::error::Error + Send + Sync + 'static,
 {
     type Response = Response<ProxyBody>;
     type Error = Failed;
-    type Future = Pin<Box<dyn Future<Output = Result<Response<ProxyBody>, Failed>> + Send>>;
+    type Future = InspectFuture<S::Future, B>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Failed>> {
         self.inner.poll_ready(cx)
     }
 
     fn call(&mut self, attempt: Attempt) -> Self::Future {
-        let sent = self.inner.call(attempt);
-        let backend = self.backend.clone();
-        let limit = self.limit;
-        Box::pin(async move { respond(backend, limit, sent.await?).await })
+        InspectFuture {
+            state: State::Sending(self.inner.call(attempt)),
+            backend: self.backend.clone(),
+            limit: self.limit,
+        }
     }
 }
 
-async fn respond<B>(
+/// The response future of [`Inspect`]: waits for the engine's answer, then passes a stream on or
+/// reads a whole answer and checks it.
+pub(crate) struct InspectFuture<F, B>
+where
+    B: Body,
+    B::Error: Into<BoxError>,
+{
+    state: State<F, B>,
     backend: Arc<Backend>,
     limit: u64,
-    sent: Sent<B>,
-) -> Result<Response<ProxyBody>, Failed>
+}
+
+#[allow(clippy::large_enum_variant)] // a future's states live in it: boxing one is what it avoids
+enum State<F, B>
+where
+    B: Body,
+    B::Error: Into<BoxError>,
+{
+    /// Waiting for the answer's head.
+    Sending(F),
+    /// Reading a whole (non-streamed) answer.
+    Reading(Collect<Limited<B>>, Whole),
+    Done,
+}
+
+/// A whole answer being read: its head, and what the request holds until it is read.
+struct Whole {
+    parts: http::response::Parts,
+    ctx: Ctx,
+    held: Held,
+}
+
+impl<F, B> Future for InspectFuture<F, B>
+where
+    F: Future<Output = Result<Sent<B>, Failed>> + Unpin,
+    B: Body<Data = Bytes> + Send + Unpin + 'static,
+    B::Error: std::error::Error + Send + Sync + 'static,
+{
+    type Output = Result<Response<ProxyBody>, Failed>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = self.get_mut();
+        loop {
+            match &mut this.state {
+                State::Sending(sent) => {
+                    let sent = ready!(Pin::new(sent).poll(cx))?;
+                    if is_stream(&sent.response) {
+                        this.state = State::Done;
+                        return Poll::Ready(Ok(stream(&this.backend, sent)));
+                    }
+                    let (parts, body) = sent.response.into_parts();
+                    let limit = usize::try_from(this.limit).unwrap_or(usize::MAX);
+                    let whole = Whole {
+                        parts,
+                        ctx: sent.ctx,
+                        held: sent.held,
+                    };
+                    this.state = State::Reading(Limited::new(body, limit).collect(), whole);
+                }
+                State::Reading(read, _) => {
+                    let read = ready!(Pin::new(read).poll(cx));
+                    let State::Reading(_, whole) = std::mem::replace(&mut this.state, State::Done)
+                    else {
+                        unreachable!("the state was Reading")
+                    };
+                    return Poll::Ready(finish(&this.backend, this.limit, whole, read));
+                }
+                State::Done => panic!("InspectFuture polled after completion"),
+            }
+        }
+    }
+}
+
+/// Whether the engine answered with a stream: `text/event-stream`, with a success status.
+fn is_stream<B>(response: &Response<B>) -> bool {
+    response.status().is_success()
+        && response
+            .headers()
+            .get(header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|ct| ct.trim_start().starts_with("text/event-stream"))
+}
+
+/// The client's response to a stream: passed on through an [`ObservedStream`], with what is
+/// known when its head arrives.
+fn stream<B>(backend: &Arc<Backend>, sent: Sent<B>) -> Response<ProxyBody>
 where
     B: Body<Data = Bytes> + Send + Unpin + 'static,
     B::Error: std::error::Error + Send + Sync + 'static,
 {
     let Sent {
         response,
-        mut ctx,
+        ctx,
         held,
         want_trailers,
     } = sent;
     let (parts, body) = response.into_parts();
-    let is_stream = parts.status.is_success()
-        && parts
-            .headers
-            .get(header::CONTENT_TYPE)
-            .and_then(|v| v.to_str().ok())
-            .is_some_and(|ct| ct.trim_start().starts_with("text/event-stream"));
-
-    if is_stream {
-        let mut record = ctx.recording;
-        record.status = parts.status.as_u16();
-        record.streamed = true;
-        let mut out = Response::new(ProxyBody::empty());
-        *out.status_mut() = parts.status;
-        copy_response_headers(&parts.headers, out.headers_mut());
-        ctx.stamp.apply(out.headers_mut());
-        // What is known now; the full phases follow in the end-of-stream comment and trailer.
+    let mut record = ctx.recording;
+    record.status = parts.status.as_u16();
+    record.streamed = true;
+    let mut out = Response::new(ProxyBody::empty());
+    *out.status_mut() = parts.status;
+    copy_response_headers(&parts.headers, out.headers_mut());
+    ctx.stamp.apply(out.headers_mut());
+    // What is known now; the full phases follow in the end-of-stream comment and trailer.
+    out.headers_mut()
+        .insert(SERVER_TIMING, record.server_timing());
+    out.headers_mut().insert(
+        HeaderName::from_static("x-accel-buffering"),
+        HeaderValue::from_static("no"),
+    );
+    if want_trailers {
         out.headers_mut()
-            .insert(SERVER_TIMING, record.server_timing());
-        out.headers_mut().insert(
-            HeaderName::from_static("x-accel-buffering"),
-            HeaderValue::from_static("no"),
-        );
-        if want_trailers {
-            out.headers_mut()
-                .insert(header::TRAILER, HeaderValue::from_static("server-timing"));
-        }
-        let stream = ObservedStream::new(body, record, backend, want_trailers).holding(held);
-        *out.body_mut() = ProxyBody::stream(stream);
-        return Ok(out);
+            .insert(header::TRAILER, HeaderValue::from_static("server-timing"));
     }
+    let stream = ObservedStream::new(body, record, backend.clone(), want_trailers).holding(held);
+    *out.body_mut() = ProxyBody::stream(stream);
+    out
+}
 
-    let read = Limited::new(body, usize::try_from(limit).unwrap_or(usize::MAX))
-        .collect()
-        .await;
+/// A whole answer, read: checked against the backend's identity, its facts recorded, an
+/// engine's error normalised, and the client's response made.
+#[allow(clippy::result_large_err)] // the future's output, as it is
+fn finish(
+    backend: &Backend,
+    limit: u64,
+    whole: Whole,
+    read: Result<Collected<Bytes>, BoxError>,
+) -> Result<Response<ProxyBody>, Failed> {
+    let Whole {
+        parts,
+        mut ctx,
+        held,
+    } = whole;
     let bytes = match read {
         Ok(collected) => collected.to_bytes(),
         Err(e) => {

@@ -62,26 +62,20 @@ impl tower::Service<Attempt> for Send {
         Poll::Ready(Ok(()))
     }
 
+    /// Builds the engine's request now; the future only waits for the answer's head.
     fn call(&mut self, attempt: Attempt) -> Self::Future {
-        let this = self.clone();
-        Box::pin(async move { this.send(attempt).await })
-    }
-}
-
-impl Send {
-    async fn send(self, attempt: Attempt) -> Result<Sent<UpstreamBody>, Failed> {
         let Attempt {
             mut ctx,
             outgoing,
             permit,
             ..
         } = attempt;
-        let backend = &self.backend;
-        let mut request = match upstream_body(backend, &outgoing)
+        let backend = self.backend.clone();
+        let mut request = match upstream_body(&backend, &outgoing)
             .and_then(|body| upstream_request(&outgoing.head, body, &ctx.id))
         {
             Ok(request) => request,
-            Err(error) => return Err(ctx.fail(error)),
+            Err(error) => return Box::pin(std::future::ready(Err(ctx.fail(error)))),
         };
         let forwarded = Instant::now();
         let recording = &mut ctx.recording;
@@ -97,18 +91,22 @@ impl Send {
             permit,
             in_flight: self.recorder.metrics.in_flight(&backend.name),
         };
-        match self.upstream.send(backend, request).await {
-            Ok(response) => {
-                ctx.recording.phases.ttfb = Some(between(forwarded, Instant::now()));
-                Ok(Sent {
-                    response,
-                    ctx,
-                    held,
-                    want_trailers: outgoing.want_trailers,
-                })
+        let want_trailers = outgoing.want_trailers;
+        let upstream = self.upstream.clone();
+        Box::pin(async move {
+            match upstream.send(&backend, request).await {
+                Ok(response) => {
+                    ctx.recording.phases.ttfb = Some(between(forwarded, Instant::now()));
+                    Ok(Sent {
+                        response,
+                        ctx,
+                        held,
+                        want_trailers,
+                    })
+                }
+                Err(e) => Err(ctx.fail(ProxyError::from_engine(&backend.name, e))),
             }
-            Err(e) => Err(ctx.fail(ProxyError::from_engine(&backend.name, e))),
-        }
+        })
     }
 }
 

@@ -152,34 +152,44 @@ impl Routing {
         }
         ctx.recording.describe(&route.model, fingerprint, streamed);
 
-        let mut tries = Vec::with_capacity(1 + route.fallback.len());
-        for name in std::iter::once(&route.primary).chain(route.fallback.iter()) {
-            match snapshot.candidate(name) {
-                Ok(candidate) => tries.push((candidate.backend, candidate.stack)),
-                Err(error) => return Err(ctx.fail(error)),
-            }
-        }
+        // Each backend is looked up when its turn comes (most requests never reach a fallback).
+        // The lookup owns the route and the snapshot: nothing borrowed is held across a try.
+        let tries = (0..1 + route.fallback.len()).map(move |n| {
+            let name = match n {
+                0 => &route.primary,
+                n => &route.fallback[n - 1],
+            };
+            snapshot
+                .candidate(name)
+                .map(|candidate| (candidate.backend, candidate.stack))
+        });
         fallback(tries, ctx, outgoing).await
     }
 }
 
-/// Tries `outgoing` on each backend in turn, the first as `primary` and the rest as `fallback`,
-/// until one answers or fails after something reached its engine. A backend is passed over
+/// Tries `outgoing` on each backend of `tries` in turn (each looked up as its turn comes), the
+/// first as `primary` and the rest as `fallback`, until one answers or fails after something
+/// reached its engine. A backend is passed over
 /// when nothing of the request reached it (its connection was refused or timed out), or, while
 /// another remains, when its probes already say it is down. Each one passed over is named on
 /// the response (`x-switchyard-fallback-from`) and in the record: never silent.
-pub(crate) async fn fallback<S>(
-    tries: Vec<(Arc<Backend>, S)>,
+pub(crate) async fn fallback<S, I>(
+    tries: I,
     mut ctx: Ctx,
     outgoing: Arc<Outgoing>,
 ) -> Result<Response<ProxyBody>, Failed>
 where
     S: tower::Service<Attempt, Response = Response<ProxyBody>, Error = Failed>,
+    I: ExactSizeIterator<Item = Result<(Arc<Backend>, S), ProxyError>>,
 {
     let last = tries.len().saturating_sub(1);
     let mut failed: Vec<String> = Vec::new();
     let mut last_error = None;
-    for (n, (backend, stack)) in tries.into_iter().enumerate() {
+    for (n, next) in tries.enumerate() {
+        let (backend, stack) = match next {
+            Ok(next) => next,
+            Err(error) => return Err(ctx.fail(error)),
+        };
         let another_remains = n < last;
         if another_remains {
             if let Health::Down(why) = backend.state().health() {

@@ -18,7 +18,7 @@ use serde_json::json;
 use switchyard_engine::Backend;
 use switchyard_policy::{Config, RoutingTable};
 
-use crate::forward::{self, BackendStack};
+use crate::forward;
 use crate::http::ProxyError;
 use crate::shadow::{self, Candidate, Target};
 use crate::NameMap;
@@ -32,7 +32,8 @@ pub struct Snapshot {
     pub(crate) digest: Arc<str>,
     pub(crate) routes: RoutingTable,
     pub(crate) backends: NameMap<Arc<str>, Arc<Backend>>,
-    stacks: NameMap<Arc<str>, BackendStack>,
+    /// Each backend with its stack, for a request to be sent to.
+    candidates: NameMap<Arc<str>, Candidate>,
     /// The shadow pool of each shadowed model.
     shadow_pools: NameMap<Arc<str>, Arc<shadow::Pool>>,
     /// `GET /v1/models`, rendered once.
@@ -55,14 +56,14 @@ impl Snapshot {
         configure: impl Fn(Backend) -> Backend,
     ) -> Result<Self, String> {
         let mut backends = NameMap::default();
-        let mut stacks = NameMap::default();
+        let mut candidates = NameMap::default();
         for (name, backend_config) in &config.backends {
             let old = previous.and_then(|p| Some((p.backends.get(name.as_str())?, p)));
             let (backend, stack) = match old {
                 // Unchanged: the same backend and stack, queue and all.
                 Some((old, p)) if old.config == *backend_config => {
-                    let stack = match p.stacks.get(name.as_str()) {
-                        Some(stack) => stack.clone(),
+                    let stack = match p.candidates.get(name.as_str()) {
+                        Some(kept) => kept.stack.clone(),
                         None => forward::stack(old, shared),
                     };
                     (old.clone(), stack)
@@ -80,7 +81,11 @@ impl Snapshot {
                     (backend, stack)
                 }
             };
-            stacks.insert(backend.name.clone(), stack);
+            let candidate = Candidate {
+                backend: backend.clone(),
+                stack,
+            };
+            candidates.insert(backend.name.clone(), candidate);
             backends.insert(backend.name.clone(), backend);
         }
         let routes = RoutingTable::new(&config);
@@ -113,29 +118,19 @@ impl Snapshot {
             digest: crate::config::digest(&config).into(),
             config: Arc::new(config),
             backends,
-            stacks,
+            candidates,
             shadow_pools,
             models_body,
         })
     }
 
-    /// The backend configured under `name` (routes only name configured backends).
-    pub(crate) fn backend(&self, name: &str) -> Result<Arc<Backend>, ProxyError> {
-        self.backends
+    /// The backend configured under `name` with its stack (routes only name configured
+    /// backends).
+    pub(crate) fn candidate(&self, name: &str) -> Result<Candidate, ProxyError> {
+        self.candidates
             .get(name)
             .cloned()
             .ok_or_else(|| ProxyError::Internal(format!("route names unknown backend {name}")))
-    }
-
-    /// The backend configured under `name` with its stack.
-    pub(crate) fn candidate(&self, name: &str) -> Result<Candidate, ProxyError> {
-        let backend = self.backend(name)?;
-        let stack = self
-            .stacks
-            .get(name)
-            .cloned()
-            .ok_or_else(|| ProxyError::Internal(format!("no stack for backend {name}")))?;
-        Ok(Candidate { backend, stack })
     }
 
     /// Where `model`'s shadows go: the backend `backend` with its stack, and the model's pool.

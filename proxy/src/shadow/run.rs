@@ -125,8 +125,8 @@ pub(crate) struct Planned {
     pub(super) streamed: bool,
 }
 
-/// A shadow's backend with its stack.
-#[derive(Clone)]
+/// A backend with its stack: a shadow's, or one a request is tried on.
+#[derive(Debug, Clone)]
 pub(crate) struct Candidate {
     pub(crate) backend: Arc<Backend>,
     pub(crate) stack: BackendStack,
