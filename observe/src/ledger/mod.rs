@@ -34,7 +34,7 @@ mod writer;
 mod tests;
 
 pub use read::{open_read_only, read_comparisons};
-pub use releases::{ArmCounts, Evaluation, Release, ReleaseEvent, ReleaseStore};
+pub use releases::{ArmCounts, Evaluation, Release, ReleaseEvent, ReleaseStore, Rows};
 pub use rows::{ConfigChange, IdentitySnapshot};
 pub use skips::SkipKind;
 

@@ -45,16 +45,17 @@ pub fn open_read_only(path: &Path) -> Result<Connection, LedgerError> {
 
 /// Comparisons recorded since `since_ms` (all when None), oldest first.
 pub fn read_comparisons(conn: &Connection, since_ms: Option<i64>) -> rusqlite::Result<Vec<Pair>> {
-    let pairs = read_comparisons_between(conn, since_ms.unwrap_or(i64::MIN), i64::MAX)?;
+    let pairs = read_comparisons_between(conn, since_ms.unwrap_or(i64::MIN), i64::MAX, i64::MAX)?;
     Ok(pairs.into_iter().map(|(_, pair)| pair).collect())
 }
 
-/// Comparisons recorded from `since_ms` up to (not including) `until_ms`, oldest first, each
-/// with its time.
+/// Comparisons recorded from `since_ms` up to (not including) `until_ms`, in rows up to
+/// `last_id`, oldest first, each with its time.
 pub(super) fn read_comparisons_between(
     conn: &Connection,
     since_ms: i64,
     until_ms: i64,
+    last_id: i64,
 ) -> rusqlite::Result<Vec<(i64, Pair)>> {
     // A ledger from before comparisons existed (migration 2) has none.
     let has_table: bool = conn.query_row(
@@ -70,9 +71,10 @@ pub(super) fn read_comparisons_between(
     let counted = conn
         .prepare("SELECT count FROM comparisons LIMIT 0")
         .is_ok();
-    let mut statement =
-        conn.prepare("SELECT * FROM comparisons WHERE ts_ms >= ?1 AND ts_ms < ?2 ORDER BY id")?;
-    let rows = statement.query_map([since_ms, until_ms], |row| {
+    let mut statement = conn.prepare(
+        "SELECT * FROM comparisons WHERE ts_ms >= ?1 AND ts_ms < ?2 AND id <= ?3 ORDER BY id",
+    )?;
+    let rows = statement.query_map([since_ms, until_ms, last_id], |row| {
         let side = |prefix: &str| -> rusqlite::Result<Side> {
             let col = |c: &str| format!("{prefix}_{c}");
             let timing = |name: &str| -> rusqlite::Result<Option<TokenTiming>> {

@@ -106,12 +106,19 @@ pub struct Evaluation {
 pub struct ArmCounts {
     /// Requests of this arm not forced by an operator.
     pub requests: u64,
-    /// Of those, answered 5xx.
+    /// Of those, answered 5xx, or passed to a fallback because this arm's backend failed.
     pub errors: u64,
     /// Of those, a stream that broke after its head (the engine failed mid-answer).
     pub broken: u64,
     /// A stamp other than the pinned identity on one of them, if any: `engine … artifact …`.
     pub foreign_identity: Option<String>,
+}
+
+/// The last row ids an evaluation counted within.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Rows {
+    pub requests: i64,
+    pub comparisons: i64,
 }
 
 /// The ledger's release tables, on a connection of their own.
@@ -292,36 +299,64 @@ impl ReleaseStore {
         })
     }
 
-    /// What the requests `release` split to `arm` did from `since_ms` to `until_ms`, with the
-    /// first stamp other than `engine`/`artifact` among them.
+    /// The last request row and the last comparison row written so far: the bounds an
+    /// evaluation counts within, so that it can be counted again, the same, later.
+    pub fn last_rows(&self) -> Result<Rows, LedgerError> {
+        self.with(|conn| {
+            let last = |table: &str| -> rusqlite::Result<i64> {
+                conn.query_row(
+                    &format!("SELECT coalesce(max(id), 0) FROM {table}"),
+                    [],
+                    |r| r.get(0),
+                )
+            };
+            Ok(Rows {
+                requests: last("requests")?,
+                comparisons: last("comparisons")?,
+            })
+        })
+    }
+
+    /// What the requests `release` split to `arm` did from `since_ms` to `until_ms`, among the
+    /// rows up to `rows`, with the first stamp other than `engine`/`artifact` among them.
+    #[allow(clippy::too_many_arguments)] // one query's parameters
     pub fn arm_counts(
         &self,
         release: &str,
         arm: &str,
         since_ms: i64,
         until_ms: i64,
+        rows: Rows,
         engine: &str,
         artifact: &str,
     ) -> Result<ArmCounts, LedgerError> {
         self.with(|conn| {
             let (requests, errors, broken): (i64, i64, i64) = conn.query_row(
                 "SELECT count(*),
-                        coalesce(sum(status >= 500), 0),
+                        coalesce(sum(status >= 500 OR fallback_from IS NOT NULL), 0),
                         coalesce(sum(status = 200 AND error_class = 'upstream'), 0)
                  FROM requests
                  WHERE release_id = ?1 AND arm = ?2 AND arm_key != 'forced'
-                   AND ts_ms >= ?3 AND ts_ms < ?4 AND variant != 'shadow'",
-                params![release, arm, since_ms, until_ms],
+                   AND ts_ms >= ?3 AND ts_ms < ?4 AND variant != 'shadow' AND id <= ?5",
+                params![release, arm, since_ms, until_ms, rows.requests],
                 |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
             )?;
             let foreign: Option<(String, String)> = conn
                 .query_row(
                     "SELECT engine, artifact FROM requests
                      WHERE release_id = ?1 AND arm = ?2 AND ts_ms >= ?3 AND ts_ms < ?4
-                       AND status < 500 AND engine IS NOT NULL
-                       AND (engine != ?5 OR artifact != ?6)
+                       AND id <= ?7 AND status < 500 AND engine IS NOT NULL
+                       AND variant != 'shadow' AND (engine != ?5 OR artifact != ?6)
                      ORDER BY id LIMIT 1",
-                    params![release, arm, since_ms, until_ms, engine, artifact],
+                    params![
+                        release,
+                        arm,
+                        since_ms,
+                        until_ms,
+                        engine,
+                        artifact,
+                        rows.requests
+                    ],
                     |r| Ok((r.get(0)?, r.get(1)?)),
                 )
                 .optional()?;
@@ -335,17 +370,18 @@ impl ReleaseStore {
     }
 
     /// The comparisons of `model` between `a` and `b` (either way round) from `since_ms` to
-    /// `until_ms`, oldest first.
+    /// `until_ms`, among the rows up to `rows`, oldest first.
     pub fn pairs(
         &self,
         model: &str,
-        a: &str,
-        b: &str,
+        (a, b): (&str, &str),
         since_ms: i64,
         until_ms: i64,
+        rows: Rows,
     ) -> Result<Vec<(i64, Pair)>, LedgerError> {
         self.with(|conn| {
-            let mut pairs = super::read::read_comparisons_between(conn, since_ms, until_ms)?;
+            let mut pairs =
+                super::read::read_comparisons_between(conn, since_ms, until_ms, rows.comparisons)?;
             pairs.retain(|(_, p)| {
                 let candidate = p.candidate.as_ref().map(|c| c.backend.as_str());
                 p.model == model

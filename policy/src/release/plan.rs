@@ -130,6 +130,20 @@ fn default_evaluate_every_ms() -> u64 {
 }
 
 impl Plan {
+    /// The candidate's weight while the release is at step `index`: the step's own, except at a
+    /// gate, which holds the weight the steps before it reached.
+    pub fn weight_at(&self, index: usize) -> u8 {
+        match self.steps.get(index) {
+            Some(Step::Gate { .. }) => self.steps[..index]
+                .iter()
+                .map(Step::weight)
+                .max()
+                .unwrap_or(0),
+            Some(step) => step.weight(),
+            None => 0,
+        }
+    }
+
     /// The plan a release gets when none is named: shadow, 5 → 25 → 50 %, a gate, then
     /// promotion with an hour's bake.
     pub fn standard() -> Self {

@@ -39,15 +39,21 @@ pub(super) fn backends(state: &AppState) -> Value {
     json!({"config_digest": &*snapshot.digest, "backends": backends})
 }
 
-/// `GET /admin/models`: each public model name with its aliases and routes.
-pub(super) fn models(state: &AppState) -> Value {
+/// `GET /admin/models`: each public model name with its aliases, routes, and its release (the
+/// newest open one, else null).
+pub(super) async fn models(state: &Arc<AppState>) -> Value {
     let snapshot = state.live.load();
+    // Without a ledger there are no releases.
+    let releases = state.releases().await.unwrap_or_default();
     let mut models = Map::new();
     for (name, model) in &snapshot.config.models {
         let mut entry = serde_json::to_value(model).unwrap_or(Value::Null);
         if let Value::Object(fields) = &mut entry {
-            // Releases (canary steps) are not built yet: no model has one.
-            fields.insert("release".to_owned(), Value::Null);
+            let release = releases
+                .iter()
+                .find(|r| &r.model == name && r.is_open())
+                .map_or(Value::Null, crate::app::releases::describe);
+            fields.insert("release".to_owned(), release);
         }
         models.insert(name.clone(), entry);
     }

@@ -10,6 +10,7 @@
 //! and answers anyone who reaches it, as `local`. Every call is logged with the token's name.
 
 mod api;
+mod releases;
 mod sse;
 
 use std::convert::Infallible;
@@ -37,6 +38,7 @@ const PATHS: &[(&str, Method)] = &[
     ("/admin/config", Method::GET),
     ("/admin/reload", Method::POST),
     ("/admin/events", Method::GET),
+    ("/admin/releases", Method::GET),
 ];
 
 /// Serves the admin API on `listener` (HTTP/1) until `stop` is cancelled. Connections are
@@ -101,7 +103,13 @@ async fn handle(
     let method = req.method().clone();
     let path = req.uri().path().to_owned();
     let (response, actor) = match authorize(state, req.headers()).await {
-        Ok(actor) => (route(state, stop, &method, &path, &actor).await, actor),
+        Ok(actor) => match read_body(req.into_body()).await {
+            Ok(body) => (
+                route(state, stop, &method, &path, &body, &actor).await,
+                actor,
+            ),
+            Err(refused) => (refused, actor),
+        },
         Err(refused) => (refused, "-".to_owned()),
     };
     tracing::info!(
@@ -115,18 +123,38 @@ async fn handle(
     response
 }
 
+/// The largest admin request body read.
+const MAX_BODY: usize = 64 * 1024;
+
+/// Reads an admin call's body, bounded by [`MAX_BODY`].
+async fn read_body(body: Incoming) -> Result<Bytes, Response<ProxyBody>> {
+    use http_body_util::BodyExt as _;
+    match http_body_util::Limited::new(body, MAX_BODY).collect().await {
+        Ok(collected) => Ok(collected.to_bytes()),
+        Err(e) => Err(error(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            &format!("the body could not be read within {MAX_BODY} bytes: {e}"),
+            "invalid_body",
+        )),
+    }
+}
+
 async fn route(
     state: &Arc<AppState>,
     stop: &CancellationToken,
     method: &Method,
     path: &str,
+    body: &[u8],
     actor: &str,
 ) -> Response<ProxyBody> {
+    if let Some(response) = releases::route(state, method, path, body, actor).await {
+        return response;
+    }
     let json =
         |value: serde_json::Value| json_response(StatusCode::OK, Bytes::from(value.to_string()));
     match (method, path) {
         (&Method::GET, "/admin/backends") => json(api::backends(state)),
-        (&Method::GET, "/admin/models") => json(api::models(state)),
+        (&Method::GET, "/admin/models") => json(api::models(state).await),
         (&Method::GET, "/admin/config") => json(api::config(state)),
         (&Method::POST, "/admin/reload") => {
             let reload = state.reload(actor).await;
@@ -242,7 +270,7 @@ async fn authorize(state: &AppState, headers: &HeaderMap) -> Result<String, Resp
 }
 
 /// An error in OpenAI's shape.
-fn error(status: StatusCode, message: &str, code: &str) -> Response<ProxyBody> {
+pub(super) fn error(status: StatusCode, message: &str, code: &str) -> Response<ProxyBody> {
     let kind = if status.is_server_error() {
         "server_error"
     } else {

@@ -4,6 +4,7 @@
 
 pub mod events;
 mod probes;
+pub mod releases;
 pub mod reload;
 pub mod watch;
 
@@ -23,7 +24,7 @@ use crate::route::{Live, Routing, Snapshot};
 use crate::shadow::Shadowing;
 use crate::stack::activity::Activity;
 use crate::stack::{Router, Stack};
-use switchyard_observe::ledger::Ledger;
+use switchyard_observe::ledger::{Ledger, ReleaseStore};
 use switchyard_observe::telemetry::Telemetry;
 
 /// State shared by every request.
@@ -51,6 +52,8 @@ pub struct AppState {
     reloading: tokio::sync::Mutex<()>,
     /// The background tasks, once started: each backend's probes, the event watcher.
     background: Background,
+    /// Canary releases: their store in the ledger, and their copies' pools.
+    pub(crate) releases: releases::Releases,
 }
 
 /// The background work of a running application, kept so that a reload can start the probes
@@ -75,6 +78,7 @@ impl Background {
         // started are those of the snapshot in force.
         let mut guard = self.running.lock().unwrap_or_else(PoisonError::into_inner);
         tasks.spawn(events::watch_backends(state.clone(), stop.clone()));
+        tasks.spawn(releases::evaluate::evaluator(state.clone(), stop.clone()));
         let mut running = Running {
             tasks: tasks.clone(),
             stop,
@@ -280,7 +284,23 @@ impl App {
             max_response_bytes: config.server.max_response_bytes,
         };
         let subscribe = |backend: Backend| backend.with_revision(revision.clone());
+        let store = match &config.ledger {
+            Some(ledger) => Some(Arc::new(
+                ReleaseStore::open(&ledger.path).map_err(|e| e.to_string())?,
+            )),
+            None => None,
+        };
+        let releases = releases::Releases::new(store);
         let snapshot = Snapshot::build(config, None, &shared, started, subscribe)?;
+        // Releases open when the process last stopped route as they did then.
+        let snapshot = match &releases.store {
+            Some(store) => {
+                let all = store.all().map_err(|e| e.to_string())?;
+                let routes = releases.routes(&snapshot, &all);
+                snapshot.with_releases(routes)
+            }
+            None => snapshot,
+        };
         let shadowing = Arc::new(Shadowing::new(recorder.clone()));
         Ok(Self {
             state: Arc::new(AppState {
@@ -296,6 +316,7 @@ impl App {
                 events: events::Events::default(),
                 reloading: tokio::sync::Mutex::new(()),
                 background: Background::default(),
+                releases,
             }),
         })
     }

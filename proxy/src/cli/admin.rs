@@ -9,7 +9,7 @@ use std::path::PathBuf;
 
 use bytes::Bytes;
 use clap::{Args, Subcommand};
-use http_body_util::{BodyExt as _, Empty};
+use http_body_util::{BodyExt as _, Full};
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 use serde_json::Value;
@@ -58,13 +58,13 @@ pub struct Remote {
         env = "SWITCHYARD_ADMIN_URL",
         default_value = "http://127.0.0.1:8090"
     )]
-    url: String,
+    pub(super) url: String,
     /// An admin token (`switchyard admin token add NAME`).
     #[arg(long, env = "SWITCHYARD_ADMIN_TOKEN", hide_env_values = true)]
-    token: Option<String>,
+    pub(super) token: Option<String>,
     /// Print the API's JSON instead of text.
     #[arg(long)]
-    json: bool,
+    pub(super) json: bool,
 }
 
 /// Runs an admin command; returns the process exit status.
@@ -77,22 +77,9 @@ pub(super) async fn run(command: AdminCommand) -> anyhow::Result<i32> {
         AdminCommand::Reload(r) => (r, http::Method::POST, "/admin/reload"),
         AdminCommand::Events(r) => (r, http::Method::GET, "/admin/events"),
     };
-    let url = format!("{}{path}", remote.url.trim_end_matches('/'));
-    let mut request = http::Request::builder().method(method).uri(&url);
-    if let Some(token) = &remote.token {
-        request = request.header(http::header::AUTHORIZATION, format!("Bearer {token}"));
-    }
-    let request = request.body(Empty::<Bytes>::new())?;
-    let client = Client::builder(TokioExecutor::new()).build_http();
-    let response = match client.request(request).await {
-        Ok(r) => r,
-        Err(e) => {
-            let why = switchyard_engine::describe_chain(&e);
-            eprintln(&format!(
-                "cannot reach the admin API at {url}: {why}\n(is Switchyard running with an [admin] section? set --url or SWITCHYARD_ADMIN_URL)"
-            ));
-            return Ok(1);
-        }
+    let response = match send(remote, method, path, None).await? {
+        Ok(response) => response,
+        Err(code) => return Ok(code),
     };
     let status = response.status();
     if matches!(command, AdminCommand::Events(_)) && status.is_success() {
@@ -120,6 +107,65 @@ pub(super) async fn run(command: AdminCommand) -> anyhow::Result<i32> {
     };
     std::io::stdout().lock().write_all(text.as_bytes())?;
     Ok(if status.is_success() { 0 } else { 1 })
+}
+
+/// Sends one call to the admin API at `remote`; `Err(status)` (after saying why on standard
+/// error) when it cannot be reached.
+pub(super) async fn send(
+    remote: &Remote,
+    method: http::Method,
+    path: &str,
+    body: Option<Value>,
+) -> anyhow::Result<Result<http::Response<hyper::body::Incoming>, i32>> {
+    let url = format!("{}{path}", remote.url.trim_end_matches('/'));
+    let mut request = http::Request::builder().method(method).uri(&url);
+    if let Some(token) = &remote.token {
+        request = request.header(http::header::AUTHORIZATION, format!("Bearer {token}"));
+    }
+    let body = match body {
+        Some(value) => {
+            request = request.header(http::header::CONTENT_TYPE, "application/json");
+            Full::new(Bytes::from(value.to_string()))
+        }
+        None => Full::new(Bytes::new()),
+    };
+    let client = Client::builder(TokioExecutor::new()).build_http();
+    match client.request(request.body(body)?).await {
+        Ok(response) => Ok(Ok(response)),
+        Err(e) => {
+            let why = switchyard_engine::describe_chain(&e);
+            eprintln(&format!(
+                "cannot reach the admin API at {url}: {why}\n(is Switchyard running with an [admin] section? set --url or SWITCHYARD_ADMIN_URL)"
+            ));
+            Ok(Err(1))
+        }
+    }
+}
+
+/// Sends one call and reads its JSON answer; `Err(status)` (after saying why) when it cannot
+/// be reached or refuses the call.
+pub(super) async fn call(
+    remote: &Remote,
+    method: http::Method,
+    path: &str,
+    body: Option<Value>,
+) -> anyhow::Result<Result<Value, i32>> {
+    let response = match send(remote, method, path, body).await? {
+        Ok(response) => response,
+        Err(code) => return Ok(Err(code)),
+    };
+    let status = response.status();
+    let bytes = response.into_body().collect().await?.to_bytes();
+    let value: Value = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
+    if status.is_success() {
+        return Ok(Ok(value));
+    }
+    let message = value["error"]["message"].as_str().map_or_else(
+        || String::from_utf8_lossy(&bytes).into_owned(),
+        str::to_owned,
+    );
+    eprintln(&format!("{status}: {message}"));
+    Ok(Err(1))
 }
 
 fn token(command: &TokenCommand) -> anyhow::Result<i32> {
@@ -343,7 +389,7 @@ fn reload(v: &Value) -> String {
 }
 
 /// Rows as left-aligned columns, two spaces apart.
-fn table<const N: usize>(rows: &[[String; N]]) -> String {
+pub(super) fn table<const N: usize>(rows: &[[String; N]]) -> String {
     let mut widths = [0usize; N];
     for row in rows {
         for (w, cell) in widths.iter_mut().zip(row) {
@@ -363,6 +409,6 @@ fn table<const N: usize>(rows: &[[String; N]]) -> String {
     out
 }
 
-fn eprintln(message: &str) {
+pub(super) fn eprintln(message: &str) {
     let _ = writeln!(std::io::stderr().lock(), "{message}");
 }

@@ -8,6 +8,7 @@ use switchyard_policy::LogFormat;
 use tracing_subscriber::EnvFilter;
 
 mod admin;
+mod release;
 
 use crate::config;
 use crate::App;
@@ -44,6 +45,11 @@ pub enum Command {
     Admin {
         #[command(subcommand)]
         command: admin::AdminCommand,
+    },
+    /// Canary releases: move a model to a candidate backend a step at a time, on evidence.
+    Release {
+        #[command(subcommand)]
+        command: release::ReleaseCommand,
     },
     /// Print the artifact digest (`sha256:…`) of a model file or folder.
     Fingerprint { path: PathBuf },
@@ -150,6 +156,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<i32> {
             Err(e) => Ok(report_invalid(&e)),
         },
         Command::Admin { command } => admin::run(command).await,
+        Command::Release { command } => release::run(command).await,
         Command::Fingerprint { path } => {
             let digest = tokio::task::spawn_blocking(move || {
                 switchyard_adapters::fingerprint::DigestCache::new().digest(&path)

@@ -5,6 +5,7 @@
 //! The routing table and the backends come from the live snapshot ([`state`]), loaded once when
 //! the request arrives.
 
+pub(crate) mod release;
 pub(crate) mod state;
 
 use std::sync::Arc;
@@ -25,8 +26,11 @@ use crate::forward::{Attempt, Ctx, Failed};
 use crate::http::headers::header_value;
 use crate::http::{ProxyBody, ProxyError};
 use crate::recording::{Recorder, Recording};
-use crate::shadow::Shadowing;
+use crate::shadow::{Shadowing, Target};
 use switchyard_observe::telemetry::Telemetry;
+use switchyard_policy::release::Arm;
+use switchyard_policy::Route;
+use switchyard_record::ReleaseMark;
 
 pub use state::{Live, Snapshot};
 
@@ -117,6 +121,9 @@ impl Routing {
             .fields
             .get("stream")
             .is_some_and(|v| v.get().trim() == "true");
+        // A model under a canary release: which side serves this request, by its sticky key.
+        let release = snapshot.releases.get(&*route.model).cloned();
+        let split = release.as_ref().map(|r| r.split(&parts.headers, &parsed));
         let fingerprint = fingerprint_fields(&route.model, &parsed);
         ctx.stamp.workload = Some(header_value(&fingerprint.workload));
         let want_trailers = parts.headers.get_all(header::TE).iter().any(|v| {
@@ -140,30 +147,69 @@ impl Routing {
             body,
             want_trailers,
         });
-        if let Some(shadow) = route.shadow.as_ref().filter(|s| self.shadowing.sampled(s)) {
-            let target = match snapshot.shadow_target(&route.model, &shadow.backend) {
+        let on_candidate = split.is_some_and(|(arm, _)| arm == Arm::Candidate);
+        // The route as it serves this request: the candidate as its primary on the candidate's
+        // side of a release.
+        let serving = match &release {
+            Some(release) if on_candidate => Arc::new(Route {
+                primary: release.candidate.clone(),
+                ..route.as_ref().clone()
+            }),
+            _ => route.clone(),
+        };
+        // A release's copies replace the model's configured shadow while it runs.
+        let copy = match (&release, split) {
+            (Some(release), Some((arm, key))) => {
+                ctx.recording.release = Some(ReleaseMark {
+                    id: release.id.clone(),
+                    arm: arm.as_str(),
+                    key: key.as_str(),
+                });
+                release
+                    .copy_of(arm)
+                    .map(|(shadow, pool)| (shadow, Some(pool)))
+            }
+            _ => route.shadow.clone().map(|shadow| (shadow, None)),
+        };
+        if let Some((shadow, pool)) = copy.filter(|(s, _)| self.shadowing.sampled(s)) {
+            let target = match pool {
+                Some(pool) => snapshot
+                    .candidate(&shadow.backend)
+                    .map(|candidate| Target { candidate, pool }),
+                None => snapshot.shadow_target(&route.model, &shadow.backend),
+            };
+            let target = match target {
                 Ok(target) => target,
                 Err(error) => return Err(ctx.fail(error)),
             };
             let ticket =
                 self.shadowing
-                    .plan(&route, shadow, target, &outgoing, streamed, &fingerprint);
+                    .plan(&serving, &shadow, target, &outgoing, streamed, &fingerprint);
             ctx.recording.set_hook(ticket.into_hook());
         }
         ctx.recording.describe(&route.model, fingerprint, streamed);
 
         // Each backend is looked up when its turn comes (most requests never reach a fallback).
         // The lookup owns the route and the snapshot: nothing borrowed is held across a try.
-        let tries = (0..1 + route.fallback.len()).map(move |n| {
-            let name = match n {
-                0 => &route.primary,
-                n => &route.fallback[n - 1],
+        // On a release's candidate side, the candidate is tried first and the primary is its
+        // fallback; once promoted for good, the candidate serves as the primary.
+        let (lead, first_variant) = match &release {
+            Some(release) if release.promoted => (Some(release.candidate.clone()), "primary"),
+            Some(release) if on_candidate => (Some(release.candidate.clone()), "canary"),
+            _ => (None, "primary"),
+        };
+        let skip = usize::from(lead.is_some());
+        let tries = (0..skip + 1 + route.fallback.len()).map(move |n| {
+            let name = match (n, &lead) {
+                (0, Some(lead)) => lead,
+                (n, _) if n == skip => &route.primary,
+                (n, _) => &route.fallback[n - skip - 1],
             };
             snapshot
                 .candidate(name)
                 .map(|candidate| (candidate.backend, candidate.stack))
         });
-        fallback(tries, ctx, outgoing).await
+        fallback(tries, first_variant, ctx, outgoing).await
     }
 }
 
@@ -175,6 +221,7 @@ impl Routing {
 /// the response (`x-switchyard-fallback-from`) and in the record: never silent.
 pub(crate) async fn fallback<S, I>(
     tries: I,
+    first_variant: &'static str,
     mut ctx: Ctx,
     outgoing: Arc<Outgoing>,
 ) -> Result<Response<ProxyBody>, Failed>
@@ -201,7 +248,7 @@ where
                 continue;
             }
         }
-        let variant = if n == 0 { "primary" } else { "fallback" };
+        let variant = if n == 0 { first_variant } else { "fallback" };
         let attempt = Attempt::new(ctx, outgoing.clone(), variant);
         match stack.oneshot(attempt).await {
             Ok(response) => return Ok(response),

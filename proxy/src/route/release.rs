@@ -16,28 +16,28 @@ use crate::shadow;
 
 /// One open release of a model, as requests are routed by it.
 #[derive(Debug)]
-pub struct ReleaseRoute {
-    pub id: Arc<str>,
-    pub primary: Arc<str>,
-    pub candidate: Arc<str>,
+pub(crate) struct ReleaseRoute {
+    pub(crate) id: Arc<str>,
+    pub(crate) primary: Arc<str>,
+    pub(crate) candidate: Arc<str>,
     /// The share of sessions the candidate serves, in percent (100 once promoted).
-    pub weight: u8,
+    pub(crate) weight: u8,
     /// Promoted for good (the release completed): the candidate is the model's primary.
-    pub promoted: bool,
+    pub(crate) promoted: bool,
     /// Where sampled copies go: to the candidate from the primary's requests (`shadow` step),
     /// or back to the primary from the candidate's (`live` steps). None: no copies.
-    pub copies: Option<Copies>,
+    pub(crate) copies: Option<Copies>,
     /// The header that names a session.
-    pub session_header: http::HeaderName,
+    pub(crate) session_header: http::HeaderName,
 }
 
 /// Sampled copies of one arm's requests to the other.
 #[derive(Debug)]
-pub struct Copies {
+pub(crate) struct Copies {
     /// The arm whose requests are copied.
-    pub from: Arm,
-    pub sample: f64,
-    pub pool: Arc<shadow::Pool>,
+    pub(crate) from: Arm,
+    pub(crate) sample: f64,
+    pub(crate) pool: Arc<shadow::Pool>,
 }
 
 impl ReleaseRoute {
@@ -93,7 +93,11 @@ fn sticky_key(
     {
         return (Some(user.into_bytes()), KeySource::User);
     }
-    if let Some(prompt) = body.fields.get("messages").and_then(|raw| opening(raw.get())) {
+    if let Some(prompt) = body
+        .fields
+        .get("messages")
+        .and_then(|raw| opening(raw.get()))
+    {
         return (Some(prompt), KeySource::Prompt);
     }
     (None, KeySource::Request)

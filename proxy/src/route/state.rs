@@ -18,6 +18,7 @@ use serde_json::json;
 use switchyard_engine::Backend;
 use switchyard_policy::{Config, RoutingTable};
 
+use super::release::ReleaseRoute;
 use crate::forward;
 use crate::http::ProxyError;
 use crate::shadow::{self, Candidate, Target};
@@ -36,6 +37,8 @@ pub struct Snapshot {
     candidates: NameMap<Arc<str>, Candidate>,
     /// The shadow pool of each shadowed model.
     shadow_pools: NameMap<Arc<str>, Arc<shadow::Pool>>,
+    /// Each model's open canary release, by public name.
+    pub(crate) releases: NameMap<Arc<str>, Arc<ReleaseRoute>>,
     /// `GET /v1/models`, rendered once.
     pub(crate) models_body: Bytes,
 }
@@ -120,8 +123,24 @@ impl Snapshot {
             backends,
             candidates,
             shadow_pools,
+            releases: previous.map(|p| p.releases.clone()).unwrap_or_default(),
             models_body,
         })
+    }
+
+    /// This snapshot with `releases` as the models' open releases instead: everything else is
+    /// shared, nothing is rebuilt.
+    pub(crate) fn with_releases(&self, releases: NameMap<Arc<str>, Arc<ReleaseRoute>>) -> Self {
+        Self {
+            config: self.config.clone(),
+            digest: self.digest.clone(),
+            routes: self.routes.clone(),
+            backends: self.backends.clone(),
+            candidates: self.candidates.clone(),
+            shadow_pools: self.shadow_pools.clone(),
+            releases,
+            models_body: self.models_body.clone(),
+        }
     }
 
     /// The backend configured under `name` with its stack (routes only name configured

@@ -35,7 +35,12 @@ fn two_backends() -> (Tries, Handle, Handle) {
 async fn an_unreachable_primary_falls_back_and_says_so() {
     let recorder = Arc::new(Recorder::default());
     let (tries, mut handle_a, mut handle_b) = two_backends();
-    let run = fallback(tries.into_iter().map(Ok), ctx(&recorder), outgoing());
+    let run = fallback(
+        tries.into_iter().map(Ok),
+        "primary",
+        ctx(&recorder),
+        outgoing(),
+    );
     let engines = async {
         let (first, reply) = handle_a.next_request().await.unwrap();
         assert_eq!(first.variant, "primary");
@@ -57,7 +62,12 @@ async fn an_unreachable_primary_falls_back_and_says_so() {
 async fn an_error_after_the_engine_was_reached_is_not_retried() {
     let recorder = Arc::new(Recorder::default());
     let (tries, mut handle_a, mut handle_b) = two_backends();
-    let run = fallback(tries.into_iter().map(Ok), ctx(&recorder), outgoing());
+    let run = fallback(
+        tries.into_iter().map(Ok),
+        "primary",
+        ctx(&recorder),
+        outgoing(),
+    );
     let engines = async {
         let (first, reply) = handle_a.next_request().await.unwrap();
         reply.send_error(first.fail(ProxyError::UpstreamBroken {
@@ -85,7 +95,12 @@ async fn a_backend_down_per_its_probes_is_passed_over_unless_it_is_the_last() {
     let (a, mut handle_a) = mocked::<Response<ProxyBody>>();
     let (b, mut handle_b) = mocked::<Response<ProxyBody>>();
     let tries = vec![(down, a), (backend("b", serde_json::json!({})), b)];
-    let run = fallback(tries.into_iter().map(Ok), ctx(&recorder), outgoing());
+    let run = fallback(
+        tries.into_iter().map(Ok),
+        "primary",
+        ctx(&recorder),
+        outgoing(),
+    );
     let engines = async {
         let (second, reply) = handle_b.next_request().await.unwrap();
         assert_eq!(
@@ -108,6 +123,7 @@ async fn a_backend_down_per_its_probes_is_passed_over_unless_it_is_the_last() {
     let (only, mut handle) = mocked::<Response<ProxyBody>>();
     let run = fallback(
         std::iter::once(Ok((last, only))),
+        "primary",
         ctx(&recorder),
         outgoing(),
     );

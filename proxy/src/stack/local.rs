@@ -82,7 +82,16 @@ impl Router {
             ready &= primary_ready;
             models.insert(
                 name.to_string(),
-                serde_json::json!({"primary": &*route.primary, "ready": primary_ready}),
+                serde_json::json!({
+                    "primary": &*route.primary,
+                    "ready": primary_ready,
+                    "release": state.releases.get(name).map(|r| serde_json::json!({
+                        "id": &*r.id,
+                        "candidate": &*r.candidate,
+                        "weight": r.weight,
+                        "promoted": r.promoted,
+                    })),
+                }),
             );
         }
         let body = serde_json::json!({

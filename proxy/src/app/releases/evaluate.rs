@@ -1,0 +1,435 @@
+//! Judging running releases: the evidence of a release's current step, counted from the ledger
+//! (never kept in memory, so a restart counts the same), the decision ([`decide`]), and the
+//! transition it makes — written before traffic moves.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use serde_json::json;
+use switchyard_observe::ledger::{Evaluation, Release, ReleaseStore, Rows};
+use switchyard_policy::compare::{compare, Pair, Verdict};
+use switchyard_policy::release::{decide, Decision, Evidence, Plan, Step};
+use tokio_util::sync::CancellationToken;
+
+use super::{blocking, ReleaseError};
+use crate::app::AppState;
+
+/// The longest the evaluator sleeps between two looks at the running releases.
+const LONGEST_TICK: Duration = Duration::from_secs(1);
+
+/// Evaluates every running release on its plan's schedule, until `stop`.
+pub(crate) async fn evaluator(state: Arc<AppState>, stop: CancellationToken) {
+    let Some(store) = state.releases.store.clone() else {
+        return;
+    };
+    let mut last: HashMap<String, Instant> = HashMap::new();
+    loop {
+        let running = match blocking(&store, |s| s.all()).await {
+            Ok(all) => all
+                .into_iter()
+                .filter(|r| r.state == "running")
+                .collect::<Vec<_>>(),
+            Err(e) => {
+                tracing::warn!(error = %e, "release evaluator could not read the ledger");
+                Vec::new()
+            }
+        };
+        let mut tick = LONGEST_TICK;
+        for release in &running {
+            let every = serde_json::from_str::<Plan>(&release.plan_json)
+                .map(|p| Duration::from_millis(p.evaluate_every_ms))
+                .unwrap_or(LONGEST_TICK);
+            tick = tick.min(every);
+            let due = last.get(&release.id).is_none_or(|at| at.elapsed() >= every);
+            if due {
+                last.insert(release.id.clone(), Instant::now());
+                state.evaluate_release(&store, &release.id).await;
+            }
+        }
+        tokio::select! {
+            () = stop.cancelled() => return,
+            () = tokio::time::sleep(tick) => {}
+        }
+    }
+}
+
+impl AppState {
+    /// Evaluates release `id` once, if it is running, and applies the decision.
+    pub(crate) async fn evaluate_release(self: &Arc<Self>, store: &Arc<ReleaseStore>, id: &str) {
+        let _changing = self.reloading.lock().await;
+        let key = id.to_owned();
+        let release = match blocking(store, move |s| s.get(&key)).await {
+            Ok(Some(r)) if r.state == "running" => r,
+            Ok(_) => return,
+            Err(e) => {
+                tracing::warn!(release = id, error = %e, "release not evaluated");
+                return;
+            }
+        };
+        let Ok(plan) = serde_json::from_str::<Plan>(&release.plan_json) else {
+            tracing::error!(
+                release = id,
+                "the release's plan does not read; not evaluated"
+            );
+            return;
+        };
+        let index = usize::try_from(release.step).unwrap_or(usize::MAX);
+        let Some(step) = plan.steps.get(index).cloned() else {
+            return;
+        };
+        let now = ReleaseStore::now_ms();
+        let (evidence, observed) =
+            match step_evidence(self, store, &release, release.step_started_ms, now).await {
+                Ok(counted) => counted,
+                Err(e) => (
+                    Evidence {
+                        unavailable: Some(e.to_string()),
+                        ..Evidence::default()
+                    },
+                    Observed::default(),
+                ),
+            };
+        let decision = decide(&plan, &step, &evidence);
+        let (name, reason) = describe(&decision);
+        let mut next = release.clone();
+        next.updated_ms = now;
+        next.reason = reason.clone();
+        match &decision {
+            Decision::Hold { .. } => {}
+            Decision::HoldForPerson { .. } if matches!(step, Step::Gate { .. }) => {}
+            Decision::HoldForPerson { .. } => next.state = "held".to_owned(),
+            Decision::Advance if index + 1 >= plan.steps.len() => {
+                next.state = "completed".to_owned();
+                next.reason = Some(format!(
+                    "promoted: update models.{}.primary to \"{}\" in the configuration",
+                    release.model, release.candidate_backend
+                ));
+            }
+            Decision::Advance => {
+                next.step += 1;
+                next.step_started_ms = now;
+                next.promote_requested = false;
+                next.reason = None;
+            }
+            Decision::Abort { .. } => next.state = "aborted".to_owned(),
+            Decision::Supersede { .. } => next.state = "superseded".to_owned(),
+        }
+        let moved = next.state != release.state || next.step != release.step;
+        if !moved && next.reason == release.reason {
+            return; // the same verdict as last time: nothing new to record
+        }
+        let evaluation = Evaluation {
+            ts_ms: now,
+            step: release.step,
+            window_start_ms: release.step_started_ms,
+            decision: name.to_owned(),
+            reason: reason.clone(),
+            evidence_json: evidence_json(&evidence, &observed),
+        };
+        let why = reason.clone().unwrap_or_else(|| name.to_owned());
+        let (row, before, key, why2) = (next.clone(), release.clone(), id.to_owned(), why.clone());
+        let written = blocking(store, move |s| {
+            s.evaluation(&key, &evaluation)?;
+            s.update(&before, &row, "auto", &why2)
+        })
+        .await;
+        if let Err(e) = written {
+            tracing::error!(release = id, error = %e, "release decision not recorded; traffic not moved");
+            return;
+        }
+        if moved {
+            tracing::info!(release = id, decision = name, state = %next.state, step = next.step, reason = %why, "release moved");
+            if let Err(e) = self.republish(store, &next, "auto", &why).await {
+                tracing::error!(release = id, error = %e, "release recorded but not applied to routing");
+            }
+        }
+    }
+}
+
+/// The decision's name and reason as recorded.
+pub(super) fn describe(decision: &Decision) -> (&'static str, Option<String>) {
+    match decision {
+        Decision::Hold { waiting_for } => ("hold", Some(waiting_for.clone())),
+        Decision::HoldForPerson { reason } => ("hold-for-person", Some(reason.clone())),
+        Decision::Advance => ("advance", None),
+        Decision::Abort { reason } => ("abort", Some(reason.clone())),
+        Decision::Supersede { reason } => ("supersede", Some(reason.clone())),
+    }
+}
+
+/// An evaluation's evidence as stored: what `explain` shows and what `--recompute` counts again.
+pub(crate) fn evidence_json(e: &Evidence, observed: &Observed) -> String {
+    json!({
+        "observed": observed,
+        "elapsed_s": e.elapsed_s,
+        "unavailable": e.unavailable,
+        "identity_changed": e.identity_changed,
+        "comparable_pairs": e.comparable_pairs,
+        "mismatches": e.mismatches,
+        "first_mismatch": e.first_mismatch,
+        "candidate_requests": e.candidate_requests,
+        "candidate_errors": e.candidate_errors,
+        "candidate_broken": e.candidate_broken,
+        "primary_requests": e.primary_requests,
+        "primary_errors": e.primary_errors,
+        "worst_ratio": e.worst_ratio,
+        "promote_requested": e.promote_requested,
+    })
+    .to_string()
+}
+
+/// The evidence of the whole release so far, from its start (for `promote --full`).
+pub(super) async fn whole(
+    state: &Arc<AppState>,
+    store: &Arc<ReleaseStore>,
+    release: &Release,
+) -> Result<Evidence, ReleaseError> {
+    let now = ReleaseStore::now_ms();
+    let (evidence, _) = step_evidence(state, store, release, release.created_ms, now).await?;
+    Ok(evidence)
+}
+
+/// The evidence from `since_ms` to `until_ms`, as an evaluation now counts it: every record
+/// written so far (the rows it counted within are returned with it), and the backends'
+/// identities as they are now.
+pub(crate) async fn step_evidence(
+    state: &Arc<AppState>,
+    store: &Arc<ReleaseStore>,
+    release: &Release,
+    since_ms: i64,
+    until_ms: i64,
+) -> Result<(Evidence, Observed), ReleaseError> {
+    // Records of the window's last requests may still be on their way to the ledger.
+    state.flush_ledger().await;
+    let observed = Observed {
+        rows: blocking(store, |s| s.last_rows()).await?,
+        identity_now: identity_change(state, release),
+    };
+    let (r, seen) = (release.clone(), observed.clone());
+    let evidence = blocking(store, move |s| count(s, &r, since_ms, until_ms, &seen)).await?;
+    Ok((evidence, observed))
+}
+
+/// What an evaluation observed besides the ledger's rows, kept with it so that it can be
+/// counted again the same: the last rows it counted within, and a backend's identity found
+/// changed at that moment (which no row records).
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+pub(crate) struct Observed {
+    pub(crate) rows: Rows,
+    pub(crate) identity_now: Option<String>,
+}
+
+/// The evidence of `release` from `since_ms` to `until_ms`, counted from the ledger's requests
+/// and comparisons within `observed.rows`, from answers stamped with the pinned identities only.
+pub(crate) fn count(
+    store: &ReleaseStore,
+    release: &Release,
+    since_ms: i64,
+    until_ms: i64,
+    observed: &Observed,
+) -> Result<Evidence, switchyard_observe::ledger::LedgerError> {
+    let until = until_ms + 1;
+    let rows = observed.rows;
+    let r = release;
+    let candidate = store.arm_counts(
+        &r.id,
+        "candidate",
+        since_ms,
+        until,
+        rows,
+        &r.candidate_engine,
+        &r.candidate_artifact,
+    )?;
+    let primary = store.arm_counts(
+        &r.id,
+        "primary",
+        since_ms,
+        until,
+        rows,
+        &r.primary_engine,
+        &r.primary_artifact,
+    )?;
+    let pairs = store.pairs(
+        &r.model,
+        (&r.primary_backend, &r.candidate_backend),
+        since_ms,
+        until,
+        rows,
+    )?;
+    let mut evidence = Evidence {
+        elapsed_s: u64::try_from((until_ms - since_ms) / 1000).unwrap_or(0),
+        candidate_requests: candidate.requests,
+        candidate_errors: candidate.errors,
+        candidate_broken: candidate.broken,
+        primary_requests: primary.requests,
+        primary_errors: primary.errors,
+        promote_requested: release.promote_requested,
+        ..Evidence::default()
+    };
+    evidence.identity_changed = observed
+        .identity_now
+        .clone()
+        .or_else(|| {
+            candidate.foreign_identity.map(|f| {
+                format!(
+                    "the candidate answered as {f}; the release pinned engine {}, artifact {}",
+                    release.candidate_engine, release.candidate_artifact
+                )
+            })
+        })
+        .or_else(|| {
+            primary.foreign_identity.map(|f| {
+                format!(
+                    "the primary answered as {f}; the release pinned engine {}, artifact {}",
+                    release.primary_engine, release.primary_artifact
+                )
+            })
+        });
+    // Pairs oriented primary → candidate (a reverse copy is turned round), from the pinned
+    // identities only. A copy that failed counts against the side that served it: shadow
+    // copies are requests the candidate served, reverse copies ones the primary served.
+    let mut oriented: Vec<Pair> = Vec::new();
+    for (_, pair) in pairs {
+        let (pair, reversed) = orient(pair, &release.primary_backend);
+        if pair.verdict == Verdict::CandidateError {
+            if reversed {
+                evidence.primary_requests += pair.count;
+                evidence.primary_errors += pair.count;
+            } else {
+                evidence.candidate_requests += pair.count;
+                evidence.candidate_errors += pair.count;
+            }
+            continue;
+        }
+        if pinned_pair(&pair, release) {
+            oriented.push(pair);
+        }
+    }
+    for pair in &oriented {
+        match pair.verdict {
+            Verdict::Match => evidence.comparable_pairs += pair.count,
+            Verdict::Mismatch => {
+                evidence.comparable_pairs += pair.count;
+                evidence.mismatches += pair.count;
+                if evidence.first_mismatch.is_none() {
+                    evidence.first_mismatch = Some(mismatch(pair));
+                }
+            }
+            Verdict::CandidateError | Verdict::Incomparable => {}
+        }
+    }
+    if evidence.mismatches == 0 {
+        evidence.worst_ratio = worst_ratio(&oriented);
+    }
+    Ok(evidence)
+}
+
+/// A backend's identity now, when it is no longer the one the release pinned.
+fn identity_change(state: &AppState, release: &Release) -> Option<String> {
+    let snapshot = state.live.load();
+    for (role, name, engine, artifact) in [
+        (
+            "primary",
+            &release.primary_backend,
+            &release.primary_engine,
+            &release.primary_artifact,
+        ),
+        (
+            "candidate",
+            &release.candidate_backend,
+            &release.candidate_engine,
+            &release.candidate_artifact,
+        ),
+    ] {
+        let Some(backend) = snapshot.backends.get(name.as_str()) else {
+            return Some(format!("the {role} backend {name} is no longer configured"));
+        };
+        let headers = backend.identity_headers();
+        let (now_engine, now_artifact) = (
+            headers.engine.to_str().unwrap_or(""),
+            headers.artifact.to_str().unwrap_or(""),
+        );
+        if now_engine != engine || now_artifact != artifact {
+            return Some(format!(
+                "the {role} {name} is now engine {now_engine}, artifact {now_artifact}; the release pinned engine {engine}, artifact {artifact}"
+            ));
+        }
+    }
+    None
+}
+
+/// `pair` with the release's primary backend as its primary side, and whether it was turned
+/// round (a reverse copy: the candidate served, the primary got the copy).
+fn orient(mut pair: Pair, primary: &str) -> (Pair, bool) {
+    if pair.primary.backend == primary {
+        return (pair, false);
+    }
+    if let Some(candidate) = pair.candidate.take() {
+        pair.candidate = Some(std::mem::replace(&mut pair.primary, candidate));
+    }
+    (pair, true)
+}
+
+fn pinned_pair(pair: &Pair, release: &Release) -> bool {
+    let stamped = |side: &switchyard_policy::compare::Side, engine: &str, artifact: &str| {
+        side.engine.as_deref() == Some(engine) && side.artifact.as_deref() == Some(artifact)
+    };
+    stamped(
+        &pair.primary,
+        &release.primary_engine,
+        &release.primary_artifact,
+    ) && pair
+        .candidate
+        .as_ref()
+        .is_some_and(|c| stamped(c, &release.candidate_engine, &release.candidate_artifact))
+}
+
+/// A mismatching pair for people: the request and where the two answers part.
+fn mismatch(pair: &Pair) -> String {
+    let primary = pair.primary.output.as_deref().unwrap_or("");
+    let candidate = pair
+        .candidate
+        .as_ref()
+        .and_then(|c| c.output.as_deref())
+        .unwrap_or("");
+    let common = primary
+        .chars()
+        .zip(candidate.chars())
+        .take_while(|(a, b)| a == b)
+        .count();
+    let from = |s: &str| s.chars().skip(common).take(40).collect::<String>();
+    format!(
+        "request {}: the answers part after {common} characters: primary {:?}, candidate {:?}",
+        pair.primary.request_id.as_deref().unwrap_or("?"),
+        from(primary),
+        from(candidate)
+    )
+}
+
+/// The worst warm ratio of the candidate's speed to the primary's, above 1 being slower, over
+/// the groups with enough repetitions.
+fn worst_ratio(pairs: &[Pair]) -> Option<(f64, String)> {
+    let comparison = compare(pairs, false);
+    let mut worst: Option<(f64, String)> = None;
+    for group in &comparison.groups {
+        let Some(ratios) = &group.ratios else {
+            continue;
+        };
+        let slower = [
+            ratios.ttft.as_ref().map(|r| (r.median, "warm ttft")),
+            ratios.total.as_ref().map(|r| (r.median, "warm total time")),
+            ratios
+                .decode_tps
+                .as_ref()
+                .filter(|r| r.median > 0.0)
+                .map(|r| (1.0 / r.median, "warm decode rate (inverted)")),
+        ];
+        for (ratio, what) in slower.into_iter().flatten() {
+            if worst.as_ref().is_none_or(|(w, _)| ratio > *w) {
+                worst = Some((ratio, format!("{what} of {}", group.key.workload)));
+            }
+        }
+    }
+    worst
+}

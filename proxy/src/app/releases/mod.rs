@@ -1,0 +1,463 @@
+//! Canary releases, run: starting one, the operator's actions on it, and the view of every
+//! open release that the live snapshot carries for routing ([`crate::route::release`]).
+//!
+//! A release's state is its row in the ledger, written before traffic moves; this module holds
+//! nothing a restart would lose. Every change of a release takes the same lock as a reload
+//! (both rebuild the snapshot), writes the row and its event, and then swaps in a snapshot with
+//! the new routing. The evaluator ([`evaluate`]) judges each running release's evidence on its
+//! plan's schedule.
+
+pub(crate) mod evaluate;
+pub(crate) mod explain;
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, PoisonError};
+
+use serde_json::{json, Value};
+use switchyard_engine::Verification;
+use switchyard_observe::ledger::{Evaluation, Release, ReleaseEvent, ReleaseStore};
+use switchyard_policy::release::{Arm, Plan, Step};
+
+use super::events::Event;
+use super::AppState;
+use crate::route::release::{Copies, ReleaseRoute};
+use crate::route::Snapshot;
+use crate::shadow::Pool;
+use crate::NameMap;
+
+/// Why a release could not be started or acted on.
+#[derive(Debug, thiserror::Error)]
+pub enum ReleaseError {
+    /// The request makes no sense as it stands (unknown model, wrong step…).
+    #[error("{0}")]
+    Refused(String),
+    #[error("no release {0}")]
+    NotFound(String),
+    #[error("canary releases need a ledger: configure [ledger]")]
+    NoLedger,
+    /// The ledger could not be written or read: nothing changed.
+    #[error("the ledger: {0}")]
+    Store(String),
+}
+
+/// What an operator asks of a release.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Action {
+    /// Pass the gate; with `full`, skip to the promotion from any step, which still needs the
+    /// correctness criterion met unless `override_correctness`.
+    Promote {
+        full: bool,
+        override_correctness: bool,
+    },
+    Pause,
+    Resume,
+    /// Weight to 0 at once; requests under way on the candidate finish.
+    Abort,
+    /// After promotion: back to the previous primary at once.
+    Undo,
+}
+
+/// The releases' store and the shadow pools of their copies.
+#[derive(Debug, Default)]
+pub(crate) struct Releases {
+    pub(crate) store: Option<Arc<ReleaseStore>>,
+    /// Each release's pool for its copies, kept across the snapshots it is rebuilt into.
+    pools: Mutex<HashMap<String, Arc<Pool>>>,
+}
+
+impl Releases {
+    pub(crate) fn new(store: Option<Arc<ReleaseStore>>) -> Self {
+        Self {
+            store,
+            pools: Mutex::default(),
+        }
+    }
+
+    fn store(&self) -> Result<&Arc<ReleaseStore>, ReleaseError> {
+        self.store.as_ref().ok_or(ReleaseError::NoLedger)
+    }
+
+    fn pool(&self, id: &str) -> Arc<Pool> {
+        let mut pools = self.pools.lock().unwrap_or_else(PoisonError::into_inner);
+        pools
+            .entry(id.to_owned())
+            .or_insert_with(|| Arc::new(Pool::new(1)))
+            .clone()
+    }
+
+    /// What routing sees of each release that still routes: open ones, and completed ones
+    /// whose promotion the configuration has not caught up with (the model's configured
+    /// primary is still the one the release replaced).
+    pub(crate) fn routes(
+        &self,
+        snapshot: &Snapshot,
+        all: &[Release],
+    ) -> NameMap<Arc<str>, Arc<ReleaseRoute>> {
+        let mut routes = NameMap::default();
+        for release in all {
+            let completed = release.state == "completed";
+            if !(release.is_open() || completed) {
+                continue;
+            }
+            let Some(model) = snapshot.config.models.get(&release.model) else {
+                continue;
+            };
+            let backends_there = [&release.primary_backend, &release.candidate_backend]
+                .iter()
+                .all(|b| snapshot.backends.contains_key(b.as_str()));
+            if !backends_there || model.primary != release.primary_backend {
+                continue;
+            }
+            if routes.contains_key(release.model.as_str()) {
+                continue; // an older completed one; the newest row came first
+            }
+            let Ok(plan) = serde_json::from_str::<Plan>(&release.plan_json) else {
+                continue;
+            };
+            let weight = if completed {
+                100
+            } else {
+                plan.weight_at(usize::try_from(release.step).unwrap_or(usize::MAX))
+            };
+            let copies = (!completed).then(|| Copies {
+                from: if weight == 0 {
+                    Arm::Primary
+                } else {
+                    Arm::Candidate
+                },
+                sample: plan.sample,
+                pool: self.pool(&release.id),
+            });
+            let Ok(session_header) = http::HeaderName::try_from(plan.session_header.as_str())
+            else {
+                continue;
+            };
+            routes.insert(
+                Arc::from(release.model.as_str()),
+                Arc::new(ReleaseRoute {
+                    id: Arc::from(release.id.as_str()),
+                    primary: Arc::from(release.primary_backend.as_str()),
+                    candidate: Arc::from(release.candidate_backend.as_str()),
+                    weight,
+                    promoted: completed,
+                    copies,
+                    session_header,
+                }),
+            );
+        }
+        routes
+    }
+}
+
+/// A release as the admin API shows it: its row, its plan's current step and weight.
+pub fn describe(release: &Release) -> Value {
+    let plan = serde_json::from_str::<Plan>(&release.plan_json).ok();
+    let index = usize::try_from(release.step).unwrap_or(usize::MAX);
+    let step = plan.as_ref().and_then(|p| p.steps.get(index));
+    let weight = match (release.state.as_str(), &plan) {
+        ("completed", _) => 100,
+        ("aborted" | "superseded" | "undone", _) => 0,
+        (_, Some(plan)) => plan.weight_at(index),
+        _ => 0,
+    };
+    json!({
+        "id": release.id,
+        "model": release.model,
+        "primary": release.primary_backend,
+        "candidate": release.candidate_backend,
+        "plan": release.plan_name,
+        "state": release.state,
+        "step": release.step,
+        "step_label": step.map(Step::label),
+        "steps": plan.as_ref().map(|p| p.steps.iter().map(Step::label).collect::<Vec<_>>()),
+        "weight": weight,
+        "waiting_for": release.reason,
+        "override_correctness": release.override_correctness,
+        "promote_requested": release.promote_requested,
+        "pinned": {
+            "primary": {"engine": release.primary_engine, "artifact": release.primary_artifact},
+            "candidate": {"engine": release.candidate_engine, "artifact": release.candidate_artifact},
+        },
+        "created_ms": release.created_ms,
+        "step_started_ms": release.step_started_ms,
+        "updated_ms": release.updated_ms,
+    })
+}
+
+/// A backend's identity as a release pins it: its engine and artifact stamps, when verified.
+fn pinned(snapshot: &Snapshot, backend: &str) -> Result<(String, String), ReleaseError> {
+    let b = snapshot
+        .backends
+        .get(backend)
+        .ok_or_else(|| ReleaseError::Refused(format!("no backend named {backend}")))?;
+    let headers = b.identity_headers();
+    match &headers.verification {
+        Verification::Verified => Ok((
+            headers.engine.to_str().unwrap_or("").to_owned(),
+            headers.artifact.to_str().unwrap_or("").to_owned(),
+        )),
+        Verification::Unverified(why) | Verification::Unknown(why) => Err(ReleaseError::Refused(
+            format!("{backend}'s identity is not verified ({why}): a release pins both engines' identities, so both must be verified"),
+        )),
+    }
+}
+
+impl AppState {
+    /// Starts a release of `model` to `candidate` on the plan named `plan` (`standard` when
+    /// none), pinning both engines' identities as they are verified now.
+    pub async fn start_release(
+        self: &Arc<Self>,
+        model: &str,
+        candidate: &str,
+        plan_name: Option<&str>,
+        actor: &str,
+    ) -> Result<Release, ReleaseError> {
+        let _changing = self.reloading.lock().await;
+        let store = self.releases.store()?.clone();
+        let snapshot = self.live.load();
+        let config = &snapshot.config;
+        let model_config = config
+            .models
+            .get(model)
+            .ok_or_else(|| ReleaseError::Refused(format!("no model named {model}")))?;
+        let primary = model_config.primary.clone();
+        if candidate == primary {
+            return Err(ReleaseError::Refused(format!(
+                "{candidate} is already {model}'s primary"
+            )));
+        }
+        let plan_name = plan_name.unwrap_or("standard");
+        let plan = config
+            .plan(plan_name)
+            .ok_or_else(|| ReleaseError::Refused(format!("no plan named {plan_name}")))?;
+        let (primary_engine, primary_artifact) = pinned(&snapshot, &primary)?;
+        let (candidate_engine, candidate_artifact) = pinned(&snapshot, candidate)?;
+        let all = blocking(&store, |s| s.all()).await?;
+        if let Some(open) = all.iter().find(|r| r.model == model && r.is_open()) {
+            return Err(ReleaseError::Refused(format!(
+                "{model} has an open release already ({}, {}): abort it first",
+                open.id, open.state
+            )));
+        }
+        let now = ReleaseStore::now_ms();
+        let release = Release {
+            id: format!("rel_{}", ulid::Ulid::new().to_string().to_lowercase()),
+            model: model.to_owned(),
+            primary_backend: primary,
+            candidate_backend: candidate.to_owned(),
+            plan_name: plan_name.to_owned(),
+            plan_json: serde_json::to_string(&plan).unwrap_or_default(),
+            primary_engine,
+            primary_artifact,
+            candidate_engine,
+            candidate_artifact,
+            created_ms: now,
+            state: "running".to_owned(),
+            step: 0,
+            step_started_ms: now,
+            promote_requested: false,
+            override_correctness: None,
+            reason: None,
+            updated_ms: now,
+        };
+        let row = release.clone();
+        let who = actor.to_owned();
+        blocking(&store, move |s| s.create(&row, &who, "started")).await?;
+        tracing::info!(release = %release.id, model, candidate, plan = plan_name, actor, "release started");
+        self.republish(&store, &release, actor, "started").await?;
+        Ok(release)
+    }
+
+    /// Applies an operator's `action` to release `id`, recorded with `reason`.
+    pub async fn act_on_release(
+        self: &Arc<Self>,
+        id: &str,
+        action: Action,
+        actor: &str,
+        reason: &str,
+    ) -> Result<Release, ReleaseError> {
+        let store = {
+            let _changing = self.reloading.lock().await;
+            let store = self.releases.store()?.clone();
+            let key = id.to_owned();
+            let release = blocking(&store, move |s| s.get(&key))
+                .await?
+                .ok_or_else(|| ReleaseError::NotFound(id.to_owned()))?;
+            let next = self.acted(&store, &release, action, reason).await?;
+            let (row, before, who, why) = (
+                next.clone(),
+                release.clone(),
+                actor.to_owned(),
+                reason.to_owned(),
+            );
+            blocking(&store, move |s| s.update(&before, &row, &who, &why)).await?;
+            tracing::info!(release = %id, action = ?action, actor, reason, state = %next.state, step = next.step, "release action");
+            self.republish(&store, &next, actor, reason).await?;
+            store
+        };
+        // A gate passed is taken at once, not at the next evaluation.
+        if let Action::Promote { full: false, .. } = action {
+            self.evaluate_release(&store, id).await;
+        }
+        let key = id.to_owned();
+        blocking(&store, move |s| s.get(&key))
+            .await?
+            .ok_or_else(|| ReleaseError::NotFound(id.to_owned()))
+    }
+
+    /// The release `release` becomes after `action`, or why it cannot.
+    async fn acted(
+        self: &Arc<Self>,
+        store: &Arc<ReleaseStore>,
+        release: &Release,
+        action: Action,
+        reason: &str,
+    ) -> Result<Release, ReleaseError> {
+        let plan: Plan = serde_json::from_str(&release.plan_json)
+            .map_err(|e| ReleaseError::Store(format!("the release's plan does not read: {e}")))?;
+        let index = usize::try_from(release.step).unwrap_or(usize::MAX);
+        let step = plan.steps.get(index);
+        let now = ReleaseStore::now_ms();
+        let mut next = release.clone();
+        next.updated_ms = now;
+        let refuse = |why: String| Err(ReleaseError::Refused(why));
+        match action {
+            Action::Promote { full: false, .. } => {
+                if !release.is_open() || !matches!(step, Some(Step::Gate { .. })) {
+                    return refuse(format!(
+                        "{} is not at a gate ({}, {}); `promote --full` skips to the promotion",
+                        release.id,
+                        release.state,
+                        step.map(Step::label).unwrap_or_default()
+                    ));
+                }
+                next.promote_requested = true;
+            }
+            Action::Promote {
+                full: true,
+                override_correctness,
+            } => {
+                if !release.is_open() {
+                    return refuse(format!("{} is {}", release.id, release.state));
+                }
+                let evidence = evaluate::whole(self, store, release).await?;
+                let needed = plan
+                    .steps
+                    .iter()
+                    .find_map(|s| match s {
+                        Step::Shadow { min_pairs, .. } => Some(*min_pairs),
+                        _ => None,
+                    })
+                    .unwrap_or(1)
+                    .max(1);
+                let correct = evidence.mismatches == 0 && evidence.comparable_pairs >= needed;
+                if !correct && !override_correctness {
+                    return refuse(format!(
+                        "the correctness criterion is not met ({} of {} comparable pairs differ; {needed} matching pairs needed): `promote --full` never skips it; only `--override-correctness` with a reason does",
+                        evidence.mismatches, evidence.comparable_pairs
+                    ));
+                }
+                if !correct {
+                    next.override_correctness = Some(reason.to_owned());
+                }
+                next.step = i64::try_from(plan.steps.len().saturating_sub(1)).unwrap_or(0);
+                next.step_started_ms = now;
+                next.state = "running".to_owned();
+                next.reason = Some(format!("promoted in full: {reason}"));
+            }
+            Action::Pause => {
+                if !matches!(release.state.as_str(), "running" | "held") {
+                    return refuse(format!("{} is {}, not running", release.id, release.state));
+                }
+                next.state = "paused".to_owned();
+                next.reason = Some(format!("paused: {reason}"));
+            }
+            Action::Resume => {
+                if !matches!(release.state.as_str(), "paused" | "held") {
+                    return refuse(format!(
+                        "{} is {}, not paused or held",
+                        release.id, release.state
+                    ));
+                }
+                // The step starts over: what held it is not evidence for going on.
+                next.state = "running".to_owned();
+                next.step_started_ms = now;
+                next.reason = Some(format!("resumed: {reason}"));
+            }
+            Action::Abort => {
+                if !release.is_open() {
+                    return refuse(format!("{} is {} already", release.id, release.state));
+                }
+                next.state = "aborted".to_owned();
+                next.reason = Some(format!("aborted: {reason}"));
+            }
+            Action::Undo => {
+                let promoted = release.state == "completed"
+                    || (release.is_open() && matches!(step, Some(Step::Promote { .. })));
+                if !promoted {
+                    return refuse(format!("{} is not promoted: abort it instead", release.id));
+                }
+                next.state = "undone".to_owned();
+                next.reason = Some(format!("undone: {reason}"));
+            }
+        }
+        Ok(next)
+    }
+
+    /// Release `id` with its transitions and evaluations, oldest first.
+    pub async fn release_history(
+        self: &Arc<Self>,
+        id: &str,
+    ) -> Result<(Release, Vec<ReleaseEvent>, Vec<Evaluation>), ReleaseError> {
+        let store = self.releases.store()?.clone();
+        let key = id.to_owned();
+        let (release, events, evaluations) = blocking(&store, move |s| {
+            Ok((s.get(&key)?, s.events(&key)?, s.evaluations(&key)?))
+        })
+        .await?;
+        let release = release.ok_or_else(|| ReleaseError::NotFound(id.to_owned()))?;
+        Ok((release, events, evaluations))
+    }
+
+    /// Every release, newest first.
+    pub async fn releases(self: &Arc<Self>) -> Result<Vec<Release>, ReleaseError> {
+        let store = self.releases.store()?.clone();
+        blocking(&store, |s| s.all()).await
+    }
+
+    /// Rebuilds the snapshot's release routes from the ledger and swaps it in, then publishes
+    /// the release's change as an event. Called with the reload lock held.
+    pub(crate) async fn republish(
+        self: &Arc<Self>,
+        store: &Arc<ReleaseStore>,
+        release: &Release,
+        actor: &str,
+        reason: &str,
+    ) -> Result<(), ReleaseError> {
+        let all = blocking(store, |s| s.all()).await?;
+        let current = self.live.load();
+        let routes = self.releases.routes(&current, &all);
+        self.background
+            .swap(self, current.with_releases(routes))
+            .map_err(ReleaseError::Refused)?;
+        let mut event = describe(release);
+        if let Value::Object(fields) = &mut event {
+            fields.insert("actor".to_owned(), Value::from(actor));
+            fields.insert("reason".to_owned(), Value::from(reason));
+        }
+        self.events.publish(Event::new("release", event));
+        Ok(())
+    }
+}
+
+/// Runs a store call on a blocking thread.
+pub(crate) async fn blocking<T: Send + 'static>(
+    store: &Arc<ReleaseStore>,
+    f: impl FnOnce(&ReleaseStore) -> Result<T, switchyard_observe::ledger::LedgerError> + Send + 'static,
+) -> Result<T, ReleaseError> {
+    let store = store.clone();
+    tokio::task::spawn_blocking(move || f(&store))
+        .await
+        .map_err(|e| ReleaseError::Store(e.to_string()))?
+        .map_err(|e| ReleaseError::Store(e.to_string()))
+}
