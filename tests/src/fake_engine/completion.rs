@@ -164,7 +164,7 @@ pub(super) async fn complete(
     let per_token = config.per_token;
     let stamp_chunks = config.stamp_chunks;
     let pause = config.pause_after_first;
-    let fault = config.fault;
+    let fault = shared.fault();
     let events = shared.events.clone();
     let generator = async move {
         let mut index = 0usize;

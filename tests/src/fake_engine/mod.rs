@@ -204,6 +204,7 @@ impl FakeEngine {
         let serving = Arc::new(std::sync::Mutex::new(Serving {
             model_path: self.config.model_path.clone(),
             build_info: self.config.build_info.clone(),
+            fault: self.config.fault,
         }));
         let local = match self.config.fault {
             Fault::Refuse => {
@@ -285,6 +286,12 @@ impl FakeEngineHandle {
         let mut serving = self.serving.lock().unwrap_or_else(|e| e.into_inner());
         serving.model_path = model_path.into();
         serving.build_info = build_info.into();
+    }
+
+    /// Makes completions meet `fault` from now on (the faults of an engine that answers:
+    /// `Hang`, `CloseMidStream`, `Error500`, `LingerAfterDone`, or `None` again).
+    pub fn set_fault(&self, fault: Fault) {
+        self.serving.lock().unwrap_or_else(|e| e.into_inner()).fault = fault;
     }
 
     /// Connections accepted so far.

@@ -27,6 +27,8 @@ use super::{Event, FakeEngineConfig, Fault};
 pub(super) struct Serving {
     pub(super) model_path: String,
     pub(super) build_info: String,
+    /// The fault completions meet now (see [`super::FakeEngineHandle::set_fault`]).
+    pub(super) fault: Fault,
 }
 
 pub(super) struct Shared {
@@ -39,6 +41,11 @@ pub(super) struct Shared {
 }
 
 impl Shared {
+    /// The fault completions meet now.
+    pub(super) fn fault(&self) -> Fault {
+        self.serving.lock().unwrap_or_else(|e| e.into_inner()).fault
+    }
+
     /// The model path and build named now.
     pub(super) fn serving(&self) -> (String, String) {
         let serving = self.serving.lock().unwrap_or_else(|e| e.into_inner());
@@ -190,7 +197,7 @@ async fn route(shared: Arc<Shared>, req: Request<Incoming>) -> Response<FakeBody
                 guard.done();
                 return json_response(StatusCode::SERVICE_UNAVAILABLE, loading_error());
             }
-            match config.fault {
+            match shared.fault() {
                 Fault::Hang => {
                     // Never answer; the guard reports the abort when the client gives up.
                     std::future::pending::<()>().await;

@@ -50,6 +50,7 @@ pub(crate) async fn evaluator(state: Arc<AppState>, stop: CancellationToken) {
         tokio::select! {
             () = stop.cancelled() => return,
             () = tokio::time::sleep(tick) => {}
+            () = state.releases.changed.notified() => {}
         }
     }
 }
@@ -202,9 +203,10 @@ pub(crate) async fn step_evidence(
 ) -> Result<(Evidence, Observed), ReleaseError> {
     // Records of the window's last requests may still be on their way to the ledger.
     state.flush_ledger().await;
+    let identity_now = identity_change(state, release).map_err(ReleaseError::Refused)?;
     let observed = Observed {
         rows: blocking(store, |s| s.last_rows()).await?,
-        identity_now: identity_change(state, release),
+        identity_now,
     };
     let (r, seen) = (release.clone(), observed.clone());
     let evidence = blocking(store, move |s| count(s, &r, since_ms, until_ms, &seen)).await?;
@@ -325,8 +327,9 @@ pub(crate) fn count(
     Ok(evidence)
 }
 
-/// A backend's identity now, when it is no longer the one the release pinned.
-fn identity_change(state: &AppState, release: &Release) -> Option<String> {
+/// A backend's identity now, when it is no longer the one the release pinned; `Err` when one
+/// is not known yet (not probed or hashed since a start): no verdict can be given then.
+fn identity_change(state: &AppState, release: &Release) -> Result<Option<String>, String> {
     let snapshot = state.live.load();
     for (role, name, engine, artifact) in [
         (
@@ -343,20 +346,27 @@ fn identity_change(state: &AppState, release: &Release) -> Option<String> {
         ),
     ] {
         let Some(backend) = snapshot.backends.get(name.as_str()) else {
-            return Some(format!("the {role} backend {name} is no longer configured"));
+            return Ok(Some(format!(
+                "the {role} backend {name} is no longer configured"
+            )));
         };
         let headers = backend.identity_headers();
+        if let switchyard_engine::Verification::Unknown(why) = &headers.verification {
+            return Err(format!(
+                "the {role} {name}'s identity is not known yet ({why})"
+            ));
+        }
         let (now_engine, now_artifact) = (
             headers.engine.to_str().unwrap_or(""),
             headers.artifact.to_str().unwrap_or(""),
         );
         if now_engine != engine || now_artifact != artifact {
-            return Some(format!(
+            return Ok(Some(format!(
                 "the {role} {name} is now engine {now_engine}, artifact {now_artifact}; the release pinned engine {engine}, artifact {artifact}"
-            ));
+            )));
         }
     }
-    None
+    Ok(None)
 }
 
 /// `pair` with the release's primary backend as its primary side, and whether it was turned

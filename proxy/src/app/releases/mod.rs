@@ -63,6 +63,8 @@ pub(crate) struct Releases {
     pub(crate) store: Option<Arc<ReleaseStore>>,
     /// Each release's pool for its copies, kept across the snapshots it is rebuilt into.
     pools: Mutex<HashMap<String, Arc<Pool>>>,
+    /// Wakes the evaluator when a release starts or an operator moves one.
+    pub(crate) changed: tokio::sync::Notify,
 }
 
 impl Releases {
@@ -70,6 +72,7 @@ impl Releases {
         Self {
             store,
             pools: Mutex::default(),
+            changed: tokio::sync::Notify::new(),
         }
     }
 
@@ -410,6 +413,8 @@ impl AppState {
         id: &str,
     ) -> Result<(Release, Vec<ReleaseEvent>, Vec<Evaluation>), ReleaseError> {
         let store = self.releases.store()?.clone();
+        // Read between changes: a release read here routes as it says.
+        let _settled = self.reloading.lock().await;
         let key = id.to_owned();
         let (release, events, evaluations) = blocking(&store, move |s| {
             Ok((s.get(&key)?, s.events(&key)?, s.evaluations(&key)?))
@@ -422,6 +427,8 @@ impl AppState {
     /// Every release, newest first.
     pub async fn releases(self: &Arc<Self>) -> Result<Vec<Release>, ReleaseError> {
         let store = self.releases.store()?.clone();
+        // Read between changes: a release read here routes as it says.
+        let _settled = self.reloading.lock().await;
         blocking(&store, |s| s.all()).await
     }
 
@@ -446,6 +453,7 @@ impl AppState {
             fields.insert("reason".to_owned(), Value::from(reason));
         }
         self.events.publish(Event::new("release", event));
+        self.releases.changed.notify_one();
         Ok(())
     }
 }

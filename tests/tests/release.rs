@@ -1,0 +1,537 @@
+//! Canary releases against the fake engine: a good candidate walks every step and becomes the
+//! primary; a failing one is aborted; a wrong one never leaves the shadow step; a quiet model
+//! holds and says what it needs; a release survives `kill -9`; an abort lets the candidate's
+//! streams finish.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)] // a failed unwrap is a failed test
+#![allow(clippy::disallowed_methods)] // tokio::spawn: the test's own clients, not server tasks
+
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use http_body_util::BodyExt;
+use serde_json::{json, Value};
+use switchyard::Running;
+use switchyard_tests::fake_engine::{FakeEngine, FakeEngineHandle, Fault};
+use switchyard_tests::harness::{
+    listening_on, start_switchyard_file, switchyard_bin, wait_ready, TestClient, TestResponse,
+};
+
+/// Quick plans: evaluated every 50 ms, steps that need a handful of requests.
+const PLANS: &str = r#"
+[plans.fast]
+evaluate_every_ms = 50
+steps = [
+    { step = "shadow", min_pairs = 3 },
+    { step = "live", weight = 5, min_requests = 2 },
+    { step = "live", weight = 25, min_requests = 2 },
+    { step = "live", weight = 50, min_requests = 2 },
+    { step = "gate" },
+    { step = "promote", bake_s = 0 },
+]
+
+[plans.careful]
+evaluate_every_ms = 50
+on_mismatch = "hold"
+steps = [{ step = "shadow", min_pairs = 3 }, { step = "promote", bake_s = 0 }]
+
+[plans.settled]
+evaluate_every_ms = 50
+steps = [
+    { step = "shadow", min_pairs = 3 },
+    { step = "live", weight = 25, min_requests = 100000 },
+]
+
+[plans.mostly]
+evaluate_every_ms = 50
+steps = [{ step = "live", weight = 99, min_requests = 100000 }]
+"#;
+
+fn config(dir: &Path, admin: &str, primary: &str, candidate: &str) -> String {
+    let artifact = dir.join("model.gguf");
+    format!(
+        r#"
+[server]
+listen = "127.0.0.1:0"
+probe_interval_ms = 100
+connect_timeout_ms = 500
+first_byte_timeout_ms = 5000
+
+[admin]
+listen = "{admin}"
+
+[ledger]
+path = "{ledger}"
+
+[backends.p]
+engine = "llama.cpp"
+url = "{primary}"
+artifact = "{artifact}"
+
+[backends.c]
+engine = "llama.cpp"
+url = "{candidate}"
+artifact = "{artifact}"
+
+[models.smollm2]
+primary = "p"
+{PLANS}"#,
+        ledger = dir.join("ledger.db").display(),
+        artifact = artifact.display(),
+    )
+}
+
+async fn engine(dir: &Path, change: impl FnOnce(FakeEngine) -> FakeEngine) -> FakeEngineHandle {
+    let artifact = dir.join("model.gguf");
+    std::fs::write(&artifact, b"GGUF weights").unwrap();
+    let mut e = change(FakeEngine::llama_cpp().model_path(artifact.display().to_string()))
+        .spawn()
+        .await
+        .unwrap();
+    e.ignore_events();
+    e
+}
+
+/// One Switchyard in-process with its admin listener (no tokens: loopback, actor `local`).
+struct Setup {
+    _dir: tempfile::TempDir,
+    proxy: Running,
+    base: String,
+    admin: String,
+}
+
+impl Setup {
+    async fn start(
+        candidate: impl FnOnce(FakeEngine) -> FakeEngine,
+    ) -> (Self, FakeEngineHandle, FakeEngineHandle) {
+        let dir = tempfile::tempdir().unwrap();
+        let p = engine(dir.path(), |e| e.deterministic()).await;
+        let c = engine(dir.path(), |e| candidate(e.deterministic())).await;
+        let path = dir.path().join("switchyard.toml");
+        std::fs::write(&path, config(dir.path(), "127.0.0.1:0", &p.url(), &c.url())).unwrap();
+        let proxy = start_switchyard_file(&path).await.unwrap();
+        wait_ready(&proxy, Duration::from_secs(5), |v| {
+            ["p", "c"]
+                .iter()
+                .all(|n| v["backends"][n]["identity"] == "verified")
+        })
+        .await
+        .unwrap();
+        let setup = Self {
+            base: format!("http://{}", proxy.addr()),
+            admin: format!("http://{}", proxy.admin_addr().unwrap()),
+            _dir: dir,
+            proxy,
+        };
+        (setup, p, c)
+    }
+}
+
+async fn admin(admin: &str, method: &str, path: &str, body: Option<Value>) -> TestResponse {
+    let request = http::Request::builder()
+        .method(method)
+        .uri(format!("{admin}{path}"))
+        .header("content-type", "application/json")
+        .body(http_body_util::Full::new(bytes::Bytes::from(
+            body.map(|b| b.to_string()).unwrap_or_default(),
+        )))
+        .unwrap();
+    TestClient::new().send(request).await.unwrap()
+}
+
+async fn start_release(admin_url: &str, plan: &str) -> String {
+    let r = admin(
+        admin_url,
+        "POST",
+        "/admin/releases",
+        Some(json!({"model": "smollm2", "candidate": "c", "plan": plan})),
+    )
+    .await;
+    assert_eq!(r.status, 201, "{}", r.json());
+    r.json()["id"].as_str().unwrap().to_owned()
+}
+
+async fn status(admin_url: &str, id: &str) -> Value {
+    admin(admin_url, "GET", &format!("/admin/releases/{id}"), None)
+        .await
+        .json()
+}
+
+/// One request of session `session`.
+async fn ask(base: &str, session: &str) -> TestResponse {
+    TestClient::new()
+        .post_json_with(
+            &format!("{base}/v1/chat/completions"),
+            &json!({"model": "smollm2", "temperature": 0,
+                    "messages": [{"role": "user", "content": format!("hello from {session}")}]}),
+            &[("x-session-id", session)],
+        )
+        .await
+        .unwrap()
+}
+
+/// Sends requests of new sessions, a few at a time, until `done` accepts the release's status
+/// (passing a gate on the way when `promote`), and returns that status. Each round looks at the
+/// status the evaluator left after the requests before it.
+async fn drive(
+    base: &str,
+    admin_url: &str,
+    id: &str,
+    promote: bool,
+    done: impl Fn(&Value) -> bool,
+) -> Value {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let mut n = 0;
+    loop {
+        let now = status(admin_url, id).await;
+        let release = &now["release"];
+        if done(release) {
+            return now;
+        }
+        assert!(Instant::now() < deadline, "not reached: {now}");
+        if promote && release["step_label"] == "gate" && release["promote_requested"] == false {
+            let r = admin(
+                admin_url,
+                "POST",
+                &format!("/admin/releases/{id}/promote"),
+                Some(json!({"reason": "looks good"})),
+            )
+            .await;
+            assert_eq!(r.status, 200, "{}", r.json());
+            continue;
+        }
+        for _ in 0..5 {
+            n += 1;
+            let r = ask(base, &format!("{id}-session-{n}")).await;
+            assert!(r.status == 200 || r.status == 500, "{}", r.status);
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_good_candidate_walks_every_step_and_becomes_the_primary() {
+    let (s, _p, _c) = Setup::start(|e| e).await;
+    let id = start_release(&s.admin, "fast").await;
+    let done = drive(&s.base, &s.admin, &id, true, |r| r["state"] == "completed").await;
+    let steps: Vec<Value> = done["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| json!([e["to_state"], e["to_step"], e["actor"]]))
+        .collect();
+    assert_eq!(
+        steps,
+        vec![
+            json!(["running", 0, "local"]),
+            json!(["running", 1, "auto"]),
+            json!(["running", 2, "auto"]),
+            json!(["running", 3, "auto"]),
+            json!(["running", 4, "auto"]),
+            json!(["running", 5, "auto"]),
+            json!(["completed", 5, "auto"]),
+        ],
+        "{done}"
+    );
+    // The shadow step passed on matching pairs; every live step on requests the candidate served.
+    let evaluations = done["evaluations"].as_array().unwrap();
+    let advanced: Vec<&Value> = evaluations
+        .iter()
+        .filter(|e| e["decision"] == "advance")
+        .collect();
+    assert!(
+        advanced[0]["evidence"]["comparable_pairs"]
+            .as_u64()
+            .unwrap()
+            >= 3,
+        "{done}"
+    );
+    assert_eq!(advanced[0]["evidence"]["mismatches"], 0);
+    for live in &advanced[1..4] {
+        assert!(
+            live["evidence"]["candidate_requests"].as_u64().unwrap() >= 2,
+            "{done}"
+        );
+    }
+    for i in 0..10 {
+        let r = ask(&s.base, &format!("after-{i}")).await;
+        assert_eq!(
+            (
+                r.header("x-switchyard-backend"),
+                r.header("x-switchyard-variant")
+            ),
+            ("c", "primary")
+        );
+    }
+    let readyz = TestClient::new()
+        .get(&format!("{}/readyz", s.base))
+        .await
+        .unwrap()
+        .json();
+    assert_eq!(
+        readyz["models"]["smollm2"]["release"]["promoted"], true,
+        "{readyz}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_candidate_that_starts_failing_is_aborted_and_the_primary_takes_everything() {
+    let (s, _p, c) = Setup::start(|e| e).await;
+    let id = start_release(&s.admin, "fast").await;
+    drive(&s.base, &s.admin, &id, false, |r| {
+        r["step_label"] == "live 25%"
+    })
+    .await;
+    c.set_fault(Fault::Error500);
+    let aborted = drive(&s.base, &s.admin, &id, false, |r| r["state"] == "aborted").await;
+    let release = &aborted["release"];
+    assert_eq!(release["weight"], 0);
+    assert!(
+        release["waiting_for"]
+            .as_str()
+            .unwrap()
+            .starts_with("candidate error rate"),
+        "{aborted}"
+    );
+    for i in 0..20 {
+        let r = ask(&s.base, &format!("{id}-session-{i}")).await;
+        assert_eq!(
+            (r.status.as_u16(), r.header("x-switchyard-backend")),
+            (200, "p")
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fast_but_wrong_candidate_never_leaves_the_shadow_step() {
+    let (s, _p, _c) = Setup::start(|e| e.fixed_text("Lyon is the capital of France.")).await;
+    let id = start_release(&s.admin, "careful").await;
+    let held = drive(&s.base, &s.admin, &id, false, |r| r["state"] == "held").await;
+    let release = &held["release"];
+    assert_eq!(
+        (release["step_label"].as_str(), release["weight"].as_u64()),
+        (Some("shadow"), Some(0))
+    );
+    let why = release["waiting_for"].as_str().unwrap();
+    assert!(
+        why.contains("comparable pairs differ") && why.contains("first: request "),
+        "{why}"
+    );
+    // Promoting in full never passes the correctness criterion…
+    let r = admin(
+        &s.admin,
+        "POST",
+        &format!("/admin/releases/{id}/promote"),
+        Some(json!({"reason": "ship it", "full": true})),
+    )
+    .await;
+    assert_eq!(r.status, 409, "{}", r.json());
+    assert!(r.json()["error"]["message"]
+        .as_str()
+        .unwrap()
+        .contains("correctness criterion"));
+    // … and no request was served by the candidate.
+    for i in 0..10 {
+        assert_eq!(
+            ask(&s.base, &format!("later-{i}"))
+                .await
+                .header("x-switchyard-backend"),
+            "p"
+        );
+    }
+    let r = admin(
+        &s.admin,
+        "POST",
+        &format!("/admin/releases/{id}/abort"),
+        Some(json!({"reason": "wrong answers"})),
+    )
+    .await;
+    assert_eq!(r.json()["state"], "aborted");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_quiet_model_holds_and_says_what_it_needs() {
+    let (s, _p, _c) = Setup::start(|e| e).await;
+    let id = start_release(&s.admin, "fast").await;
+    ask(&s.base, "the-only-one").await;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let release = loop {
+        let release = status(&s.admin, &id).await["release"].clone();
+        if release["waiting_for"]
+            .as_str()
+            .is_some_and(|w| w.starts_with("needs"))
+        {
+            break release;
+        }
+        assert!(Instant::now() < deadline, "{release}");
+        tokio::time::sleep(Duration::from_millis(50)).await; // the evaluator's own pace
+    };
+    assert_eq!(
+        (release["state"].as_str(), release["step_label"].as_str()),
+        (Some("running"), Some("shadow"))
+    );
+    assert!(
+        release["waiting_for"]
+            .as_str()
+            .unwrap()
+            .contains("more comparable pairs"),
+        "{release}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_abort_lets_the_candidates_streams_finish() {
+    let (s, _p, _c) = Setup::start(|e| e.slots(32).token_ms(100).tokens(20)).await;
+    let id = start_release(&s.admin, "mostly").await;
+    drive(&s.base, &s.admin, &id, false, |r| r["weight"] == 99).await;
+    let client = TestClient::new();
+    let url = format!("{}/v1/chat/completions", s.base);
+    let mut streams = Vec::new();
+    let mut n = 0;
+    while streams.len() < 20 {
+        n += 1;
+        let session = format!("stream-{n}");
+        let body = json!({"model": "smollm2", "stream": true, "temperature": 0,
+                          "messages": [{"role": "user", "content": session}]});
+        let mut r = client
+            .post_stream(&url, &body, &[("x-session-id", &session)])
+            .await
+            .unwrap();
+        if r.headers()["x-switchyard-backend"] != "c" {
+            continue;
+        }
+        assert_eq!(r.headers()["x-switchyard-variant"], "canary");
+        let first = r
+            .body_mut()
+            .frame()
+            .await
+            .unwrap()
+            .unwrap()
+            .into_data()
+            .unwrap();
+        streams.push((r, first));
+    }
+    let r = admin(
+        &s.admin,
+        "POST",
+        &format!("/admin/releases/{id}/abort"),
+        Some(json!({"reason": "enough"})),
+    )
+    .await;
+    assert_eq!(r.json()["state"], "aborted");
+    for i in 0..20 {
+        assert_eq!(
+            ask(&s.base, &format!("stream-{i}"))
+                .await
+                .header("x-switchyard-backend"),
+            "p"
+        );
+    }
+    for (r, first) in streams {
+        let (parts, body) = r.into_parts();
+        assert_eq!(parts.status, 200);
+        let mut text = String::from_utf8_lossy(&first).into_owned();
+        text.push_str(&String::from_utf8_lossy(
+            &body.collect().await.unwrap().to_bytes(),
+        ));
+        assert!(text.contains("data: [DONE]"), "{text}");
+    }
+    drop(s.proxy);
+}
+
+/// Runs `switchyard serve` on a configuration file.
+fn serve(path: &Path) -> std::process::Child {
+    Command::new(switchyard_bin().unwrap())
+        .args(["serve", "--config", path.to_str().unwrap()])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kill_9_mid_step_changes_nothing_and_every_verdict_recomputes_the_same() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = engine(dir.path(), |e| e.deterministic()).await;
+    let c = engine(dir.path(), |e| e.deterministic()).await;
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let admin_url = format!("http://127.0.0.1:{port}");
+    let path = dir.path().join("switchyard.toml");
+    std::fs::write(
+        &path,
+        config(dir.path(), &format!("127.0.0.1:{port}"), &p.url(), &c.url()),
+    )
+    .unwrap();
+    let mut child = serve(&path);
+    let base = listening_on(&mut child).await.unwrap();
+    let verified = || async {
+        let v = TestClient::new().get(&format!("{base}/readyz")).await;
+        v.is_ok_and(|r| {
+            ["p", "c"]
+                .iter()
+                .all(|n| r.json()["backends"][n]["identity"] == "verified")
+        })
+    };
+    while !verified().await {
+        tokio::time::sleep(Duration::from_millis(50)).await; // another process: no signal to await
+    }
+    let id = start_release(&admin_url, "settled").await;
+    let before = drive(&base, &admin_url, &id, false, |r| {
+        r["step_label"] == "live 25%"
+    })
+    .await;
+    let sides = |base: String| async move {
+        let mut sides = Vec::new();
+        for i in 0..20 {
+            sides.push(
+                ask(&base, &format!("sticky-{i}"))
+                    .await
+                    .header("x-switchyard-backend")
+                    .to_owned(),
+            );
+        }
+        sides
+    };
+    let sides_before = sides(base.clone()).await;
+    assert!(
+        sides_before.iter().any(|s| s == "c") && sides_before.iter().any(|s| s == "p"),
+        "{sides_before:?}"
+    );
+
+    child.kill().unwrap(); // SIGKILL
+    child.wait().unwrap();
+    let mut child = serve(&path);
+    let base = listening_on(&mut child).await.unwrap();
+    let after = status(&admin_url, &id).await;
+    for key in ["state", "step", "weight", "step_started_ms", "pinned"] {
+        assert_eq!(
+            after["release"][key], before["release"][key],
+            "{key}: {after}"
+        );
+    }
+    assert_eq!(
+        sides(base.clone()).await,
+        sides_before,
+        "sessions stay on their side"
+    );
+    child.kill().unwrap();
+    child.wait().unwrap();
+
+    let out = Command::new(switchyard_bin().unwrap())
+        .args(["release", "explain", &id, "--recompute", "--ledger"])
+        .arg(dir.path().join("ledger.db"))
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{text}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(text.contains(": 0 verdict(s) disagree"), "{text}");
+    assert!(text.matches("— agrees").count() >= 2, "{text}");
+}
