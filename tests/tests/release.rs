@@ -43,6 +43,14 @@ steps = [
     { step = "live", weight = 25, min_requests = 100000 },
 ]
 
+[plans.climb]
+evaluate_every_ms = 50
+steps = [
+    { step = "live", weight = 10, min_requests = 1 },
+    { step = "gate" },
+    { step = "live", weight = 50, min_requests = 100000 },
+]
+
 [plans.mostly]
 evaluate_every_ms = 50
 steps = [{ step = "live", weight = 99, min_requests = 100000 }]
@@ -437,6 +445,74 @@ async fn an_abort_lets_the_candidates_streams_finish() {
         assert!(text.contains("data: [DONE]"), "{text}");
     }
     drop(s.proxy);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sessions_split_by_the_weight_and_stay_on_their_side() {
+    let (s, _p, _c) = Setup::start(|e| e.slots(64)).await;
+    let id = start_release(&s.admin, "climb").await;
+    drive(&s.base, &s.admin, &id, false, |r| r["step_label"] == "gate").await;
+    // 10,000 sessions at 10 %, sixteen at a time.
+    let sides = |sessions: std::ops::Range<usize>| {
+        let base = s.base.clone();
+        async move {
+            let mut out = vec![String::new(); sessions.len()];
+            let start = sessions.start;
+            let mut tasks = tokio::task::JoinSet::new();
+            for worker in 0..16 {
+                let (base, sessions) = (base.clone(), sessions.clone());
+                tasks.spawn(async move {
+                    let mut mine = Vec::new();
+                    for i in sessions.filter(|i| i % 16 == worker) {
+                        let r = ask(&base, &format!("user-{i}")).await;
+                        mine.push((i, r.header("x-switchyard-backend").to_owned()));
+                    }
+                    mine
+                });
+            }
+            while let Some(done) = tasks.join_next().await {
+                for (i, side) in done.unwrap() {
+                    out[i - start] = side;
+                }
+            }
+            out
+        }
+    };
+    let at_ten = sides(0..10_000).await;
+    let on_candidate = at_ten.iter().filter(|b| *b == "c").count();
+    assert!(
+        (900..=1100).contains(&on_candidate),
+        "{on_candidate} of 10000"
+    );
+    assert!(at_ten.iter().all(|b| b == "c" || b == "p"));
+
+    // A reload moves no session.
+    let path = s._dir.path().join("switchyard.toml");
+    let text = std::fs::read_to_string(&path).unwrap();
+    std::fs::write(
+        &path,
+        text.replace("primary = \"p\"", "primary = \"p\"\naliases = [\"small\"]"),
+    )
+    .unwrap();
+    let reload = admin(&s.admin, "POST", "/admin/reload", None).await.json();
+    assert_eq!(reload["outcome"], "applied", "{reload}");
+    assert_eq!(sides(0..500).await, at_ten[..500]);
+
+    // Past the gate, at 50 %: every session on the candidate stays there.
+    let r = admin(
+        &s.admin,
+        "POST",
+        &format!("/admin/releases/{id}/promote"),
+        Some(json!({"reason": "on"})),
+    )
+    .await;
+    assert_eq!(r.json()["weight"], 50, "{}", r.json());
+    let at_fifty = sides(0..2_000).await;
+    for (i, (before, after)) in at_ten.iter().zip(&at_fifty).enumerate() {
+        assert!(before != "c" || after == "c", "session {i} moved back");
+    }
+    let more = at_fifty.iter().filter(|b| *b == "c").count();
+    assert!((900..=1100).contains(&more), "{more} of 2000 at 50 %");
 }
 
 /// Runs `switchyard serve` on a configuration file.

@@ -83,6 +83,19 @@ pub(super) struct ReloadLabels {
     pub(super) result: &'static str,
 }
 
+/// `switchyard_release_weight`: a model's canary weight.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+pub(super) struct ReleaseLabels {
+    pub(super) model: String,
+}
+
+/// `switchyard_release_decisions_total`: a release's decisions by kind.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+pub(super) struct DecisionLabels {
+    pub(super) model: String,
+    pub(super) decision: &'static str,
+}
+
 /// A histogram family whose children all have the same buckets.
 pub(super) type Histograms<L> = Family<L, Histogram, fn() -> Histogram>;
 
@@ -115,6 +128,8 @@ pub(super) struct Families {
     pub(super) rejected_heads: Family<HeadLabels, Counter>,
     pub(super) reloads: Family<ReloadLabels, Counter>,
     pub(super) reload_ok: Gauge,
+    pub(super) release_weight: Family<ReleaseLabels, Gauge>,
+    pub(super) release_decisions: Family<DecisionLabels, Counter>,
 }
 
 impl Families {
@@ -139,6 +154,8 @@ impl Families {
             rejected_heads: Family::default(),
             reloads: Family::default(),
             reload_ok: Gauge::default(),
+            release_weight: Family::default(),
+            release_decisions: Family::default(),
         };
         let f = &families;
         registry.register(
@@ -235,6 +252,16 @@ impl Families {
             "switchyard_config_last_reload_successful",
             "1 when the last reload was applied or found nothing to change (or none was tried), 0 when it was rejected",
             f.reload_ok.clone(),
+        );
+        registry.register(
+            "switchyard_release_weight",
+            "The percentage of a model's sessions its canary release sends to the candidate (100 once promoted; 0 without an open release)",
+            f.release_weight.clone(),
+        );
+        registry.register(
+            "switchyard_release_decisions",
+            "Canary release decisions that moved a release or changed what it waits for: advance, hold, hold-for-person, abort, supersede",
+            f.release_decisions.clone(),
         );
         families
     }

@@ -280,6 +280,27 @@ impl Metrics {
         self.families.reload_ok.set(i64::from(result != "rejected"));
     }
 
+    /// Sets the share of `model`'s sessions its release sends to the candidate.
+    pub fn release_weight(&self, model: &str, weight: u8) {
+        self.families
+            .release_weight
+            .get_or_create(&families::ReleaseLabels {
+                model: model.to_owned(),
+            })
+            .set(i64::from(weight));
+    }
+
+    /// Counts a recorded release decision for `model`.
+    pub fn release_decision(&self, model: &str, decision: &'static str) {
+        self.families
+            .release_decisions
+            .get_or_create(&families::DecisionLabels {
+                model: model.to_owned(),
+                decision,
+            })
+            .inc();
+    }
+
     /// Counts a connection closed because its client sent nothing within the idle timeout.
     pub fn idle_connection_closed(&self) {
         self.families.idle_closed.inc();

@@ -455,6 +455,12 @@ const DOCUMENTED: &[(&str, &str, &[&str])] = &[
     ),
     ("switchyard_config_reloads_total", "counter", &["result"]),
     ("switchyard_config_last_reload_successful", "gauge", &[]),
+    ("switchyard_release_weight", "gauge", &["model"]),
+    (
+        "switchyard_release_decisions_total",
+        "counter",
+        &["model", "decision"],
+    ),
     ("switchyard_trace_spans_exported_total", "counter", &[]),
     ("switchyard_trace_spans_dropped_total", "counter", &[]),
     ("switchyard_trace_spans_failed_total", "counter", &[]),
@@ -492,6 +498,8 @@ fn every_family_is_written_as_documented() {
         false,
     );
     m.idle_connection_closed();
+    m.release_weight("smollm2", 25);
+    m.release_decision("smollm2", "advance");
     m.rejected_request_head(431);
     m.rejected_request_head(999);
     m.ledger_written.inc_by(3);
@@ -507,6 +515,10 @@ fn every_family_is_written_as_documented() {
         .collect();
     assert_eq!(declared, documented);
     assert!(text.contains("switchyard_ledger_records_written_total 3\n"));
+    assert!(text.contains("switchyard_release_weight{model=\"smollm2\"} 25\n"));
+    assert!(text.contains(
+        "switchyard_release_decisions_total{model=\"smollm2\",decision=\"advance\"} 1\n"
+    ));
     assert!(text.contains("switchyard_config_reloads_total{result=\"rejected\"} 0\n"));
     assert!(text.contains("switchyard_config_last_reload_successful 1\n"));
     m.config_reload("rejected");

@@ -56,6 +56,9 @@ pub enum ProxyError {
     /// Shutdown's drain timeout ran out while the request still waited for a slot.
     #[error("Switchyard is shutting down and its drain timeout ran out while this request was waiting for a free slot on backend `{backend}`, so it was never sent to the engine. Retry it once Switchyard is back.")]
     ShuttingDown { backend: String },
+    /// `x-switchyard-arm` was sent without what it needs (see `route::release`).
+    #[error("The arm of model `{model}`'s release cannot be forced: {why}")]
+    ArmNotForced { model: String, why: String },
     #[error("Internal error.")]
     Internal(String),
 }
@@ -75,6 +78,7 @@ impl ProxyError {
             | Self::NotAnObject
             | Self::MissingModel
             | Self::ModelNotString => StatusCode::BAD_REQUEST,
+            Self::ArmNotForced { .. } => StatusCode::FORBIDDEN,
             Self::IdentityUnverified { .. } | Self::ShuttingDown { .. } => {
                 StatusCode::SERVICE_UNAVAILABLE
             }
@@ -104,6 +108,7 @@ impl ProxyError {
             | Self::MissingModel
             | Self::ModelNotString
             | Self::UnknownModel { .. } => "invalid_request_error",
+            Self::ArmNotForced { .. } => "permission_error",
             Self::IdentityUnverified { .. } | Self::ShuttingDown { .. } => "unavailable_error",
             Self::UpstreamUnreachable { .. }
             | Self::ConnectTimeout { .. }
@@ -136,6 +141,7 @@ impl ProxyError {
             Self::UpstreamBroken { .. } => "upstream_broken",
             Self::UpstreamTooLarge { .. } => "upstream_response_too_large",
             Self::ShuttingDown { .. } => "shutting_down",
+            Self::ArmNotForced { .. } => "arm_not_forced",
             Self::Internal(_) => "internal_error",
         }
     }

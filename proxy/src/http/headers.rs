@@ -14,6 +14,11 @@ pub(crate) const X_WORKLOAD: HeaderName = HeaderName::from_static("x-switchyard-
 pub(crate) const X_FALLBACK_FROM: HeaderName =
     HeaderName::from_static("x-switchyard-fallback-from");
 pub(crate) const SERVER_TIMING: HeaderName = HeaderName::from_static("server-timing");
+/// A request's chosen side of its model's release (`primary` or `candidate`), forced by an
+/// admin token's holder; consumed here, never forwarded.
+pub(crate) const X_ARM: HeaderName = HeaderName::from_static("x-switchyard-arm");
+/// The admin token that allows [`X_ARM`]; consumed here, never forwarded.
+pub(crate) const X_ADMIN_TOKEN: HeaderName = HeaderName::from_static("x-switchyard-admin-token");
 
 /// The headers a message's `Connection` header names: options of that one connection, dropped
 /// when forwarding like the fixed set below (RFC 9110, section 7.6.1). Empty, without allocating,
@@ -29,11 +34,14 @@ pub(crate) fn connection_options(headers: &HeaderMap) -> Vec<HeaderName> {
         .collect()
 }
 
-/// Headers that describe one connection, not the message; never forwarded in either direction.
+/// Headers that describe one connection, not the message, and Switchyard's own controls
+/// ([`X_ARM`], [`X_ADMIN_TOKEN`]); never forwarded in either direction.
 pub(crate) fn is_hop_by_hop(name: &HeaderName) -> bool {
     matches!(
         name.as_str(),
-        "connection"
+        "x-switchyard-arm"
+            | "x-switchyard-admin-token"
+            | "connection"
             | "keep-alive"
             | "proxy-authenticate"
             | "proxy-authorization"

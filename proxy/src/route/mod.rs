@@ -123,7 +123,17 @@ impl Routing {
             .is_some_and(|v| v.get().trim() == "true");
         // A model under a canary release: which side serves this request, by its sticky key.
         let release = snapshot.releases.get(&*route.model).cloned();
-        let split = release.as_ref().map(|r| r.split(&parts.headers, &parsed));
+        let split = match &release {
+            Some(r) => match release::forced(&parts.headers, &snapshot.config, &route.model) {
+                Ok(Some(arm)) => Some((arm, "forced")),
+                Ok(None) => {
+                    let (arm, key) = r.split(&parts.headers, &parsed);
+                    Some((arm, key.as_str()))
+                }
+                Err(error) => return Err(ctx.fail(error)),
+            },
+            None => None,
+        };
         let fingerprint = fingerprint_fields(&route.model, &parsed);
         ctx.stamp.workload = Some(header_value(&fingerprint.workload));
         let want_trailers = parts.headers.get_all(header::TE).iter().any(|v| {
@@ -163,10 +173,13 @@ impl Routing {
                 ctx.recording.release = Some(ReleaseMark {
                     id: release.id.clone(),
                     arm: arm.as_str(),
-                    key: key.as_str(),
+                    key,
                 });
+                // A forced request is an operator's look, not evidence: no copy.
+                let evidence = key != "forced";
                 release
                     .copy_of(arm)
+                    .filter(|_| evidence)
                     .map(|(shadow, pool)| (shadow, Some(pool)))
             }
             _ => route.shadow.clone().map(|shadow| (shadow, None)),

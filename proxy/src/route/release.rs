@@ -12,6 +12,8 @@ use switchyard_policy::release::{arm, point, Arm, KeySource};
 use switchyard_policy::{ShadowRoute, ShadowWhen};
 
 use crate::forward::request::ParsedBody;
+use crate::http::headers::X_ADMIN_TOKEN;
+use crate::http::headers::X_ARM;
 use crate::shadow;
 
 /// One open release of a model, as requests are routed by it.
@@ -72,6 +74,46 @@ impl ReleaseRoute {
             None => point(&self.id, ulid::Ulid::new().to_string().as_bytes()),
         };
         (arm(at, self.weight), source)
+    }
+}
+
+/// The arm `headers` force (`x-switchyard-arm`), if they force one: only with an admin token of
+/// the configuration's `admin.tokens` in `x-switchyard-admin-token`. A forced request is
+/// recorded with key source `forced` and never counts as evidence.
+pub(crate) fn forced(
+    headers: &HeaderMap,
+    config: &switchyard_policy::Config,
+    model: &str,
+) -> Result<Option<Arm>, crate::http::ProxyError> {
+    let Some(value) = headers.get(X_ARM) else {
+        return Ok(None);
+    };
+    let refuse = |why: &str| crate::http::ProxyError::ArmNotForced {
+        model: model.to_owned(),
+        why: why.to_owned(),
+    };
+    let arm = match value.as_bytes() {
+        b"primary" => Arm::Primary,
+        b"candidate" => Arm::Candidate,
+        _ => return Err(refuse("x-switchyard-arm is `primary` or `candidate`")),
+    };
+    let Some(tokens) = config.admin.as_ref().and_then(|a| a.tokens.as_deref()) else {
+        return Err(refuse("forcing an arm needs admin.tokens configured"));
+    };
+    let presented = headers
+        .get(X_ADMIN_TOKEN)
+        .and_then(|v| v.to_str().ok())
+        .ok_or_else(|| refuse("x-switchyard-admin-token is missing"))?;
+    let entries = crate::config::tokens::read(tokens).map_err(|e| {
+        tracing::error!(error = %e, "admin tokens unreadable; forced arms are refused");
+        refuse("the admin tokens cannot be read; see Switchyard's log")
+    })?;
+    match crate::config::tokens::check(&entries, presented) {
+        Some(name) => {
+            tracing::info!(target: "switchyard::admin", token = name, model, arm = arm.as_str(), "release arm forced");
+            Ok(Some(arm))
+        }
+        None => Err(refuse("incorrect admin token")),
     }
 }
 

@@ -139,6 +139,7 @@ impl AppState {
             tracing::error!(release = id, error = %e, "release decision not recorded; traffic not moved");
             return;
         }
+        self.recorder.metrics.release_decision(&release.model, name);
         if moved {
             tracing::info!(release = id, decision = name, state = %next.state, step = next.step, reason = %why, "release moved");
             if let Err(e) = self.republish(store, &next, "auto", &why).await {

@@ -444,6 +444,10 @@ impl AppState {
         let all = blocking(store, |s| s.all()).await?;
         let current = self.live.load();
         let routes = self.releases.routes(&current, &all);
+        for model in current.config.models.keys() {
+            let weight = routes.get(model.as_str()).map_or(0, |r| r.weight);
+            self.recorder.metrics.release_weight(model, weight);
+        }
         self.background
             .swap(self, current.with_releases(routes))
             .map_err(ReleaseError::Refused)?;
