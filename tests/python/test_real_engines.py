@@ -759,3 +759,57 @@ def test_compare_runs_the_suite_on_both_engines_cold_and_warm_apart(engines: Eng
     assert all(len(row) == len(tsv[0]) for row in tsv)
     assert len(tsv) == 1 + len(report["summaries"]) + len(groups)
     assert "## By workload" in (out / "comparison.md").read_text()
+
+
+def test_a_release_judges_mlx_against_llama_as_compare_does(engines: Engines, tmp_path: Path) -> None:
+    """A canary release of smollm2 from llama-server to mlx_lm.server runs its shadow step on
+    real traffic from the openai SDK; its verdict (on to the gate when every pair matches, an
+    abort naming a differing request otherwise) agrees with what `switchyard compare` says about
+    the same requests."""
+    db = tmp_path / "ledger.db"
+    admin = f"127.0.0.1:{free_port()}"
+    config = base_config(engines) + f"""
+[ledger]
+path = "{db}"
+
+[admin]
+listen = "{admin}"
+
+[plans.real]
+evaluate_every_ms = 200
+steps = [{{ step = "shadow", min_pairs = 4 }}, {{ step = "gate" }}]
+"""
+    prompts = ["What is the capital of France? Answer in one sentence.", "Name three primary colors."]
+    with start_switchyard(tmp_path, config, identities_known) as p, httpx.Client(timeout=10.0) as http:
+        started = http.post(f"http://{admin}/admin/releases", json={"model": "smollm2", "candidate": "mlx", "plan": "real"})
+        assert started.status_code == 201, started.text
+        rid = started.json()["id"]
+        assert started.json()["pinned"]["candidate"]["engine"].startswith("mlx")
+        shadowed_requests(p, prompts, 1, 8)
+
+        def decided():  # noqa: ANN202
+            release = http.get(f"http://{admin}/admin/releases/{rid}").json()["release"]
+            return release if release["state"] == "aborted" or release["step_label"] == "gate" else None
+
+        release = poll("the release's verdict", decided, p.proc, timeout=REQUEST_TIMEOUT_S)
+        if release["state"] != "aborted":
+            http.post(f"http://{admin}/admin/releases/{rid}/abort", json={"reason": "test over"})
+
+    suite = tmp_path / "suite.jsonl"
+    with suite.open("w") as f:
+        for prompt in prompts:
+            for stream in (False, True):
+                request = {"model": "smollm2", "messages": [{"role": "user", "content": prompt}], "temperature": 0, "max_tokens": 8, "stream": stream}
+                f.write(json.dumps(request) + "\n")
+    compare_config = tmp_path / "compare.toml"
+    compare_config.write_text(base_config(engines))
+    comparison = json.loads(
+        run_switchyard(
+            "compare", "--config", str(compare_config), "--suite", str(suite), "--primary", "llama",
+            "--candidate", "mlx", "--repeat", "1", "--include-cold", "--format", "json",
+        )
+    )
+    compare_differs = any(g["counts"]["mismatch"] for g in comparison["groups"])
+    assert (release["state"] == "aborted") == compare_differs, (release, comparison["groups"])
+    if compare_differs:
+        assert "comparable pairs differ; first: request " in release["waiting_for"], release
