@@ -308,6 +308,30 @@ async fn a_candidate_that_starts_failing_is_aborted_and_the_primary_takes_everyt
             (200, "p")
         );
     }
+    // A retry of the identity this release rejected needs force, and starts afresh.
+    let retry_path = format!("/admin/releases/{id}/retry");
+    let retry = |force: bool| {
+        admin(
+            &s.admin,
+            "POST",
+            &retry_path,
+            Some(json!({"reason": "fixed, we think", "force": force})),
+        )
+    };
+    let refused = retry(false).await;
+    assert_eq!(refused.status, 409, "{}", refused.json());
+    assert!(refused.json()["error"]["message"]
+        .as_str()
+        .unwrap()
+        .contains(&id));
+    let again = retry(true).await;
+    assert_eq!(again.status, 201, "{}", again.json());
+    let again = again.json();
+    assert_ne!(again["id"], id.as_str());
+    assert_eq!(
+        (again["state"].as_str(), again["step"].as_u64()),
+        (Some("running"), Some(0))
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -7,7 +7,7 @@ pub mod plan;
 pub mod split;
 
 pub use decide::{decide, Decision, Evidence};
-pub use plan::{OnMismatch, Performance, Plan, Step};
+pub use plan::{OnMismatch, Performance, Plan, Step, Tolerance};
 pub use split::{arm, point, Arm, KeySource};
 
 #[cfg(test)]

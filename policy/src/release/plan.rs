@@ -21,6 +21,10 @@ pub struct Plan {
     pub steps: Vec<Step>,
     #[serde(default)]
     pub on_mismatch: OnMismatch,
+    /// Differing pairs the plan accepts: none unless set (engines that differ in arithmetic may
+    /// part on a greedy token now and then). Shown on the release for its whole life.
+    #[serde(default)]
+    pub tolerance: Option<Tolerance>,
     /// The share of the primary's requests copied to the candidate in a `shadow` step, and of
     /// the candidate's copied back to the primary in `live` steps (reverse shadows).
     #[serde(default = "default_sample")]
@@ -45,6 +49,16 @@ pub struct Plan {
 
 fn default_session_header() -> String {
     "x-session-id".to_owned()
+}
+
+/// How many differing pairs a plan accepts.
+#[derive(Debug, Clone, Copy, PartialEq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct Tolerance {
+    /// The largest share of comparable pairs that may differ, judged by the lower bound of the
+    /// share's 95 % confidence interval (Wilson): a share above it fails only once the evidence
+    /// shows it is, not on the first unlucky pairs.
+    pub max_mismatch_share: f64,
 }
 
 /// Limits on the candidate's speed relative to the primary's (1.0 = as fast).
@@ -165,6 +179,7 @@ impl Plan {
                 Step::Promote { bake_s: 3600 },
             ],
             on_mismatch: OnMismatch::Abort,
+            tolerance: None,
             sample: default_sample(),
             max_error_rate: default_max_error_rate(),
             performance: Performance::default(),
@@ -203,6 +218,14 @@ impl Plan {
         }
         if !(self.sample > 0.0 && self.sample <= 1.0) {
             push("sample".to_owned(), "must be above 0 and at most 1");
+        }
+        if let Some(t) = self.tolerance {
+            if !(0.0..1.0).contains(&t.max_mismatch_share) {
+                push(
+                    "tolerance.max_mismatch_share".to_owned(),
+                    "must be at least 0 and below 1",
+                );
+            }
         }
         if !(0.0..=1.0).contains(&self.max_error_rate) {
             push("max_error_rate".to_owned(), "must be between 0 and 1");

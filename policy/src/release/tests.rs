@@ -280,3 +280,44 @@ fn a_gate_waits_for_a_person_and_may_time_out() {
         Decision::Advance
     );
 }
+
+#[test]
+fn a_tolerance_accepts_a_few_differing_pairs_until_the_evidence_says_there_are_too_many() {
+    let step = Step::Shadow {
+        min_pairs: 10,
+        min_duration_s: 0,
+    };
+    let plan = Plan {
+        tolerance: Some(plan::Tolerance {
+            max_mismatch_share: 0.05,
+        }),
+        ..Plan::standard()
+    };
+    let with = |mismatches, pairs| Evidence {
+        elapsed_s: 10_000,
+        comparable_pairs: pairs,
+        mismatches,
+        ..Evidence::default()
+    };
+    // 1 in 40: the share could well be under 5 %.
+    assert_eq!(decide(&plan, &step, &with(1, 40)), Decision::Advance);
+    // 30 in 100: its lower bound (about 22 %) is well above 5 %.
+    assert!(matches!(
+        decide(&plan, &step, &with(30, 100)),
+        Decision::Abort { .. }
+    ));
+    // Without a tolerance, one differing pair fails.
+    assert!(matches!(
+        decide(&Plan::standard(), &step, &with(1, 40)),
+        Decision::Abort { .. }
+    ));
+    assert!((decide::wilson_lower(30, 100) - 0.219).abs() < 0.005);
+    assert_eq!(decide::wilson_lower(0, 0), 0.0);
+    let bad = Plan {
+        tolerance: Some(plan::Tolerance {
+            max_mismatch_share: 1.5,
+        }),
+        ..Plan::standard()
+    };
+    assert_eq!(bad.problems()[0].0, "tolerance.max_mismatch_share");
+}

@@ -4,7 +4,8 @@
 //! - `POST /admin/releases` `{model, candidate, plan?}`: start one;
 //! - `GET /admin/releases/ID`: one, with its transitions and its evaluations;
 //! - `POST /admin/releases/ID/ACTION` `{reason, full?, override_correctness?}`: `promote`,
-//!   `pause`, `resume`, `abort`, `undo`, each recorded with the caller's token name and reason.
+//!   `pause`, `resume`, `abort`, `undo`, each recorded with the caller's token name and reason;
+//!   `retry` (`{reason, force?}`) starts a new release of an ended one's model and candidate.
 
 use std::sync::Arc;
 
@@ -25,6 +26,8 @@ struct Start {
     candidate: String,
     #[serde(default)]
     plan: Option<String>,
+    #[serde(default)]
+    force: bool,
 }
 
 #[derive(Deserialize)]
@@ -35,6 +38,8 @@ struct Act {
     full: bool,
     #[serde(default)]
     override_correctness: bool,
+    #[serde(default)]
+    force: bool,
 }
 
 /// Answers a call under `/admin/releases`; None when `path` is not one of its paths.
@@ -54,7 +59,13 @@ pub(super) async fn route(
         },
         (&Method::POST, []) => match serde_json::from_slice::<Start>(body) {
             Ok(start) => match state
-                .start_release(&start.model, &start.candidate, start.plan.as_deref(), actor)
+                .start_release(
+                    &start.model,
+                    &start.candidate,
+                    start.plan.as_deref(),
+                    start.force,
+                    actor,
+                )
                 .await
             {
                 Ok(release) => json_response(
@@ -86,6 +97,16 @@ pub(super) async fn route(
                     ))
                 }
             };
+            if *action == "retry" {
+                tracing::info!(release = %id, actor, reason = %act.reason.trim(), "release retried");
+                return Some(match state.retry_release(id, act.force, actor).await {
+                    Ok(release) => json_response(
+                        StatusCode::CREATED,
+                        Bytes::from(describe(&release).to_string()),
+                    ),
+                    Err(e) => failed(&e),
+                });
+            }
             let action = match *action {
                 "promote" => Action::Promote {
                     full: act.full,

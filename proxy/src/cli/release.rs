@@ -22,8 +22,20 @@ pub enum ReleaseCommand {
         /// A plan of the configuration's `[plans]` (default: standard).
         #[arg(long)]
         plan: Option<String>,
+        /// Start even though an earlier release rejected this candidate identity.
+        #[arg(long)]
+        force: bool,
         #[command(flatten)]
         remote: Remote,
+    },
+    /// A new release of an ended one's model and candidate, with fresh evidence.
+    Retry {
+        id: String,
+        /// Retry even though the release rejected this candidate identity.
+        #[arg(long)]
+        force: bool,
+        #[command(flatten)]
+        why: Why,
     },
     /// Every release, or one (ID) with what it waits for.
     Status {
@@ -95,9 +107,11 @@ pub(super) async fn run(command: ReleaseCommand) -> anyhow::Result<i32> {
             model,
             candidate,
             plan,
+            force,
             remote,
         } => {
-            let body = json!({"model": model, "candidate": candidate, "plan": plan});
+            let body =
+                json!({"model": model, "candidate": candidate, "plan": plan, "force": force});
             (
                 remote,
                 call(remote, Method::POST, "/admin/releases", Some(body)).await?,
@@ -128,6 +142,14 @@ pub(super) async fn run(command: ReleaseCommand) -> anyhow::Result<i32> {
             remote,
             call(remote, Method::GET, &format!("/admin/releases/{id}"), None).await?,
         ),
+        ReleaseCommand::Retry { id, force, why } => {
+            let body = json!({"reason": why.reason, "force": force});
+            let path = format!("/admin/releases/{id}/retry");
+            (
+                &why.remote,
+                call(&why.remote, Method::POST, &path, Some(body)).await?,
+            )
+        }
         ReleaseCommand::Promote {
             id,
             full,

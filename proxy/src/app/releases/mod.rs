@@ -9,11 +9,14 @@
 
 pub(crate) mod evaluate;
 pub(crate) mod explain;
+mod view;
+
+pub use view::describe;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
 
-use serde_json::{json, Value};
+use serde_json::Value;
 use switchyard_engine::Verification;
 use switchyard_observe::ledger::{Evaluation, Release, ReleaseEvent, ReleaseStore};
 use switchyard_policy::release::{Arm, Plan, Step};
@@ -152,41 +155,6 @@ impl Releases {
     }
 }
 
-/// A release as the admin API shows it: its row, its plan's current step and weight.
-pub fn describe(release: &Release) -> Value {
-    let plan = serde_json::from_str::<Plan>(&release.plan_json).ok();
-    let index = usize::try_from(release.step).unwrap_or(usize::MAX);
-    let step = plan.as_ref().and_then(|p| p.steps.get(index));
-    let weight = match (release.state.as_str(), &plan) {
-        ("completed", _) => 100,
-        ("aborted" | "superseded" | "undone", _) => 0,
-        (_, Some(plan)) => plan.weight_at(index),
-        _ => 0,
-    };
-    json!({
-        "id": release.id,
-        "model": release.model,
-        "primary": release.primary_backend,
-        "candidate": release.candidate_backend,
-        "plan": release.plan_name,
-        "state": release.state,
-        "step": release.step,
-        "step_label": step.map(Step::label),
-        "steps": plan.as_ref().map(|p| p.steps.iter().map(Step::label).collect::<Vec<_>>()),
-        "weight": weight,
-        "waiting_for": release.reason,
-        "override_correctness": release.override_correctness,
-        "promote_requested": release.promote_requested,
-        "pinned": {
-            "primary": {"engine": release.primary_engine, "artifact": release.primary_artifact},
-            "candidate": {"engine": release.candidate_engine, "artifact": release.candidate_artifact},
-        },
-        "created_ms": release.created_ms,
-        "step_started_ms": release.step_started_ms,
-        "updated_ms": release.updated_ms,
-    })
-}
-
 /// A backend's identity as a release pins it: its engine and artifact stamps, when verified.
 fn pinned(snapshot: &Snapshot, backend: &str) -> Result<(String, String), ReleaseError> {
     let b = snapshot
@@ -207,12 +175,14 @@ fn pinned(snapshot: &Snapshot, backend: &str) -> Result<(String, String), Releas
 
 impl AppState {
     /// Starts a release of `model` to `candidate` on the plan named `plan` (`standard` when
-    /// none), pinning both engines' identities as they are verified now.
+    /// none), pinning both engines' identities as they are verified now. A candidate identity
+    /// an earlier release of the model rejected (aborted or superseded) needs `force`.
     pub async fn start_release(
         self: &Arc<Self>,
         model: &str,
         candidate: &str,
         plan_name: Option<&str>,
+        force: bool,
         actor: &str,
     ) -> Result<Release, ReleaseError> {
         let _changing = self.reloading.lock().await;
@@ -242,6 +212,27 @@ impl AppState {
                 open.id, open.state
             )));
         }
+        let rejected = all.iter().find(|r| {
+            r.model == model
+                && matches!(r.state.as_str(), "aborted" | "superseded")
+                && r.candidate_engine == candidate_engine
+                && r.candidate_artifact == candidate_artifact
+        });
+        let mut why = "started".to_owned();
+        if let Some(earlier) = rejected {
+            if !force {
+                return Err(ReleaseError::Refused(format!(
+                    "{earlier_id} {state} this candidate identity (engine {candidate_engine}, artifact {candidate_artifact}): {reason}; start again with force to try it anyway",
+                    earlier_id = earlier.id,
+                    state = earlier.state,
+                    reason = earlier.reason.as_deref().unwrap_or("no reason recorded"),
+                )));
+            }
+            why = format!(
+                "started, forced past {}'s rejection of this identity",
+                earlier.id
+            );
+        }
         let now = ReleaseStore::now_ms();
         let release = Release {
             id: format!("rel_{}", ulid::Ulid::new().to_string().to_lowercase()),
@@ -263,12 +254,40 @@ impl AppState {
             reason: None,
             updated_ms: now,
         };
-        let row = release.clone();
-        let who = actor.to_owned();
-        blocking(&store, move |s| s.create(&row, &who, "started")).await?;
-        tracing::info!(release = %release.id, model, candidate, plan = plan_name, actor, "release started");
-        self.republish(&store, &release, actor, "started").await?;
+        let (row, who, reason) = (release.clone(), actor.to_owned(), why.clone());
+        blocking(&store, move |s| s.create(&row, &who, &reason)).await?;
+        tracing::info!(release = %release.id, model, candidate, plan = plan_name, actor, reason = %why, "release started");
+        self.republish(&store, &release, actor, &why).await?;
         Ok(release)
+    }
+
+    /// A new release of ended release `id`'s model and candidate on the same plan, with fresh
+    /// evidence (the earlier one's counts nothing).
+    pub async fn retry_release(
+        self: &Arc<Self>,
+        id: &str,
+        force: bool,
+        actor: &str,
+    ) -> Result<Release, ReleaseError> {
+        let store = self.releases.store()?.clone();
+        let key = id.to_owned();
+        let earlier = blocking(&store, move |s| s.get(&key))
+            .await?
+            .ok_or_else(|| ReleaseError::NotFound(id.to_owned()))?;
+        if earlier.is_open() {
+            return Err(ReleaseError::Refused(format!(
+                "{id} is {}: abort it before retrying",
+                earlier.state
+            )));
+        }
+        self.start_release(
+            &earlier.model,
+            &earlier.candidate_backend,
+            Some(&earlier.plan_name),
+            force,
+            actor,
+        )
+        .await
     }
 
     /// Applies an operator's `action` to release `id`, recorded with `reason`.
