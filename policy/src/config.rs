@@ -271,6 +271,21 @@ pub struct ModelConfig {
     /// answers and speed with the primary's. None (the default): no shadowing.
     #[serde(default)]
     pub shadow: Option<ShadowConfig>,
+    /// A canary release of this model to `candidate`, started by Switchyard once both
+    /// backends' identities are verified, unless a release of this model to this candidate
+    /// exists already (in any state: declaring it again does not repeat it).
+    #[serde(default)]
+    pub release: Option<DeclaredRelease>,
+}
+
+/// `release = { candidate, plan }` of a model.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct DeclaredRelease {
+    pub candidate: String,
+    /// A plan of `[plans]`; `standard` by default.
+    #[serde(default)]
+    pub plan: Option<String>,
 }
 
 /// Shadow traffic for one model: `shadow = { backend, sample, max_in_flight, when }`.

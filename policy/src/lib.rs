@@ -10,8 +10,8 @@ pub mod routing;
 pub mod validate;
 
 pub use config::{
-    AdminConfig, BackendConfig, Config, EngineKind, LedgerConfig, LogFormat, ModelConfig,
-    ServerConfig, ShadowConfig, ShadowWhen, TelemetryConfig,
+    AdminConfig, BackendConfig, Config, DeclaredRelease, EngineKind, LedgerConfig, LogFormat,
+    ModelConfig, ServerConfig, ShadowConfig, ShadowWhen, TelemetryConfig,
 };
 pub use routing::{Route, RoutingTable, ShadowRoute};
 pub use validate::{validate, Problem};

@@ -113,11 +113,20 @@ impl Setup {
     async fn start(
         candidate: impl FnOnce(FakeEngine) -> FakeEngine,
     ) -> (Self, FakeEngineHandle, FakeEngineHandle) {
+        Self::start_with(candidate, |config| config).await
+    }
+
+    /// [`Setup::start`] with the configuration's text changed by `edit`.
+    async fn start_with(
+        candidate: impl FnOnce(FakeEngine) -> FakeEngine,
+        edit: impl FnOnce(String) -> String,
+    ) -> (Self, FakeEngineHandle, FakeEngineHandle) {
         let dir = tempfile::tempdir().unwrap();
         let p = engine(dir.path(), |e| e.deterministic()).await;
         let c = engine(dir.path(), |e| candidate(e.deterministic())).await;
         let path = dir.path().join("switchyard.toml");
-        std::fs::write(&path, config(dir.path(), "127.0.0.1:0", &p.url(), &c.url())).unwrap();
+        let text = edit(config(dir.path(), "127.0.0.1:0", &p.url(), &c.url()));
+        std::fs::write(&path, text).unwrap();
         let proxy = start_switchyard_file(&path).await.unwrap();
         wait_ready(&proxy, Duration::from_secs(5), |v| {
             ["p", "c"]
@@ -537,6 +546,33 @@ async fn sessions_split_by_the_weight_and_stay_on_their_side() {
     }
     let more = at_fifty.iter().filter(|b| *b == "c").count();
     assert!((900..=1100).contains(&more), "{more} of 2000 at 50 %");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_the_configuration_declares_starts_once_the_identities_are_verified() {
+    let declare = |config: String| {
+        config.replace(
+            "primary = \"p\"\n",
+            "primary = \"p\"\nrelease = { candidate = \"c\", plan = \"fast\" }\n",
+        )
+    };
+    let (s, _p, _c) = Setup::start_with(|e| e, declare).await;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let release = loop {
+        let all = admin(&s.admin, "GET", "/admin/releases", None).await.json();
+        if let Some(release) = all["releases"].as_array().and_then(|a| a.first()) {
+            break release.clone();
+        }
+        assert!(Instant::now() < deadline, "no release started: {all}");
+        tokio::time::sleep(Duration::from_millis(50)).await; // the evaluator's own pace
+    };
+    assert_eq!(
+        (release["model"].as_str(), release["candidate"].as_str()),
+        (Some("smollm2"), Some("c"))
+    );
+    let id = release["id"].as_str().unwrap().to_owned();
+    let history = status(&s.admin, &id).await;
+    assert_eq!(history["events"][0]["actor"], "config", "{history}");
 }
 
 /// Runs `switchyard serve` on a configuration file.

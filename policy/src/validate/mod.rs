@@ -248,6 +248,33 @@ pub fn validate(config: &Config) -> Vec<Problem> {
                 ));
             }
         }
+        if let Some(release) = &model.release {
+            let re_at = format!("{at}.release");
+            if !config.backends.contains_key(&release.candidate) {
+                problems.push(Problem::new(
+                    format!("{re_at}.candidate"),
+                    format!("no backend named \"{}\"", release.candidate),
+                ));
+            } else if release.candidate == model.primary {
+                problems.push(Problem::new(
+                    format!("{re_at}.candidate"),
+                    "the candidate must be another backend than the primary",
+                ));
+            }
+            let plan = release.plan.as_deref().unwrap_or("standard");
+            if config.plan(plan).is_none() {
+                problems.push(Problem::new(
+                    format!("{re_at}.plan"),
+                    format!("no plan named \"{plan}\" in [plans]"),
+                ));
+            }
+            if config.ledger.is_none() {
+                problems.push(Problem::new(
+                    re_at.clone(),
+                    "a release is recorded in the ledger: configure [ledger]",
+                ));
+            }
+        }
         if let Some(shadow) = &model.shadow {
             let sh_at = format!("{at}.shadow");
             if !config.backends.contains_key(&shadow.backend) {

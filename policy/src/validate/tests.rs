@@ -231,3 +231,33 @@ fn an_admin_listener_off_loopback_needs_tokens_and_a_port_of_its_own() {
     assert_eq!(shared.len(), 1, "{shared:?}");
     assert!(shared[0].contains("server.listen"), "{shared:?}");
 }
+
+#[test]
+fn a_declared_release_names_another_backend_a_plan_and_needs_a_ledger() {
+    let base = r#"
+        [backends.llama]
+        engine = "llama.cpp"
+        url = "http://127.0.0.1:8081"
+        [backends.mlx]
+        engine = "mlx"
+        url = "http://127.0.0.1:8082"
+    "#;
+    let problems = |release: &str, ledger: bool| {
+        let ledger = if ledger { "[ledger]\npath = \"l.db\"\n" } else { "" };
+        validate(&parse(&format!(
+            "{base}\n{ledger}[models.smollm2]\nprimary = \"llama\"\nrelease = {release}\n"
+        )))
+        .into_iter()
+        .map(|p| p.path)
+        .collect::<Vec<_>>()
+    };
+    assert_eq!(problems(r#"{ candidate = "mlx" }"#, true), Vec::<String>::new());
+    assert_eq!(
+        problems(r#"{ candidate = "llama", plan = "nope" }"#, false),
+        [
+            "models.smollm2.release.candidate",
+            "models.smollm2.release.plan",
+            "models.smollm2.release"
+        ]
+    );
+}

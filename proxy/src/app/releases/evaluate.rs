@@ -24,7 +24,9 @@ pub(crate) async fn evaluator(state: Arc<AppState>, stop: CancellationToken) {
         return;
     };
     let mut last: HashMap<String, Instant> = HashMap::new();
+    let mut waiting = std::collections::HashSet::new();
     loop {
+        state.start_declared(&store, &mut waiting).await;
         let running = match blocking(&store, |s| s.all()).await {
             Ok(all) => all
                 .into_iter()

@@ -7,6 +7,7 @@
 //! the new routing. The evaluator ([`evaluate`]) judges each running release's evidence on its
 //! plan's schedule.
 
+mod declared;
 pub(crate) mod evaluate;
 pub(crate) mod explain;
 mod view;
