@@ -575,6 +575,117 @@ async fn a_release_the_configuration_declares_starts_once_the_identities_are_ver
     assert_eq!(history["events"][0]["actor"], "config", "{history}");
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_engine_whose_identity_changes_supersedes_its_release() {
+    let (s, _p, c) = Setup::start(|e| e).await;
+    let id = start_release(&s.admin, "settled").await;
+    drive(&s.base, &s.admin, &id, false, |r| {
+        r["step_label"] == "live 25%"
+    })
+    .await;
+    // The candidate's engine now serves another model, under another build.
+    c.serve_as("/models/other.gguf", "b9999-other");
+    let superseded = drive(&s.base, &s.admin, &id, false, |r| {
+        r["state"] == "superseded"
+    })
+    .await;
+    let release = &superseded["release"];
+    assert_eq!(release["weight"], 0, "{superseded}");
+    let why = release["waiting_for"].as_str().unwrap();
+    assert!(why.contains("candidate") && why.contains("pinned"), "{why}");
+    for i in 0..10 {
+        assert_eq!(
+            ask(&s.base, &format!("after-{i}"))
+                .await
+                .header("x-switchyard-backend"),
+            "p"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_admin_token_holder_may_force_an_arm_and_that_is_no_evidence() {
+    let tokens = tempfile::tempdir().unwrap();
+    let file = tokens.path().join("admin-tokens");
+    let token = switchyard_tests::harness::run_switchyard([
+        "admin",
+        "token",
+        "add",
+        "ops",
+        "--tokens",
+        file.to_str().unwrap(),
+    ])
+    .unwrap()
+    .trim()
+    .to_owned();
+    let with_tokens = |config: String| {
+        config.replace(
+            "[admin]\nlisten = \"127.0.0.1:0\"\n",
+            &format!(
+                "[admin]\nlisten = \"127.0.0.1:0\"\ntokens = \"{}\"\n",
+                file.display()
+            ),
+        )
+    };
+    let (s, _p, _c) = Setup::start_with(|e| e, with_tokens).await;
+    let started = TestClient::new()
+        .post_json_with(
+            &format!("{}/admin/releases", s.admin),
+            &json!({"model": "smollm2", "candidate": "c", "plan": "careful"}),
+            &[("authorization", &format!("Bearer {token}"))],
+        )
+        .await
+        .unwrap();
+    assert_eq!(started.status, 201, "{}", started.json());
+    let forced = |arm: &'static str, token: String| {
+        let base = s.base.clone();
+        async move {
+            TestClient::new()
+                .post_json_with(
+                    &format!("{base}/v1/chat/completions"),
+                    &json!({"model": "smollm2", "messages": []}),
+                    &[
+                        ("x-switchyard-arm", arm),
+                        ("x-switchyard-admin-token", &token),
+                    ],
+                )
+                .await
+                .unwrap()
+        }
+    };
+    // In the shadow step no session is on the candidate, but a forced request is.
+    let r = forced("candidate", token.clone()).await;
+    assert_eq!(
+        (
+            r.status.as_u16(),
+            r.header("x-switchyard-backend"),
+            r.header("x-switchyard-variant")
+        ),
+        (200, "c", "canary")
+    );
+    let wrong = forced("candidate", "sya_wrong".to_owned()).await;
+    assert_eq!(
+        (
+            wrong.status.as_u16(),
+            wrong.json()["error"]["code"].as_str()
+        ),
+        (403, Some("arm_not_forced"))
+    );
+    let Setup {
+        proxy, _dir: dir, ..
+    } = s;
+    proxy.shutdown().await;
+    let db = rusqlite::Connection::open(dir.path().join("ledger.db")).unwrap();
+    let (arm, key): (String, String) = db
+        .query_row(
+            "SELECT arm, arm_key FROM requests WHERE backend = 'c'",
+            [],
+            |r| Ok((r.get(0)?, r.get(1)?)),
+        )
+        .unwrap();
+    assert_eq!((arm.as_str(), key.as_str()), ("candidate", "forced"));
+}
+
 /// Runs `switchyard serve` on a configuration file.
 fn serve(path: &Path) -> std::process::Child {
     Command::new(switchyard_bin().unwrap())

@@ -243,7 +243,11 @@ fn a_declared_release_names_another_backend_a_plan_and_needs_a_ledger() {
         url = "http://127.0.0.1:8082"
     "#;
     let problems = |release: &str, ledger: bool| {
-        let ledger = if ledger { "[ledger]\npath = \"l.db\"\n" } else { "" };
+        let ledger = if ledger {
+            "[ledger]\npath = \"l.db\"\n"
+        } else {
+            ""
+        };
         validate(&parse(&format!(
             "{base}\n{ledger}[models.smollm2]\nprimary = \"llama\"\nrelease = {release}\n"
         )))
@@ -251,7 +255,10 @@ fn a_declared_release_names_another_backend_a_plan_and_needs_a_ledger() {
         .map(|p| p.path)
         .collect::<Vec<_>>()
     };
-    assert_eq!(problems(r#"{ candidate = "mlx" }"#, true), Vec::<String>::new());
+    assert_eq!(
+        problems(r#"{ candidate = "mlx" }"#, true),
+        Vec::<String>::new()
+    );
     assert_eq!(
         problems(r#"{ candidate = "llama", plan = "nope" }"#, false),
         [

@@ -70,3 +70,6 @@ pub(crate) fn copy_response_headers(from: &HeaderMap, to: &mut HeaderMap) {
         }
     }
 }
+
+#[cfg(test)]
+mod tests;
