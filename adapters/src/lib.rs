@@ -21,7 +21,8 @@ use switchyard_policy::EngineKind;
 
 pub use identity::{EngineIdentity, EngineReport, Health, ProbeResult};
 pub use observe::{
-    inspect_response, EngineTimings, EventKind, ResponseFacts, StreamObserver, Usage,
+    inspect_response, inspect_response_with, EngineTimings, EventKind, ResponseFacts,
+    StreamObserver, Usage, TEXT_BYTES,
 };
 
 /// One engine kind's behaviour.

@@ -62,7 +62,13 @@ pub struct ResponseFacts {
     pub model: Option<String>,
     /// The normalized output hash, `sha256:…`.
     pub output: Option<String>,
+    /// The normalized output itself, at most [`TEXT_BYTES`], when asked for (a request whose
+    /// answer is compared with another's): kept only where two answers differ.
+    pub text: Option<String>,
 }
+
+/// The most of an answer's text kept for a comparison.
+pub const TEXT_BYTES: usize = 2048;
 
 impl ResponseFacts {
     /// Token counts from the engine's timings when it sent no `usage` (llama.cpp streams without
@@ -120,6 +126,11 @@ fn parse_view(bytes: &[u8]) -> Option<ChunkView<'_>> {
 
 /// Reads a complete (non-streaming) response body. Bodies that are not JSON yield empty facts.
 pub fn inspect_response(body: &[u8]) -> ResponseFacts {
+    inspect_response_with(body, false)
+}
+
+/// [`inspect_response`], keeping the answer's text too when `keep_text`.
+pub fn inspect_response_with(body: &[u8], keep_text: bool) -> ResponseFacts {
     let mut facts = ResponseFacts::default();
     let Some(mut view) = parse_view(body) else {
         return facts;
@@ -129,6 +140,9 @@ pub fn inspect_response(body: &[u8]) -> ResponseFacts {
     let mut output = OutputHasher::new();
     output.add_choices(&view, false);
     facts.output = output.finish();
+    if keep_text {
+        facts.text = output.excerpt(TEXT_BYTES);
+    }
     facts
 }
 
@@ -197,9 +211,17 @@ impl StreamObserver {
 
     /// The facts gathered so far, with the output hash of what was seen.
     pub fn facts(&self) -> ResponseFacts {
+        self.facts_with(false)
+    }
+
+    /// [`Self::facts`], with the answer's text too when `keep_text`.
+    pub fn facts_with(&self, keep_text: bool) -> ResponseFacts {
         let mut facts = self.facts.clone();
         facts.usage_from_timings();
         facts.output = self.output.finish();
+        if keep_text {
+            facts.text = self.output.excerpt(TEXT_BYTES);
+        }
         facts
     }
 

@@ -139,6 +139,7 @@ impl RequestRecord {
             status: self.status,
             error: self.error.clone(),
             output: facts.and_then(|f| f.output.clone()),
+            text: facts.and_then(|f| f.text.clone()),
             prompt_tokens: facts.and_then(|f| f.usage.prompt_tokens),
             completion_tokens: facts.and_then(|f| f.usage.completion_tokens),
             queue_ms: self.phases.queue,

@@ -355,7 +355,9 @@ async fn a_fast_but_wrong_candidate_never_leaves_the_shadow_step() {
     );
     let why = release["waiting_for"].as_str().unwrap();
     assert!(
-        why.contains("comparable pairs differ") && why.contains("first: request "),
+        why.contains("comparable pairs differ")
+            && why.contains("first: request ")
+            && why.contains("candidate \"Lyon is the capital of France.\""),
         "{why}"
     );
     // Promoting in full never passes the correctness criterion…
@@ -388,6 +390,24 @@ async fn a_fast_but_wrong_candidate_never_leaves_the_shadow_step() {
     )
     .await;
     assert_eq!(r.json()["state"], "aborted");
+    // The ledger keeps both answers of each differing pair, so a person can read them.
+    let Setup {
+        proxy, _dir: dir, ..
+    } = s;
+    proxy.shutdown().await;
+    let db = rusqlite::Connection::open(dir.path().join("ledger.db")).unwrap();
+    let (verdict, candidate_text, primary_text): (String, String, String) = db
+        .query_row(
+            "SELECT verdict, candidate_text, primary_text FROM comparisons WHERE verdict = 'mismatch' LIMIT 1",
+            [],
+            |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
+        )
+        .unwrap();
+    assert_eq!(
+        (verdict.as_str(), candidate_text.as_str()),
+        ("mismatch", "Lyon is the capital of France.")
+    );
+    assert!(!primary_text.is_empty() && primary_text != candidate_text);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -78,6 +78,41 @@ impl OutputHasher {
         self.choices.get(&index).map(|c| c.content.as_str())
     }
 
+    /// The normalized output as text, at most `max_bytes` of it (cut at a character, with `…`
+    /// after a cut): each choice's content (a choice other than the first prefixed with its
+    /// index), then its tool calls as `name(arguments)`. `None` when no choice was seen. Kept
+    /// for comparisons whose answers differ, so that a person can read what differs.
+    pub fn excerpt(&self, max_bytes: usize) -> Option<String> {
+        if self.choices.is_empty() {
+            return None;
+        }
+        let mut text = String::new();
+        for (index, choice) in &self.choices {
+            if *index > 0 {
+                text.push_str(&format!("\n[{index}] "));
+            }
+            text.push_str(choice.content.replace("\r\n", "\n").trim_end());
+            for call in choice.tool_calls.values() {
+                let mut arguments = serde_json::from_str::<Value>(&call.arguments)
+                    .unwrap_or_else(|_| Value::String(call.arguments.clone()));
+                canonicalize(&mut arguments);
+                text.push_str(&format!(" {}({arguments})", call.name));
+            }
+            if text.len() > max_bytes {
+                break;
+            }
+        }
+        if text.len() > max_bytes {
+            let mut cut = max_bytes;
+            while !text.is_char_boundary(cut) {
+                cut -= 1;
+            }
+            text.truncate(cut);
+            text.push('…');
+        }
+        Some(text)
+    }
+
     /// `sha256:<hex>` of the normalized output; `None` when no choice was seen.
     ///
     /// Each choice is one line of canonical JSON,
@@ -158,6 +193,12 @@ mod tests {
             add(&mut streamed, &chunk, true);
         }
         assert_eq!(whole.finish(), streamed.finish());
+        assert_eq!(whole.excerpt(1000), streamed.excerpt(1000));
+        assert_eq!(
+            whole.excerpt(1000).as_deref(),
+            Some("The capital\nis Paris. f({\"a\":1})")
+        );
+        assert_eq!(whole.excerpt(5).as_deref(), Some("The c…"));
         assert!(whole.finish().unwrap().starts_with("sha256:"));
     }
 

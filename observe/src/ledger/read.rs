@@ -71,6 +71,10 @@ pub(super) fn read_comparisons_between(
     let counted = conn
         .prepare("SELECT count FROM comparisons LIMIT 0")
         .is_ok();
+    // … and one written before migration 8 keeps no texts.
+    let texted = conn
+        .prepare("SELECT primary_text FROM comparisons LIMIT 0")
+        .is_ok();
     let mut statement = conn.prepare(
         "SELECT * FROM comparisons WHERE ts_ms >= ?1 AND ts_ms < ?2 AND id <= ?3 ORDER BY id",
     )?;
@@ -117,6 +121,11 @@ pub(super) fn read_comparisons_between(
                 client_disconnected: row
                     .get::<_, Option<bool>>(col("client_disconnected").as_str())?
                     .unwrap_or(false),
+                text: if texted {
+                    row.get(col("text").as_str())?
+                } else {
+                    None
+                },
             })
         };
         let verdict: String = row.get("verdict")?;

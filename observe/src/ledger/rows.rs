@@ -33,7 +33,7 @@ pub struct IdentitySnapshot {
 
 /// The columns of one side of a comparison, after the `primary_` or `candidate_` prefix, in the
 /// order [`side_values`] gives them.
-const SIDE_COLUMNS: [&str; 21] = [
+const SIDE_COLUMNS: [&str; 22] = [
     "request_id",
     "backend",
     "engine",
@@ -55,6 +55,7 @@ const SIDE_COLUMNS: [&str; 21] = [
     "warm",
     "in_flight",
     "client_disconnected",
+    "text",
 ];
 
 /// A comparison, copied for the writer.
@@ -192,6 +193,7 @@ fn side_values<'a>(side: Option<&'a Side>, out: &mut Vec<ValueRef<'a>>) {
             .map_or(ValueRef::Null, |w| ValueRef::Integer(i64::from(w))),
         integer(s.in_flight),
         ValueRef::Integer(i64::from(s.client_disconnected)),
+        text(&s.text),
     ]);
 }
 

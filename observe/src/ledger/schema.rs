@@ -220,6 +220,11 @@ pub(super) const MIGRATIONS: &[&str] = &[
     ALTER TABLE requests ADD COLUMN arm_key TEXT;
     CREATE INDEX requests_release ON requests (release_id, ts_ms);
     "#,
+    // 8: the two answers' texts (bounded) of a comparison that found them different.
+    r#"
+    ALTER TABLE comparisons ADD COLUMN primary_text TEXT;
+    ALTER TABLE comparisons ADD COLUMN candidate_text TEXT;
+    "#,
 ];
 
 /// Opens (creating and migrating) the ledger database, for the writer.

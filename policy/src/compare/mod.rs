@@ -82,6 +82,9 @@ pub struct Side {
     pub error: Option<String>,
     /// The normalized output hash, `sha256:…`.
     pub output: Option<String>,
+    /// The answer's text (bounded), kept where a comparison found the two answers differ.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub text: Option<String>,
     pub prompt_tokens: Option<u64>,
     pub completion_tokens: Option<u64>,
     pub queue_ms: Option<f64>,

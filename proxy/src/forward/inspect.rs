@@ -16,7 +16,7 @@ use http::{Response, StatusCode};
 use http_body::Body;
 use http_body_util::combinators::Collect;
 use http_body_util::{BodyExt, Collected, LengthLimitError, Limited};
-use switchyard_adapters::inspect_response;
+use switchyard_adapters::inspect_response_with;
 use switchyard_engine::Backend;
 use switchyard_record::between;
 
@@ -252,7 +252,7 @@ fn finish(
     let mut replaced_content_type = false;
     let record = &mut ctx.recording;
     if status.is_success() {
-        let facts = inspect_response(&out_body);
+        let facts = inspect_response_with(&out_body, record.keeps_text());
         if let Some(t) = &facts.timings {
             record.phases.apply_engine_timings(t);
         }

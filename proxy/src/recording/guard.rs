@@ -30,6 +30,8 @@ struct Inner {
     /// The request's OpenTelemetry span when traces are on; it ends when the record is written.
     trace: Option<RequestSpan>,
     hook: Option<Hook>,
+    /// The answer is compared with another: keep its text in the record's facts.
+    compared: bool,
     written: bool,
 }
 
@@ -64,13 +66,26 @@ impl Recording {
             recorder,
             trace: None,
             hook: None,
+            compared: false,
             written: false,
         }))
     }
 
-    /// Calls `hook` with the record once it is written.
+    /// Calls `hook` with the record once it is written. A hooked request's answer is compared
+    /// with a shadow's, so its text is kept too.
     pub(crate) fn set_hook(&mut self, hook: Hook) {
         self.0.hook = Some(hook);
+        self.0.compared = true;
+    }
+
+    /// Keeps the answer's text in the record's facts: it is compared with another answer.
+    pub(crate) fn keep_text(&mut self) {
+        self.0.compared = true;
+    }
+
+    /// Whether the answer's text is kept ([`Recording::keep_text`]).
+    pub(crate) fn keeps_text(&self) -> bool {
+        self.0.compared
     }
 
     /// The request's span, when traces are on.

@@ -42,7 +42,13 @@ pub struct Shadowing {
     seed: RandomState,
     /// Comparisons recorded so far (for whoever waits for shadows to settle, e.g. tests).
     recorded: tokio::sync::watch::Sender<u64>,
+    /// Differing pairs whose texts were kept so far (at most [`MAX_KEPT_TEXTS`]).
+    texts_kept: AtomicU64,
 }
+
+/// The most differing pairs whose two answers' texts one run of Switchyard keeps in the ledger
+/// (each text at most `switchyard_adapters::TEXT_BYTES`); later ones keep their hashes only.
+pub(crate) const MAX_KEPT_TEXTS: u64 = 1000;
 
 /// One model's shadow pool: at most `max_in_flight` of its shadows run at once.
 #[derive(Debug)]
@@ -77,7 +83,20 @@ impl Shadowing {
             draws: AtomicU64::new(0),
             seed: RandomState::new(),
             recorded: tokio::sync::watch::Sender::new(0),
+            texts_kept: AtomicU64::new(0),
         }
+    }
+
+    /// Whether a differing pair's texts may still be kept; the first refusal is logged.
+    pub(crate) fn keep_texts(&self) -> bool {
+        let n = self.texts_kept.fetch_add(1, Ordering::Relaxed);
+        if n == MAX_KEPT_TEXTS {
+            tracing::warn!(
+                kept = MAX_KEPT_TEXTS,
+                "differing answers' texts are no longer kept in the ledger (their hashes are)"
+            );
+        }
+        n < MAX_KEPT_TEXTS
     }
 
     /// A receiver of the number of comparisons recorded so far; it changes with each one.

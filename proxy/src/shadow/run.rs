@@ -278,6 +278,14 @@ impl Comparison {
             self.fingerprint.deterministic,
             skip.map(Skip::why),
         );
+        // The answers' texts are kept only where they differ, and only so many times.
+        let keep = verdict == Verdict::Mismatch && self.plan.shadowing.keep_texts();
+        if !keep {
+            primary.text = None;
+            if let Some(c) = candidate.as_mut() {
+                c.text = None;
+            }
+        }
         let pair = Pair {
             model: self.plan.model.to_string(),
             workload: self.fingerprint.workload.clone(),
@@ -327,6 +335,7 @@ pub(crate) async fn run_on(
     record.describe(model, fingerprint.clone(), streamed);
     record.warm_override = warm;
     let mut recording = Recording::new(recorder.clone(), record);
+    recording.keep_text();
     let (tx, rx) = oneshot::channel();
     recording.set_hook(Box::new(move |record: &RequestRecord| {
         let _ = tx.send(record.side());

@@ -146,6 +146,7 @@ fn comparisons_of_one_batch_that_repeat_or_change_values_read_back_as_recorded()
         warm: (i != 1).then_some(true),
         in_flight: Some(1),
         client_disconnected: false,
+        text: output.map(|o| format!("the answer {o}")),
     };
     let outputs = [
         Some("sha256:a"),

@@ -398,26 +398,45 @@ fn pinned_pair(pair: &Pair, release: &Release) -> bool {
         .is_some_and(|c| stamped(c, &release.candidate_engine, &release.candidate_artifact))
 }
 
-/// A mismatching pair for people: the request and where the two answers part.
+/// A mismatching pair for people: the request and, when both texts were kept, the word where
+/// the two answers part and what each says from there.
 fn mismatch(pair: &Pair) -> String {
-    let primary = pair.primary.output.as_deref().unwrap_or("");
-    let candidate = pair
-        .candidate
-        .as_ref()
-        .and_then(|c| c.output.as_deref())
-        .unwrap_or("");
-    let common = primary
-        .chars()
-        .zip(candidate.chars())
-        .take_while(|(a, b)| a == b)
-        .count();
-    let from = |s: &str| s.chars().skip(common).take(40).collect::<String>();
-    format!(
-        "request {}: the answers part after {common} characters: primary {:?}, candidate {:?}",
-        pair.primary.request_id.as_deref().unwrap_or("?"),
-        from(primary),
-        from(candidate)
-    )
+    let id = pair.primary.request_id.as_deref().unwrap_or("?");
+    let candidate = pair.candidate.as_ref();
+    match (
+        pair.primary.text.as_deref(),
+        candidate.and_then(|c| c.text.as_deref()),
+    ) {
+        (Some(primary), Some(candidate)) => {
+            let common: usize = primary
+                .char_indices()
+                .zip(candidate.chars())
+                .take_while(|((_, a), b)| a == b)
+                .last()
+                .map_or(0, |((at, a), _)| at + a.len_utf8());
+            // From the start of the word the answers part in.
+            let from = primary[..common]
+                .rfind(char::is_whitespace)
+                .map_or(0, |at| at + 1);
+            let tail = |s: &str| s[from..].chars().take(60).collect::<String>();
+            let before = &primary[..from];
+            let context = before
+                .char_indices()
+                .rev()
+                .nth(29)
+                .map_or(before, |(at, _)| &before[at..]);
+            format!(
+                "request {id}: after {context:?} the answers part: primary {:?}, candidate {:?}",
+                tail(primary),
+                tail(candidate)
+            )
+        }
+        _ => format!(
+            "request {id}: the answers differ (output {} against {}; their texts were not kept)",
+            pair.primary.output.as_deref().unwrap_or("-"),
+            candidate.and_then(|c| c.output.as_deref()).unwrap_or("-")
+        ),
+    }
 }
 
 /// The worst warm ratio of the candidate's speed to the primary's, above 1 being slower, over

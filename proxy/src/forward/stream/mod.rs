@@ -271,7 +271,8 @@ impl<B> ObservedStream<B> {
             // Too late to hold anything back; what the answer named is still recorded.
             self.check_identity();
         }
-        let facts = self.observer.facts();
+        let keep_text = self.record.as_ref().is_some_and(|r| r.keeps_text());
+        let facts = self.observer.facts_with(keep_text);
         let Some(record) = self.record.as_deref_mut() else {
             return Bytes::new();
         };
