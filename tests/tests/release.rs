@@ -706,6 +706,59 @@ async fn an_admin_token_holder_may_force_an_arm_and_that_is_no_evidence() {
     assert_eq!((arm.as_str(), key.as_str()), ("candidate", "forced"));
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn golden_probes_give_a_quiet_model_evidence_but_never_requests() {
+    let suite = tempfile::tempdir().unwrap();
+    let probes = suite.path().join("probes.jsonl");
+    std::fs::write(
+        &probes,
+        concat!(
+            r#"{"model": "smollm2", "temperature": 0, "messages": [{"role": "user", "content": "one"}]}"#,
+            "\n",
+            r#"{"model": "smollm2", "temperature": 0, "stream": true, "messages": [{"role": "user", "content": "two"}]}"#,
+            "\n",
+        ),
+    )
+    .unwrap();
+    let plan = format!(
+        "\n[plans.probed]\nevaluate_every_ms = 50\nprobes = \"{}\"\nsteps = [{{ step = \"shadow\", min_pairs = 2 }}, {{ step = \"live\", weight = 5, min_requests = 1 }}]\n",
+        probes.display()
+    );
+    let (s, _p, _c) = Setup::start_with(|e| e, |config| config + &plan).await;
+    let id = start_release(&s.admin, "probed").await;
+    // No client sends anything: the probes alone pass the shadow step…
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let release = loop {
+        let release = status(&s.admin, &id).await["release"].clone();
+        if release["step_label"] == "live 5%"
+            && release["waiting_for"]
+                .as_str()
+                .is_some_and(|w| w.starts_with("needs 1 more requests served by the candidate"))
+        {
+            break release;
+        }
+        assert!(Instant::now() < deadline, "{release}");
+        tokio::time::sleep(Duration::from_millis(50)).await; // the evaluator's own pace
+    };
+    // … and the live step's probes count for nothing toward its requests.
+    assert_eq!(release["state"], "running", "{release}");
+    let history = status(&s.admin, &id).await;
+    let shadow = &history["evaluations"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|e| e["decision"] == "advance")
+        .unwrap()["evidence"];
+    assert_eq!(
+        (
+            shadow["comparable_pairs"].as_u64(),
+            shadow["mismatches"].as_u64()
+        ),
+        (Some(2), Some(0)),
+        "{history}"
+    );
+}
+
 /// Runs `switchyard serve` on a configuration file.
 fn serve(path: &Path) -> std::process::Child {
     Command::new(switchyard_bin().unwrap())

@@ -40,6 +40,11 @@ pub struct Plan {
     /// How often the release's evidence is evaluated.
     #[serde(default = "default_evaluate_every_ms")]
     pub evaluate_every_ms: u64,
+    /// Golden probes: a JSONL suite of deterministic requests (as `switchyard compare` reads)
+    /// run on both engines at the start of each step and compared, so that a quiet model still
+    /// gets correctness evidence. Probes never count toward a step's `min_requests`.
+    #[serde(default)]
+    pub probes: Option<std::path::PathBuf>,
     /// The request header that names a session (its requests stay on one side); without it, the
     /// OpenAI `user` field, else the system prompt and first user message, else the request
     /// alone.
@@ -184,6 +189,7 @@ impl Plan {
             max_error_rate: default_max_error_rate(),
             performance: Performance::default(),
             evaluate_every_ms: default_evaluate_every_ms(),
+            probes: None,
             session_header: default_session_header(),
         }
     }

@@ -138,6 +138,15 @@ pub fn missing_files(config: &Config) -> Vec<Problem> {
             });
         }
     }
+    for (name, plan) in &config.plans {
+        let Some(probes) = &plan.probes else { continue };
+        if !probes.is_file() {
+            problems.push(Problem {
+                path: format!("plans.{name}.probes"),
+                message: format!("{}: no such file", probes.display()),
+            });
+        }
+    }
     problems.extend(tokens_problems(config));
     problems
 }

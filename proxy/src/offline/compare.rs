@@ -7,83 +7,15 @@
 //! run is a recorded request (variant `compare`) and every pair a recorded comparison (source
 //! `compare`) when a ledger is configured; nothing is discarded silently.
 
-use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-use bytes::Bytes;
-use serde_json::Value;
-use switchyard_policy::compare::{judge, Pair, Side};
+use switchyard_policy::compare::Pair;
 
 use crate::app::AppState;
-use crate::forward::Outgoing;
-use crate::recording::Recorder;
-use crate::shadow::run_on;
+use crate::shadow::suite::run_pair;
+pub use crate::shadow::suite::{read_suite, SuiteRequest};
 use switchyard_engine::Verification;
-
-/// One request of a suite, as read from its JSONL file.
-#[derive(Debug, Clone)]
-pub struct SuiteRequest {
-    /// 1-based line number, for messages.
-    pub line: usize,
-    pub body: Bytes,
-    pub streamed: bool,
-    /// `/v1/chat/completions` when the body has `messages`, else `/v1/completions`.
-    pub path: &'static str,
-}
-
-/// Reads a JSONL suite: one OpenAI request object per non-empty line. Every bad line is reported,
-/// not just the first.
-pub fn read_suite(path: &Path) -> Result<Vec<SuiteRequest>, String> {
-    let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
-    let mut requests = Vec::new();
-    let mut problems = Vec::new();
-    for (i, line) in text.lines().enumerate() {
-        let line_no = i + 1;
-        if line.trim().is_empty() {
-            continue;
-        }
-        match serde_json::from_str::<Value>(line) {
-            Ok(Value::Object(object)) => {
-                if !object.get("model").is_some_and(Value::is_string) {
-                    problems.push(format!("line {line_no}: `model` must be a string"));
-                    continue;
-                }
-                let path = if object.contains_key("messages") {
-                    "/v1/chat/completions"
-                } else if object.contains_key("prompt") {
-                    "/v1/completions"
-                } else {
-                    problems.push(format!("line {line_no}: needs `messages` or `prompt`"));
-                    continue;
-                };
-                let body = Bytes::from(line.trim().to_owned());
-                let streamed = object.get("stream") == Some(&Value::Bool(true));
-                // Read as the proxy reads a request (a key given twice is refused, as it would be
-                // from a client), before anything is sent: not half-way through the run.
-                if let Err(e) = Outgoing::from_json(path, body.clone(), streamed) {
-                    problems.push(format!("line {line_no}: {e}"));
-                    continue;
-                }
-                requests.push(SuiteRequest {
-                    line: line_no,
-                    body,
-                    streamed,
-                    path,
-                });
-            }
-            Ok(_) => problems.push(format!("line {line_no}: not a JSON object")),
-            Err(e) => problems.push(format!("line {line_no}: {e}")),
-        }
-    }
-    if !problems.is_empty() {
-        return Err(format!("{}:\n  {}", path.display(), problems.join("\n  ")));
-    }
-    if requests.is_empty() {
-        return Err(format!("{}: no requests", path.display()));
-    }
-    Ok(requests)
-}
 
 /// Runs every request of `suite` on `primary` then `candidate`, once cold and `repeat` times
 /// warm, and returns every pair, judged. `progress` is told about each pair.
@@ -100,58 +32,15 @@ pub async fn run_suite(
     let candidate = snapshot.candidate(candidate).map_err(|e| e.to_string())?;
     let mut pairs = Vec::with_capacity(suite.len() * (repeat + 1));
     for request in suite {
-        let (outgoing, model, fingerprint) =
-            Outgoing::from_json(request.path, request.body.clone(), request.streamed)
-                .map_err(|e| format!("line {}: {e}", request.line))?;
-        let model: Arc<str> = Arc::from(model.as_str());
-        let outgoing = Arc::new(outgoing);
         for run in 0..=repeat {
-            let warm = Some(run > 0);
-            let mut sides = Vec::with_capacity(2);
-            for backend in [&primary, &candidate] {
-                if sides.first().is_some_and(|p: &Side| p.failure().is_some()) {
-                    // Nothing to compare against: the pair is judged `primary failed`.
-                    break;
-                }
-                let side = run_on(
-                    &state.recorder,
-                    backend,
-                    "compare",
-                    &outgoing,
-                    &model,
-                    &fingerprint,
-                    request.streamed,
-                    warm,
-                )
-                .await;
-                sides.push(side);
-            }
-            let candidate_side = if sides.len() == 2 { sides.pop() } else { None };
-            let Some(primary_side) = sides.pop() else {
-                return Err("internal: a run lost its primary side".to_owned());
-            };
-            let (verdict, reason) = judge(
-                &primary_side,
-                candidate_side.as_ref(),
-                fingerprint.deterministic,
-                None,
-            );
-            let pair = Pair {
-                model: model.to_string(),
-                workload: fingerprint.workload.clone(),
-                sampling: fingerprint.sampling.clone(),
-                streamed: request.streamed,
-                mode: "sequential".to_owned(),
-                primary: primary_side,
-                candidate: candidate_side,
-                verdict,
-                reason,
-                count: 1,
-            };
-            Recorder::log_comparison(&pair, "compare");
-            state
-                .recorder
-                .comparison(pair.clone(), &fingerprint.sampling_json, "compare");
+            let pair = run_pair(
+                &state.recorder,
+                (&primary, &candidate),
+                request,
+                Some(run > 0),
+                "compare",
+            )
+            .await?;
             progress(request, run, &pair);
             pairs.push(pair);
         }

@@ -27,6 +27,7 @@ use crate::forward::Outgoing;
 use crate::recording::Recorder;
 
 mod run;
+pub mod suite;
 
 pub(crate) use run::{run_on, Candidate, Skip, Target, Ticket};
 use run::{Planned, PlannedJob, ShadowJob};

@@ -147,6 +147,9 @@ impl AppState {
             if let Err(e) = self.republish(store, &next, "auto", &why).await {
                 tracing::error!(release = id, error = %e, "release recorded but not applied to routing");
             }
+            if next.state == "running" && next.step != release.step {
+                self.run_probes(&next);
+            }
         }
     }
 }

@@ -10,6 +10,7 @@
 mod declared;
 pub(crate) mod evaluate;
 pub(crate) mod explain;
+mod probes;
 mod view;
 
 pub use view::describe;
@@ -259,6 +260,7 @@ impl AppState {
         blocking(&store, move |s| s.create(&row, &who, &reason)).await?;
         tracing::info!(release = %release.id, model, candidate, plan = plan_name, actor, reason = %why, "release started");
         self.republish(&store, &release, actor, &why).await?;
+        self.run_probes(&release);
         Ok(release)
     }
 
