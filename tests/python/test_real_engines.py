@@ -446,7 +446,7 @@ def test_the_ledger_records_what_the_responses_carried(engines: Engines, tmp_pat
     header, *lines = [l.split("\t") for l in tsv.strip().splitlines()]
     assert sum(int(l[header.index("requests")]) for l in lines) == len(rows)
     md = subprocess.run([bin_, "report", "--ledger", str(db)], check=True, capture_output=True, text=True).stdout
-    assert "| smollm2-mlx | mlx | primary | cold | 1 |" in md
+    assert "| smollm2-mlx | mlx | primary | - | cold | 1 |" in md
 
 
 def test_a_llama_server_restarted_on_another_model_between_probes_is_caught_by_its_answers(engines: Engines, tmp_path: Path) -> None:

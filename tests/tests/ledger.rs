@@ -234,7 +234,7 @@ async fn every_request_is_on_the_record() {
     let md =
         run_switchyard([OsStr::new("report"), OsStr::new("--ledger"), db.as_os_str()]).unwrap();
     assert!(
-        md.contains("| smollm2 | fake | primary | warm | 3 |"),
+        md.contains("| smollm2 | fake | primary | - | warm | 3 |"),
         "{md}"
     );
 }

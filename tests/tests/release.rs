@@ -854,4 +854,30 @@ async fn kill_9_mid_step_changes_nothing_and_every_verdict_recomputes_the_same()
     );
     assert!(text.contains(": 0 verdict(s) disagree"), "{text}");
     assert!(text.matches("— agrees").count() >= 2, "{text}");
+    // The report keeps the release's sides apart.
+    let report: Value = serde_json::from_str(
+        &switchyard_tests::harness::run_switchyard([
+            "report",
+            "--format",
+            "json",
+            "--ledger",
+            dir.path().join("ledger.db").to_str().unwrap(),
+        ])
+        .unwrap(),
+    )
+    .unwrap();
+    let arms: Vec<(&str, &str, &str)> = report["groups"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|g| {
+            (
+                g["backend"].as_str().unwrap(),
+                g["variant"].as_str().unwrap(),
+                g["arm"].as_str().unwrap(),
+            )
+        })
+        .collect();
+    assert!(arms.contains(&("c", "canary", "candidate")), "{arms:?}");
+    assert!(arms.contains(&("p", "primary", "primary")), "{arms:?}");
 }

@@ -1,4 +1,4 @@
-//! `switchyard report`: what the ledger says, per public model × backend × variant, with cold and
+//! `switchyard report`: what the ledger says, per public model × backend × variant × release arm, with cold and
 //! warm always apart.
 //!
 //! It reads the SQLite file directly (read-only, WAL lets it run beside a live server) and prints
@@ -29,6 +29,9 @@ struct Key {
     model: String,
     backend: String,
     variant: String,
+    /// The side of a canary release that served the request (`primary`, `candidate`), or `-`
+    /// outside a release.
+    arm: String,
     /// `warm`, `cold`, or `-` for requests never forwarded (refused before an engine saw them).
     warmth: String,
 }
@@ -146,6 +149,7 @@ pub fn build(path: &Path, since: Option<Duration>) -> Result<Value, LedgerError>
                 "model": key.model,
                 "backend": key.backend,
                 "variant": key.variant,
+                "arm": key.arm,
                 "warmth": key.warmth,
                 "requests": g.requests,
                 "errors": g.errors,
@@ -169,11 +173,17 @@ pub fn build(path: &Path, since: Option<Duration>) -> Result<Value, LedgerError>
 }
 
 fn read_groups(conn: &Connection, from_ms: i64) -> rusqlite::Result<BTreeMap<Key, Group>> {
-    let mut stmt = conn.prepare(
+    // A ledger written before canary releases (migration 7) has no arms.
+    let arm = if conn.prepare("SELECT arm FROM requests LIMIT 0").is_ok() {
+        "arm"
+    } else {
+        "NULL"
+    };
+    let mut stmt = conn.prepare(&format!(
         "SELECT model, backend, variant, warm, status, error_class, client_disconnected, ttft_ms, total_ms, queue_ms,
-                prefill_ms, prefill_tokens, prefill_source, decode_ms, decode_tokens, decode_source
-         FROM requests WHERE ts_ms >= ?1",
-    )?;
+                prefill_ms, prefill_tokens, prefill_source, decode_ms, decode_tokens, decode_source, {arm}
+         FROM requests WHERE ts_ms >= ?1"
+    ))?;
     let mut groups: BTreeMap<Key, Group> = BTreeMap::new();
     let mut rows = stmt.query([from_ms])?;
     while let Some(row) = rows.next()? {
@@ -186,6 +196,9 @@ fn read_groups(conn: &Connection, from_ms: i64) -> rusqlite::Result<BTreeMap<Key
                 .get::<_, Option<String>>(1)?
                 .unwrap_or_else(|| "-".to_owned()),
             variant: row.get(2)?,
+            arm: row
+                .get::<_, Option<String>>(16)?
+                .unwrap_or_else(|| "-".to_owned()),
             warmth: match warm {
                 Some(true) => "warm",
                 Some(false) => "cold",
@@ -286,12 +299,13 @@ fn errors_cell(v: &Value) -> String {
 }
 
 /// The cells before the percentiles: the group's key, its request, error and disconnect counts.
-fn key_cells(g: &Value) -> [String; 7] {
+fn key_cells(g: &Value) -> [String; 8] {
     let text = |k: &str| g[k].as_str().unwrap_or("").to_owned();
     [
         text("model"),
         text("backend"),
         text("variant"),
+        text("arm"),
         text("warmth"),
         g["requests"].to_string(),
         errors_cell(&g["errors"]),
@@ -306,7 +320,7 @@ pub fn render(report: &Value, format: Format) -> String {
         Format::Json => serde_json::to_string_pretty(report).unwrap_or_default() + "\n",
         Format::Tsv => {
             let mut out = String::from(
-                "model\tbackend\tvariant\twarmth\trequests\terrors\tclient_disconnected",
+                "model\tbackend\tvariant\tarm\twarmth\trequests\terrors\tclient_disconnected",
             );
             for (key, _) in COLUMNS {
                 for p in ["p50", "p95", "p99"] {
@@ -335,12 +349,12 @@ pub fn render(report: &Value, format: Format) -> String {
                 rec["dropped_write_failed"]
             );
             out.push_str(
-                "| model | backend | variant | warmth | requests | errors | disconnected |",
+                "| model | backend | variant | arm | warmth | requests | errors | disconnected |",
             );
             for (_, title) in COLUMNS {
                 let _ = write!(out, " {title} p50 / p95 / p99 |");
             }
-            out.push_str("\n|---|---|---|---|---:|---|---:|");
+            out.push_str("\n|---|---|---|---|---|---:|---|---:|");
             out.push_str(&"---:|".repeat(COLUMNS.len()));
             out.push('\n');
             for g in &groups {
