@@ -344,6 +344,34 @@ async fn a_candidate_that_starts_failing_is_aborted_and_the_primary_takes_everyt
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_candidate_whose_engine_dies_is_aborted_at_once() {
+    let (s, _p, c) = Setup::start(|e| e).await;
+    let id = start_release(&s.admin, "settled").await;
+    drive(&s.base, &s.admin, &id, false, |r| {
+        r["step_label"] == "live 25%"
+    })
+    .await;
+    c.stop().await;
+    let aborted = drive(&s.base, &s.admin, &id, false, |r| r["state"] == "aborted").await;
+    let why = aborted["release"]["waiting_for"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    assert!(
+        why.starts_with("the candidate's engine is down") || why.contains("streams broke"),
+        "{why}"
+    );
+    // Clients never saw it: the candidate's side fell back to the primary meanwhile.
+    for i in 0..20 {
+        let r = ask(&s.base, &format!("{id}-session-{i}")).await;
+        assert_eq!(
+            (r.status.as_u16(), r.header("x-switchyard-backend")),
+            (200, "p")
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_fast_but_wrong_candidate_never_leaves_the_shadow_step() {
     let (s, _p, _c) = Setup::start(|e| e.fixed_text("Lyon is the capital of France.")).await;
     let id = start_release(&s.admin, "careful").await;
@@ -480,6 +508,29 @@ async fn an_abort_lets_the_candidates_streams_finish() {
     )
     .await;
     assert_eq!(r.json()["state"], "aborted");
+    // Asked again, the abort succeeds and records nothing more.
+    let events = status(&s.admin, &id).await["events"]
+        .as_array()
+        .unwrap()
+        .len();
+    let again = admin(
+        &s.admin,
+        "POST",
+        &format!("/admin/releases/{id}/abort"),
+        Some(json!({"reason": "enough, really"})),
+    )
+    .await;
+    assert_eq!(
+        (again.status.as_u16(), again.json()["state"].as_str()),
+        (200, Some("aborted"))
+    );
+    assert_eq!(
+        status(&s.admin, &id).await["events"]
+            .as_array()
+            .unwrap()
+            .len(),
+        events
+    );
     for i in 0..20 {
         assert_eq!(
             ask(&s.base, &format!("stream-{i}"))

@@ -108,7 +108,8 @@ pub struct ArmCounts {
     pub requests: u64,
     /// Of those, answered 5xx, or passed to a fallback because this arm's backend failed.
     pub errors: u64,
-    /// Of those, a stream that broke after its head (the engine failed mid-answer).
+    /// Of those, a stream that broke after its head (the engine failed mid-answer), or a request
+    /// this arm's backend could not take at all (refused or timed out: the engine is down).
     pub broken: u64,
     /// A stamp other than the pinned identity on one of them, if any: `engine … artifact …`.
     pub foreign_identity: Option<String>,
@@ -334,7 +335,8 @@ impl ReleaseStore {
             let (requests, errors, broken): (i64, i64, i64) = conn.query_row(
                 "SELECT count(*),
                         coalesce(sum(status >= 500 OR fallback_from IS NOT NULL), 0),
-                        coalesce(sum(status = 200 AND error_class = 'upstream'), 0)
+                        coalesce(sum((status = 200 AND error_class = 'upstream')
+                                     OR fallback_from IS NOT NULL), 0)
                  FROM requests
                  WHERE release_id = ?1 AND arm = ?2 AND arm_key != 'forced'
                    AND ts_ms >= ?3 AND ts_ms < ?4 AND variant != 'shadow' AND id <= ?5",

@@ -1,6 +1,7 @@
 //! What a release does next, from the evidence of its current step: one pure function, in a
-//! fixed order — Switchyard's own ability to judge, integrity, correctness, availability,
-//! performance, and only then whether there is enough evidence to move on.
+//! fixed order — Switchyard's own ability to judge, integrity (after whether the candidate's
+//! engine is down at all), correctness, availability, performance, and only then whether
+//! there is enough evidence to move on.
 //!
 //! Too little evidence never passes: the step holds and says what it still needs. A failure to
 //! evaluate holds too, and never counts against the candidate.
@@ -23,6 +24,8 @@ pub struct Evidence {
     pub mismatches: u64,
     /// The first differing pair, described for people.
     pub first_mismatch: Option<String>,
+    /// Why the candidate's engine is down, when its probes say it is.
+    pub candidate_down: Option<String>,
     /// Live requests the candidate served, and those that failed (5xx) or broke mid-stream.
     pub candidate_requests: u64,
     pub candidate_errors: u64,
@@ -63,6 +66,12 @@ pub fn decide(plan: &Plan, step: &Step, ev: &Evidence) -> Decision {
             waiting_for: format!(
                 "Switchyard could not evaluate this step ({why}); the candidate is not blamed"
             ),
+        };
+    }
+    // An engine that is down shows no identity at all: that is its failure, not a new identity.
+    if let Some(why) = &ev.candidate_down {
+        return Decision::Abort {
+            reason: format!("the candidate's engine is down ({why})"),
         };
     }
     if let Some(why) = &ev.identity_changed {

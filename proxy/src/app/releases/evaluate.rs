@@ -178,6 +178,7 @@ pub(crate) fn evidence_json(e: &Evidence, observed: &Observed) -> String {
         "candidate_requests": e.candidate_requests,
         "candidate_errors": e.candidate_errors,
         "candidate_broken": e.candidate_broken,
+        "candidate_down": e.candidate_down,
         "primary_requests": e.primary_requests,
         "primary_errors": e.primary_errors,
         "worst_ratio": e.worst_ratio,
@@ -210,9 +211,19 @@ pub(crate) async fn step_evidence(
     // Records of the window's last requests may still be on their way to the ledger.
     state.flush_ledger().await;
     let identity_now = identity_change(state, release).map_err(ReleaseError::Refused)?;
+    let candidate_down = state
+        .live
+        .load()
+        .backends
+        .get(release.candidate_backend.as_str())
+        .and_then(|b| match b.state().health() {
+            switchyard_adapters::Health::Down(why) => Some(why),
+            _ => None,
+        });
     let observed = Observed {
         rows: blocking(store, |s| s.last_rows()).await?,
         identity_now,
+        candidate_down,
     };
     let (r, seen) = (release.clone(), observed.clone());
     let evidence = blocking(store, move |s| count(s, &r, since_ms, until_ms, &seen)).await?;
@@ -226,6 +237,9 @@ pub(crate) async fn step_evidence(
 pub(crate) struct Observed {
     pub(crate) rows: Rows,
     pub(crate) identity_now: Option<String>,
+    /// Why the candidate's engine was down then, per its probes.
+    #[serde(default)]
+    pub(crate) candidate_down: Option<String>,
 }
 
 /// The evidence of `release` from `since_ms` to `until_ms`, counted from the ledger's requests
@@ -273,6 +287,7 @@ pub(crate) fn count(
         primary_requests: primary.requests,
         primary_errors: primary.errors,
         promote_requested: release.promote_requested,
+        candidate_down: observed.candidate_down.clone(),
         ..Evidence::default()
     };
     evidence.identity_changed = observed

@@ -7,12 +7,14 @@
 //! the new routing. The evaluator ([`evaluate`]) judges each running release's evidence on its
 //! plan's schedule.
 
+mod actions;
 mod declared;
 pub(crate) mod evaluate;
 pub(crate) mod explain;
 mod probes;
 mod view;
 
+pub use actions::Action;
 pub use view::describe;
 
 use std::collections::HashMap;
@@ -21,7 +23,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use serde_json::Value;
 use switchyard_engine::Verification;
 use switchyard_observe::ledger::{Evaluation, Release, ReleaseEvent, ReleaseStore};
-use switchyard_policy::release::{Arm, Plan, Step};
+use switchyard_policy::release::{Arm, Plan};
 
 use super::events::Event;
 use super::AppState;
@@ -43,23 +45,6 @@ pub enum ReleaseError {
     /// The ledger could not be written or read: nothing changed.
     #[error("the ledger: {0}")]
     Store(String),
-}
-
-/// What an operator asks of a release.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Action {
-    /// Pass the gate; with `full`, skip to the promotion from any step, which still needs the
-    /// correctness criterion met unless `override_correctness`.
-    Promote {
-        full: bool,
-        override_correctness: bool,
-    },
-    Pause,
-    Resume,
-    /// Weight to 0 at once; requests under way on the candidate finish.
-    Abort,
-    /// After promotion: back to the previous primary at once.
-    Undo,
 }
 
 /// The releases' store and the shadow pools of their copies.
@@ -309,6 +294,14 @@ impl AppState {
                 .await?
                 .ok_or_else(|| ReleaseError::NotFound(id.to_owned()))?;
             let next = self.acted(&store, &release, action, reason).await?;
+            if next.state == release.state
+                && next.step == release.step
+                && next.promote_requested == release.promote_requested
+                && next.override_correctness == release.override_correctness
+            {
+                // Already so: nothing to record, nothing to move.
+                return Ok(release);
+            }
             let (row, before, who, why) = (
                 next.clone(),
                 release.clone(),
@@ -328,105 +321,6 @@ impl AppState {
         blocking(&store, move |s| s.get(&key))
             .await?
             .ok_or_else(|| ReleaseError::NotFound(id.to_owned()))
-    }
-
-    /// The release `release` becomes after `action`, or why it cannot.
-    async fn acted(
-        self: &Arc<Self>,
-        store: &Arc<ReleaseStore>,
-        release: &Release,
-        action: Action,
-        reason: &str,
-    ) -> Result<Release, ReleaseError> {
-        let plan: Plan = serde_json::from_str(&release.plan_json)
-            .map_err(|e| ReleaseError::Store(format!("the release's plan does not read: {e}")))?;
-        let index = usize::try_from(release.step).unwrap_or(usize::MAX);
-        let step = plan.steps.get(index);
-        let now = ReleaseStore::now_ms();
-        let mut next = release.clone();
-        next.updated_ms = now;
-        let refuse = |why: String| Err(ReleaseError::Refused(why));
-        match action {
-            Action::Promote { full: false, .. } => {
-                if !release.is_open() || !matches!(step, Some(Step::Gate { .. })) {
-                    return refuse(format!(
-                        "{} is not at a gate ({}, {}); `promote --full` skips to the promotion",
-                        release.id,
-                        release.state,
-                        step.map(Step::label).unwrap_or_default()
-                    ));
-                }
-                next.promote_requested = true;
-            }
-            Action::Promote {
-                full: true,
-                override_correctness,
-            } => {
-                if !release.is_open() {
-                    return refuse(format!("{} is {}", release.id, release.state));
-                }
-                let evidence = evaluate::whole(self, store, release).await?;
-                let needed = plan
-                    .steps
-                    .iter()
-                    .find_map(|s| match s {
-                        Step::Shadow { min_pairs, .. } => Some(*min_pairs),
-                        _ => None,
-                    })
-                    .unwrap_or(1)
-                    .max(1);
-                let correct = evidence.mismatches == 0 && evidence.comparable_pairs >= needed;
-                if !correct && !override_correctness {
-                    return refuse(format!(
-                        "the correctness criterion is not met ({} of {} comparable pairs differ; {needed} matching pairs needed): `promote --full` never skips it; only `--override-correctness` with a reason does",
-                        evidence.mismatches, evidence.comparable_pairs
-                    ));
-                }
-                if !correct {
-                    next.override_correctness = Some(reason.to_owned());
-                }
-                next.step = i64::try_from(plan.steps.len().saturating_sub(1)).unwrap_or(0);
-                next.step_started_ms = now;
-                next.state = "running".to_owned();
-                next.reason = Some(format!("promoted in full: {reason}"));
-            }
-            Action::Pause => {
-                if !matches!(release.state.as_str(), "running" | "held") {
-                    return refuse(format!("{} is {}, not running", release.id, release.state));
-                }
-                next.state = "paused".to_owned();
-                next.reason = Some(format!("paused: {reason}"));
-            }
-            Action::Resume => {
-                if !matches!(release.state.as_str(), "paused" | "held") {
-                    return refuse(format!(
-                        "{} is {}, not paused or held",
-                        release.id, release.state
-                    ));
-                }
-                // The step starts over: what held it is not evidence for going on.
-                next.state = "running".to_owned();
-                next.step_started_ms = now;
-                next.reason = Some(format!("resumed: {reason}"));
-            }
-            Action::Abort => {
-                if !release.is_open() {
-                    return refuse(format!("{} is {} already", release.id, release.state));
-                }
-                next.state = "aborted".to_owned();
-                next.reason = Some(format!("aborted: {reason}"));
-            }
-            Action::Undo => {
-                let promoted = release.state == "completed"
-                    || (release.is_open() && matches!(step, Some(Step::Promote { .. })));
-                if !promoted {
-                    return refuse(format!("{} is not promoted: abort it instead", release.id));
-                }
-                next.state = "undone".to_owned();
-                next.reason = Some(format!("undone: {reason}"));
-            }
-        }
-        Ok(next)
     }
 
     /// Release `id` with its transitions and evaluations, oldest first.
