@@ -55,10 +55,6 @@ pub enum Decision {
     Supersede { reason: String },
 }
 
-/// Fewer candidate requests than this are too few to judge an error rate by (one failure in
-/// three is not a 33 % error rate); a broken stream fails the candidate at once regardless.
-pub const MIN_REQUESTS_FOR_ERROR_RATE: u64 = 10;
-
 /// Decides what a release in `step` of `plan` does, given the step's evidence.
 pub fn decide(plan: &Plan, step: &Step, ev: &Evidence) -> Decision {
     if let Some(why) = &ev.unavailable {
@@ -102,20 +98,28 @@ pub fn decide(plan: &Plan, step: &Step, ev: &Evidence) -> Decision {
             reason: format!("{} of the candidate's streams broke", ev.candidate_broken),
         };
     }
-    if ev.candidate_requests >= MIN_REQUESTS_FOR_ERROR_RATE {
-        let rate = ev.candidate_errors as f64 / ev.candidate_requests as f64;
+    // The error rate is judged by the lower bound of its 95 % confidence interval: a few
+    // failures in a handful of requests are enough when nothing else succeeded, one in
+    // hundreds is not.
+    if ev.candidate_errors > 0 {
+        let rate = ev.candidate_errors as f64 / ev.candidate_requests.max(1) as f64;
+        let surely = wilson_lower(
+            ev.candidate_errors,
+            ev.candidate_requests.max(ev.candidate_errors),
+        );
         let primary = if ev.primary_requests == 0 {
             0.0
         } else {
             ev.primary_errors as f64 / ev.primary_requests as f64
         };
-        if rate > plan.max_error_rate && rate > primary {
+        if surely > plan.max_error_rate && surely > primary {
             return Decision::Abort {
                 reason: format!(
-                    "candidate error rate {:.1}% ({} of {}) above max_error_rate {:.1}% (primary {:.1}%)",
+                    "candidate error rate {:.1}% ({} of {}; at least {:.1}% at 95% confidence) above max_error_rate {:.1}% (primary {:.1}%)",
                     rate * 100.0,
                     ev.candidate_errors,
                     ev.candidate_requests,
+                    surely * 100.0,
                     plan.max_error_rate * 100.0,
                     primary * 100.0
                 ),

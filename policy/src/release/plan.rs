@@ -29,7 +29,8 @@ pub struct Plan {
     /// the candidate's copied back to the primary in `live` steps (reverse shadows).
     #[serde(default = "default_sample")]
     pub sample: f64,
-    /// The candidate's largest error rate (5xx answers and broken streams it served).
+    /// The candidate's largest error rate (5xx answers and broken streams it served), judged by
+    /// the lower bound of the rate's 95 % confidence interval.
     #[serde(default = "default_max_error_rate")]
     pub max_error_rate: f64,
     /// The candidate's warm ratios against the primary (`candidate ÷ primary` for ttft and total

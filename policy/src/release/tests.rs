@@ -167,6 +167,22 @@ fn the_order_is_integrity_correctness_availability_performance() {
         panic!()
     };
     assert!(reason.starts_with("candidate error rate 15.0%"), "{reason}");
+    // Two failures in two requests are enough; one in a hundred is not.
+    let early = Evidence {
+        candidate_requests: 2,
+        candidate_errors: 2,
+        ..ready.clone()
+    };
+    assert!(matches!(
+        decide(&plan, &step, &early),
+        Decision::Abort { .. }
+    ));
+    let rare = Evidence {
+        candidate_requests: 100,
+        candidate_errors: 1,
+        ..ready.clone()
+    };
+    assert_eq!(decide(&plan, &step, &rare), Decision::Advance);
     // Errors the primary has as much of are the traffic's, not the candidate's.
     let both = Evidence {
         candidate_errors: 30,
