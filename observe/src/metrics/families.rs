@@ -89,6 +89,13 @@ pub(super) struct ReleaseLabels {
     pub(super) model: String,
 }
 
+/// `switchyard_release_state`: the state of a model's newest release.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+pub(super) struct StateLabels {
+    pub(super) model: String,
+    pub(super) state: &'static str,
+}
+
 /// `switchyard_release_decisions_total`: a release's decisions by kind.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
 pub(super) struct DecisionLabels {
@@ -129,6 +136,7 @@ pub(super) struct Families {
     pub(super) reloads: Family<ReloadLabels, Counter>,
     pub(super) reload_ok: Gauge,
     pub(super) release_weight: Family<ReleaseLabels, Gauge>,
+    pub(super) release_state: Family<StateLabels, Gauge>,
     pub(super) release_decisions: Family<DecisionLabels, Counter>,
 }
 
@@ -155,6 +163,7 @@ impl Families {
             reloads: Family::default(),
             reload_ok: Gauge::default(),
             release_weight: Family::default(),
+            release_state: Family::default(),
             release_decisions: Family::default(),
         };
         let f = &families;
@@ -257,6 +266,11 @@ impl Families {
             "switchyard_release_weight",
             "The percentage of a model's sessions its canary release sends to the candidate (100 once promoted; 0 without an open release)",
             f.release_weight.clone(),
+        );
+        registry.register(
+            "switchyard_release_state",
+            "1 for the state of a model's newest canary release (running, held, paused, aborted, superseded, completed, undone), 0 for the others",
+            f.release_state.clone(),
         );
         registry.register(
             "switchyard_release_decisions",

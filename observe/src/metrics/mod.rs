@@ -169,6 +169,17 @@ impl Drop for GaugeGuard {
     }
 }
 
+/// Every state a canary release can be in.
+pub const RELEASE_STATES: [&str; 7] = [
+    "running",
+    "held",
+    "paused",
+    "aborted",
+    "superseded",
+    "completed",
+    "undone",
+];
+
 impl Metrics {
     pub fn new() -> Self {
         let mut registry = Registry::default();
@@ -288,6 +299,19 @@ impl Metrics {
                 model: model.to_owned(),
             })
             .set(i64::from(weight));
+    }
+
+    /// Sets the state of `model`'s newest release: 1 for `state`, 0 for every other.
+    pub fn release_state(&self, model: &str, state: &str) {
+        for known in RELEASE_STATES {
+            self.families
+                .release_state
+                .get_or_create(&families::StateLabels {
+                    model: model.to_owned(),
+                    state: known,
+                })
+                .set(i64::from(known == state));
+        }
     }
 
     /// Counts a recorded release decision for `model`.

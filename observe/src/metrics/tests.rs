@@ -456,6 +456,7 @@ const DOCUMENTED: &[(&str, &str, &[&str])] = &[
     ("switchyard_config_reloads_total", "counter", &["result"]),
     ("switchyard_config_last_reload_successful", "gauge", &[]),
     ("switchyard_release_weight", "gauge", &["model"]),
+    ("switchyard_release_state", "gauge", &["model", "state"]),
     (
         "switchyard_release_decisions_total",
         "counter",
@@ -500,6 +501,7 @@ fn every_family_is_written_as_documented() {
     m.idle_connection_closed();
     m.release_weight("smollm2", 25);
     m.release_decision("smollm2", "advance");
+    m.release_state("smollm2", "running");
     m.rejected_request_head(431);
     m.rejected_request_head(999);
     m.ledger_written.inc_by(3);
@@ -516,6 +518,8 @@ fn every_family_is_written_as_documented() {
     assert_eq!(declared, documented);
     assert!(text.contains("switchyard_ledger_records_written_total 3\n"));
     assert!(text.contains("switchyard_release_weight{model=\"smollm2\"} 25\n"));
+    assert!(text.contains("switchyard_release_state{model=\"smollm2\",state=\"running\"} 1\n"));
+    assert!(text.contains("switchyard_release_state{model=\"smollm2\",state=\"aborted\"} 0\n"));
     assert!(text.contains(
         "switchyard_release_decisions_total{model=\"smollm2\",decision=\"advance\"} 1\n"
     ));

@@ -363,6 +363,10 @@ impl AppState {
         for model in current.config.models.keys() {
             let weight = routes.get(model.as_str()).map_or(0, |r| r.weight);
             self.recorder.metrics.release_weight(model, weight);
+            // `all` is newest first.
+            if let Some(newest) = all.iter().find(|r| &r.model == model) {
+                self.recorder.metrics.release_state(model, &newest.state);
+            }
         }
         self.background
             .swap(self, current.with_releases(routes))
