@@ -123,7 +123,11 @@ impl Setup {
     ) -> (Self, FakeEngineHandle, FakeEngineHandle) {
         let dir = tempfile::tempdir().unwrap();
         let p = engine(dir.path(), |e| e.deterministic()).await;
-        let c = engine(dir.path(), |e| candidate(e.deterministic())).await;
+        // Another build than the primary's: the release pins each side's own identity.
+        let c = engine(dir.path(), |e| {
+            candidate(e.deterministic().build_info("b5000-cand"))
+        })
+        .await;
         let path = dir.path().join("switchyard.toml");
         let text = edit(config(dir.path(), "127.0.0.1:0", &p.url(), &c.url()));
         std::fs::write(&path, text).unwrap();
@@ -289,6 +293,20 @@ async fn a_good_candidate_walks_every_step_and_becomes_the_primary() {
         readyz["models"]["smollm2"]["release"]["promoted"], true,
         "{readyz}"
     );
+    assert_eq!(readyz["models"]["smollm2"]["release"]["state"], "completed");
+    // Another release would take the promotion back: refused until the configuration says so.
+    let again = admin(
+        &s.admin,
+        "POST",
+        "/admin/releases",
+        Some(json!({"model": "smollm2", "candidate": "c"})),
+    )
+    .await;
+    assert_eq!(again.status, 409, "{}", again.json());
+    assert!(again.json()["error"]["message"]
+        .as_str()
+        .unwrap()
+        .contains("set models.smollm2.primary = \"c\""));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -824,7 +842,7 @@ fn serve(path: &Path) -> std::process::Child {
 async fn kill_9_mid_step_changes_nothing_and_every_verdict_recomputes_the_same() {
     let dir = tempfile::tempdir().unwrap();
     let p = engine(dir.path(), |e| e.deterministic()).await;
-    let c = engine(dir.path(), |e| e.deterministic()).await;
+    let c = engine(dir.path(), |e| e.deterministic().build_info("b5000-cand")).await;
     let port = std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
         .local_addr()

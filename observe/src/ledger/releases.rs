@@ -149,6 +149,15 @@ impl ReleaseStore {
         })
     }
 
+    /// Opens the ledger at `path` for reading only, as it is (`explain --recompute`): nothing
+    /// is created or migrated.
+    pub fn open_read_only(path: &Path) -> Result<Self, LedgerError> {
+        Ok(Self {
+            path: path.to_path_buf(),
+            conn: Mutex::new(super::read::open_read_only(path)?),
+        })
+    }
+
     /// Records a new release and its first event, in one transaction.
     pub fn create(&self, release: &Release, actor: &str, reason: &str) -> Result<(), LedgerError> {
         self.with(|conn| {
@@ -196,45 +205,25 @@ impl ReleaseStore {
     ) -> Result<(), LedgerError> {
         self.with(|conn| {
             let tx = conn.transaction()?;
-            tx.execute(
-                "UPDATE releases SET state = ?2, step = ?3, step_started_ms = ?4,
-                    promote_requested = ?5, override_correctness = ?6, reason = ?7, updated_ms = ?8
-                 WHERE id = ?1",
-                params![
-                    next.id,
-                    next.state,
-                    next.step,
-                    next.step_started_ms,
-                    next.promote_requested,
-                    next.override_correctness,
-                    next.reason,
-                    next.updated_ms,
-                ],
-            )?;
-            if previous.state != next.state || previous.step != next.step {
-                insert_event(&tx, next, Some(previous), actor, reason)?;
-            }
+            update_release(&tx, previous, next, actor, reason)?;
             tx.commit()
         })
     }
 
-    /// Records one evaluation.
-    pub fn evaluation(&self, release: &str, evaluation: &Evaluation) -> Result<(), LedgerError> {
+    /// Records one evaluation and the release row it leaves (`previous` → `next`, with the
+    /// transition's event when the state or step moved), in one transaction.
+    pub fn evaluated(
+        &self,
+        evaluation: &Evaluation,
+        previous: &Release,
+        next: &Release,
+        reason: &str,
+    ) -> Result<(), LedgerError> {
         self.with(|conn| {
-            conn.execute(
-                "INSERT INTO release_evaluations (release_id, ts_ms, step, window_start_ms,
-                    decision, reason, evidence_json) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
-                params![
-                    release,
-                    evaluation.ts_ms,
-                    evaluation.step,
-                    evaluation.window_start_ms,
-                    evaluation.decision,
-                    evaluation.reason,
-                    evaluation.evidence_json,
-                ],
-            )?;
-            Ok(())
+            let tx = conn.transaction()?;
+            insert_evaluation(&tx, &next.id, evaluation)?;
+            update_release(&tx, previous, next, "auto", reason)?;
+            tx.commit()
         })
     }
 
@@ -348,7 +337,8 @@ impl ReleaseStore {
                     "SELECT engine, artifact FROM requests
                      WHERE release_id = ?1 AND arm = ?2 AND ts_ms >= ?3 AND ts_ms < ?4
                        AND id <= ?7 AND status < 500 AND engine IS NOT NULL
-                       AND variant != 'shadow' AND (engine != ?5 OR artifact != ?6)
+                       AND variant != 'shadow' AND fallback_from IS NULL
+                       AND arm_key != 'forced' AND (engine != ?5 OR artifact != ?6)
                      ORDER BY id LIMIT 1",
                     params![
                         release,
@@ -398,6 +388,55 @@ impl ReleaseStore {
     pub fn now_ms() -> i64 {
         unix_ms(SystemTime::now())
     }
+}
+
+fn update_release(
+    tx: &rusqlite::Transaction<'_>,
+    previous: &Release,
+    next: &Release,
+    actor: &str,
+    reason: &str,
+) -> rusqlite::Result<()> {
+    tx.execute(
+        "UPDATE releases SET state = ?2, step = ?3, step_started_ms = ?4,
+            promote_requested = ?5, override_correctness = ?6, reason = ?7, updated_ms = ?8
+         WHERE id = ?1",
+        params![
+            next.id,
+            next.state,
+            next.step,
+            next.step_started_ms,
+            next.promote_requested,
+            next.override_correctness,
+            next.reason,
+            next.updated_ms,
+        ],
+    )?;
+    if previous.state != next.state || previous.step != next.step {
+        insert_event(tx, next, Some(previous), actor, reason)?;
+    }
+    Ok(())
+}
+
+fn insert_evaluation(
+    tx: &rusqlite::Transaction<'_>,
+    release: &str,
+    evaluation: &Evaluation,
+) -> rusqlite::Result<()> {
+    tx.execute(
+        "INSERT INTO release_evaluations (release_id, ts_ms, step, window_start_ms,
+            decision, reason, evidence_json) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
+        params![
+            release,
+            evaluation.ts_ms,
+            evaluation.step,
+            evaluation.window_start_ms,
+            evaluation.decision,
+            evaluation.reason,
+            evaluation.evidence_json,
+        ],
+    )?;
+    Ok(())
 }
 
 fn insert_event(

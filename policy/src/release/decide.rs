@@ -30,6 +30,10 @@ pub struct Evidence {
     pub candidate_requests: u64,
     pub candidate_errors: u64,
     pub candidate_broken: u64,
+    /// The candidate's copies judged (of the primary's requests, and golden probes), and those
+    /// it failed: they count toward its error rate, never toward `min_requests`.
+    pub copies: u64,
+    pub copy_errors: u64,
     /// The primary's live requests and failures in the same window.
     pub primary_requests: u64,
     pub primary_errors: u64,
@@ -101,12 +105,13 @@ pub fn decide(plan: &Plan, step: &Step, ev: &Evidence) -> Decision {
     // The error rate is judged by the lower bound of its 95 % confidence interval: a few
     // failures in a handful of requests are enough when nothing else succeeded, one in
     // hundreds is not.
-    if ev.candidate_errors > 0 {
-        let rate = ev.candidate_errors as f64 / ev.candidate_requests.max(1) as f64;
-        let surely = wilson_lower(
-            ev.candidate_errors,
-            ev.candidate_requests.max(ev.candidate_errors),
-        );
+    let (served, failed) = (
+        ev.candidate_requests + ev.copies,
+        ev.candidate_errors + ev.copy_errors,
+    );
+    if failed > 0 {
+        let rate = failed as f64 / served.max(1) as f64;
+        let surely = wilson_lower(failed, served.max(failed));
         let primary = if ev.primary_requests == 0 {
             0.0
         } else {
@@ -117,8 +122,8 @@ pub fn decide(plan: &Plan, step: &Step, ev: &Evidence) -> Decision {
                 reason: format!(
                     "candidate error rate {:.1}% ({} of {}; at least {:.1}% at 95% confidence) above max_error_rate {:.1}% (primary {:.1}%)",
                     rate * 100.0,
-                    ev.candidate_errors,
-                    ev.candidate_requests,
+                    failed,
+                    served,
                     surely * 100.0,
                     plan.max_error_rate * 100.0,
                     primary * 100.0

@@ -182,6 +182,13 @@ fn the_order_is_integrity_correctness_availability_performance() {
         candidate_errors: 1,
         ..ready.clone()
     };
+    // A copy that failed among many that were judged is as rare.
+    let copies = Evidence {
+        copies: 1000,
+        copy_errors: 1,
+        ..ready.clone()
+    };
+    assert_eq!(decide(&plan, &step, &copies), Decision::Advance);
     assert_eq!(decide(&plan, &step, &rare), Decision::Advance);
     // Errors the primary has as much of are the traffic's, not the candidate's.
     let both = Evidence {

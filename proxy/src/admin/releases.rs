@@ -120,7 +120,7 @@ pub(super) async fn route(
                     return Some(error(
                         StatusCode::NOT_FOUND,
                         &format!(
-                        "no release action {other}; there are promote, pause, resume, abort, undo"
+                        "no release action {other}; there are promote, pause, resume, abort, undo, retry"
                     ),
                         "not_found",
                     ))

@@ -297,6 +297,7 @@ impl App {
             Some(store) => {
                 let all = store.all().map_err(|e| e.to_string())?;
                 let routes = releases.routes(&snapshot, &all);
+                releases.gauges(&recorder.metrics, &snapshot, &routes, &all);
                 snapshot.with_releases(routes)
             }
             None => snapshot,

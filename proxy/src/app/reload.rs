@@ -172,6 +172,8 @@ impl AppState {
         )?;
         let digest = next.digest.to_string();
         self.background.swap(self, next)?;
+        // A release whose backend or model went away is judged now, not at its next turn.
+        self.releases.changed.notify_one();
         Ok(digest)
     }
 

@@ -310,7 +310,7 @@ fn explain_again(
             return Ok(config::EX_USAGE);
         }
     };
-    let store = ReleaseStore::open(&path)?;
+    let store = ReleaseStore::open_read_only(&path)?;
     let Some(release) = store.get(id)? else {
         eprintln(&format!("no release {id} in {}", path.display()));
         return Ok(1);

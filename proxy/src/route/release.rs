@@ -26,6 +26,10 @@ pub(crate) struct ReleaseRoute {
     pub(crate) weight: u8,
     /// Promoted for good (the release completed): the candidate is the model's primary.
     pub(crate) promoted: bool,
+    /// The release's state and what it waits for, as when this snapshot was built (for
+    /// `/readyz`).
+    pub(crate) state: String,
+    pub(crate) waiting_for: Option<String>,
     /// Where sampled copies go: to the candidate from the primary's requests (`shadow` step),
     /// or back to the primary from the candidate's (`live` steps). None: no copies.
     pub(crate) copies: Option<Copies>,

@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use serde_json::Value;
-use switchyard_policy::compare::{judge, Pair, Side};
+use switchyard_policy::compare::{judge, Pair, Side, Verdict};
 
 use super::{run_on, Candidate};
 use crate::forward::Outgoing;
@@ -121,6 +121,14 @@ pub(crate) async fn run_pair(
         fingerprint.deterministic,
         None,
     );
+    // The answers' texts are kept only where they differ.
+    let (mut primary_side, mut candidate_side) = (primary_side, candidate_side);
+    if verdict != Verdict::Mismatch {
+        primary_side.text = None;
+        if let Some(c) = candidate_side.as_mut() {
+            c.text = None;
+        }
+    }
     let pair = Pair {
         model: model.to_string(),
         workload: fingerprint.workload.clone(),

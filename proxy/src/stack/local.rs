@@ -90,6 +90,8 @@ impl Router {
                         "candidate": &*r.candidate,
                         "weight": r.weight,
                         "promoted": r.promoted,
+                        "state": r.state,
+                        "waiting_for": r.waiting_for,
                     })),
                 }),
             );

@@ -79,7 +79,14 @@ impl AppState {
                     })
                     .unwrap_or(1)
                     .max(1);
-                let correct = evidence.mismatches == 0 && evidence.comparable_pairs >= needed;
+                let tolerated = plan.tolerance.is_some_and(|t| {
+                    switchyard_policy::release::decide::wilson_lower(
+                        evidence.mismatches,
+                        evidence.comparable_pairs,
+                    ) <= t.max_mismatch_share
+                });
+                let correct =
+                    (evidence.mismatches == 0 || tolerated) && evidence.comparable_pairs >= needed;
                 if !correct && !override_correctness {
                     return refuse(format!(
                         "the correctness criterion is not met ({} of {} comparable pairs differ; {needed} matching pairs needed): `promote --full` never skips it; only `--override-correctness` with a reason does",

@@ -131,12 +131,13 @@ impl AppState {
             evidence_json: evidence_json(&evidence, &observed),
         };
         let why = reason.clone().unwrap_or_else(|| name.to_owned());
-        let (row, before, key, why2) = (next.clone(), release.clone(), id.to_owned(), why.clone());
-        let written = blocking(store, move |s| {
-            s.evaluation(&key, &evaluation)?;
-            s.update(&before, &row, "auto", &why2)
-        })
-        .await;
+        let written = {
+            let (before, after, why) = (release.clone(), next.clone(), why.clone());
+            blocking(store, move |s| {
+                s.evaluated(&evaluation, &before, &after, &why)
+            })
+            .await
+        };
         if let Err(e) = written {
             tracing::error!(release = id, error = %e, "release decision not recorded; traffic not moved");
             return;
@@ -178,6 +179,8 @@ pub(crate) fn evidence_json(e: &Evidence, observed: &Observed) -> String {
         "candidate_requests": e.candidate_requests,
         "candidate_errors": e.candidate_errors,
         "candidate_broken": e.candidate_broken,
+        "copies": e.copies,
+        "copy_errors": e.copy_errors,
         "candidate_down": e.candidate_down,
         "primary_requests": e.primary_requests,
         "primary_errors": e.primary_errors,
@@ -315,14 +318,15 @@ pub(crate) fn count(
     let mut oriented: Vec<Pair> = Vec::new();
     for (_, pair) in pairs {
         let (pair, reversed) = orient(pair, &release.primary_backend);
-        if pair.verdict == Verdict::CandidateError {
-            if reversed {
-                evidence.primary_requests += pair.count;
-                evidence.primary_errors += pair.count;
-            } else {
-                evidence.candidate_requests += pair.count;
-                evidence.candidate_errors += pair.count;
+        // The candidate's copies (shadow step, probes) are requests it served too: each judged
+        // one counts toward its error rate, never toward `min_requests`.
+        if !reversed && pair.verdict != Verdict::Incomparable {
+            evidence.copies += pair.count;
+            if pair.verdict == Verdict::CandidateError {
+                evidence.copy_errors += pair.count;
             }
+        }
+        if pair.verdict == Verdict::CandidateError {
             continue;
         }
         if pinned_pair(&pair, release) {
@@ -342,9 +346,8 @@ pub(crate) fn count(
             Verdict::CandidateError | Verdict::Incomparable => {}
         }
     }
-    if evidence.mismatches == 0 {
-        evidence.worst_ratio = worst_ratio(&oriented);
-    }
+    // Speed is judged only for groups whose answers all matched.
+    evidence.worst_ratio = worst_ratio(&oriented);
     Ok(evidence)
 }
 
@@ -432,10 +435,12 @@ fn mismatch(pair: &Pair) -> String {
                 .take_while(|((_, a), b)| a == b)
                 .last()
                 .map_or(0, |((at, a), _)| at + a.len_utf8());
-            // From the start of the word the answers part in.
+            // From the start of the word the answers part in (after a space of any width).
             let from = primary[..common]
-                .rfind(char::is_whitespace)
-                .map_or(0, |at| at + 1);
+                .char_indices()
+                .rev()
+                .find(|(_, c)| c.is_whitespace())
+                .map_or(0, |(at, c)| at + c.len_utf8());
             let tail = |s: &str| s[from..].chars().take(60).collect::<String>();
             let before = &primary[..from];
             let context = before
@@ -463,6 +468,9 @@ fn worst_ratio(pairs: &[Pair]) -> Option<(f64, String)> {
     let comparison = compare(pairs, false);
     let mut worst: Option<(f64, String)> = None;
     for group in &comparison.groups {
+        if group.counts.mismatch > 0 {
+            continue;
+        }
         let Some(ratios) = &group.ratios else {
             continue;
         };
@@ -483,3 +491,6 @@ fn worst_ratio(pairs: &[Pair]) -> Option<(f64, String)> {
     }
     worst
 }
+
+#[cfg(test)]
+mod tests;

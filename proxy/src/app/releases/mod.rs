@@ -78,6 +78,23 @@ impl Releases {
             .clone()
     }
 
+    /// Sets each model's release gauges: its weight, and its newest release's state.
+    pub(crate) fn gauges(
+        &self,
+        metrics: &switchyard_observe::metrics::Metrics,
+        snapshot: &Snapshot,
+        routes: &NameMap<Arc<str>, Arc<ReleaseRoute>>,
+        all: &[Release],
+    ) {
+        for model in snapshot.config.models.keys() {
+            metrics.release_weight(model, routes.get(model.as_str()).map_or(0, |r| r.weight));
+            // `all` is newest first.
+            if let Some(newest) = all.iter().find(|r| &r.model == model) {
+                metrics.release_state(model, &newest.state);
+            }
+        }
+    }
+
     /// What routing sees of each release that still routes: open ones, and completed ones
     /// whose promotion the configuration has not caught up with (the model's configured
     /// primary is still the one the release replaced).
@@ -107,10 +124,11 @@ impl Releases {
             let Ok(plan) = serde_json::from_str::<Plan>(&release.plan_json) else {
                 continue;
             };
-            let weight = if completed {
-                100
-            } else {
-                plan.weight_at(usize::try_from(release.step).unwrap_or(usize::MAX))
+            // Held for a person (the answers differed): nothing goes to the candidate meanwhile.
+            let weight = match release.state.as_str() {
+                "completed" => 100,
+                "held" => 0,
+                _ => plan.weight_at(usize::try_from(release.step).unwrap_or(usize::MAX)),
             };
             let copies = (!completed).then(|| Copies {
                 from: if weight == 0 {
@@ -133,6 +151,8 @@ impl Releases {
                     candidate: Arc::from(release.candidate_backend.as_str()),
                     weight,
                     promoted: completed,
+                    state: release.state.clone(),
+                    waiting_for: release.reason.clone(),
                     copies,
                     session_header,
                 }),
@@ -193,6 +213,16 @@ impl AppState {
         let (primary_engine, primary_artifact) = pinned(&snapshot, &primary)?;
         let (candidate_engine, candidate_artifact) = pinned(&snapshot, candidate)?;
         let all = blocking(&store, |s| s.all()).await?;
+        // A completed release still routes while the configuration names the old primary: a new
+        // one would silently take its promotion back.
+        if let Some(promoted) = all.iter().find(|r| {
+            r.model == model && r.state == "completed" && r.primary_backend == model_config.primary
+        }) {
+            return Err(ReleaseError::Refused(format!(
+                "{} promoted {model} to {}: set models.{model}.primary = \"{}\" in the configuration (and reload) before another release",
+                promoted.id, promoted.candidate_backend, promoted.candidate_backend
+            )));
+        }
         if let Some(open) = all.iter().find(|r| r.model == model && r.is_open()) {
             return Err(ReleaseError::Refused(format!(
                 "{model} has an open release already ({}, {}): abort it first",
@@ -360,14 +390,8 @@ impl AppState {
         let all = blocking(store, |s| s.all()).await?;
         let current = self.live.load();
         let routes = self.releases.routes(&current, &all);
-        for model in current.config.models.keys() {
-            let weight = routes.get(model.as_str()).map_or(0, |r| r.weight);
-            self.recorder.metrics.release_weight(model, weight);
-            // `all` is newest first.
-            if let Some(newest) = all.iter().find(|r| &r.model == model) {
-                self.recorder.metrics.release_state(model, &newest.state);
-            }
-        }
+        self.releases
+            .gauges(&self.recorder.metrics, &current, &routes, &all);
         self.background
             .swap(self, current.with_releases(routes))
             .map_err(ReleaseError::Refused)?;
