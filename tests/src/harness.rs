@@ -39,6 +39,34 @@ pub fn run_switchyard<S: AsRef<std::ffi::OsStr>>(
     Ok(String::from_utf8(out.stdout)?)
 }
 
+/// A child process killed (and reaped) when dropped: a test that fails half-way leaves no
+/// process behind.
+#[derive(Debug)]
+pub struct KillOnDrop(pub std::process::Child);
+
+impl std::ops::Deref for KillOnDrop {
+    type Target = std::process::Child;
+
+    fn deref(&self) -> &std::process::Child {
+        &self.0
+    }
+}
+
+impl std::ops::DerefMut for KillOnDrop {
+    fn deref_mut(&mut self) -> &mut std::process::Child {
+        &mut self.0
+    }
+}
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        if matches!(self.0.try_wait(), Ok(None)) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+}
+
 /// Waits until the `switchyard serve` process `child` (its stdout piped) prints where it
 /// listens, and returns that base URL.
 pub async fn listening_on(child: &mut std::process::Child) -> anyhow::Result<String> {

@@ -15,7 +15,8 @@ use serde_json::{json, Value};
 use switchyard::Running;
 use switchyard_tests::fake_engine::{FakeEngine, FakeEngineHandle, Fault};
 use switchyard_tests::harness::{
-    listening_on, start_switchyard_file, switchyard_bin, wait_ready, TestClient, TestResponse,
+    listening_on, start_switchyard_file, switchyard_bin, wait_ready, AdminEvents, KillOnDrop,
+    TestClient, TestResponse,
 };
 
 /// Quick plans: evaluated every 50 ms, steps that need a handful of requests.
@@ -459,20 +460,19 @@ async fn a_fast_but_wrong_candidate_never_leaves_the_shadow_step() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_quiet_model_holds_and_says_what_it_needs() {
     let (s, _p, _c) = Setup::start(|e| e).await;
+    let mut events = AdminEvents::open(&s.admin, None).await.unwrap();
     let id = start_release(&s.admin, "fast").await;
     ask(&s.base, "the-only-one").await;
-    let deadline = Instant::now() + Duration::from_secs(10);
-    let release = loop {
-        let release = status(&s.admin, &id).await["release"].clone();
-        if release["waiting_for"]
-            .as_str()
-            .is_some_and(|w| w.starts_with("needs"))
-        {
-            break release;
-        }
-        assert!(Instant::now() < deadline, "{release}");
-        tokio::time::sleep(Duration::from_millis(50)).await; // the evaluator's own pace
-    };
+    // Each change of what the release waits for is a `release` event.
+    let release = events
+        .wait_for(Duration::from_secs(10), "release", |e| {
+            e["id"] == id.as_str()
+                && e["waiting_for"]
+                    .as_str()
+                    .is_some_and(|w| w.starts_with("needs"))
+        })
+        .await
+        .unwrap();
     assert_eq!(
         (release["state"].as_str(), release["step_label"].as_str()),
         (Some("running"), Some("shadow"))
@@ -646,14 +646,15 @@ async fn a_release_the_configuration_declares_starts_once_the_identities_are_ver
         )
     };
     let (s, _p, _c) = Setup::start_with(|e| e, declare).await;
-    let deadline = Instant::now() + Duration::from_secs(10);
-    let release = loop {
-        let all = admin(&s.admin, "GET", "/admin/releases", None).await.json();
-        if let Some(release) = all["releases"].as_array().and_then(|a| a.first()) {
-            break release.clone();
-        }
-        assert!(Instant::now() < deadline, "no release started: {all}");
-        tokio::time::sleep(Duration::from_millis(50)).await; // the evaluator's own pace
+    // Listening before looking: a release started in between is seen either way.
+    let mut events = AdminEvents::open(&s.admin, None).await.unwrap();
+    let all = admin(&s.admin, "GET", "/admin/releases", None).await.json();
+    let release = match all["releases"].as_array().and_then(|a| a.first()) {
+        Some(release) => release.clone(),
+        None => events
+            .wait_for(Duration::from_secs(10), "release", |_| true)
+            .await
+            .unwrap(),
     };
     assert_eq!(
         (release["model"].as_str(), release["candidate"].as_str()),
@@ -794,21 +795,19 @@ async fn golden_probes_give_a_quiet_model_evidence_but_never_requests() {
         probes.display()
     );
     let (s, _p, _c) = Setup::start_with(|e| e, |config| config + &plan).await;
+    let mut events = AdminEvents::open(&s.admin, None).await.unwrap();
     let id = start_release(&s.admin, "probed").await;
     // No client sends anything: the probes alone pass the shadow step…
-    let deadline = Instant::now() + Duration::from_secs(10);
-    let release = loop {
-        let release = status(&s.admin, &id).await["release"].clone();
-        if release["step_label"] == "live 5%"
-            && release["waiting_for"]
-                .as_str()
-                .is_some_and(|w| w.starts_with("needs 1 more requests served by the candidate"))
-        {
-            break release;
-        }
-        assert!(Instant::now() < deadline, "{release}");
-        tokio::time::sleep(Duration::from_millis(50)).await; // the evaluator's own pace
-    };
+    let release = events
+        .wait_for(Duration::from_secs(10), "release", |e| {
+            e["id"] == id.as_str()
+                && e["step_label"] == "live 5%"
+                && e["waiting_for"]
+                    .as_str()
+                    .is_some_and(|w| w.starts_with("needs 1 more requests served by the candidate"))
+        })
+        .await
+        .unwrap();
     // … and the live step's probes count for nothing toward its requests.
     assert_eq!(release["state"], "running", "{release}");
     let history = status(&s.admin, &id).await;
@@ -829,13 +828,15 @@ async fn golden_probes_give_a_quiet_model_evidence_but_never_requests() {
 }
 
 /// Runs `switchyard serve` on a configuration file.
-fn serve(path: &Path) -> std::process::Child {
-    Command::new(switchyard_bin().unwrap())
-        .args(["serve", "--config", path.to_str().unwrap()])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap()
+fn serve(path: &Path) -> KillOnDrop {
+    KillOnDrop(
+        Command::new(switchyard_bin().unwrap())
+            .args(["serve", "--config", path.to_str().unwrap()])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    )
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -14,7 +14,7 @@ use switchyard::Running;
 use switchyard_tests::fake_engine::{FakeEngine, FakeEngineHandle};
 use switchyard_tests::harness::{
     listening_on, run_switchyard, start_switchyard_file, switchyard_bin, wait_ready, AdminEvents,
-    TestClient, TestResponse,
+    KillOnDrop, TestClient, TestResponse,
 };
 
 /// A configuration with backends `a` and `b` (each a `[backends.NAME]` table's body in
@@ -660,15 +660,17 @@ fn free_port() -> u16 {
 }
 
 /// Runs `switchyard serve` on a configuration file, with `args`; its log goes to `log`.
-fn serve(path: &Path, args: &[&str], log: &Path) -> std::process::Child {
-    Command::new(switchyard_bin().unwrap())
-        .args(["serve", "--config", path.to_str().unwrap()])
-        .args(args)
-        .env("SWITCHYARD_LOG", "info")
-        .stdout(Stdio::piped())
-        .stderr(std::fs::File::create(log).unwrap())
-        .spawn()
-        .unwrap()
+fn serve(path: &Path, args: &[&str], log: &Path) -> KillOnDrop {
+    KillOnDrop(
+        Command::new(switchyard_bin().unwrap())
+            .args(["serve", "--config", path.to_str().unwrap()])
+            .args(args)
+            .env("SWITCHYARD_LOG", "info")
+            .stdout(Stdio::piped())
+            .stderr(std::fs::File::create(log).unwrap())
+            .spawn()
+            .unwrap(),
+    )
 }
 
 fn signal(child: &std::process::Child, name: &str) {

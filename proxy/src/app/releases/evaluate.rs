@@ -151,6 +151,15 @@ impl AppState {
             if next.state == "running" && next.step != release.step {
                 self.run_probes(&next);
             }
+        } else {
+            // What the release waits for changed: for whoever follows it (dashboards, scripts).
+            let mut event = super::describe(&next);
+            if let serde_json::Value::Object(fields) = &mut event {
+                fields.insert("actor".to_owned(), "auto".into());
+                fields.insert("reason".to_owned(), why.into());
+            }
+            self.events
+                .publish(crate::app::events::Event::new("release", event));
         }
     }
 }
