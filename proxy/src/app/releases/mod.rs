@@ -11,6 +11,7 @@ mod actions;
 mod declared;
 pub(crate) mod evaluate;
 pub(crate) mod explain;
+mod pairs;
 mod probes;
 mod view;
 

@@ -1,7 +1,7 @@
 //! Unit tests of how a differing pair is shown.
 
 use super::*;
-use switchyard_policy::compare::Side;
+use switchyard_policy::compare::{Side, Verdict};
 
 fn pair(primary: &str, candidate: &str) -> Pair {
     let side = |backend: &str, text: &str| Side {

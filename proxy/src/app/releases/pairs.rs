@@ -1,0 +1,108 @@
+//! What the release's pairs say, for the evaluator: a pair turned to the release's
+//! orientation, whether it carries the pinned identities, where two answers part, and the worst
+//! speed ratio of the groups whose answers all matched.
+
+use switchyard_observe::ledger::Release;
+use switchyard_policy::compare::{compare, Pair};
+
+/// `pair` with the release's primary backend as its primary side, and whether it was turned
+/// round (a reverse copy: the candidate served, the primary got the copy).
+pub(super) fn orient(mut pair: Pair, primary: &str) -> (Pair, bool) {
+    if pair.primary.backend == primary {
+        return (pair, false);
+    }
+    if let Some(candidate) = pair.candidate.take() {
+        pair.candidate = Some(std::mem::replace(&mut pair.primary, candidate));
+    }
+    (pair, true)
+}
+
+pub(super) fn pinned_pair(pair: &Pair, release: &Release) -> bool {
+    let stamped = |side: &switchyard_policy::compare::Side, engine: &str, artifact: &str| {
+        side.engine.as_deref() == Some(engine) && side.artifact.as_deref() == Some(artifact)
+    };
+    stamped(
+        &pair.primary,
+        &release.primary_engine,
+        &release.primary_artifact,
+    ) && pair
+        .candidate
+        .as_ref()
+        .is_some_and(|c| stamped(c, &release.candidate_engine, &release.candidate_artifact))
+}
+
+/// A mismatching pair for people: the request and, when both texts were kept, the word where
+/// the two answers part and what each says from there.
+pub(super) fn mismatch(pair: &Pair) -> String {
+    let id = pair.primary.request_id.as_deref().unwrap_or("?");
+    let candidate = pair.candidate.as_ref();
+    match (
+        pair.primary.text.as_deref(),
+        candidate.and_then(|c| c.text.as_deref()),
+    ) {
+        (Some(primary), Some(candidate)) => {
+            let common: usize = primary
+                .char_indices()
+                .zip(candidate.chars())
+                .take_while(|((_, a), b)| a == b)
+                .last()
+                .map_or(0, |((at, a), _)| at + a.len_utf8());
+            // From the start of the word the answers part in (after a space of any width).
+            let from = primary[..common]
+                .char_indices()
+                .rev()
+                .find(|(_, c)| c.is_whitespace())
+                .map_or(0, |(at, c)| at + c.len_utf8());
+            let tail = |s: &str| s[from..].chars().take(60).collect::<String>();
+            let before = &primary[..from];
+            let context = before
+                .char_indices()
+                .rev()
+                .nth(29)
+                .map_or(before, |(at, _)| &before[at..]);
+            format!(
+                "request {id}: after {context:?} the answers part: primary {:?}, candidate {:?}",
+                tail(primary),
+                tail(candidate)
+            )
+        }
+        _ => format!(
+            "request {id}: the answers differ (output {} against {}; their texts were not kept)",
+            pair.primary.output.as_deref().unwrap_or("-"),
+            candidate.and_then(|c| c.output.as_deref()).unwrap_or("-")
+        ),
+    }
+}
+
+/// The worst warm ratio of the candidate's speed to the primary's, above 1 being slower, over
+/// the groups with enough repetitions.
+pub(super) fn worst_ratio(pairs: &[Pair]) -> Option<(f64, String)> {
+    let comparison = compare(pairs, false);
+    let mut worst: Option<(f64, String)> = None;
+    for group in &comparison.groups {
+        if group.counts.mismatch > 0 {
+            continue;
+        }
+        let Some(ratios) = &group.ratios else {
+            continue;
+        };
+        let slower = [
+            ratios.ttft.as_ref().map(|r| (r.median, "warm ttft")),
+            ratios.total.as_ref().map(|r| (r.median, "warm total time")),
+            ratios
+                .decode_tps
+                .as_ref()
+                .filter(|r| r.median > 0.0)
+                .map(|r| (1.0 / r.median, "warm decode rate (inverted)")),
+        ];
+        for (ratio, what) in slower.into_iter().flatten() {
+            if worst.as_ref().is_none_or(|(w, _)| ratio > *w) {
+                worst = Some((ratio, format!("{what} of {}", group.key.workload)));
+            }
+        }
+    }
+    worst
+}
+
+#[cfg(test)]
+mod tests;
