@@ -858,16 +858,18 @@ async fn kill_9_mid_step_changes_nothing_and_every_verdict_recomputes_the_same()
     .unwrap();
     let mut child = serve(&path);
     let base = listening_on(&mut child).await.unwrap();
-    let verified = || async {
-        let v = TestClient::new().get(&format!("{base}/readyz")).await;
-        v.is_ok_and(|r| {
-            ["p", "c"]
-                .iter()
-                .all(|n| r.json()["backends"][n]["identity"] == "verified")
-        })
-    };
-    while !verified().await {
-        tokio::time::sleep(Duration::from_millis(50)).await; // another process: no signal to await
+    // The event stream opens with each backend's state, then carries every change: both sides
+    // are verified once an event says so for each.
+    let mut events = AdminEvents::open(&admin_url, None).await.unwrap();
+    let mut verified = std::collections::HashSet::new();
+    while verified.len() < 2 {
+        let event = events
+            .wait_for(Duration::from_secs(10), "backend", |e| {
+                e["identity"] == "verified"
+            })
+            .await
+            .unwrap();
+        verified.insert(event["backend"].as_str().unwrap().to_owned());
     }
     let id = start_release(&admin_url, "settled").await;
     let before = drive(&base, &admin_url, &id, false, |r| {
