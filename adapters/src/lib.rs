@@ -55,6 +55,13 @@ pub trait Adapter: Send + Sync + fmt::Debug + 'static {
         None
     }
 
+    /// A small generation request a starting managed engine must answer before it counts as
+    /// ready, for engines that say they are up before they can generate. `None`: its probes
+    /// alone say when it is ready.
+    fn ready_request(&self, _served_model: &str) -> Option<(&'static str, String)> {
+        None
+    }
+
     /// Whether stream events need [`Adapter::fix_stream_event`].
     fn fixes_stream_events(&self) -> bool {
         false

@@ -64,6 +64,12 @@ impl Adapter for Mlx {
         Some(("/v1/chat/completions", body.to_string()))
     }
 
+    /// mlx_lm.server answers `/health` before its weights are loaded, and loads lazily: one
+    /// token generated is the proof that it can serve.
+    fn ready_request(&self, served_model: &str) -> Option<(&'static str, String)> {
+        self.identity_request(served_model)
+    }
+
     fn fixes_stream_events(&self) -> bool {
         true
     }

@@ -7,6 +7,7 @@
 
 pub mod backend;
 pub mod client;
+pub mod managed;
 
 pub use backend::{header_value, Backend, BackendState, Digest, IdentityHeaders, Verification};
 pub use client::{describe_chain, Error, Upstream, UpstreamBody};

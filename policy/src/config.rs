@@ -84,6 +84,11 @@ pub struct ServerConfig {
     /// 1, a single-threaded runtime: no work stealing and no cross-thread wake-ups, which makes a
     /// Switchyard on one CPU faster than a one-worker multi-thread runtime would.
     pub workers: Option<usize>,
+    /// Where Switchyard keeps the pid files of the engines it runs (`launch`), so that after a
+    /// crash of Switchyard itself the next start stops what it left behind. None (the
+    /// default): `$XDG_STATE_HOME/switchyard`, else `~/.local/state/switchyard`
+    /// (`~/Library/Application Support/switchyard` on macOS).
+    pub state_dir: Option<PathBuf>,
 }
 
 impl Default for ServerConfig {
@@ -100,6 +105,7 @@ impl Default for ServerConfig {
             log_format: LogFormat::Text,
             metrics_listen: None,
             workers: None,
+            state_dir: None,
         }
     }
 }
@@ -232,7 +238,9 @@ impl EngineKind {
 #[serde(deny_unknown_fields)]
 pub struct BackendConfig {
     pub engine: EngineKind,
-    /// Base URL of the engine, `http://host:port` (no path).
+    /// Base URL of the engine, `http://host:port` (no path). May be left out for a managed
+    /// engine (`launch`): Switchyard then chooses a free loopback port for it.
+    #[serde(default)]
     pub url: String,
     /// The model file (GGUF) or folder (MLX) the engine is meant to serve; its digest is the
     /// artifact identity stamped on responses.
@@ -252,6 +260,9 @@ pub struct BackendConfig {
     /// configured artifact. Fail closed: an unverified identity is not served.
     #[serde(default)]
     pub require_verified_identity: bool,
+    /// Switchyard starts, watches and stops this engine itself (a managed engine).
+    #[serde(default)]
+    pub launch: Option<crate::launch::LaunchConfig>,
 }
 
 /// One public model name.

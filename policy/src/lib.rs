@@ -5,6 +5,7 @@
 
 pub mod compare;
 pub mod config;
+pub mod launch;
 pub mod release;
 pub mod routing;
 pub mod validate;
@@ -13,5 +14,6 @@ pub use config::{
     AdminConfig, BackendConfig, Config, DeclaredRelease, EngineKind, LedgerConfig, LogFormat,
     ModelConfig, ServerConfig, ShadowConfig, ShadowWhen, TelemetryConfig,
 };
+pub use launch::{LaunchConfig, StartMode};
 pub use routing::{Route, RoutingTable, ShadowRoute};
 pub use validate::{validate, Problem};

@@ -82,7 +82,13 @@ pub(crate) fn compute_headers(
         (Digest::Known(d), _) => format!("unverified:{d}"),
         _ => "unknown".to_owned(),
     };
-    let engine = header_value(&identity.header_value(binary));
+    let mut engine = identity.header_value(binary);
+    if let Some(launch) = &config.launch {
+        // The same engine and model under other flags is another identity.
+        engine.push_str(" launch=");
+        engine.push_str(&launch_digest(launch, &state.binary));
+    }
+    let engine = header_value(&engine);
     let artifact = header_value(&artifact);
     IdentityHeaders {
         backend: header_value(name),
@@ -92,6 +98,22 @@ pub(crate) fn compute_headers(
         artifact,
         verification,
     }
+}
+
+/// A managed engine's launch identity: the digest of its binary, its argument list (before the
+/// port is filled in: a new port is not a new engine) and its environment; `pending` while the
+/// binary is being hashed, `unknown-binary` when it could not be.
+fn launch_digest(launch: &switchyard_policy::LaunchConfig, binary: &Digest) -> String {
+    use sha2::{Digest as _, Sha256};
+    let binary = match binary {
+        Digest::Known(d) => d.as_str().to_owned(),
+        Digest::Hashing => return "pending".to_owned(),
+        Digest::NotConfigured | Digest::Failed(_) => "unknown-binary".to_owned(),
+    };
+    let facts = serde_json::json!({"binary": binary, "command": launch.command, "env": launch.env});
+    let hash = Sha256::digest(facts.to_string().as_bytes());
+    let hex: String = hash[..8].iter().map(|b| format!("{b:02x}")).collect();
+    format!("sha256:{hex}")
 }
 
 /// Checks that the path the engine says it serves is the configured artifact.

@@ -15,6 +15,8 @@ use tokio::sync::Semaphore;
 
 mod identity;
 
+use crate::managed::Managed;
+
 use identity::{compute_headers, names_differ};
 pub use identity::{header_value, Digest, IdentityHeaders, Verification};
 
@@ -67,16 +69,30 @@ pub struct Backend {
     /// whose answers name another model than it lists) are each stamped unverified and
     /// counted, but neither warned about nor probed for again and again.
     contradiction: std::sync::Mutex<Option<String>>,
+    /// The engine's process, when Switchyard runs it (`launch`).
+    pub managed: Option<Arc<Managed>>,
 }
 
 impl Backend {
     pub fn new(name: &str, config: BackendConfig) -> Result<Self, String> {
-        let authority = config
-            .url
-            .trim_start_matches("http://")
-            .trim_end_matches('/')
-            .parse::<http::uri::Authority>()
-            .map_err(|e| format!("backends.{name}.url: {e}"))?;
+        let authority = if config.url.is_empty() && config.launch.is_some() {
+            // A managed engine on a port chosen here: free now, and handed to the engine when
+            // it starts. Another process could take it in between; the engine then fails to
+            // start, which is logged and retried like any failed start.
+            let port = std::net::TcpListener::bind(("127.0.0.1", 0))
+                .and_then(|l| l.local_addr())
+                .map_err(|e| format!("backends.{name}: no free loopback port for the engine: {e}"))?
+                .port();
+            format!("127.0.0.1:{port}")
+        } else {
+            config
+                .url
+                .trim_start_matches("http://")
+                .trim_end_matches('/')
+                .to_owned()
+        }
+        .parse::<http::uri::Authority>()
+        .map_err(|e| format!("backends.{name}.url: {e}"))?;
         let adapter = switchyard_adapters::for_kind(config.engine);
         let state = BackendState {
             report: None,
@@ -86,7 +102,7 @@ impl Backend {
             } else {
                 Digest::NotConfigured
             },
-            binary: if config.binary.is_some() {
+            binary: if config.binary.is_some() || config.launch.is_some() {
                 Digest::Hashing
             } else {
                 Digest::NotConfigured
@@ -99,6 +115,13 @@ impl Backend {
             .map(|n| Arc::new(Semaphore::new(n as usize)));
         let name: Arc<str> = Arc::from(name);
         let headers = compute_headers(&name, &config, adapter.as_ref(), &state);
+        let managed = config.launch.as_ref().map(|launch| {
+            Arc::new(Managed::new(
+                launch.clone(),
+                authority.port_u16().unwrap_or(80),
+                config.artifact.clone(),
+            ))
+        });
         Ok(Self {
             name,
             config,
@@ -112,6 +135,7 @@ impl Backend {
             connections: Arc::default(),
             reprobe: tokio::sync::Notify::new(),
             contradiction: std::sync::Mutex::new(None),
+            managed,
         })
     }
 
@@ -124,8 +148,15 @@ impl Backend {
     /// Whether `a` and `b` configure the same engine: the same kind at the same URL, serving the
     /// same artifact with the same binary. Two such backends differ only in how they are used
     /// (limits, the model name sent, whether a verified identity is required).
+    /// A managed engine is never the same as another configuration of it: any change of its
+    /// settings starts a new process.
     pub fn same_engine(a: &BackendConfig, b: &BackendConfig) -> bool {
-        a.engine == b.engine && a.url == b.url && a.artifact == b.artifact && a.binary == b.binary
+        a.launch.is_none()
+            && b.launch.is_none()
+            && a.engine == b.engine
+            && a.url == b.url
+            && a.artifact == b.artifact
+            && a.binary == b.binary
     }
 
     /// Takes over what `previous`, the same engine configured for other use
@@ -152,6 +183,22 @@ impl Backend {
         );
         self.connections = previous.connections.clone();
         self
+    }
+
+    /// The executable hashed for the engine's identity: the configured `binary`, else a managed
+    /// engine's program (looked up on `PATH` when it names no folder).
+    pub fn binary_path(&self) -> Option<std::path::PathBuf> {
+        if let Some(binary) = &self.config.binary {
+            return Some(binary.clone());
+        }
+        let program = self.config.launch.as_ref()?.command.first()?;
+        let program = std::path::Path::new(program);
+        if program.components().count() > 1 {
+            return Some(program.to_path_buf());
+        }
+        std::env::split_paths(&std::env::var_os("PATH")?)
+            .map(|dir| dir.join(program))
+            .find(|candidate| candidate.is_file())
     }
 
     /// Resolves when an answer contradicted the probed identity and asked for a probe now.

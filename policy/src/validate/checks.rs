@@ -39,6 +39,20 @@ pub(super) fn url_reaches(url: &str, own: std::net::SocketAddr) -> bool {
     }
 }
 
+/// Whether a backend URL (already checked by [`check_url`]) names this machine: `localhost` or
+/// a loopback address.
+pub(super) fn url_is_loopback(url: &str) -> bool {
+    let authority = url.trim_start_matches("http://").trim_end_matches('/');
+    let Some((host, _)) = authority.rsplit_once(':') else {
+        return false;
+    };
+    let host = host.trim_start_matches('[').trim_end_matches(']');
+    match host.parse::<std::net::IpAddr>() {
+        Ok(ip) => ip.is_loopback(),
+        Err(_) => host.eq_ignore_ascii_case("localhost"),
+    }
+}
+
 /// Engines are reached over plain HTTP on a host and port; a path, query or TLS is not supported.
 pub(super) fn check_url(url: &str) -> Result<(), String> {
     let Some(rest) = url.strip_prefix("http://") else {

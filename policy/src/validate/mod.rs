@@ -14,7 +14,9 @@ use std::fmt;
 
 use crate::config::Config;
 
-use checks::{check_otlp_endpoint, check_url, is_valid_name, same_listener, url_reaches};
+use checks::{
+    check_otlp_endpoint, check_url, is_valid_name, same_listener, url_is_loopback, url_reaches,
+};
 
 /// One thing wrong with a configuration, at a key path such as `models.smollm2.primary`.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -155,8 +157,20 @@ pub fn validate(config: &Config) -> Vec<Problem> {
                 "backend names may use only letters, digits, '-', '_' and '.'",
             ));
         }
-        if let Err(why) = check_url(&backend.url) {
+        if let Some(launch) = &backend.launch {
+            for (key, message) in launch.problems(backend.artifact.is_some()) {
+                problems.push(Problem::new(format!("{at}.launch.{key}"), message));
+            }
+        }
+        if backend.url.is_empty() && backend.launch.is_some() {
+            // A managed engine on a port Switchyard chooses.
+        } else if let Err(why) = check_url(&backend.url) {
             problems.push(Problem::new(format!("{at}.url"), why));
+        } else if backend.launch.is_some() && !url_is_loopback(&backend.url) {
+            problems.push(Problem::new(
+                format!("{at}.url"),
+                "a managed engine (launch) runs on this machine: its url must be a loopback address, or left out for a port Switchyard chooses",
+            ));
         } else if let Some(own) = [Some(server.listen), server.metrics_listen]
             .into_iter()
             .flatten()

@@ -18,7 +18,16 @@ pub(super) fn backends(state: &AppState) -> Value {
         let mut status = backend_status(backend);
         if let Value::Object(fields) = &mut status {
             let admission = backend.admission();
-            fields.insert("url".to_owned(), Value::from(backend.config.url.as_str()));
+            fields.insert(
+                "url".to_owned(),
+                Value::from(format!("http://{}", backend.authority)),
+            );
+            if let Some(managed) = &backend.managed {
+                fields.insert(
+                    "managed".to_owned(),
+                    crate::stack::local::managed_status(managed, true),
+                );
+            }
             fields.insert(
                 "engine_kind".to_owned(),
                 serde_json::to_value(backend.config.engine).unwrap_or(Value::Null),
@@ -37,6 +46,24 @@ pub(super) fn backends(state: &AppState) -> Value {
         backends.insert(name.to_string(), status);
     }
     json!({"config_digest": &*snapshot.digest, "backends": backends})
+}
+
+/// `POST /admin/backends/{name}/restart`: a managed engine is started afresh — a quarantined
+/// one leaves its quarantine, a running one is stopped once its requests are done and started
+/// again. `Err` with the status and message when there is no such managed backend.
+pub(super) fn restart(state: &AppState, name: &str, actor: &str) -> Result<Value, (u16, String)> {
+    let Some(backend) = state.backend(name) else {
+        return Err((404, format!("no backend named `{name}`")));
+    };
+    let Some(managed) = &backend.managed else {
+        return Err((
+            409,
+            format!("backend `{name}` is not run by Switchyard (it has no `launch`)"),
+        ));
+    };
+    tracing::info!(backend = %name, actor = %actor, from = managed.status().phase.as_str(), "engine restart asked for");
+    managed.restart();
+    Ok(json!({"backend": name, "restarting": true, "was": managed.status().phase.as_str()}))
 }
 
 /// `GET /admin/models`: each public model name with its aliases, routes, and its release (the

@@ -39,6 +39,7 @@ const PATHS: &[(&str, Method)] = &[
     ("/admin/reload", Method::POST),
     ("/admin/events", Method::GET),
     ("/admin/releases", Method::GET),
+    ("/admin/backends/{name}/restart", Method::POST),
 ];
 
 /// Serves the admin API on `listener` (HTTP/1) until `stop` is cancelled. Connections are
@@ -179,6 +180,21 @@ async fn route(
                 StatusCode::OK
             };
             json_response(status, Bytes::from(body.to_string()))
+        }
+        (&Method::POST, p) if p.starts_with("/admin/backends/") && p.ends_with("/restart") => {
+            let name = &p["/admin/backends/".len()..p.len() - "/restart".len()];
+            match api::restart(state, name, actor) {
+                Ok(value) => json(value),
+                Err((status, message)) => error(
+                    StatusCode::from_u16(status).unwrap_or(StatusCode::BAD_REQUEST),
+                    &message,
+                    if status == 404 {
+                        "not_found"
+                    } else {
+                        "not_managed"
+                    },
+                ),
+            }
         }
         (&Method::GET, "/admin/events") => {
             let mut response = Response::new(sse::stream(state, stop));

@@ -2,6 +2,7 @@
 //! shadow pools, the engine client), the stack each connection is served by, and the
 //! background work ([`probes`]) that keeps identity current off the request path.
 
+mod engines;
 pub mod events;
 mod probes;
 pub mod releases;
@@ -54,6 +55,8 @@ pub struct AppState {
     background: Background,
     /// Canary releases: their store in the ledger, and their copies' pools.
     pub(crate) releases: releases::Releases,
+    /// The owners of the engines Switchyard runs (`launch`), awaited at shutdown.
+    engines: TaskTracker,
 }
 
 /// The background work of a running application, kept so that a reload can start the probes
@@ -162,6 +165,7 @@ impl Running {
             backend.clone(),
             stop.clone(),
         ));
+        engines::own(state, backend, stop.clone());
         self.probed.push((backend.clone(), stop));
     }
 }
@@ -188,6 +192,12 @@ impl AppState {
                 admission.close();
             }
         }
+    }
+
+    /// Waits until the engines Switchyard runs have stopped; called last at shutdown, once
+    /// their requests are done.
+    pub(crate) async fn engines_stopped(&self) {
+        engines::stopped(self).await;
     }
 
     /// Waits (on a blocking thread, up to 5 s) until the ledger has written every record queued
@@ -318,6 +328,7 @@ impl App {
                 reloading: tokio::sync::Mutex::new(()),
                 background: Background::default(),
                 releases,
+                engines: TaskTracker::new(),
             }),
         })
     }

@@ -7,6 +7,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use switchyard_adapters::ProbeResult;
+use switchyard_engine::managed::Phase;
 use switchyard_engine::{Backend, Digest};
 use tokio_util::sync::CancellationToken;
 
@@ -14,9 +15,21 @@ use super::AppState;
 use switchyard_observe::ledger::IdentitySnapshot;
 
 pub(super) async fn hash_identity_files(state: &Arc<AppState>, backend: &Arc<Backend>) {
+    if backend.config.binary.is_none() && backend.binary_path().is_none() {
+        if let Some(program) = backend
+            .config
+            .launch
+            .as_ref()
+            .and_then(|l| l.command.first())
+        {
+            let why = format!("`{program}` was not found on PATH");
+            tracing::error!(backend = %backend.name, error = %why, "could not hash the engine's binary; its launch identity stays unknown");
+            backend.update(|s| s.binary = Digest::Failed(why.clone()));
+        }
+    }
     for (path, is_binary) in [
         (backend.config.artifact.clone(), false),
-        (backend.config.binary.clone(), true),
+        (backend.binary_path(), true),
     ] {
         let Some(path) = path else { continue };
         let state2 = state.clone();
@@ -75,7 +88,18 @@ pub(super) async fn probe_loop(
 ) {
     let mut last_snapshot: Option<IdentitySnapshot> = None;
     let mut busy_probes: u64 = 0;
+    let mut managed = backend.managed.as_ref().map(|m| m.watch());
     loop {
+        if let Some(phases) = &mut managed {
+            // A managed engine's owner says how it is while it is not ready; it is probed
+            // only while it runs and is ready.
+            while phases.borrow_and_update().phase != Phase::Ready {
+                tokio::select! {
+                    _ = stop.cancelled() => return,
+                    changed = phases.changed() => if changed.is_err() { return },
+                }
+            }
+        }
         // Read each time: a reload may change it.
         let interval = Duration::from_millis(state.live.load().config.server.probe_interval_ms);
         let timeout = Backend::probe_timeout(interval);
@@ -107,6 +131,13 @@ pub(super) async fn probe_loop(
             continue;
         }
         busy_probes = 0;
+        if managed
+            .as_ref()
+            .is_some_and(|p| p.borrow().phase != Phase::Ready)
+        {
+            // Stopped while this probe ran: what it found is the stop, which the owner said.
+            continue;
+        }
         let mut report = backend.adapter.interpret(&results);
         if unanswered
             && report.identity.model_path.is_none()

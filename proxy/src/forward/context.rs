@@ -90,6 +90,8 @@ pub(crate) struct Attempt {
     pub(crate) variant: &'static str,
     /// The admission slot, once admission granted one (when the backend limits concurrency).
     pub(crate) permit: Option<OwnedSemaphorePermit>,
+    /// The hold on a managed engine, once it is ready (see [`super::launch`]).
+    pub(crate) lease: Option<switchyard_engine::managed::Lease>,
 }
 
 impl Attempt {
@@ -99,6 +101,7 @@ impl Attempt {
             outgoing,
             variant,
             permit: None,
+            lease: None,
         }
     }
 

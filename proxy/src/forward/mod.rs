@@ -1,10 +1,11 @@
 //! The per-backend request path, as a stack of tower services built once per backend:
 //!
 //! ```text
-//! IdentityGate → Admission → Inspect → Send
+//! Launch → IdentityGate → Admission → Inspect → Send
 //! ```
 //!
-//! [`gate`] stamps the backend's identity and refuses an unverified one that must be verified;
+//! [`launch`] holds a managed engine for the request, starting it when it is not running (the
+//! `load` phase); [`gate`] stamps the backend's identity and refuses an unverified one that must be verified;
 //! [`admission`] waits for one of the backend's slots (the `queue` phase); [`inspect`] turns the
 //! engine's answer into the client's (a stream watched by [`stream`], or a whole answer checked
 //! against the probed identity); [`send`] builds the engine's request and sends it. A request
@@ -17,6 +18,7 @@ pub(crate) mod admission;
 pub(crate) mod context;
 pub(crate) mod gate;
 pub(crate) mod inspect;
+pub(crate) mod launch;
 pub(crate) mod request;
 pub(crate) mod send;
 pub(crate) mod stream;
@@ -41,12 +43,13 @@ pub(crate) use request::Outgoing;
 #[allow(dead_code)]
 pub(crate) struct Held {
     pub(crate) permit: Option<OwnedSemaphorePermit>,
+    pub(crate) lease: Option<switchyard_engine::managed::Lease>,
     pub(crate) in_flight: GaugeGuard,
 }
 
 /// One backend's stack of stages.
 pub(crate) type BackendStack =
-    gate::IdentityGate<admission::Admission<inspect::Inspect<send::Send>>>;
+    launch::Launch<gate::IdentityGate<admission::Admission<inspect::Inspect<send::Send>>>>;
 
 /// What every backend's stack shares.
 #[derive(Debug, Clone)]
@@ -62,6 +65,8 @@ pub(crate) struct Shared {
 /// Builds `backend`'s stack, in the order a request meets its stages.
 pub(crate) fn stack(backend: &Arc<Backend>, shared: &Shared) -> BackendStack {
     tower::ServiceBuilder::new()
+        // A managed engine: hold it, starting it first when it is not running (the load phase).
+        .layer(launch::LaunchLayer::new(backend.clone()))
         // Stamp the identity; refuse an unverified one that must be verified, sending nothing.
         .layer(gate::IdentityGateLayer::new(backend.clone()))
         // Wait for a slot: the queue phase.

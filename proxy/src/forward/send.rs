@@ -68,6 +68,7 @@ impl tower::Service<Attempt> for Send {
             mut ctx,
             outgoing,
             permit,
+            lease,
             ..
         } = attempt;
         let backend = self.backend.clone();
@@ -89,6 +90,7 @@ impl tower::Service<Attempt> for Send {
         // mark travels with the admission slot, into the stream for streamed answers.
         let held = Held {
             permit,
+            lease,
             in_flight: self.recorder.metrics.in_flight(&backend.name),
         };
         let want_trailers = outgoing.want_trailers;

@@ -249,6 +249,7 @@ fn sent(recorder: &Arc<Recorder>, ctx: Ctx, status: u16, body: &'static str) -> 
         ctx,
         held: Held {
             permit: None,
+            lease: None,
             in_flight: recorder.metrics.in_flight("engine"),
         },
         want_trailers: false,

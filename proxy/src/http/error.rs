@@ -56,6 +56,13 @@ pub enum ProxyError {
     /// Shutdown's drain timeout ran out while the request still waited for a slot.
     #[error("Switchyard is shutting down and its drain timeout ran out while this request was waiting for a free slot on backend `{backend}`, so it was never sent to the engine. Retry it once Switchyard is back.")]
     ShuttingDown { backend: String },
+    /// A managed engine could not be made ready for the request; nothing was sent to it.
+    #[error("Backend `{backend}` is not available: {why}")]
+    EngineUnavailable {
+        backend: String,
+        why: String,
+        code: &'static str,
+    },
     /// `x-switchyard-arm` was sent without what it needs (see `route::release`).
     #[error("The arm of model `{model}`'s release cannot be forced: {why}")]
     ArmNotForced { model: String, why: String },
@@ -79,9 +86,9 @@ impl ProxyError {
             | Self::MissingModel
             | Self::ModelNotString => StatusCode::BAD_REQUEST,
             Self::ArmNotForced { .. } => StatusCode::FORBIDDEN,
-            Self::IdentityUnverified { .. } | Self::ShuttingDown { .. } => {
-                StatusCode::SERVICE_UNAVAILABLE
-            }
+            Self::IdentityUnverified { .. }
+            | Self::ShuttingDown { .. }
+            | Self::EngineUnavailable { .. } => StatusCode::SERVICE_UNAVAILABLE,
             Self::UpstreamUnreachable { .. }
             | Self::UpstreamBroken { .. }
             | Self::UpstreamTooLarge { .. } => StatusCode::BAD_GATEWAY,
@@ -109,7 +116,9 @@ impl ProxyError {
             | Self::ModelNotString
             | Self::UnknownModel { .. } => "invalid_request_error",
             Self::ArmNotForced { .. } => "permission_error",
-            Self::IdentityUnverified { .. } | Self::ShuttingDown { .. } => "unavailable_error",
+            Self::IdentityUnverified { .. }
+            | Self::ShuttingDown { .. }
+            | Self::EngineUnavailable { .. } => "unavailable_error",
             Self::UpstreamUnreachable { .. }
             | Self::ConnectTimeout { .. }
             | Self::FirstByteTimeout { .. }
@@ -141,6 +150,7 @@ impl ProxyError {
             Self::UpstreamBroken { .. } => "upstream_broken",
             Self::UpstreamTooLarge { .. } => "upstream_response_too_large",
             Self::ShuttingDown { .. } => "shutting_down",
+            Self::EngineUnavailable { code, .. } => code,
             Self::ArmNotForced { .. } => "arm_not_forced",
             Self::Internal(_) => "internal_error",
         }
@@ -183,7 +193,9 @@ impl ProxyError {
     pub fn nothing_sent(&self) -> bool {
         matches!(
             self,
-            Self::UpstreamUnreachable { .. } | Self::ConnectTimeout { .. }
+            Self::UpstreamUnreachable { .. }
+                | Self::ConnectTimeout { .. }
+                | Self::EngineUnavailable { .. }
         )
     }
 

@@ -273,6 +273,7 @@ pub async fn serve(app: App, listener: TcpListener, stop: CancellationToken, tas
     if !app.state().flush_ledger().await {
         tracing::warn!("the ledger did not finish writing within 5 s of shutdown");
     }
+    app.state().engines_stopped().await;
     if app.state().telemetry.is_some() {
         // Every drained request's span has ended: export them all before returning. The export
         // runs on this runtime while a blocking thread waits for it.

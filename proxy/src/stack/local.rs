@@ -6,6 +6,7 @@ use bytes::Bytes;
 use http::header::{self, HeaderValue};
 use http::{Method, Response, StatusCode};
 use serde_json::{Map, Value};
+use switchyard_engine::managed::{Managed, Phase};
 use switchyard_engine::{Backend, Verification};
 
 use super::Router;
@@ -75,10 +76,15 @@ impl Router {
             let Some(route) = state.routes.resolve(name) else {
                 continue;
             };
-            let primary_ready = state
-                .backends
-                .get(&route.primary)
-                .is_some_and(|b| b.state().health().is_ready());
+            // A managed engine that is stopped or starting serves the next request once it
+            // has loaded: its model is ready in that sense. One in backoff after a crash, or
+            // quarantined, is not.
+            let primary_ready = state.backends.get(&route.primary).is_some_and(|b| {
+                b.state().health().is_ready()
+                    || b.managed.as_ref().is_some_and(|m| {
+                        matches!(m.status().phase, Phase::Stopped | Phase::Starting)
+                    })
+            });
             ready &= primary_ready;
             models.insert(
                 name.to_string(),
@@ -139,7 +145,37 @@ pub(crate) fn backend_status(backend: &Backend) -> Value {
         "model_size": identity.and_then(|i| i.model_size),
         "chat_template": identity.and_then(|i| i.chat_template.clone()),
         "max_concurrency": backend.admission().map(|_| backend.config.max_concurrency.or(identity.and_then(|i| i.slots))),
+        "managed": backend.managed.as_ref().map(|m| managed_status(m, false)),
     })
+}
+
+/// A managed engine's process, as `/readyz` shows it; with `tail`, its last lines of output
+/// after a crash (the admin API).
+pub(crate) fn managed_status(managed: &Managed, tail: bool) -> Value {
+    let status = managed.status();
+    let (in_flight, waiting) = managed.load();
+    let resident_ms = status
+        .ready_since
+        .filter(|_| status.phase == Phase::Ready)
+        .and_then(|since| since.elapsed().ok())
+        .map(|d| d.as_millis() as u64);
+    let mut value = serde_json::json!({
+        "state": status.phase.as_str(),
+        "pid": status.pid,
+        "port": managed.port,
+        "start": managed.config.start,
+        "starts": status.starts,
+        "crashes": status.crashes,
+        "last_load_ms": status.last_load.map(|d| d.as_secs_f64() * 1000.0),
+        "resident_ms": resident_ms,
+        "holding": in_flight,
+        "waiting_for_start": waiting,
+        "reason": status.reason,
+    });
+    if tail {
+        value["output_tail"] = serde_json::json!(status.tail);
+    }
+    value
 }
 
 pub(crate) fn method_not_allowed(

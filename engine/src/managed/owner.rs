@@ -1,0 +1,474 @@
+//! The owner of a managed engine's process: the one task that starts it, checks it ready, stops
+//! it when idle, restarts it after a crash (with a delay that doubles) and quarantines it after
+//! too many crashes in a window.
+
+use std::collections::VecDeque;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime};
+
+use switchyard_adapters::{EngineReport, Health};
+use switchyard_policy::StartMode;
+use tokio_util::sync::CancellationToken;
+
+use super::process::{self, PidRecord, Process};
+use super::{Managed, Phase};
+use crate::{Backend, Digest, Upstream};
+
+/// How often a starting engine is asked whether it is ready.
+const READY_POLL: Duration = Duration::from_millis(25);
+/// The longest one readiness question may take.
+const READY_TIMEOUT: Duration = Duration::from_secs(2);
+/// The first restart delay after a crash; each further crash in the window doubles it.
+const FIRST_BACKOFF: Duration = Duration::from_millis(500);
+const MAX_BACKOFF: Duration = Duration::from_secs(30);
+
+/// How a running engine's time ended.
+enum Ended {
+    /// Stopped on purpose (idle, or an operator's restart): start again on demand.
+    Stopped,
+    /// Exited by itself, or never became ready: a crash.
+    Crashed(String),
+    /// Switchyard stops, or the backend was removed.
+    Shutdown,
+}
+
+/// Runs `backend`'s managed engine until `stop` is cancelled, then stops it once no request
+/// holds it (or after `drain`). `pid_file` records the running process, so that a Switchyard
+/// started after this one died can stop what it left behind.
+pub async fn run(
+    backend: Arc<Backend>,
+    upstream: Upstream,
+    stop: CancellationToken,
+    pid_file: Option<PathBuf>,
+    drain: Duration,
+) {
+    let Some(managed) = backend.managed.clone() else {
+        return;
+    };
+    let grace = Duration::from_millis(managed.config.stop_grace_ms);
+    if let Some(path) = &pid_file {
+        if let Some(what) = process::reap_leftover(path, grace).await {
+            tracing::warn!(backend = %backend.name, pid_file = %path.display(), "{what}");
+        }
+    }
+    let owner = Owner {
+        backend,
+        managed,
+        upstream,
+        stop,
+        pid_file,
+        drain,
+        crashes: VecDeque::new(),
+    };
+    let managed = owner.managed.clone();
+    owner.run().await;
+    // Whoever still waits is told at once that no start is coming.
+    let mut inner = managed.lock();
+    inner.closing = true;
+    managed.publish(&mut inner, Phase::Stopped, |s| s.pid = None);
+}
+
+struct Owner {
+    backend: Arc<Backend>,
+    managed: Arc<Managed>,
+    upstream: Upstream,
+    stop: CancellationToken,
+    pid_file: Option<PathBuf>,
+    drain: Duration,
+    /// When each recent crash happened, oldest first (those within the window).
+    crashes: VecDeque<Instant>,
+}
+
+impl Owner {
+    async fn run(mut self) {
+        let mut start_now = self.managed.config.start == StartMode::Boot;
+        self.stopped("stopped: starts on the next request");
+        loop {
+            // A start for waiting requests is cancelled when they all leave; one at boot, after
+            // a crash or asked for by an operator restores the engine whoever waits.
+            let mut for_requests = false;
+            if !start_now {
+                match self.wait_for_demand().await {
+                    Some(requests) => for_requests = requests,
+                    None => return,
+                }
+            }
+            start_now = false;
+            let ended = match self.start(for_requests).await {
+                Ok((process, report, load)) => self.serve(process, report, load).await,
+                Err(ended) => ended,
+            };
+            match ended {
+                Ended::Shutdown => return,
+                Ended::Stopped => {}
+                Ended::Crashed(why) => match self.after_crash(why).await {
+                    Some(restart) => start_now = restart,
+                    None => return,
+                },
+            }
+        }
+    }
+
+    /// Waits until a request waits for the engine (`Some(true)`) or an operator asks for a
+    /// start (`Some(false)`); `None` when the owner must end.
+    async fn wait_for_demand(&mut self) -> Option<bool> {
+        loop {
+            {
+                let mut inner = self.managed.lock();
+                if inner.restart {
+                    inner.restart = false;
+                    if inner.phase == Phase::Failed {
+                        tracing::info!(backend = %self.backend.name, "restart asked for: the quarantine ends");
+                    }
+                    self.crashes.clear();
+                    return Some(false);
+                }
+                if inner.waiting > 0 && inner.phase != Phase::Failed {
+                    return Some(true);
+                }
+            }
+            tokio::select! {
+                () = self.stop.cancelled() => return None,
+                () = self.managed.wake.notified() => {}
+            }
+        }
+    }
+
+    /// Spawns the engine and waits until it answers as ready.
+    async fn start(
+        &mut self,
+        for_requests: bool,
+    ) -> Result<(Process, EngineReport, Duration), Ended> {
+        let argv = self.managed.argv();
+        let started = Instant::now();
+        let mut process = match process::spawn(
+            &self.backend.name,
+            &argv,
+            &self.managed.config.env,
+            &self.managed.tail,
+        ) {
+            Ok(p) => p,
+            Err(e) => {
+                return Err(Ended::Crashed(format!(
+                    "could not start `{}`: {e}",
+                    argv[0]
+                )))
+            }
+        };
+        let pid = process.pid;
+        tracing::info!(backend = %self.backend.name, pid, command = ?argv, "engine starting");
+        if let Some(path) = &self.pid_file {
+            match PidRecord::of(pid, &argv).map(|r| r.write(path)) {
+                Some(Ok(())) => {}
+                Some(Err(e)) => {
+                    tracing::warn!(backend = %self.backend.name, pid_file = %path.display(), error = %e, "could not write the engine's pid file; a Switchyard killed now would leave it running unnoticed")
+                }
+                None => {
+                    tracing::warn!(backend = %self.backend.name, pid, "could not read the engine's start time for its pid file")
+                }
+            }
+        }
+        {
+            let mut inner = self.managed.lock();
+            self.managed.publish(&mut inner, Phase::Starting, |s| {
+                s.pid = Some(pid);
+                s.starts += 1;
+                s.reason = None;
+            });
+        }
+        self.set_health(Health::Loading(format!("starting (pid {pid})")));
+        let deadline = started + Duration::from_millis(self.managed.config.load_timeout_ms);
+        loop {
+            let ready = tokio::select! {
+                status = process.child.wait() => {
+                    self.forget(&process).await;
+                    let status = status.map_or_else(|e| e.to_string(), |s| s.to_string());
+                    return Err(Ended::Crashed(format!("the engine exited while starting ({status})")));
+                }
+                () = self.stop.cancelled() => {
+                    self.halt(&mut process).await;
+                    return Err(Ended::Shutdown);
+                }
+                ready = check_ready(&self.backend, &self.upstream) => ready,
+            };
+            if let Some(report) = ready {
+                return Ok((process, report, started.elapsed()));
+            }
+            let abandoned = {
+                let inner = self.managed.lock();
+                for_requests && inner.waiting == 0 && inner.in_flight == 0 && !inner.restart
+            };
+            if abandoned {
+                tracing::info!(backend = %self.backend.name, pid, "every request waiting for the engine left before it was ready; the start is cancelled");
+                self.halt(&mut process).await;
+                self.stopped("stopped: its start was cancelled when every waiting request left");
+                return Err(Ended::Stopped);
+            }
+            if Instant::now() >= deadline {
+                self.halt(&mut process).await;
+                return Err(Ended::Crashed(format!(
+                    "not ready within load_timeout_ms ({} ms)",
+                    self.managed.config.load_timeout_ms
+                )));
+            }
+            tokio::select! {
+                () = tokio::time::sleep(READY_POLL) => {}
+                () = self.stop.cancelled() => {}
+            }
+        }
+    }
+
+    /// The engine is ready: serves requests until it is unloaded, crashes, or must stop.
+    async fn serve(&mut self, mut process: Process, report: EngineReport, load: Duration) -> Ended {
+        let ready_at = Instant::now();
+        // The identity first: a request let through by the phase below is stamped with it.
+        self.backend.record_probe(report);
+        {
+            let mut inner = self.managed.lock();
+            self.managed.publish(&mut inner, Phase::Ready, |s| {
+                s.last_load = Some(load);
+                s.ready_since = Some(SystemTime::now());
+                s.tail = Vec::new();
+            });
+        }
+        tracing::info!(backend = %self.backend.name, pid = process.pid, load_ms = load.as_millis() as u64, "engine ready");
+        let idle = self
+            .managed
+            .config
+            .idle_unload_ms
+            .map(Duration::from_millis);
+        let resident = Duration::from_millis(self.managed.config.min_resident_ms);
+        loop {
+            let (restart, unload_at) = {
+                let inner = self.managed.lock();
+                let unload_at = idle
+                    .filter(|_| inner.in_flight == 0 && inner.waiting == 0)
+                    .map(|idle| (inner.last_end + idle).max(ready_at + resident));
+                (inner.restart, unload_at)
+            };
+            if restart {
+                tracing::info!(backend = %self.backend.name, "restart asked for: stopping the engine");
+                self.wind_down(&mut process, "stopped for a restart").await;
+                self.managed.restart();
+                return Ended::Stopped;
+            }
+            let sleep = async {
+                match unload_at {
+                    Some(at) => tokio::time::sleep_until(at.into()).await,
+                    None => std::future::pending().await,
+                }
+            };
+            tokio::select! {
+                status = process.child.wait() => {
+                    self.forget(&process).await;
+                    let status = status.map_or_else(|e| e.to_string(), |s| s.to_string());
+                    return Ended::Crashed(format!("the engine exited ({status})"));
+                }
+                () = self.managed.wake.notified() => {}
+                () = sleep => {
+                    let unload = {
+                        let mut inner = self.managed.lock();
+                        let idle_now =
+                            inner.in_flight == 0 && inner.waiting == 0 && !inner.restart;
+                        let unload = idle_now && unload_at.is_some_and(|at| Instant::now() >= at);
+                        if unload {
+                            // Under the lock: from here no request can take the engine.
+                            self.managed.publish(&mut inner, Phase::Stopping, |_| {});
+                        }
+                        unload
+                    };
+                    if unload {
+                        tracing::info!(backend = %self.backend.name, pid = process.pid, "engine idle; unloading it");
+                        self.wind_down(&mut process, "stopped (idle): starts on the next request").await;
+                        return Ended::Stopped;
+                    }
+                }
+                () = self.stop.cancelled() => {
+                    self.drain_then_halt(&mut process).await;
+                    return Ended::Shutdown;
+                }
+            }
+        }
+    }
+
+    /// After a crash: quarantine when there were too many in the window; else wait out the
+    /// backoff. `Some(true)`: start again now; `None`: the owner must end.
+    async fn after_crash(&mut self, why: String) -> Option<bool> {
+        let now = Instant::now();
+        let window = Duration::from_millis(self.managed.config.crash_window_ms);
+        self.crashes.push_back(now);
+        while self
+            .crashes
+            .front()
+            .is_some_and(|&t| now.duration_since(t) > window)
+        {
+            self.crashes.pop_front();
+        }
+        let recent = self.crashes.len() as u32;
+        let tail = self.managed.tail.lines();
+        let max = self.managed.config.max_crashes;
+        if recent >= max {
+            let reason = format!("{why}; {recent} crashes within {} ms", window.as_millis());
+            tracing::error!(backend = %self.backend.name, reason = %reason, output = ?tail, "engine quarantined: it is not started again until an operator restarts it");
+            {
+                let mut inner = self.managed.lock();
+                self.managed.publish(&mut inner, Phase::Failed, |s| {
+                    s.pid = None;
+                    s.crashes += 1;
+                    s.reason = Some(reason.clone());
+                    s.tail = tail;
+                });
+            }
+            self.set_health(Health::Down(format!("quarantined: {reason}")));
+            return Some(false);
+        }
+        let delay = FIRST_BACKOFF
+            .saturating_mul(1 << (recent - 1).min(10))
+            .min(MAX_BACKOFF);
+        tracing::warn!(backend = %self.backend.name, reason = %why, restart_in_ms = delay.as_millis() as u64, crashes = recent, output = ?tail, "engine crashed; restarting it after a delay");
+        {
+            let mut inner = self.managed.lock();
+            self.managed.publish(&mut inner, Phase::Backoff, |s| {
+                s.pid = None;
+                s.crashes += 1;
+                s.reason = Some(why.clone());
+                s.tail = tail;
+            });
+        }
+        self.set_health(Health::Loading(format!(
+            "restarting in {} ms after a crash: {why}",
+            delay.as_millis()
+        )));
+        tokio::select! {
+            () = tokio::time::sleep(delay) => Some(true),
+            () = self.stop.cancelled() => None,
+        }
+    }
+
+    /// Stops a process that serves nobody now, and marks the engine stopped with `why`.
+    async fn wind_down(&mut self, process: &mut Process, why: &str) {
+        self.halt(process).await;
+        self.stopped(why);
+    }
+
+    /// Switchyard stops or the backend was removed: requests that hold the engine finish
+    /// first (for at most `drain`), and no new one takes it.
+    async fn drain_then_halt(&mut self, process: &mut Process) {
+        {
+            let mut inner = self.managed.lock();
+            inner.closing = true;
+            self.managed.publish(&mut inner, Phase::Stopping, |_| {});
+        }
+        let deadline = Instant::now() + self.drain;
+        loop {
+            let in_flight = self.managed.lock().in_flight;
+            if in_flight == 0 || Instant::now() >= deadline {
+                break;
+            }
+            tokio::select! {
+                () = self.managed.wake.notified() => {}
+                () = tokio::time::sleep_until(deadline.into()) => {}
+            }
+        }
+        self.halt(process).await;
+        self.stopped("stopped: Switchyard stops, or a reload removed or changed the backend");
+    }
+
+    /// SIGTERM, grace, SIGKILL; the pid file goes with the process.
+    async fn halt(&mut self, process: &mut Process) {
+        let grace = Duration::from_millis(self.managed.config.stop_grace_ms);
+        let how = process::stop(process, grace).await;
+        tracing::info!(backend = %self.backend.name, pid = process.pid, exit = %how, "engine stopped");
+        self.remove_pid_file();
+    }
+
+    /// The process exited by itself: whatever it left in its group goes too.
+    async fn forget(&mut self, process: &Process) {
+        process::reap_group(process.pid).await;
+        self.remove_pid_file();
+    }
+
+    fn remove_pid_file(&self) {
+        if let Some(path) = &self.pid_file {
+            let _ = std::fs::remove_file(path);
+        }
+    }
+
+    fn stopped(&self, why: &str) {
+        {
+            let mut inner = self.managed.lock();
+            self.managed
+                .publish(&mut inner, Phase::Stopped, |s| s.pid = None);
+        }
+        self.set_health(Health::Loading(why.to_owned()));
+    }
+
+    /// What routing, `/readyz` and the ledger see of the engine while it is not ready: the
+    /// identity last found stays, the health says why.
+    fn set_health(&self, health: Health) {
+        let mut report = self
+            .backend
+            .state()
+            .report
+            .clone()
+            .unwrap_or_else(|| EngineReport {
+                health: health.clone(),
+                identity: switchyard_adapters::EngineIdentity::unknown(self.backend.config.engine),
+            });
+        report.health = health;
+        self.backend.record_probe(report);
+    }
+}
+
+/// Whether a starting engine is ready, by its adapter: llama.cpp's probes all answering (its
+/// `/health` says 200 only once the model is loaded), MLX's `/v1/models` listing the served
+/// model and a one-token generation succeeding, a generic engine's `ready_path` answering 200
+/// (else its probes). The report is the engine's first identity.
+async fn check_ready(backend: &Backend, upstream: &Upstream) -> Option<EngineReport> {
+    // Ready includes a known identity: the artifact and binary hashed (alongside the load).
+    let state = backend.state();
+    if matches!(state.artifact, Digest::Hashing) || matches!(state.binary, Digest::Hashing) {
+        return None;
+    }
+    drop(state);
+    if let Some(path) = backend
+        .managed
+        .as_ref()
+        .and_then(|m| m.config.ready_path.as_deref())
+    {
+        match upstream.probe(backend, path, READY_TIMEOUT).await {
+            switchyard_adapters::ProbeResult::Response { status: 200, .. } => {}
+            _ => return None,
+        }
+    }
+    let mut results = Vec::with_capacity(backend.adapter.probes().len());
+    for path in backend.adapter.probes() {
+        results.push(upstream.probe(backend, path, READY_TIMEOUT).await);
+    }
+    let report = backend.adapter.interpret(&results);
+    if !report.health.is_ready() {
+        return None;
+    }
+    let warm_up = report
+        .identity
+        .served_model
+        .as_deref()
+        .and_then(|served| backend.adapter.ready_request(served));
+    if let Some((path, body)) = warm_up {
+        let answer = upstream
+            .probe_with(
+                backend,
+                http::Method::POST,
+                path,
+                Some(body),
+                READY_TIMEOUT * 15,
+            )
+            .await;
+        let json = answer.ok_json()?;
+        if let Some(fp) = json.get("system_fingerprint").and_then(|v| v.as_str()) {
+            backend.observe_fingerprint(fp);
+        }
+    }
+    Some(report)
+}

@@ -1,0 +1,131 @@
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::process::{reap_leftover, PidRecord};
+use super::{Managed, Phase, Refused};
+
+fn managed() -> Arc<Managed> {
+    let config = toml_launch(
+        "command = [\"engine\", \"--port\", \"${port}\"]\nload_timeout_ms = 200\nstop_grace_ms = 1",
+    );
+    Arc::new(Managed::new(config, 4321, None))
+}
+
+fn toml_launch(text: &str) -> switchyard_policy::LaunchConfig {
+    serde_json::from_value(serde_json::Value::Object(
+        text.lines()
+            .map(|line| {
+                let (k, v) = line.split_once(" = ").unwrap();
+                let v: serde_json::Value = serde_json::from_str(v).unwrap();
+                (k.to_owned(), v)
+            })
+            .collect(),
+    ))
+    .unwrap()
+}
+
+fn set(managed: &Managed, phase: Phase) {
+    let mut inner = managed.lock();
+    managed.publish(&mut inner, phase, |_| {});
+}
+
+#[tokio::test]
+async fn a_lease_waits_for_ready_and_counts_until_dropped() {
+    let m = managed();
+    assert_eq!(m.argv(), ["engine", "--port", "4321"]);
+    let waiting = tokio::spawn({
+        let m = m.clone();
+        async move { m.lease().await }
+    });
+    let mut changes = m.watch();
+    // The waiter is counted, and the owner is woken.
+    m.wake.notified().await;
+    assert_eq!(m.load(), (0, 1));
+    set(&m, Phase::Starting);
+    set(&m, Phase::Ready);
+    let (lease, waited) = waiting.await.unwrap().unwrap();
+    assert!(waited.is_some(), "it waited for the start");
+    assert_eq!(m.load(), (1, 0));
+    let (second, waited) = m.lease().await.unwrap();
+    assert!(waited.is_none(), "a ready engine is held at once");
+    assert_eq!(m.load(), (2, 0));
+    drop((lease, second));
+    assert_eq!(m.load(), (0, 0));
+    changes.borrow_and_update();
+}
+
+#[tokio::test]
+async fn a_waiter_that_leaves_is_no_longer_counted() {
+    let m = managed();
+    let waiting = tokio::spawn({
+        let m = m.clone();
+        async move { m.lease().await }
+    });
+    m.wake.notified().await;
+    assert_eq!(m.load(), (0, 1));
+    waiting.abort();
+    let _ = waiting.await;
+    assert_eq!(m.load(), (0, 0));
+}
+
+#[tokio::test]
+async fn a_failed_start_and_a_quarantine_refuse_at_once() {
+    let m = managed();
+    let waiting = tokio::spawn({
+        let m = m.clone();
+        async move { m.lease().await }
+    });
+    m.wake.notified().await;
+    {
+        let mut inner = m.lock();
+        m.publish(&mut inner, Phase::Backoff, |s| {
+            s.crashes += 1;
+            s.reason = Some("exit status 3".to_owned());
+        });
+    }
+    match waiting.await.unwrap() {
+        Err(Refused::StartFailed(why)) => assert_eq!(why, "exit status 3"),
+        other => panic!("expected a failed start, got {other:?}"),
+    }
+    set(&m, Phase::Failed);
+    assert!(matches!(m.lease().await, Err(Refused::Quarantined(_))));
+    // Nobody starts it: a waiter gives up after load_timeout_ms plus stop_grace_ms.
+    set(&m, Phase::Stopped);
+    assert!(matches!(
+        tokio::time::timeout(Duration::from_secs(5), m.lease()).await,
+        Ok(Err(Refused::Timeout(201)))
+    ));
+}
+
+#[tokio::test]
+async fn a_left_behind_engine_is_stopped_only_if_it_is_the_same_process() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("8080-llama.pid");
+    let argv: Vec<String> = ["sleep", "30"].map(str::to_owned).to_vec();
+    let mut child = tokio::process::Command::new(&argv[0])
+        .args(&argv[1..])
+        .process_group(0)
+        .spawn()
+        .unwrap();
+    let pid = child.id().unwrap();
+    let record = PidRecord::of(pid, &argv).unwrap();
+    assert!(record.still_running());
+
+    // Another command line under the same pid is another process: left alone.
+    let mut other = record.clone();
+    other.argv = vec!["sleep".to_owned(), "31".to_owned()];
+    other.write(&path).unwrap();
+    let said = reap_leftover(&path, Duration::from_secs(1)).await.unwrap();
+    assert!(said.contains("another process"), "{said}");
+    assert!(!path.exists());
+    assert!(record.still_running());
+
+    record.write(&path).unwrap();
+    let said = reap_leftover(&path, Duration::from_secs(5)).await.unwrap();
+    assert!(
+        said.contains(&format!("stopped engine pid {pid}")),
+        "{said}"
+    );
+    let status = child.wait().await.unwrap();
+    assert!(!status.success(), "{status}");
+}

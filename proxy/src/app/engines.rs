@@ -1,0 +1,80 @@
+//! The engines Switchyard runs itself (`launch`): one owner task per managed backend, started
+//! with the backend's probes and stopped with them (when a reload removes the backend, or at
+//! shutdown), each tracked apart so that shutdown can wait until every engine has stopped.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use switchyard_engine::Backend;
+use switchyard_policy::ServerConfig;
+use tokio_util::sync::CancellationToken;
+
+use super::AppState;
+
+/// Starts the owner of `backend`'s engine, if Switchyard runs it.
+pub(super) fn own(state: &Arc<AppState>, backend: &Arc<Backend>, stop: CancellationToken) {
+    let Some(managed) = &backend.managed else {
+        return;
+    };
+    let config = state.config();
+    let pid_file = match state_dir(&config.server) {
+        Some(dir) => Some(switchyard_engine::managed::pid_file(
+            &dir,
+            config.server.listen.port(),
+            &backend.name,
+        )),
+        None => {
+            tracing::warn!(backend = %backend.name, "no state folder (set server.state_dir): the engine gets no pid file, and one left running by a Switchyard that died would not be found");
+            None
+        }
+    };
+    tracing::info!(backend = %backend.name, port = managed.port, start = ?managed.config.start, "managing the engine's process");
+    state.engines.spawn(switchyard_engine::managed::run(
+        backend.clone(),
+        state.shared.upstream.clone(),
+        stop,
+        pid_file,
+        Duration::from_millis(config.server.drain_timeout_ms),
+    ));
+}
+
+/// Waits until every managed engine has stopped (their owners stop them once their requests
+/// are done), for at most the longest stop grace plus the drain and a margin.
+pub(super) async fn stopped(state: &AppState) {
+    state.engines.close();
+    let config = state.config();
+    let grace = config
+        .backends
+        .values()
+        .filter_map(|b| b.launch.as_ref().map(|l| l.stop_grace_ms))
+        .max()
+        .unwrap_or(0);
+    let bound = Duration::from_millis(grace + config.server.drain_timeout_ms + 5_000);
+    if tokio::time::timeout(bound, state.engines.wait())
+        .await
+        .is_err()
+    {
+        tracing::warn!(
+            bound_ms = bound.as_millis() as u64,
+            "managed engines still stopping at exit; the next start stops what is left (pid files)"
+        );
+    }
+}
+
+/// The folder of the managed engines' pid files: `server.state_dir`, else
+/// `$XDG_STATE_HOME/switchyard`, else `~/.local/state/switchyard`
+/// (`~/Library/Application Support/switchyard` on macOS).
+pub(super) fn state_dir(server: &ServerConfig) -> Option<PathBuf> {
+    if let Some(dir) = &server.state_dir {
+        return Some(dir.clone());
+    }
+    let home = std::env::var_os("HOME").map(PathBuf::from);
+    if cfg!(target_os = "macos") {
+        return home.map(|h| h.join("Library/Application Support/switchyard"));
+    }
+    match std::env::var_os("XDG_STATE_HOME").filter(|v| !v.is_empty()) {
+        Some(state) => Some(PathBuf::from(state).join("switchyard")),
+        None => home.map(|h| h.join(".local/state/switchyard")),
+    }
+}

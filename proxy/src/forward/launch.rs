@@ -1,0 +1,103 @@
+//! Launch, the first per-backend stage of a managed engine: the request takes a lease on the
+//! engine, and when the engine is not running it waits for the start it asks for — its `load`
+//! phase. The lease is held until the engine's answer is complete, so the engine is never
+//! unloaded under a request. A client that leaves while waiting drops its wait; a start whose
+//! every waiting client left is cancelled by the engine's owner. Backends Switchyard does not
+//! run pass straight through.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Instant;
+
+use futures_util::future::Either;
+use switchyard_engine::managed::Refused;
+use switchyard_engine::Backend;
+
+use super::context::{Attempt, Failed};
+use crate::http::ProxyError;
+
+/// Waits for a managed engine to be ready before passing the request on.
+#[derive(Debug, Clone)]
+pub(crate) struct Launch<S> {
+    backend: Arc<Backend>,
+    inner: S,
+}
+
+/// Puts [`Launch`] in front of a backend's stages.
+#[derive(Debug, Clone)]
+pub(crate) struct LaunchLayer {
+    backend: Arc<Backend>,
+}
+
+impl LaunchLayer {
+    pub(crate) fn new(backend: Arc<Backend>) -> Self {
+        Self { backend }
+    }
+}
+
+impl<S> tower::Layer<S> for LaunchLayer {
+    type Service = Launch<S>;
+
+    fn layer(&self, inner: S) -> Launch<S> {
+        Launch {
+            backend: self.backend.clone(),
+            inner,
+        }
+    }
+}
+
+impl<S, R> tower::Service<Attempt> for Launch<S>
+where
+    S: tower::Service<Attempt, Response = R, Error = Failed> + Clone + Send + 'static,
+    S::Future: Send,
+{
+    type Response = R;
+    type Error = Failed;
+    /// The inner service's future for an engine Switchyard does not run; a boxed wait for the
+    /// lease otherwise.
+    type Future = Either<S::Future, Pin<Box<dyn Future<Output = Result<R, Failed>> + Send>>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Failed>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, mut attempt: Attempt) -> Self::Future {
+        let Some(managed) = self.backend.managed.clone() else {
+            return Either::Left(self.inner.call(attempt));
+        };
+        let clone = self.inner.clone();
+        let mut inner = std::mem::replace(&mut self.inner, clone);
+        let backend = self.backend.name.clone();
+        Either::Right(Box::pin(async move {
+            let asked = Instant::now();
+            match managed.lease().await {
+                Ok((lease, waited)) => {
+                    if let Some(waited) = waited {
+                        // It waited for a start: the load phase, and the engine's caches are
+                        // cold (the backend counts it as its first request since ready).
+                        attempt.ctx.recording.phases.load =
+                            Some(switchyard_record::between(asked, asked + waited));
+                    }
+                    attempt.lease = Some(lease);
+                    inner.call(attempt).await
+                }
+                Err(refused) => {
+                    let code = match refused {
+                        Refused::Quarantined(_) => "engine_quarantined",
+                        Refused::StartFailed(_) => "engine_start_failed",
+                        Refused::Timeout(_) => "engine_load_timeout",
+                        Refused::Removed => "engine_removed",
+                    };
+                    tracing::warn!(backend = %backend, error = %refused, "request not sent: the managed engine is not available");
+                    Err(attempt.fail(ProxyError::EngineUnavailable {
+                        backend: backend.to_string(),
+                        why: refused.to_string(),
+                        code,
+                    }))
+                }
+            }
+        }))
+    }
+}
