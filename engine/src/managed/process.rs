@@ -70,9 +70,13 @@ pub(crate) fn spawn(
     let pid = child
         .id()
         .ok_or_else(|| std::io::Error::other("the engine exited before its pid was read"))?;
+    // The readers end when the engine's output closes, that is with the engine; they are not
+    // request-path work for shutdown to drain.
+    #[allow(clippy::disallowed_methods)]
     if let Some(out) = child.stdout.take() {
         tokio::spawn(forward_lines(backend.clone(), out, tail.clone()));
     }
+    #[allow(clippy::disallowed_methods)]
     if let Some(err) = child.stderr.take() {
         tokio::spawn(forward_lines(backend.clone(), err, tail.clone()));
     }

@@ -1,3 +1,5 @@
+#![allow(clippy::disallowed_methods)] // Tests spawn the waiters they watch.
+
 use std::sync::Arc;
 use std::time::Duration;
 
