@@ -11,7 +11,7 @@ pub mod validate;
 
 pub use config::{
     AdminConfig, BackendConfig, Config, DeclaredRelease, EngineKind, LedgerConfig, LogFormat,
-    ModelConfig, ServerConfig, ShadowConfig, ShadowWhen, TelemetryConfig,
+    ModelConfig, OnClientDisconnect, ServerConfig, ShadowConfig, ShadowWhen, TelemetryConfig,
 };
 pub use routing::{Route, RoutingTable, ShadowRoute};
 pub use validate::{validate, Problem};
