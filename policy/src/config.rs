@@ -256,6 +256,27 @@ pub struct BackendConfig {
     /// phase). Default: the engine's own slot count where it reports one, else unbounded.
     #[serde(default)]
     pub max_concurrency: Option<u32>,
+    /// Requests that may wait for a slot at once (once the backend has a concurrency limit); one
+    /// more is answered 429 (`queue_full`) at once, never sent. 0: none waits, a request that
+    /// finds every slot taken is answered 429. None (the default): no bound, as before this
+    /// setting existed; each waiting request holds its body (at most `server.max_body_bytes`).
+    #[serde(default)]
+    pub max_queue: Option<u32>,
+    /// Longest a request waits for a slot, in milliseconds; then it is answered 503
+    /// (`queue_timeout`), never sent. None (the default): it waits as long as its client does.
+    #[serde(default)]
+    pub queue_timeout_ms: Option<u64>,
+    /// What becomes of the engine's work when the client leaves after the request was sent.
+    #[serde(default)]
+    pub on_client_disconnect: OnClientDisconnect,
+    /// With `drain`: the most of the engine's answer read (and discarded) after the client left,
+    /// in bytes; beyond it the engine's connection is closed. None: [`DRAIN_MAX_BYTES`].
+    #[serde(default)]
+    pub drain_max_bytes: Option<u64>,
+    /// With `drain`: the longest the engine's answer is read after the client left, in
+    /// milliseconds; then the engine's connection is closed. None: [`DRAIN_MAX_MS`].
+    #[serde(default)]
+    pub drain_max_ms: Option<u64>,
     /// Refuse to route to this backend (503) unless the engine is confirmed to serve the
     /// configured artifact. Fail closed: an unverified identity is not served.
     #[serde(default)]
@@ -263,6 +284,37 @@ pub struct BackendConfig {
     /// Switchyard starts, watches and stops this engine itself (a managed engine).
     #[serde(default)]
     pub launch: Option<crate::launch::LaunchConfig>,
+}
+
+/// `drain_max_bytes` when not set: 4 MiB, some ten thousand streamed tokens of llama-server's
+/// events, more than most answers.
+pub const DRAIN_MAX_BYTES: u64 = 4 * 1024 * 1024;
+
+/// `drain_max_ms` when not set: one minute.
+pub const DRAIN_MAX_MS: u64 = 60_000;
+
+impl BackendConfig {
+    /// The drain's bounds (bytes, milliseconds) when the backend drains, else `None`.
+    pub fn drain_bounds(&self) -> Option<(u64, u64)> {
+        (self.on_client_disconnect == OnClientDisconnect::Drain).then(|| {
+            (
+                self.drain_max_bytes.unwrap_or(DRAIN_MAX_BYTES),
+                self.drain_max_ms.unwrap_or(DRAIN_MAX_MS),
+            )
+        })
+    }
+}
+
+/// What becomes of a request the engine is working on when its client leaves.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum OnClientDisconnect {
+    /// The engine's connection is closed at once, and the engine stops (the default).
+    #[default]
+    Cancel,
+    /// The engine finishes: its answer is read to its end and discarded, within
+    /// `drain_max_bytes` and `drain_max_ms`, for engines that misbehave when a request is cut.
+    Drain,
 }
 
 /// One public model name.
@@ -347,70 +399,4 @@ impl ShadowWhen {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn design_sketch_parses_with_defaults() {
-        let text = r#"
-            [server]
-            listen = "127.0.0.1:8080"
-
-            [backends.llama]
-            engine = "llama.cpp"
-            url = "http://127.0.0.1:8081"
-            artifact = "models/SmolLM2-135M-Instruct.Q4_1.gguf"
-            max_concurrency = 4
-
-            [models.smollm2]
-            aliases = ["default"]
-            primary = "llama"
-        "#;
-        let config: Config = toml::from_str(text).unwrap();
-        assert_eq!(config.server.max_body_bytes, 8 * 1024 * 1024);
-        assert_eq!(config.backends["llama"].engine, EngineKind::LlamaCpp);
-        assert!(config.models["smollm2"].fallback.is_empty());
-        assert!(config.models["smollm2"].shadow.is_none());
-    }
-
-    #[test]
-    fn shadow_defaults_and_modes() {
-        let text = r#"
-            [models.a]
-            primary = "llama"
-            shadow = { backend = "mlx" }
-            [models.b]
-            primary = "llama"
-            shadow = { backend = "mlx", sample = 0.25, max_in_flight = 2, when = "concurrent" }
-        "#;
-        let config: Config = toml::from_str(text).unwrap();
-        let a = config.models["a"].shadow.as_ref().unwrap();
-        assert_eq!(
-            (a.sample, a.max_in_flight, a.when),
-            (1.0, 1, ShadowWhen::AfterPrimary)
-        );
-        let b = config.models["b"].shadow.as_ref().unwrap();
-        assert_eq!(
-            (b.sample, b.max_in_flight, b.when),
-            (0.25, 2, ShadowWhen::Concurrent)
-        );
-        let err = toml::from_str::<Config>(
-            "[models.a]\nprimary = \"x\"\nshadow = { backend = \"y\", when = \"later\" }",
-        )
-        .unwrap_err()
-        .to_string();
-        assert!(err.contains("later"), "{err}");
-    }
-
-    #[test]
-    fn unknown_keys_are_errors() {
-        let text = r#"
-            [backends.llama]
-            engine = "llama.cpp"
-            url = "http://127.0.0.1:8081"
-            artfact = "typo.gguf"
-        "#;
-        let err = toml::from_str::<Config>(text).unwrap_err().to_string();
-        assert!(err.contains("artfact"), "{err}");
-    }
-}
+mod tests;

@@ -12,7 +12,7 @@ pub mod validate;
 
 pub use config::{
     AdminConfig, BackendConfig, Config, DeclaredRelease, EngineKind, LedgerConfig, LogFormat,
-    ModelConfig, ServerConfig, ShadowConfig, ShadowWhen, TelemetryConfig,
+    ModelConfig, OnClientDisconnect, ServerConfig, ShadowConfig, ShadowWhen, TelemetryConfig,
 };
 pub use launch::{LaunchConfig, StartMode};
 pub use routing::{Route, RoutingTable, ShadowRoute};

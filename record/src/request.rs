@@ -46,6 +46,12 @@ pub struct RequestRecord {
     pub phases: Phases,
     pub facts: Option<ResponseFacts>,
     pub client_disconnected: bool,
+    /// What became of the request when its client left (set with `client_disconnected`):
+    /// `cancel` (dropped where it was: in the queue, or at the engine, which saw its connection
+    /// close), `drain` (the engine finished; its answer was read to its end and discarded), or
+    /// `drain_cut` (the drain stopped at one of its bounds, or at shutdown, and the engine's
+    /// connection was closed then).
+    pub disconnect: Option<&'static str>,
     /// Set by callers that know better than the backend's first-request rule whether this run is
     /// warm (`switchyard compare` marks each request's first run cold).
     pub warm_override: Option<bool>,
@@ -95,6 +101,7 @@ impl RequestRecord {
             phases: Phases::default(),
             facts: None,
             client_disconnected: false,
+            disconnect: None,
             warm_override: None,
             queued_since: None,
             server_timing: None,
@@ -196,6 +203,7 @@ impl RequestRecord {
             });
         } else {
             self.client_disconnected = true;
+            self.disconnect.get_or_insert("cancel");
             if self.error.is_none() {
                 self.error =
                     Some("client disconnected before the response was complete".to_owned());

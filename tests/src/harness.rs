@@ -249,6 +249,21 @@ pub async fn wait_ready(
     }
 }
 
+/// Waits until `condition` holds, checking it again every millisecond, for at most `timeout`:
+/// for state that no event announces (a gauge, a counter). `what` names it in the error.
+pub async fn until(
+    timeout: Duration,
+    what: &str,
+    mut condition: impl FnMut() -> bool,
+) -> anyhow::Result<()> {
+    let deadline = Instant::now() + timeout;
+    while !condition() {
+        anyhow::ensure!(Instant::now() < deadline, "not {what} within {timeout:?}");
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    Ok(())
+}
+
 /// A complete response.
 #[derive(Debug)]
 pub struct TestResponse {

@@ -254,6 +254,7 @@ pub(super) struct Row {
     warm: Option<bool>,
     streamed: bool,
     client_disconnected: bool,
+    disconnect: Option<&'static str>,
     arm: Option<&'static str>,
     arm_key: Option<&'static str>,
 }
@@ -356,6 +357,7 @@ impl Row {
             warm: r.warm,
             streamed: r.streamed,
             client_disconnected: r.client_disconnected,
+            disconnect: r.disconnect,
             arm: r.release.as_ref().map(|m| m.arm),
             arm_key: r.release.as_ref().map(|m| m.key),
         }
@@ -406,6 +408,7 @@ impl Row {
             text(Text::ReleaseId),
             Param::text(self.arm),
             Param::text(self.arm_key),
+            Param::text(self.disconnect),
         ]
     }
 }
@@ -416,12 +419,12 @@ pub(super) const INSERT_REQUEST: &str =
         workload, sampling, sampling_json, output, status, error_class, error, prompt_tokens,
         cached_tokens, completion_tokens, queue_ms, load_ms, ttfb_ms, ttft_ms, prefill_ms,
         prefill_tokens, prefill_source, decode_ms, decode_tokens, decode_source, total_ms, warm,
-        streamed, client_disconnected, fallback_from, release_id, arm, arm_key)
+        streamed, client_disconnected, fallback_from, release_id, arm, arm_key, disconnect)
      VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19,
-        ?20, ?21, ?22, ?23, ?24, ?25, ?26, ?27, ?28, ?29, ?30, ?31, ?32, ?33, ?34, ?35, ?36, ?37)";
+        ?20, ?21, ?22, ?23, ?24, ?25, ?26, ?27, ?28, ?29, ?30, ?31, ?32, ?33, ?34, ?35, ?36, ?37, ?38)";
 
 /// The request insert's parameter count.
-pub(super) const REQUEST_PARAMS: usize = 37;
+pub(super) const REQUEST_PARAMS: usize = 38;
 
 /// One parameter value of the request insert, borrowed from its row.
 #[derive(Debug, Clone, Copy)]

@@ -225,6 +225,10 @@ pub(super) const MIGRATIONS: &[&str] = &[
     ALTER TABLE comparisons ADD COLUMN primary_text TEXT;
     ALTER TABLE comparisons ADD COLUMN candidate_text TEXT;
     "#,
+    // 9: what became of a request whose client left: `cancel`, `drain` or `drain_cut`.
+    r#"
+    ALTER TABLE requests ADD COLUMN disconnect TEXT;
+    "#,
 ];
 
 /// Opens (creating and migrating) the ledger database, for the writer.

@@ -141,6 +141,7 @@ fn every_column_is_written_as_recorded() {
         r.warm = Some(i % 2 == 0);
         r.streamed = i % 3 == 0;
         r.client_disconnected = i % 5 == 0;
+        r.disconnect = Some(["cancel", "drain", "drain_cut"][i as usize % 3]);
         ledger.record(&r);
     }
     drop(ledger);
@@ -199,6 +200,10 @@ fn every_column_is_written_as_recorded() {
             ("release_id", T(format!("rel-{i}"))),
             ("arm", T("candidate".into())),
             ("arm_key", T("header".into())),
+            (
+                "disconnect",
+                T(["cancel", "drain", "drain_cut"][i as usize % 3].into()),
+            ),
         ];
         assert_eq!(names[0], "id");
         assert_eq!(row[0], I(k + 1), "row {i}: ids in order");

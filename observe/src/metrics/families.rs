@@ -56,6 +56,14 @@ pub(super) struct BackendLabels {
     pub(super) backend: Arc<str>,
 }
 
+/// `switchyard_admission_rejected_total`: a backend and why its queue refused a request
+/// (`queue_full`, `queue_timeout`).
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+pub(super) struct RejectedLabels {
+    pub(super) backend: Arc<str>,
+    pub(super) reason: &'static str,
+}
+
 /// A shadowed model and its candidate backend.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
 pub(super) struct ShadowLabels {
@@ -129,6 +137,7 @@ pub(super) struct Families {
     pub(super) contradictions: Family<BackendLabels, Counter>,
     pub(super) in_flight: Family<BackendLabels, Gauge>,
     pub(super) waiting: Family<BackendLabels, Gauge>,
+    pub(super) rejected: Family<RejectedLabels, Counter>,
     pub(super) comparisons: Family<VerdictLabels, Counter>,
     pub(super) skipped: Family<ShadowLabels, Counter>,
     pub(super) idle_closed: Counter,
@@ -156,6 +165,7 @@ impl Families {
             contradictions: Family::default(),
             in_flight: Family::default(),
             waiting: Family::default(),
+            rejected: Family::default(),
             comparisons: Family::default(),
             skipped: Family::default(),
             idle_closed: Counter::default(),
@@ -199,7 +209,7 @@ impl Families {
         );
         registry.register(
             "switchyard_request_errors",
-            "Finished requests that failed, by who failed (client, upstream, internal, shutdown); a stream that breaks after its 200 head counts here too",
+            "Finished requests that failed, by who failed (client, upstream, internal, shutdown, queue); a stream that breaks after its 200 head counts here too",
             f.errors.clone(),
         );
         registry.register(
@@ -221,6 +231,11 @@ impl Families {
             "switchyard_waiting_requests",
             "Requests waiting for a free slot at a backend (its max_concurrency) before they are forwarded",
             f.waiting.clone(),
+        );
+        registry.register(
+            "switchyard_admission_rejected",
+            "Requests a backend's admission queue refused before sending them: queue_full (429, max_queue requests already waited) or queue_timeout (503, no slot within queue_timeout_ms)",
+            f.rejected.clone(),
         );
         registry.register(
             "switchyard_ledger_records_written",

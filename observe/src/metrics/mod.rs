@@ -21,6 +21,7 @@
 //! | `switchyard_identity_contradictions_total` | counter | `backend` |
 //! | `switchyard_in_flight_requests` | gauge | `backend` |
 //! | `switchyard_waiting_requests` | gauge | `backend` |
+//! | `switchyard_admission_rejected_total` | counter | `backend`, `reason` (`queue_full`, `queue_timeout`) |
 //! | `switchyard_ledger_records_written_total` | counter | none |
 //! | `switchyard_ledger_records_dropped_total` | counter | none |
 //! | `switchyard_idle_connections_closed_total` | counter | none |
@@ -53,6 +54,7 @@ use prometheus_client::registry::Registry;
 use switchyard_policy::compare::Verdict;
 
 use self::families::{Families, HeadLabels, SeriesLabels};
+pub use self::series::REJECTED_REASONS;
 use self::series::{
     get_or_insert, AsKey, BackendHandles, SeriesHandles, SeriesKey, ShadowHandles, ShadowKey,
 };
@@ -227,6 +229,14 @@ impl Metrics {
     /// Marks one request as waiting for a slot at `backend`, until the guard is dropped.
     pub fn waiting(&self, backend: &str) -> GaugeGuard {
         GaugeGuard::raise(&self.backend(backend).waiting)
+    }
+
+    /// Counts a request `backend`'s admission queue refused, for `reason`, one of
+    /// [`REJECTED_REASONS`]; any other reason is not counted.
+    pub fn admission_rejected(&self, backend: &str, reason: &str) {
+        if let Some(i) = REJECTED_REASONS.iter().position(|r| *r == reason) {
+            self.backend(backend).rejected[i].inc();
+        }
     }
 
     /// Requests in flight at `backend` right now.

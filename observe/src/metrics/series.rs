@@ -16,8 +16,8 @@ use prometheus_client::metrics::histogram::Histogram;
 use switchyard_policy::compare::Verdict;
 
 use super::families::{
-    BackendLabels, ErrorLabels, Families, RateLabels, SeriesLabels, ShadowLabels, StatusLabels,
-    VerdictLabels,
+    BackendLabels, ErrorLabels, Families, RateLabels, RejectedLabels, SeriesLabels, ShadowLabels,
+    StatusLabels, VerdictLabels,
 };
 use crate::NameMap;
 use switchyard_record::RequestRecord;
@@ -26,9 +26,13 @@ use switchyard_record::Source;
 /// `status_class` values, indexed by [`status_class`].
 pub(super) const STATUS_CLASSES: [&str; 6] = ["none", "1xx", "2xx", "3xx", "4xx", "5xx"];
 
-/// `error_class` values: who failed (the client, the engine, Switchyard, or a shutdown that cut
-/// the request).
-pub(super) const ERROR_CLASSES: [&str; 4] = ["client", "upstream", "internal", "shutdown"];
+/// `error_class` values: who failed (the client, the engine, Switchyard, a shutdown that cut
+/// the request, or the backend's admission queue that refused it).
+pub(super) const ERROR_CLASSES: [&str; 5] = ["client", "upstream", "internal", "shutdown", "queue"];
+
+/// `reason` values of `switchyard_admission_rejected_total`, in the order of a backend's
+/// counters.
+pub const REJECTED_REASONS: [&str; 2] = ["queue_full", "queue_timeout"];
 
 /// `source` values, indexed by [`source_index`].
 const SOURCES: [&str; 2] = ["engine", "measured"];
@@ -267,17 +271,26 @@ pub(super) struct BackendHandles {
     pub(super) in_flight: Gauge,
     /// Requests waiting for a slot (the backend's `max_concurrency`).
     pub(super) waiting: Gauge,
+    /// Requests its admission queue refused, by [`REJECTED_REASONS`].
+    pub(super) rejected: [Counter; REJECTED_REASONS.len()],
 }
 
 impl BackendHandles {
-    /// The backend's gauges, and its counters too so that all four are scraped from start-up.
+    /// The backend's gauges, and its counters too so that all are scraped from start-up.
     pub(super) fn new(f: &Families, backend: Arc<str>) -> Self {
+        let rejected = REJECTED_REASONS.map(|reason| {
+            f.rejected.get_or_create_owned(&RejectedLabels {
+                backend: backend.clone(),
+                reason,
+            })
+        });
         let labels = BackendLabels { backend };
         drop(f.disconnects.get_or_create(&labels));
         drop(f.contradictions.get_or_create(&labels));
         Self {
             in_flight: f.in_flight.get_or_create_owned(&labels),
             waiting: f.waiting.get_or_create_owned(&labels),
+            rejected,
         }
     }
 }

@@ -435,6 +435,11 @@ const DOCUMENTED: &[(&str, &str, &[&str])] = &[
     ),
     ("switchyard_in_flight_requests", "gauge", &["backend"]),
     ("switchyard_waiting_requests", "gauge", &["backend"]),
+    (
+        "switchyard_admission_rejected_total",
+        "counter",
+        &["backend", "reason"],
+    ),
     ("switchyard_ledger_records_written_total", "counter", &[]),
     ("switchyard_ledger_records_dropped_total", "counter", &[]),
     (

@@ -12,7 +12,7 @@ mod tests;
 use std::collections::BTreeMap;
 use std::fmt;
 
-use crate::config::Config;
+use crate::config::{BackendConfig, Config, OnClientDisconnect};
 
 use checks::{
     check_otlp_endpoint, check_url, is_valid_name, same_listener, url_is_loopback, url_reaches,
@@ -191,6 +191,7 @@ pub fn validate(config: &Config) -> Vec<Problem> {
                 "must be at least 1 (leave it out for the engine's own slot count)",
             ));
         }
+        admission_problems(&at, backend, &mut problems);
         if backend.require_verified_identity && backend.artifact.is_none() {
             problems.push(Problem::new(
                 format!("{at}.require_verified_identity"),
@@ -317,4 +318,31 @@ pub fn validate(config: &Config) -> Vec<Problem> {
         }
     }
     problems
+}
+
+/// The admission queue's and the drain's settings of the backend at `at`.
+fn admission_problems(at: &str, backend: &BackendConfig, problems: &mut Vec<Problem>) {
+    if backend.queue_timeout_ms == Some(0) {
+        problems.push(Problem::new(
+            format!("{at}.queue_timeout_ms"),
+            "must be at least 1 millisecond (set max_queue = 0 for requests never to wait)",
+        ));
+    }
+    let drains = backend.on_client_disconnect == OnClientDisconnect::Drain;
+    for (key, value) in [
+        ("drain_max_bytes", backend.drain_max_bytes),
+        ("drain_max_ms", backend.drain_max_ms),
+    ] {
+        match value {
+            Some(0) => problems.push(Problem::new(
+                format!("{at}.{key}"),
+                "must be at least 1 (leave it out for the default)",
+            )),
+            Some(_) if !drains => problems.push(Problem::new(
+                format!("{at}.{key}"),
+                "applies only with on_client_disconnect = \"drain\"",
+            )),
+            _ => {}
+        }
+    }
 }

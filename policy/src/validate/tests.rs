@@ -268,3 +268,43 @@ fn a_declared_release_names_another_backend_a_plan_and_needs_a_ledger() {
         ]
     );
 }
+
+#[test]
+fn admission_and_drain_settings_are_checked() {
+    let config = parse(
+        r#"
+        [backends.a]
+        engine = "llama.cpp"
+        url = "http://127.0.0.1:8081"
+        max_queue = 0
+        queue_timeout_ms = 0
+        drain_max_bytes = 100
+        [backends.b]
+        engine = "llama.cpp"
+        url = "http://127.0.0.1:8082"
+        on_client_disconnect = "drain"
+        drain_max_bytes = 0
+        drain_max_ms = 0
+        [backends.c]
+        engine = "llama.cpp"
+        url = "http://127.0.0.1:8083"
+        max_queue = 8
+        queue_timeout_ms = 1
+        on_client_disconnect = "drain"
+        drain_max_bytes = 1
+        drain_max_ms = 1
+        [models.m]
+        primary = "a"
+    "#,
+    );
+    let problems: Vec<String> = validate(&config).iter().map(ToString::to_string).collect();
+    assert_eq!(
+        problems,
+        vec![
+            "backends.a.queue_timeout_ms: must be at least 1 millisecond (set max_queue = 0 for requests never to wait)",
+            "backends.a.drain_max_bytes: applies only with on_client_disconnect = \"drain\"",
+            "backends.b.drain_max_bytes: must be at least 1 (leave it out for the default)",
+            "backends.b.drain_max_ms: must be at least 1 (leave it out for the default)",
+        ]
+    );
+}

@@ -183,10 +183,12 @@ impl AppState {
     }
 
     /// Shutdown's drain timeout has run out: requests waiting for a slot stop waiting (each is
-    /// answered 503, never having been sent). Requests the engines are answering are not
-    /// interrupted here; the connections still open are cut after this.
+    /// answered 503, never having been sent), and the drains of engines' answers whose clients
+    /// left stop (their engines' connections are closed). Requests the engines are answering
+    /// are not interrupted here; the connections still open are cut after this.
     pub fn end_drain(&self) {
         self.shared.drain_over.cancel();
+        self.shared.drains.close();
         for backend in self.live.load().backends.values() {
             if let Some(admission) = backend.admission() {
                 admission.close();
@@ -198,6 +200,11 @@ impl AppState {
     /// their requests are done.
     pub(crate) async fn engines_stopped(&self) {
         engines::stopped(self).await;
+    }
+
+    /// The drains of engines' answers whose clients left (see [`forward::drain`]).
+    pub(crate) fn drains(&self) -> &forward::drain::Drains {
+        &self.shared.drains
     }
 
     /// Waits (on a blocking thread, up to 5 s) until the ledger has written every record queued
@@ -292,6 +299,7 @@ impl App {
             recorder: recorder.clone(),
             drain_over: CancellationToken::new(),
             max_response_bytes: config.server.max_response_bytes,
+            drains: forward::drain::Drains::default(),
         };
         let subscribe = |backend: Backend| backend.with_revision(revision.clone());
         let store = match &config.ledger {

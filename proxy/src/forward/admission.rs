@@ -1,23 +1,131 @@
 //! Admission, the second per-backend stage: a request waits here for one of the backend's slots
 //! (its `max_concurrency`, or the engine's own slot count once probed), and its wait is its
-//! `queue` phase. A client that leaves while waiting drops the wait and with it its place in the
-//! queue. When shutdown's drain timeout runs out, whoever still waits is answered 503 at once,
-//! never having been sent.
+//! `queue` phase. The wait is bounded in length (`max_queue`: one request more is answered 429
+//! `queue_full` at once) and in time (`queue_timeout_ms`: 503 `queue_timeout`); both answers
+//! carry `Retry-After` ([`Queue::retry_after`]), come before any byte of a response, and are
+//! counted by reason. A request refused or timed out here, or whose client leaves while it
+//! waits (dropping the wait and with it its place), never reaches the engine. When shutdown's
+//! drain timeout runs out, whoever still waits is answered 503 at once, never having been sent.
 
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use futures_util::future::Either;
 use switchyard_engine::Backend;
+use switchyard_observe::metrics::GaugeGuard;
 use switchyard_record::between;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, TryAcquireError};
 use tokio_util::sync::CancellationToken;
 
 use super::context::{Attempt, Failed};
 use crate::http::ProxyError;
 use crate::recording::Recorder;
+
+/// One backend's queue: how many requests wait for a slot, how many slots are held, and how
+/// long a slot was held lately. One per backend stack, which lives as long as its backend and
+/// its slots (the live snapshot keeps the three together).
+#[derive(Debug, Default)]
+pub(crate) struct Queue {
+    /// Requests waiting now, each counted by its [`Place`]: exact however it stops waiting.
+    waiting: AtomicU32,
+    /// Slots held now, each counted by its [`Slot`].
+    held: AtomicU32,
+    /// How long a slot was held, in microseconds, averaged with the recent ones weighted most
+    /// (each new one counts for a fifth); 0 until a slot was released.
+    service_us: AtomicU64,
+}
+
+impl Queue {
+    /// A place in the queue, unless `max` requests wait already.
+    fn enter(self: &Arc<Self>, max: Option<u32>, gauge: GaugeGuard) -> Option<Place> {
+        self.waiting
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| match max {
+                Some(max) if n >= max => None,
+                _ => Some(n + 1),
+            })
+            .ok()?;
+        Some(Place {
+            queue: self.clone(),
+            _waiting: gauge,
+        })
+    }
+
+    /// Holds `permit` as one of the backend's slots, timed for [`Queue::retry_after`].
+    fn slot(self: &Arc<Self>, permit: OwnedSemaphorePermit) -> Slot {
+        self.held.fetch_add(1, Ordering::AcqRel);
+        Slot {
+            _permit: permit,
+            queue: self.clone(),
+            since: Instant::now(),
+        }
+    }
+
+    /// Requests waiting now.
+    pub(crate) fn waiting(&self) -> u32 {
+        self.waiting.load(Ordering::Acquire)
+    }
+
+    /// `Retry-After` for a request that would be served after `ahead` more slots are released:
+    /// the seconds the backend takes for that at its recent pace (the mean time a slot was held,
+    /// over the slots held now), rounded up and at least 1. Before any slot was released there
+    /// is no pace to go by, and it is 1.
+    pub(crate) fn retry_after(&self, ahead: u32) -> u64 {
+        let service = self.service_us.load(Ordering::Acquire);
+        let slots = u64::from(self.held.load(Ordering::Acquire).max(1));
+        let wait_us = service.saturating_mul(u64::from(ahead)) / slots;
+        wait_us.div_ceil(1_000_000).max(1)
+    }
+
+    /// A slot was held for `held`.
+    fn served(&self, held: Duration) {
+        let sample = u64::try_from(held.as_micros()).unwrap_or(u64::MAX).max(1);
+        let _ = self
+            .service_us
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |mean| {
+                Some(if mean == 0 {
+                    sample
+                } else {
+                    // Within u64: both are durations in microseconds.
+                    let mean = i128::from(mean);
+                    (mean + (i128::from(sample) - mean) / 5).max(1) as u64
+                })
+            });
+    }
+}
+
+/// A request's place in its backend's queue, and in `switchyard_waiting_requests`, until
+/// dropped.
+#[derive(Debug)]
+struct Place {
+    queue: Arc<Queue>,
+    _waiting: GaugeGuard,
+}
+
+impl Drop for Place {
+    fn drop(&mut self) {
+        self.queue.waiting.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// One of a backend's slots, held until the engine's answer is complete (or drained), or the
+/// client leaves.
+#[derive(Debug)]
+pub(crate) struct Slot {
+    _permit: OwnedSemaphorePermit,
+    queue: Arc<Queue>,
+    since: Instant,
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        self.queue.held.fetch_sub(1, Ordering::AcqRel);
+        self.queue.served(self.since.elapsed());
+    }
+}
 
 /// Waits for a backend slot before passing the request on.
 #[derive(Debug, Clone)]
@@ -26,6 +134,7 @@ pub(crate) struct Admission<S> {
     recorder: Arc<Recorder>,
     /// Cancelled when shutdown's drain timeout runs out (it also closes the slots).
     drain_over: CancellationToken,
+    queue: Arc<Queue>,
     inner: S,
 }
 
@@ -40,8 +149,15 @@ impl<S> Admission<S> {
             backend,
             recorder,
             drain_over,
+            queue: Arc::default(),
             inner,
         }
+    }
+
+    /// The backend's queue.
+    #[cfg(test)]
+    pub(crate) fn queue(&self) -> &Arc<Queue> {
+        &self.queue
     }
 }
 
@@ -80,6 +196,9 @@ impl<S> tower::Layer<S> for AdmissionLayer {
     }
 }
 
+/// A boxed response future of [`Admission`].
+type Boxed<R> = Pin<Box<dyn Future<Output = Result<R, Failed>> + Send>>;
+
 impl<S, R> tower::Service<Attempt> for Admission<S>
 where
     S: tower::Service<Attempt, Response = R, Error = Failed> + Clone + Send + 'static,
@@ -87,8 +206,9 @@ where
 {
     type Response = R;
     type Error = Failed;
-    /// The inner service's future when a slot is free at once; a boxed wait for one otherwise.
-    type Future = Either<S::Future, Pin<Box<dyn Future<Output = Result<R, Failed>> + Send>>>;
+    /// The inner service's future when a slot is free at once; a boxed wait for one (or an
+    /// answer without one) otherwise.
+    type Future = Either<S::Future, Boxed<R>>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Failed>> {
         self.inner.poll_ready(cx)
@@ -97,48 +217,122 @@ where
     fn call(&mut self, mut attempt: Attempt) -> Self::Future {
         let queued = Instant::now();
         attempt.ctx.recording.queued_since = Some(queued);
-        let semaphore = self.backend.admission();
-        if let Some(semaphore) = &semaphore {
-            match semaphore.clone().try_acquire_owned() {
-                Ok(permit) => attempt.permit = Some(permit),
-                Err(_) => {
-                    // No slot now: wait for one, off this call, with the service that was
-                    // made ready (a clone takes its place here).
-                    let clone = self.inner.clone();
-                    let mut inner = std::mem::replace(&mut self.inner, clone);
-                    let semaphore = semaphore.clone();
-                    let backend = self.backend.name.clone();
-                    let waiting = self.recorder.metrics.waiting(&backend);
-                    let drain_over = self.drain_over.clone();
-                    return Either::Right(Box::pin(async move {
-                        let acquired = semaphore.acquire_owned().await;
-                        drop(waiting);
-                        match acquired {
-                            Ok(permit) => attempt.permit = Some(permit),
-                            // Shutdown closes the slots when its drain timeout runs out.
-                            Err(e) => {
-                                let error = if drain_over.is_cancelled() {
-                                    ProxyError::ShuttingDown {
-                                        backend: backend.to_string(),
-                                    }
-                                } else {
-                                    ProxyError::Internal(e.to_string())
-                                };
-                                return Err(attempt.fail(error));
-                            }
-                        }
-                        admitted(&mut attempt, queued);
-                        inner.call(attempt).await
-                    }));
-                }
+        let Some(semaphore) = self.backend.admission() else {
+            admitted(&mut attempt, queued);
+            return Either::Left(self.inner.call(attempt));
+        };
+        match semaphore.clone().try_acquire_owned() {
+            Ok(permit) => {
+                attempt.permit = Some(self.queue.slot(permit));
+                admitted(&mut attempt, queued);
+                Either::Left(self.inner.call(attempt))
             }
+            Err(TryAcquireError::Closed) => {
+                let error = self.closed("the slots are closed");
+                Either::Right(Box::pin(async move { Err(attempt.fail(error)) }))
+            }
+            Err(TryAcquireError::NoPermits) => self.wait(attempt, queued, semaphore),
         }
-        admitted(&mut attempt, queued);
-        Either::Left(self.inner.call(attempt))
     }
 }
 
-/// The request's wait ends: its queue phase.
+impl<S, R> Admission<S>
+where
+    S: tower::Service<Attempt, Response = R, Error = Failed> + Clone + Send + 'static,
+    S::Future: Send,
+{
+    /// No slot now: a place in the queue and a wait for a slot, off this call, with the service
+    /// that was made ready (a clone takes its place here); or 429 when the queue is full.
+    fn wait(
+        &mut self,
+        mut attempt: Attempt,
+        queued: Instant,
+        semaphore: Arc<Semaphore>,
+    ) -> Either<S::Future, Boxed<R>> {
+        let config = &self.backend.config;
+        let backend = self.backend.name.clone();
+        let metrics = self.recorder.metrics.clone();
+        let Some(place) = self
+            .queue
+            .enter(config.max_queue, metrics.waiting(&backend))
+        else {
+            admitted(&mut attempt, queued); // no wait at all: its queue phase is measured, ~0
+            let max_queue = config.max_queue.unwrap_or(0);
+            metrics.admission_rejected(&backend, "queue_full");
+            let error = ProxyError::QueueFull {
+                backend: backend.to_string(),
+                max_queue,
+                // Served once the requests waiting now are, and a slot more is released.
+                retry_after: self.queue.retry_after(max_queue.saturating_add(1)),
+            };
+            return Either::Right(Box::pin(async move { Err(attempt.fail(error)) }));
+        };
+        let timeout = config.queue_timeout_ms;
+        let clone = self.inner.clone();
+        let mut inner = std::mem::replace(&mut self.inner, clone);
+        let queue = self.queue.clone();
+        let closed = self.clone_closed();
+        Either::Right(Box::pin(async move {
+            let acquire = semaphore.acquire_owned();
+            let acquired = match timeout {
+                None => acquire.await,
+                Some(ms) => {
+                    let deadline =
+                        tokio::time::Instant::from_std(queued) + Duration::from_millis(ms);
+                    match tokio::time::timeout_at(deadline, acquire).await {
+                        Ok(acquired) => acquired,
+                        Err(_) => {
+                            // Served once the requests waiting now (this one among them) are.
+                            let retry_after = queue.retry_after(queue.waiting());
+                            drop(place);
+                            admitted(&mut attempt, queued); // its whole wait
+                            metrics.admission_rejected(&backend, "queue_timeout");
+                            let error = ProxyError::QueueTimeout {
+                                backend: backend.to_string(),
+                                ms,
+                                retry_after,
+                            };
+                            return Err(attempt.fail(error));
+                        }
+                    }
+                }
+            };
+            drop(place);
+            match acquired {
+                Ok(permit) => attempt.permit = Some(queue.slot(permit)),
+                // Shutdown closes the slots when its drain timeout runs out.
+                Err(e) => return Err(attempt.fail(closed(&e.to_string()))),
+            }
+            admitted(&mut attempt, queued);
+            inner.call(attempt).await
+        }))
+    }
+
+    /// The error of a request that finds the slots closed (`why`).
+    fn closed(&self, why: &str) -> ProxyError {
+        (self.clone_closed())(why)
+    }
+
+    /// [`Admission::closed`], for a future that outlives this call.
+    fn clone_closed(&self) -> impl Fn(&str) -> ProxyError + Send + 'static {
+        let drain_over = self.drain_over.clone();
+        let backend = self.backend.name.clone();
+        move |why| {
+            if drain_over.is_cancelled() {
+                ProxyError::ShuttingDown {
+                    backend: backend.to_string(),
+                }
+            } else {
+                ProxyError::Internal(why.to_owned())
+            }
+        }
+    }
+}
+
+/// The request's wait ends (with a slot, or refused): its queue phase.
 fn admitted(attempt: &mut Attempt, queued: Instant) {
     attempt.ctx.recording.phases.queue = Some(between(queued, Instant::now()));
 }
+
+#[cfg(test)]
+mod tests;

@@ -10,7 +10,6 @@ use http::header::{HeaderMap, HeaderValue};
 use http::Response;
 use switchyard_engine::IdentityHeaders;
 use switchyard_record::between;
-use tokio::sync::OwnedSemaphorePermit;
 
 use super::request::Outgoing;
 use crate::http::headers::{
@@ -89,7 +88,7 @@ pub(crate) struct Attempt {
     /// `primary`, `fallback`, `shadow` or `compare`: how this backend came to serve it.
     pub(crate) variant: &'static str,
     /// The admission slot, once admission granted one (when the backend limits concurrency).
-    pub(crate) permit: Option<OwnedSemaphorePermit>,
+    pub(crate) permit: Option<super::admission::Slot>,
     /// The hold on a managed engine, once it is ready (see [`super::launch`]).
     pub(crate) lease: Option<switchyard_engine::managed::Lease>,
 }
@@ -144,6 +143,7 @@ impl Failed {
             // Nobody is left to read an answer: recorded as a disconnect with no status, like a
             // client that leaves while the engine answers.
             recording.client_disconnected = true;
+            recording.disconnect = Some("cancel");
         } else {
             recording.status = status.as_u16();
         }

@@ -21,6 +21,7 @@ use switchyard_engine::Backend;
 use switchyard_record::between;
 
 use super::context::{Attempt, Ctx, Failed};
+use super::drain::Drain;
 use super::send::Sent;
 use super::stream::ObservedStream;
 use super::Held;
@@ -34,6 +35,8 @@ pub(crate) struct Inspect<S> {
     backend: Arc<Backend>,
     /// The largest non-streamed answer read (`server.max_response_bytes`).
     limit: u64,
+    /// The backend's drain, when it drains: a stream whose client leaves is handed to it.
+    drain: Option<Drain>,
     inner: S,
 }
 
@@ -42,8 +45,15 @@ impl<S> Inspect<S> {
         Self {
             backend,
             limit,
+            drain: None,
             inner,
         }
+    }
+
+    /// Drains a stream whose client leaves with `drain`.
+    pub(crate) fn draining(mut self, drain: Option<Drain>) -> Self {
+        self.drain = drain;
+        self
     }
 }
 
@@ -52,11 +62,16 @@ impl<S> Inspect<S> {
 pub(crate) struct InspectLayer {
     backend: Arc<Backend>,
     limit: u64,
+    drain: Option<Drain>,
 }
 
 impl InspectLayer {
-    pub(crate) fn new(backend: Arc<Backend>, limit: u64) -> Self {
-        Self { backend, limit }
+    pub(crate) fn new(backend: Arc<Backend>, limit: u64, drain: Option<Drain>) -> Self {
+        Self {
+            backend,
+            limit,
+            drain,
+        }
     }
 }
 
@@ -64,7 +79,7 @@ impl<S> tower::Layer<S> for InspectLayer {
     type Service = Inspect<S>;
 
     fn layer(&self, inner: S) -> Inspect<S> {
-        Inspect::new(self.backend.clone(), self.limit, inner)
+        Inspect::new(self.backend.clone(), self.limit, inner).draining(self.drain.clone())
     }
 }
 
@@ -88,6 +103,7 @@ where
             state: State::Sending(self.inner.call(attempt)),
             backend: self.backend.clone(),
             limit: self.limit,
+            drain: self.drain.clone(),
         }
     }
 }
@@ -102,6 +118,7 @@ where
     state: State<F, B>,
     backend: Arc<Backend>,
     limit: u64,
+    drain: Option<Drain>,
 }
 
 #[allow(clippy::large_enum_variant)] // a future's states live in it: boxing one is what it avoids
@@ -140,7 +157,8 @@ where
                     let sent = ready!(Pin::new(sent).poll(cx))?;
                     if is_stream(&sent.response) {
                         this.state = State::Done;
-                        return Poll::Ready(Ok(stream(&this.backend, sent)));
+                        let drain = this.drain.take();
+                        return Poll::Ready(Ok(stream(&this.backend, sent, drain)));
                     }
                     let (parts, body) = sent.response.into_parts();
                     let limit = usize::try_from(this.limit).unwrap_or(usize::MAX);
@@ -177,7 +195,7 @@ fn is_stream<B>(response: &Response<B>) -> bool {
 
 /// The client's response to a stream: passed on through an [`ObservedStream`], with what is
 /// known when its head arrives.
-fn stream<B>(backend: &Arc<Backend>, sent: Sent<B>) -> Response<ProxyBody>
+fn stream<B>(backend: &Arc<Backend>, sent: Sent<B>, drain: Option<Drain>) -> Response<ProxyBody>
 where
     B: Body<Data = Bytes> + Send + Unpin + 'static,
     B::Error: std::error::Error + Send + Sync + 'static,
@@ -207,7 +225,11 @@ where
         out.headers_mut()
             .insert(header::TRAILER, HeaderValue::from_static("server-timing"));
     }
-    let stream = ObservedStream::new(body, record, backend.clone(), want_trailers).holding(held);
+    let mut stream =
+        ObservedStream::new(body, record, backend.clone(), want_trailers).holding(held);
+    if let Some(drain) = drain {
+        stream = stream.draining(drain);
+    }
     *out.body_mut() = ProxyBody::stream(stream);
     out
 }

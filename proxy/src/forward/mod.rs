@@ -6,16 +6,20 @@
 //!
 //! [`launch`] holds a managed engine for the request, starting it when it is not running (the
 //! `load` phase); [`gate`] stamps the backend's identity and refuses an unverified one that must be verified;
-//! [`admission`] waits for one of the backend's slots (the `queue` phase); [`inspect`] turns the
+//! [`admission`] waits for one of the backend's slots (the `queue` phase), in a queue bounded in
+//! length and in wait; [`inspect`] turns the
 //! engine's answer into the client's (a stream watched by [`stream`], or a whole answer checked
 //! against the probed identity); [`send`] builds the engine's request and sends it. A request
 //! enters as an [`Attempt`] that owns its context, and leaves as a response that carries it (a
 //! stream's body owns the record until the stream ends) or as a [`Failed`] that hands it back.
 //!
-//! [`request`] reads and parses what the client sent, before any backend is chosen.
+//! [`request`] reads and parses what the client sent, before any backend is chosen. When a client
+//! leaves and its backend drains (`on_client_disconnect = "drain"`), [`drain`] reads the
+//! engine's answer to its end off the client's task.
 
 pub(crate) mod admission;
 pub(crate) mod context;
+pub(crate) mod drain;
 pub(crate) mod gate;
 pub(crate) mod inspect;
 pub(crate) mod launch;
@@ -26,7 +30,6 @@ pub(crate) mod stream;
 use std::sync::Arc;
 
 use switchyard_engine::{Backend, Upstream};
-use tokio::sync::OwnedSemaphorePermit;
 use tokio_util::sync::CancellationToken;
 
 use crate::recording::Recorder;
@@ -42,7 +45,7 @@ pub(crate) use request::Outgoing;
 #[derive(Debug)]
 #[allow(dead_code)]
 pub(crate) struct Held {
-    pub(crate) permit: Option<OwnedSemaphorePermit>,
+    pub(crate) permit: Option<admission::Slot>,
     pub(crate) lease: Option<switchyard_engine::managed::Lease>,
     pub(crate) in_flight: GaugeGuard,
 }
@@ -60,10 +63,14 @@ pub(crate) struct Shared {
     pub(crate) drain_over: CancellationToken,
     /// The largest non-streamed answer read (`server.max_response_bytes`).
     pub(crate) max_response_bytes: u64,
+    /// The drains of the engines' answers whose clients left, for shutdown to wait for.
+    pub(crate) drains: drain::Drains,
 }
 
 /// Builds `backend`'s stack, in the order a request meets its stages.
 pub(crate) fn stack(backend: &Arc<Backend>, shared: &Shared) -> BackendStack {
+    // When the backend drains, what the engine is answering when its client leaves is drained.
+    let drain = drain::Drain::of(backend, &shared.drains);
     tower::ServiceBuilder::new()
         // A managed engine: hold it, starting it first when it is not running (the load phase).
         .layer(launch::LaunchLayer::new(backend.clone()))
@@ -79,12 +86,14 @@ pub(crate) fn stack(backend: &Arc<Backend>, shared: &Shared) -> BackendStack {
         .layer(inspect::InspectLayer::new(
             backend.clone(),
             shared.max_response_bytes,
+            drain.clone(),
         ))
         // Build the engine's request and send it.
         .service(send::Send::new(
             backend.clone(),
             shared.upstream.clone(),
             shared.recorder.clone(),
+            drain,
         ))
 }
 

@@ -1,12 +1,14 @@
 //! Sending, the innermost per-backend stage: the engine's request is built from the client's
 //! (hop-by-hop headers dropped, `model` spliced when the backend needs another name, this
 //! request's id and trace context added) and sent on a kept-alive connection; the answer's head
-//! comes back with the context and what the request holds while the engine works on it.
+//! comes back with the context and what the request holds while the engine works on it
+//! ([`Exchange`]). A client that leaves before the head arrived cancels the request, or, when
+//! the backend drains, hands the exchange to its [`Drain`].
 
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::task::{Context, Poll};
+use std::task::{ready, Context, Poll};
 use std::time::Instant;
 
 use bytes::Bytes;
@@ -17,6 +19,7 @@ use switchyard_engine::{Backend, Upstream, UpstreamBody};
 use switchyard_record::between;
 
 use super::context::{Attempt, Ctx, Failed};
+use super::drain::Drain;
 use super::request::{splice_model, Head, Outgoing};
 use super::Held;
 use crate::http::headers::{connection_options, is_hop_by_hop, X_REQUEST_ID};
@@ -40,14 +43,94 @@ pub(crate) struct Send {
     backend: Arc<Backend>,
     upstream: Upstream,
     recorder: Arc<Recorder>,
+    /// The backend's drain, when it drains.
+    drain: Option<Drain>,
 }
 
 impl Send {
-    pub(crate) fn new(backend: Arc<Backend>, upstream: Upstream, recorder: Arc<Recorder>) -> Self {
+    pub(crate) fn new(
+        backend: Arc<Backend>,
+        upstream: Upstream,
+        recorder: Arc<Recorder>,
+        drain: Option<Drain>,
+    ) -> Self {
         Self {
             backend,
             upstream,
             recorder,
+            drain,
+        }
+    }
+}
+
+/// The engine's answer to come: its head, when the request was sent.
+type AnswerHead = Pin<
+    Box<
+        dyn Future<Output = Result<Response<UpstreamBody>, switchyard_engine::Error>>
+            + std::marker::Send,
+    >,
+>;
+
+/// The future of [`Send`]: waits for the engine's answer's head. Dropped before it arrived (the
+/// client left), it writes the record, releases the slot and closes the engine's connection,
+/// in that order; or, when the backend drains, hands all three to its [`Drain`].
+pub(crate) struct Exchange {
+    /// The answer's head to come; `None` once it came (or the request failed before sending).
+    head: Option<AnswerHead>,
+    ctx: Option<Ctx>,
+    held: Option<Held>,
+    /// The request failed before it was sent.
+    failed: Option<Failed>,
+    backend: Arc<Backend>,
+    forwarded: Instant,
+    want_trailers: bool,
+    drain: Option<Drain>,
+}
+
+impl Future for Exchange {
+    type Output = Result<Sent<UpstreamBody>, Failed>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = self.get_mut();
+        if let Some(failed) = this.failed.take() {
+            return Poll::Ready(Err(failed));
+        }
+        let Some(head) = this.head.as_mut() else {
+            panic!("Exchange polled after completion")
+        };
+        let answered = ready!(head.as_mut().poll(cx));
+        this.head = None;
+        let (Some(mut ctx), Some(held)) = (this.ctx.take(), this.held.take()) else {
+            unreachable!("an exchange under way holds its context and slot")
+        };
+        Poll::Ready(match answered {
+            Ok(response) => {
+                ctx.recording.phases.ttfb = Some(between(this.forwarded, Instant::now()));
+                Ok(Sent {
+                    response,
+                    ctx,
+                    held,
+                    want_trailers: this.want_trailers,
+                })
+            }
+            Err(e) => Err(ctx.fail(ProxyError::from_engine(&this.backend.name, e))),
+        })
+    }
+}
+
+impl Drop for Exchange {
+    fn drop(&mut self) {
+        let (Some(head), Some(ctx)) = (self.head.take(), self.ctx.take()) else {
+            return;
+        };
+        let held = self.held.take();
+        match &self.drain {
+            Some(drain) => drain.head(head, ctx.recording, held),
+            None => {
+                drop(ctx);
+                drop(held);
+                drop(head);
+            }
         }
     }
 }
@@ -55,8 +138,7 @@ impl Send {
 impl tower::Service<Attempt> for Send {
     type Response = Sent<UpstreamBody>;
     type Error = Failed;
-    type Future =
-        Pin<Box<dyn Future<Output = Result<Sent<UpstreamBody>, Failed>> + std::marker::Send>>;
+    type Future = Exchange;
 
     fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Failed>> {
         Poll::Ready(Ok(()))
@@ -72,11 +154,24 @@ impl tower::Service<Attempt> for Send {
             ..
         } = attempt;
         let backend = self.backend.clone();
+        let mut exchange = Exchange {
+            head: None,
+            ctx: None,
+            held: None,
+            failed: None,
+            backend: backend.clone(),
+            forwarded: Instant::now(),
+            want_trailers: outgoing.want_trailers,
+            drain: self.drain.clone(),
+        };
         let mut request = match upstream_body(&backend, &outgoing)
             .and_then(|body| upstream_request(&outgoing.head, body, &ctx.id))
         {
             Ok(request) => request,
-            Err(error) => return Box::pin(std::future::ready(Err(ctx.fail(error)))),
+            Err(error) => {
+                exchange.failed = Some(ctx.fail(error));
+                return exchange;
+            }
         };
         let forwarded = Instant::now();
         let recording = &mut ctx.recording;
@@ -93,22 +188,14 @@ impl tower::Service<Attempt> for Send {
             lease,
             in_flight: self.recorder.metrics.in_flight(&backend.name),
         };
-        let want_trailers = outgoing.want_trailers;
         let upstream = self.upstream.clone();
-        Box::pin(async move {
-            match upstream.send(&backend, request).await {
-                Ok(response) => {
-                    ctx.recording.phases.ttfb = Some(between(forwarded, Instant::now()));
-                    Ok(Sent {
-                        response,
-                        ctx,
-                        held,
-                        want_trailers,
-                    })
-                }
-                Err(e) => Err(ctx.fail(ProxyError::from_engine(&backend.name, e))),
-            }
-        })
+        exchange.head = Some(Box::pin(
+            async move { upstream.send(&backend, request).await },
+        ));
+        exchange.forwarded = forwarded;
+        exchange.ctx = Some(ctx);
+        exchange.held = Some(held);
+        exchange
     }
 }
 

@@ -79,6 +79,7 @@ pub(crate) fn shared(recorder: &Arc<Recorder>) -> super::Shared {
         recorder: recorder.clone(),
         drain_over: CancellationToken::new(),
         max_response_bytes: 1 << 20,
+        drains: super::drain::Drains::default(),
     }
 }
 

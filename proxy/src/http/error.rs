@@ -63,6 +63,21 @@ pub enum ProxyError {
         why: String,
         code: &'static str,
     },
+    /// Every slot of the backend is taken and `max_queue` requests already wait: answered at
+    /// once, never sent.
+    #[error("Backend `{backend}` is at capacity: every slot is taken and its queue is full (max_queue = {max_queue}), so this request was not queued and never sent to the engine. Retry after {retry_after} s.")]
+    QueueFull {
+        backend: String,
+        max_queue: u32,
+        retry_after: u64,
+    },
+    /// The request waited `queue_timeout_ms` for a slot without getting one; it was never sent.
+    #[error("No slot of backend `{backend}` came free within {ms} ms (its queue_timeout_ms), so this request was never sent to the engine. Retry after {retry_after} s.")]
+    QueueTimeout {
+        backend: String,
+        ms: u64,
+        retry_after: u64,
+    },
     /// `x-switchyard-arm` was sent without what it needs (see `route::release`).
     #[error("The arm of model `{model}`'s release cannot be forced: {why}")]
     ArmNotForced { model: String, why: String },
@@ -86,8 +101,10 @@ impl ProxyError {
             | Self::MissingModel
             | Self::ModelNotString => StatusCode::BAD_REQUEST,
             Self::ArmNotForced { .. } => StatusCode::FORBIDDEN,
+            Self::QueueFull { .. } => StatusCode::TOO_MANY_REQUESTS,
             Self::IdentityUnverified { .. }
             | Self::ShuttingDown { .. }
+            | Self::QueueTimeout { .. }
             | Self::EngineUnavailable { .. } => StatusCode::SERVICE_UNAVAILABLE,
             Self::UpstreamUnreachable { .. }
             | Self::UpstreamBroken { .. }
@@ -118,7 +135,9 @@ impl ProxyError {
             Self::ArmNotForced { .. } => "permission_error",
             Self::IdentityUnverified { .. }
             | Self::ShuttingDown { .. }
-            | Self::EngineUnavailable { .. } => "unavailable_error",
+            | Self::EngineUnavailable { .. }
+            | Self::QueueFull { .. }
+            | Self::QueueTimeout { .. } => "unavailable_error",
             Self::UpstreamUnreachable { .. }
             | Self::ConnectTimeout { .. }
             | Self::FirstByteTimeout { .. }
@@ -151,6 +170,8 @@ impl ProxyError {
             Self::UpstreamTooLarge { .. } => "upstream_response_too_large",
             Self::ShuttingDown { .. } => "shutting_down",
             Self::EngineUnavailable { code, .. } => code,
+            Self::QueueFull { .. } => "queue_full",
+            Self::QueueTimeout { .. } => "queue_timeout",
             Self::ArmNotForced { .. } => "arm_not_forced",
             Self::Internal(_) => "internal_error",
         }
@@ -164,11 +185,14 @@ impl ProxyError {
         }
     }
 
-    /// The class recorded with the request: `client`, `upstream`, `internal`, or `shutdown`
-    /// (as for a request cut at shutdown).
+    /// The class recorded with the request: `client`, `upstream`, `internal`, `shutdown` (as
+    /// for a request cut at shutdown), or `queue` (refused by its backend's admission queue:
+    /// neither the client nor the engine failed).
     pub fn class(&self) -> &'static str {
-        if let Self::ShuttingDown { .. } = self {
-            return "shutdown";
+        match self {
+            Self::ShuttingDown { .. } => return "shutdown",
+            Self::QueueFull { .. } | Self::QueueTimeout { .. } => return "queue",
+            _ => {}
         }
         match self.status().as_u16() {
             500 => "internal",
@@ -186,6 +210,17 @@ impl ProxyError {
             E::Unreachable(why) => Self::UpstreamUnreachable { backend, why },
             E::FirstByteTimeout { ms } => Self::FirstByteTimeout { backend, ms },
             E::Broken(why) => Self::UpstreamBroken { backend, why },
+        }
+    }
+
+    /// The seconds a client should wait before it tries again (`Retry-After`), for the errors
+    /// that say so.
+    pub fn retry_after(&self) -> Option<u64> {
+        match self {
+            Self::QueueFull { retry_after, .. } | Self::QueueTimeout { retry_after, .. } => {
+                Some(*retry_after)
+            }
+            _ => None,
         }
     }
 
@@ -217,6 +252,11 @@ impl ProxyError {
             header::CONTENT_TYPE,
             HeaderValue::from_static("application/json"),
         );
+        if let Some(seconds) = self.retry_after() {
+            response
+                .headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from(seconds));
+        }
         response
     }
 }
@@ -256,6 +296,35 @@ mod tests {
         assert_eq!(v["error"]["code"], "model_not_found");
         assert!(v["error"]["message"].as_str().unwrap().contains("smollm2"));
         assert_eq!(err.class(), "client");
+    }
+
+    #[test]
+    fn a_refusal_by_the_queue_says_when_to_retry() {
+        let full = ProxyError::QueueFull {
+            backend: "llama".into(),
+            max_queue: 4,
+            retry_after: 3,
+        };
+        let timeout = ProxyError::QueueTimeout {
+            backend: "llama".into(),
+            ms: 500,
+            retry_after: 2,
+        };
+        for (err, status, code, after) in [
+            (full, 429, "queue_full", "3"),
+            (timeout, 503, "queue_timeout", "2"),
+        ] {
+            assert_eq!(err.class(), "queue");
+            assert!(!err.nothing_sent(), "no fallback for a busy backend");
+            let v: serde_json::Value = serde_json::from_slice(&err.body()).unwrap();
+            assert_eq!(v["error"]["code"], code);
+            assert_eq!(v["error"]["type"], "unavailable_error");
+            let response = err.into_response();
+            assert_eq!(response.status().as_u16(), status);
+            assert_eq!(response.headers()[header::RETRY_AFTER], after);
+        }
+        let other = ProxyError::MissingModel.into_response();
+        assert!(!other.headers().contains_key(header::RETRY_AFTER));
     }
 
     #[test]

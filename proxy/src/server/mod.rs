@@ -230,10 +230,15 @@ pub async fn serve(app: App, listener: TcpListener, stop: CancellationToken, tas
     let drain = Duration::from_millis(app.state().config().server.drain_timeout_ms);
     tracing::info!("shutting down: draining in-flight requests");
     connections.close();
-    let drained = connections.wait();
-    tokio::pin!(drained);
+    // Drains of engines' answers whose clients left hold their slots: they are waited for too,
+    // within the same timeout.
+    let (open, drains) = (&connections, app.state().drains());
+    let drained = move || async move {
+        open.wait().await;
+        drains.wait().await;
+    };
     let in_time = tokio::select! {
-        () = &mut drained => true,
+        () = drained() => true,
         () = tokio::time::sleep(drain) => false,
     };
     if in_time {
@@ -244,7 +249,7 @@ pub async fn serve(app: App, listener: TcpListener, stop: CancellationToken, tas
         // streams included, are cut with their connections.
         app.state().recorder.cut_at_shutdown();
         app.state().end_drain();
-        let answered = tokio::time::timeout(ANSWER_AT_DRAIN_END, &mut drained)
+        let answered = tokio::time::timeout(ANSWER_AT_DRAIN_END, drained())
             .await
             .is_ok();
         tracing::warn!(
@@ -254,10 +259,12 @@ pub async fn serve(app: App, listener: TcpListener, stop: CancellationToken, tas
         );
         cut.cancel();
     }
-    // Connection tasks end at once now (drained, or cut); background loops watch `stop`.
+    // Connection tasks end at once now (drained, or cut); background loops watch `stop`. From
+    // here on a request dropped (a shadow stopped) is cancelled, not drained.
+    app.state().drains().close();
     tasks.close();
     let ended = async {
-        drained.await;
+        drained().await;
         tasks.wait().await;
     };
     if tokio::time::timeout(Duration::from_secs(1), ended)

@@ -201,6 +201,7 @@ impl FakeEngine {
         let tasks = TaskTracker::new();
         let mut keep_alive = Vec::new();
         let accepted = Arc::new(AtomicU64::new(0));
+        let seen = Arc::new(AtomicU64::new(0));
         let serving = Arc::new(std::sync::Mutex::new(Serving {
             model_path: self.config.model_path.clone(),
             build_info: self.config.build_info.clone(),
@@ -237,6 +238,7 @@ impl FakeEngine {
                     config: self.config.clone(),
                     serving: serving.clone(),
                     accepted: accepted.clone(),
+                    seen: seen.clone(),
                     started: Instant::now(),
                     events: events_tx,
                     requests: Mutex::new(0),
@@ -248,6 +250,7 @@ impl FakeEngine {
         Ok(FakeEngineHandle {
             addr: local,
             accepted,
+            seen,
             serving,
             events: events_rx,
             stop,
@@ -267,6 +270,7 @@ async fn hold(listener: TcpListener, conns: Vec<TcpStream>, stop: CancellationTo
 pub struct FakeEngineHandle {
     pub addr: SocketAddr,
     accepted: Arc<AtomicU64>,
+    seen: Arc<AtomicU64>,
     serving: Arc<std::sync::Mutex<Serving>>,
     events: mpsc::UnboundedReceiver<Event>,
     stop: CancellationToken,
@@ -297,6 +301,12 @@ impl FakeEngineHandle {
     /// Connections accepted so far.
     pub fn connections(&self) -> u64 {
         self.accepted.load(Ordering::Relaxed)
+    }
+
+    /// Completion requests received so far (each is also an [`Event::Request`]); readable
+    /// whether or not the events are kept.
+    pub fn requests_seen(&self) -> u64 {
+        self.seen.load(Ordering::Relaxed)
     }
 
     /// Stops keeping events. Every request, chunk and ending is an event, held until read: an

@@ -35,6 +35,8 @@ pub(super) struct Shared {
     pub(super) config: FakeEngineConfig,
     pub(super) serving: Arc<std::sync::Mutex<Serving>>,
     pub(super) accepted: Arc<AtomicU64>,
+    /// Completion requests received so far.
+    pub(super) seen: Arc<AtomicU64>,
     pub(super) started: Instant,
     pub(super) events: mpsc::UnboundedSender<Event>,
     pub(super) requests: Mutex<u64>,
@@ -186,6 +188,7 @@ async fn route(shared: Arc<Shared>, req: Request<Incoming>) -> Response<FakeBody
                     )
                 }
             };
+            shared.seen.fetch_add(1, Ordering::Relaxed);
             let _ = shared.events.send(Event::Request {
                 path: path.clone(),
                 body: body.clone(),

@@ -8,8 +8,9 @@
 //! `data: [DONE]` the proxy inserts one SSE comment, `: switchyard {...}`, with the phases, usage
 //! and output hash; clients that sent `TE: trailers` also get `server-timing` as an HTTP trailer.
 //!
-//! Dropping this body (the client left) drops the engine's response body with it, which closes
-//! the engine connection at once, and writes the request record as client-disconnected.
+//! Dropping this body (the client left) writes the request record as client-disconnected and
+//! drops the engine's response body with it, which closes the engine connection at once; or,
+//! when the backend drains, hands the engine's body, the record and the slot to its drain.
 
 use std::collections::VecDeque;
 use std::pin::Pin;
@@ -26,6 +27,7 @@ use switchyard_adapters::{EventKind, StreamFixState, StreamObserver};
 use switchyard_engine::{Backend, IdentityHeaders, UpstreamBody};
 use switchyard_record::{between, Source, TokenPhase};
 
+use super::drain::{Drain, Handoff};
 use super::Held;
 use crate::http::body::{BoxError, StreamBody};
 use crate::http::error::sse_event;
@@ -66,6 +68,9 @@ pub(crate) struct ObservedStream<B = UpstreamBody> {
     /// The admission slot and the in-flight mark, held until the engine's stream ends or the
     /// client leaves.
     holding: Option<Held>,
+    /// Where the engine's stream goes when the client leaves before its end, when the backend
+    /// drains.
+    drain: Option<Handoff<B>>,
 }
 
 impl<B> ObservedStream<B> {
@@ -89,6 +94,7 @@ impl<B> ObservedStream<B> {
             comment_sent: false,
             upstream_error: None,
             holding: None,
+            drain: None,
             fix_state: StreamFixState::default(),
             observed_unchanged: None,
             identity_checked: false,
@@ -99,6 +105,16 @@ impl<B> ObservedStream<B> {
     /// Keeps the admission slot and the in-flight mark until the stream is over.
     pub(crate) fn holding(mut self, held: Held) -> Self {
         self.holding = Some(held);
+        self
+    }
+
+    /// Hands the rest of the engine's stream to `drain` when the client leaves before its end.
+    pub(crate) fn draining(mut self, drain: Drain) -> Self
+    where
+        B: Body<Data = Bytes> + Send + Unpin + 'static,
+        B::Error: std::fmt::Display,
+    {
+        self.drain = Some(drain.handoff());
         self
     }
 
@@ -385,6 +401,13 @@ impl<B> Drop for ObservedStream<B> {
                 .phases
                 .ttft
                 .get_or_insert(between(record.received, first));
+        }
+        if let (Some(drain), Some(inner)) = (self.drain.take(), self.inner.take()) {
+            if let Some(record) = self.record.take() {
+                // The client left mid-stream: the engine finishes, off the client's task.
+                return drain.run(inner, record, self.holding.take());
+            }
+            self.inner = Some(inner);
         }
         drop(self.record.take());
         drop(self.holding.take());
