@@ -38,6 +38,9 @@ pub struct Config {
     /// built in ([`crate::release::Plan::standard`]) unless a plan of that name is configured.
     #[serde(default)]
     pub plans: BTreeMap<String, crate::release::Plan>,
+    /// Swap groups of managed engines, by name: members never run at once.
+    #[serde(default)]
+    pub swap_groups: BTreeMap<String, crate::launch::SwapGroupConfig>,
 }
 
 impl Config {

@@ -46,6 +46,27 @@ pub struct LaunchConfig {
     pub max_crashes: u32,
     #[serde(default = "default_crash_window_ms")]
     pub crash_window_ms: u64,
+    /// Swap groups (`[swap_groups.NAME]`) this engine belongs to: no two members of a group
+    /// run at once.
+    #[serde(default)]
+    pub groups: Vec<String>,
+    /// Never made to yield its swap groups to another member (an idle unload still applies).
+    #[serde(default)]
+    pub pinned: bool,
+}
+
+/// `[swap_groups.NAME]`: how the members of one swap group take turns.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct SwapGroupConfig {
+    /// The longest requests for a stopped member defer to the running member's traffic before
+    /// it is made to yield (it yields at once when it has nothing to do).
+    #[serde(default = "default_max_wait_ms")]
+    pub max_wait_ms: u64,
+}
+
+fn default_max_wait_ms() -> u64 {
+    5_000
 }
 
 fn default_stop_grace_ms() -> u64 {

@@ -14,6 +14,6 @@ pub use config::{
     AdminConfig, BackendConfig, Config, DeclaredRelease, EngineKind, LedgerConfig, LogFormat,
     ModelConfig, OnClientDisconnect, ServerConfig, ShadowConfig, ShadowWhen, TelemetryConfig,
 };
-pub use launch::{LaunchConfig, StartMode};
+pub use launch::{LaunchConfig, StartMode, SwapGroupConfig};
 pub use routing::{Route, RoutingTable, ShadowRoute};
 pub use validate::{validate, Problem};

@@ -255,3 +255,59 @@ env = {{ HF_HOME = {json.dumps(str(hf_home))}, HF_HUB_OFFLINE = "1" }}
         assert first.headers["x-switchyard-engine"].startswith("mlx/"), first.headers
         # Before the engine counted as ready it had generated one token: its build is known.
         assert "unknown" not in first.headers["x-switchyard-engine"], first.headers
+
+
+def engine_pids(port: int) -> list[int]:
+    """The live processes started with `--port PORT`: the engine of one backend, seen by the
+    operating system rather than by Switchyard."""
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        with contextlib.suppress(OSError):
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+            if b"--port" in argv and argv[argv.index(b"--port") + 1 : argv.index(b"--port") + 2] == [str(port).encode()]:
+                if alive(int(entry.name)):
+                    pids.append(int(entry.name))
+    return pids
+
+
+def test_two_engines_in_one_swap_group_never_run_together(tmp_path: Path) -> None:
+    """50 requests alternating between two models from 4 clients, each model on its own
+    llama-server in one swap group: after every answer, the operating system never shows both
+    engines alive; every request is answered; the group changes hands far less often than the
+    traffic alternates, because waiting requests are served in runs."""
+    import concurrent.futures
+
+    ports = {"a": free_port(), "b": free_port()}
+    backends = "\n".join(
+        llama_backend(name, extra='groups = ["gpu"]').replace(
+            f'engine = "llama.cpp"\nartifact', f'engine = "llama.cpp"\nurl = "http://127.0.0.1:{ports[name]}"\nartifact', 1
+        )
+        for name in ports
+    )
+    backends += '\n[swap_groups.gpu]\nmax_wait_ms = 2000\n\n[models.model-b]\nprimary = "b"\n'
+    with managed_switchyard(tmp_path, backends, "a") as s:
+        both_alive: list[tuple[list[int], list[int]]] = []
+
+        def client(n: int) -> list[int]:
+            codes = []
+            with httpx.Client(timeout=REQUEST_TIMEOUT_S, trust_env=False) as http:
+                for i in range(n, 50, 4):
+                    model = "smollm2" if i % 2 == 0 else "model-b"
+                    r = http.post(f"{s.url}/v1/chat/completions", json={**CHAT, "model": model, "max_tokens": 4})
+                    codes.append(r.status_code)
+                    a, b = engine_pids(ports["a"]), engine_pids(ports["b"])
+                    if a and b:
+                        both_alive.append((a, b))
+            return codes
+
+        with concurrent.futures.ThreadPoolExecutor(4) as pool:
+            codes = [c for result in pool.map(client, range(4)) for c in result]
+        assert len(codes) == 50 and set(codes) == {200}, codes
+        assert not both_alive, f"both engines alive at once: {both_alive}"
+        view = s.http.get(f"{s.admin}/admin/backends").json()
+        swaps = view["swap_groups"]["gpu"]["swaps"]
+        starts = view["backends"]["a"]["managed"]["starts"] + view["backends"]["b"]["managed"]["starts"]
+        print(f"swap group: 50 alternating requests, {swaps} swaps, {starts} engine starts")
+        assert 1 <= swaps < 25, view["swap_groups"]

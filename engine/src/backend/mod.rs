@@ -117,6 +117,7 @@ impl Backend {
         let headers = compute_headers(&name, &config, adapter.as_ref(), &state);
         let managed = config.launch.as_ref().map(|launch| {
             Arc::new(Managed::new(
+                name.clone(),
                 launch.clone(),
                 authority.port_u16().unwrap_or(80),
                 config.artifact.clone(),

@@ -8,6 +8,7 @@
 //! for the start it asks for (its `load` phase); a start whose waiting callers have all left is
 //! cancelled.
 
+pub mod group;
 pub(crate) mod owner;
 pub(crate) mod process;
 #[cfg(test)]
@@ -39,6 +40,15 @@ pub enum Phase {
 }
 
 impl Phase {
+    pub const ALL: [Phase; 6] = [
+        Self::Stopped,
+        Self::Starting,
+        Self::Ready,
+        Self::Stopping,
+        Self::Backoff,
+        Self::Failed,
+    ];
+
     pub fn as_str(self) -> &'static str {
         match self {
             Self::Stopped => "stopped",
@@ -88,6 +98,8 @@ pub enum Refused {
 #[derive(Debug)]
 pub struct Managed {
     pub config: LaunchConfig,
+    /// The backend's name.
+    pub backend: Arc<str>,
     /// The loopback port the engine is told to listen on.
     pub port: u16,
     pub(crate) artifact: Option<PathBuf>,
@@ -103,22 +115,40 @@ pub(crate) struct Inner {
     pub(crate) phase: Phase,
     pub(crate) in_flight: usize,
     pub(crate) waiting: usize,
+    /// Since when requests have been waiting (while `waiting > 0`).
+    pub(crate) waiting_since: Option<Instant>,
     pub(crate) last_end: Instant,
     pub(crate) restart: bool,
     /// Switchyard stops or the backend was removed: no request takes the engine any more.
     pub(crate) closing: bool,
 }
 
+impl Inner {
+    fn stop_waiting(&mut self) {
+        self.waiting -= 1;
+        if self.waiting == 0 {
+            self.waiting_since = None;
+        }
+    }
+}
+
 impl Managed {
-    pub fn new(config: LaunchConfig, port: u16, artifact: Option<PathBuf>) -> Self {
+    pub fn new(
+        backend: Arc<str>,
+        config: LaunchConfig,
+        port: u16,
+        artifact: Option<PathBuf>,
+    ) -> Self {
         Self {
             config,
+            backend,
             port,
             artifact,
             inner: Mutex::new(Inner {
                 phase: Phase::Stopped,
                 in_flight: 0,
                 waiting: 0,
+                waiting_since: None,
                 last_end: Instant::now(),
                 restart: false,
                 closing: false,
@@ -208,7 +238,7 @@ impl Managed {
                     Phase::Ready if !inner.restart => {
                         inner.in_flight += 1;
                         let waited = waiter.take().map(|mut w| {
-                            inner.waiting -= 1;
+                            inner.stop_waiting();
                             w.armed = false;
                             since.elapsed()
                         });
@@ -227,6 +257,7 @@ impl Managed {
                     _ => {
                         if waiter.is_none() {
                             inner.waiting += 1;
+                            inner.waiting_since.get_or_insert_with(Instant::now);
                             waiter = Some(Waiter {
                                 managed: self.clone(),
                                 armed: true,
@@ -282,7 +313,7 @@ struct Waiter {
 impl Drop for Waiter {
     fn drop(&mut self) {
         if self.armed {
-            self.managed.lock().waiting -= 1;
+            self.managed.lock().stop_waiting();
             self.managed.wake.notify_one();
         }
     }

@@ -11,6 +11,7 @@ use switchyard_adapters::{EngineReport, Health};
 use switchyard_policy::StartMode;
 use tokio_util::sync::CancellationToken;
 
+use super::group::Group;
 use super::process::{self, PidRecord, Process};
 use super::{Managed, Phase};
 use crate::{Backend, Digest, Upstream};
@@ -42,7 +43,10 @@ pub async fn run(
     stop: CancellationToken,
     pid_file: Option<PathBuf>,
     drain: Duration,
+    mut groups: Vec<Arc<Group>>,
 ) {
+    // Claimed in one order by every member: two members never wait on each other.
+    groups.sort_by(|a, b| a.name.cmp(&b.name));
     let Some(managed) = backend.managed.clone() else {
         return;
     };
@@ -60,6 +64,7 @@ pub async fn run(
         pid_file,
         drain,
         crashes: VecDeque::new(),
+        groups,
     };
     let managed = owner.managed.clone();
     owner.run().await;
@@ -78,6 +83,8 @@ struct Owner {
     drain: Duration,
     /// When each recent crash happened, oldest first (those within the window).
     crashes: VecDeque<Instant>,
+    /// The swap groups this engine belongs to, by name.
+    groups: Vec<Arc<Group>>,
 }
 
 impl Owner {
@@ -140,6 +147,9 @@ impl Owner {
         &mut self,
         for_requests: bool,
     ) -> Result<(Process, EngineReport, Duration), Ended> {
+        if !self.claim_groups(for_requests).await? {
+            return Err(Ended::Stopped);
+        }
         let argv = self.managed.argv();
         let started = Instant::now();
         let mut process = match process::spawn(
@@ -150,10 +160,11 @@ impl Owner {
         ) {
             Ok(p) => p,
             Err(e) => {
+                self.release_groups();
                 return Err(Ended::Crashed(format!(
                     "could not start `{}`: {e}",
                     argv[0]
-                )))
+                )));
             }
         };
         let pid = process.pid;
@@ -240,12 +251,18 @@ impl Owner {
             .map(Duration::from_millis);
         let resident = Duration::from_millis(self.managed.config.min_resident_ms);
         loop {
-            let (restart, unload_at) = {
+            let yield_by = self.yield_deadline();
+            let (restart, unload_at, yield_at) = {
                 let inner = self.managed.lock();
+                let unused = inner.in_flight == 0 && inner.waiting == 0;
                 let unload_at = idle
-                    .filter(|_| inner.in_flight == 0 && inner.waiting == 0)
+                    .filter(|_| unused)
                     .map(|idle| (inner.last_end + idle).max(ready_at + resident));
-                (inner.restart, unload_at)
+                // Another member of a swap group waits: yield once idle, or at its deadline.
+                let yield_at = yield_by
+                    .map(|by| if unused { Instant::now() } else { by })
+                    .map(|at| at.max(ready_at + resident));
+                (inner.restart, unload_at, yield_at)
             };
             if restart {
                 tracing::info!(backend = %self.backend.name, "restart asked for: stopping the engine");
@@ -253,8 +270,12 @@ impl Owner {
                 self.managed.restart();
                 return Ended::Stopped;
             }
+            let wake_at = match (unload_at, yield_at) {
+                (Some(a), Some(b)) => Some(a.min(b)),
+                (a, b) => a.or(b),
+            };
             let sleep = async {
-                match unload_at {
+                match wake_at {
                     Some(at) => tokio::time::sleep_until(at.into()).await,
                     None => std::future::pending().await,
                 }
@@ -267,6 +288,23 @@ impl Owner {
                 }
                 () = self.managed.wake.notified() => {}
                 () = sleep => {
+                    if yield_at.is_some_and(|at| Instant::now() >= at) {
+                        if self.yield_deadline().is_none() {
+                            // The member that waited left meanwhile.
+                            continue;
+                        }
+                        let groups = self.contended_groups();
+                        {
+                            let mut inner = self.managed.lock();
+                            // Under the lock: from here new requests wait for the next start.
+                            self.managed.publish(&mut inner, Phase::Stopping, |_| {});
+                        }
+                        tracing::info!(backend = %self.backend.name, pid = process.pid, groups = %groups, "yielding to another member of its swap group: finishing the requests in flight, then stopping");
+                        self.finish_in_flight().await;
+                        self.halt(&mut process).await;
+                        self.stopped(&format!("stopped: yielded swap group {groups} to another member; starts again on the next request"));
+                        return Ended::Stopped;
+                    }
                     let unload = {
                         let mut inner = self.managed.lock();
                         let idle_now =
@@ -360,6 +398,14 @@ impl Owner {
             inner.closing = true;
             self.managed.publish(&mut inner, Phase::Stopping, |_| {});
         }
+        self.finish_in_flight().await;
+        self.halt(process).await;
+        self.stopped("stopped: Switchyard stops, or a reload removed or changed the backend");
+    }
+
+    /// Waits (for at most `drain`) until no request holds the engine; new ones are kept out by
+    /// the phase the caller set.
+    async fn finish_in_flight(&self) {
         let deadline = Instant::now() + self.drain;
         loop {
             let in_flight = self.managed.lock().in_flight;
@@ -371,22 +417,96 @@ impl Owner {
                 () = tokio::time::sleep_until(deadline.into()) => {}
             }
         }
-        self.halt(process).await;
-        self.stopped("stopped: Switchyard stops, or a reload removed or changed the backend");
     }
 
-    /// SIGTERM, grace, SIGKILL; the pid file goes with the process.
+    /// SIGTERM, grace, SIGKILL; the pid file goes with the process, and the swap groups pass
+    /// on once it is gone.
     async fn halt(&mut self, process: &mut Process) {
         let grace = Duration::from_millis(self.managed.config.stop_grace_ms);
         let how = process::stop(process, grace).await;
         tracing::info!(backend = %self.backend.name, pid = process.pid, exit = %how, "engine stopped");
         self.remove_pid_file();
+        self.release_groups();
     }
 
     /// The process exited by itself: whatever it left in its group goes too.
     async fn forget(&mut self, process: &Process) {
         process::reap_group(process.pid).await;
         self.remove_pid_file();
+        self.release_groups();
+    }
+
+    /// Holds every swap group of the engine before it starts; `Ok(false)` when the requests
+    /// the start was for all left while it waited (it is then not started).
+    async fn claim_groups(&mut self, for_requests: bool) -> Result<bool, Ended> {
+        for n in 0..self.groups.len() {
+            let group = self.groups[n].clone();
+            let since = self
+                .managed
+                .lock()
+                .waiting_since
+                .unwrap_or_else(Instant::now);
+            if group
+                .holder()
+                .is_some_and(|h| !Arc::ptr_eq(&h, &self.managed))
+            {
+                self.set_health(Health::Loading(format!(
+                    "waiting for its swap group `{}`, which another engine holds",
+                    group.name
+                )));
+            }
+            let claim = group.claim(&self.managed, since);
+            tokio::pin!(claim);
+            loop {
+                tokio::select! {
+                    () = &mut claim => break,
+                    () = self.stop.cancelled() => {
+                        self.release_groups();
+                        return Err(Ended::Shutdown);
+                    }
+                    () = self.managed.wake.notified(), if for_requests => {
+                        let abandoned = {
+                            let inner = self.managed.lock();
+                            inner.waiting == 0 && inner.in_flight == 0 && !inner.restart
+                        };
+                        if abandoned {
+                            self.release_groups();
+                            self.stopped("stopped: every request waiting for it left while it waited for its swap group");
+                            return Ok(false);
+                        }
+                    }
+                }
+            }
+        }
+        Ok(true)
+    }
+
+    fn release_groups(&self) {
+        for group in &self.groups {
+            group.release(&self.managed);
+        }
+    }
+
+    /// When this engine must yield its swap groups at the latest, if another member waits; a
+    /// pinned engine never yields.
+    fn yield_deadline(&self) -> Option<Instant> {
+        if self.managed.config.pinned {
+            return None;
+        }
+        self.groups
+            .iter()
+            .filter_map(|g| g.yield_deadline(&self.managed))
+            .min()
+    }
+
+    /// The groups another member waits for, for the log.
+    fn contended_groups(&self) -> String {
+        self.groups
+            .iter()
+            .filter(|g| g.yield_deadline(&self.managed).is_some())
+            .map(|g| format!("`{}`", g.name))
+            .collect::<Vec<_>>()
+            .join(", ")
     }
 
     fn remove_pid_file(&self) {

@@ -10,7 +10,7 @@ fn managed() -> Arc<Managed> {
     let config = toml_launch(
         "command = [\"engine\", \"--port\", \"${port}\"]\nload_timeout_ms = 200\nstop_grace_ms = 1",
     );
-    Arc::new(Managed::new(config, 4321, None))
+    Arc::new(Managed::new(Arc::from("llama"), config, 4321, None))
 }
 
 fn toml_launch(text: &str) -> switchyard_policy::LaunchConfig {

@@ -111,6 +111,19 @@ pub(super) struct DecisionLabels {
     pub(super) decision: &'static str,
 }
 
+/// `switchyard_engine_state` and the managed engines' other series: one backend's engine.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+pub(super) struct EngineLabels {
+    pub(super) backend: String,
+}
+
+/// `switchyard_engine_state`: the phase of a managed engine.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+pub(super) struct EngineStateLabels {
+    pub(super) backend: String,
+    pub(super) state: &'static str,
+}
+
 /// A histogram family whose children all have the same buckets.
 pub(super) type Histograms<L> = Family<L, Histogram, fn() -> Histogram>;
 
@@ -147,6 +160,10 @@ pub(super) struct Families {
     pub(super) release_weight: Family<ReleaseLabels, Gauge>,
     pub(super) release_state: Family<StateLabels, Gauge>,
     pub(super) release_decisions: Family<DecisionLabels, Counter>,
+    pub(super) engine_state: Family<EngineStateLabels, Gauge>,
+    pub(super) engine_starts: Family<EngineLabels, Counter>,
+    pub(super) engine_crashes: Family<EngineLabels, Counter>,
+    pub(super) engine_load: Family<EngineLabels, Gauge<f64, std::sync::atomic::AtomicU64>>,
 }
 
 impl Families {
@@ -175,6 +192,10 @@ impl Families {
             release_weight: Family::default(),
             release_state: Family::default(),
             release_decisions: Family::default(),
+            engine_state: Family::default(),
+            engine_starts: Family::default(),
+            engine_crashes: Family::default(),
+            engine_load: Family::default(),
         };
         let f = &families;
         registry.register(
@@ -291,6 +312,26 @@ impl Families {
             "switchyard_release_decisions",
             "Canary release decisions that moved a release or changed what it waits for: advance, hold, hold-for-person, abort, supersede",
             f.release_decisions.clone(),
+        );
+        registry.register(
+            "switchyard_engine_state",
+            "1 for the phase of an engine Switchyard runs (stopped, starting, ready, stopping, backoff, failed), 0 for the others",
+            f.engine_state.clone(),
+        );
+        registry.register(
+            "switchyard_engine_starts",
+            "Processes of an engine Switchyard runs that it spawned",
+            f.engine_starts.clone(),
+        );
+        registry.register(
+            "switchyard_engine_crashes",
+            "Unexpected exits and failed starts of an engine Switchyard runs",
+            f.engine_crashes.clone(),
+        );
+        registry.register(
+            "switchyard_engine_load_seconds",
+            "The last start of an engine Switchyard runs, from spawning to ready",
+            f.engine_load.clone(),
         );
         families
     }

@@ -335,6 +335,44 @@ impl Metrics {
             .inc();
     }
 
+    /// Sets a managed engine's phase (1 for `state`, 0 for the others in `states`), counts
+    /// `starts` and `crashes` more, and sets its last load time.
+    pub fn engine_status(
+        &self,
+        backend: &str,
+        states: &[&'static str],
+        state: &str,
+        (starts, crashes): (u64, u64),
+        last_load: Option<f64>,
+    ) {
+        for known in states {
+            self.families
+                .engine_state
+                .get_or_create(&families::EngineStateLabels {
+                    backend: backend.to_owned(),
+                    state: known,
+                })
+                .set(i64::from(*known == state));
+        }
+        let labels = families::EngineLabels {
+            backend: backend.to_owned(),
+        };
+        self.families
+            .engine_starts
+            .get_or_create(&labels)
+            .inc_by(starts);
+        self.families
+            .engine_crashes
+            .get_or_create(&labels)
+            .inc_by(crashes);
+        if let Some(seconds) = last_load {
+            self.families
+                .engine_load
+                .get_or_create(&labels)
+                .set(seconds);
+        }
+    }
+
     /// Counts a connection closed because its client sent nothing within the idle timeout.
     pub fn idle_connection_closed(&self) {
         self.families.idle_closed.inc();

@@ -146,6 +146,14 @@ pub fn validate(config: &Config) -> Vec<Problem> {
         }
     }
 
+    for (name, group) in &config.swap_groups {
+        if group.max_wait_ms == 0 {
+            problems.push(Problem::new(
+                format!("swap_groups.{name}.max_wait_ms"),
+                "must be at least 1 millisecond",
+            ));
+        }
+    }
     if config.backends.is_empty() {
         problems.push(Problem::new("backends", "no backend is configured"));
     }
@@ -160,6 +168,14 @@ pub fn validate(config: &Config) -> Vec<Problem> {
         if let Some(launch) = &backend.launch {
             for (key, message) in launch.problems(backend.artifact.is_some()) {
                 problems.push(Problem::new(format!("{at}.launch.{key}"), message));
+            }
+            for (i, group) in launch.groups.iter().enumerate() {
+                if !config.swap_groups.contains_key(group) {
+                    problems.push(Problem::new(
+                        format!("{at}.launch.groups[{i}]"),
+                        format!("no swap group named \"{group}\" in [swap_groups]"),
+                    ));
+                }
             }
         }
         if backend.url.is_empty() && backend.launch.is_some() {

@@ -45,7 +45,7 @@ pub(super) fn backends(state: &AppState) -> Value {
         }
         backends.insert(name.to_string(), status);
     }
-    json!({"config_digest": &*snapshot.digest, "backends": backends})
+    json!({"config_digest": &*snapshot.digest, "backends": backends, "swap_groups": state.swap_groups()})
 }
 
 /// `POST /admin/backends/{name}/restart`: a managed engine is started afresh — a quarantined

@@ -6,6 +6,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
+use switchyard_engine::managed::Phase;
 use switchyard_engine::Backend;
 use switchyard_policy::ServerConfig;
 use tokio_util::sync::CancellationToken;
@@ -30,13 +31,58 @@ pub(super) fn own(state: &Arc<AppState>, backend: &Arc<Backend>, stop: Cancellat
         }
     };
     tracing::info!(backend = %backend.name, port = managed.port, start = ?managed.config.start, "managing the engine's process");
+    state
+        .engines
+        .spawn(metrics(state.clone(), backend.clone(), stop.clone()));
+    let groups = managed
+        .config
+        .groups
+        .iter()
+        .map(|name| {
+            let max_wait = config
+                .swap_groups
+                .get(name)
+                .map_or(Duration::from_secs(5), |g| {
+                    Duration::from_millis(g.max_wait_ms)
+                });
+            state.swap_group(name, max_wait)
+        })
+        .collect();
     state.engines.spawn(switchyard_engine::managed::run(
         backend.clone(),
         state.shared.upstream.clone(),
         stop,
         pid_file,
         Duration::from_millis(config.server.drain_timeout_ms),
+        groups,
     ));
+}
+
+/// Keeps the engine's series in `/metrics` in step with its status until its owner ends.
+async fn metrics(state: Arc<AppState>, backend: Arc<Backend>, stop: CancellationToken) {
+    let Some(managed) = &backend.managed else {
+        return;
+    };
+    let states = Phase::ALL.map(Phase::as_str);
+    let mut changes = managed.watch();
+    let (mut starts, mut crashes) = (0, 0);
+    loop {
+        {
+            let status = changes.borrow_and_update();
+            state.recorder.metrics.engine_status(
+                &backend.name,
+                &states,
+                status.phase.as_str(),
+                (status.starts - starts, status.crashes - crashes),
+                status.last_load.map(|d| d.as_secs_f64()),
+            );
+            (starts, crashes) = (status.starts, status.crashes);
+        }
+        tokio::select! {
+            changed = changes.changed() => if changed.is_err() { return },
+            () = stop.cancelled() => return,
+        }
+    }
 }
 
 /// Waits until every managed engine has stopped (their owners stop them once their requests

@@ -14,6 +14,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, SystemTime};
 
 use switchyard_adapters::fingerprint::DigestCache;
+use switchyard_engine::managed::group::Group;
 use switchyard_engine::{Backend, Upstream};
 use switchyard_policy::Config;
 use tokio_util::sync::CancellationToken;
@@ -57,6 +58,9 @@ pub struct AppState {
     pub(crate) releases: releases::Releases,
     /// The owners of the engines Switchyard runs (`launch`), awaited at shutdown.
     engines: TaskTracker,
+    /// Swap groups by name, kept across reloads: the members of one configuration and of the
+    /// next take turns in the same group.
+    swap_groups: Mutex<std::collections::BTreeMap<String, Arc<Group>>>,
 }
 
 /// The background work of a running application, kept so that a reload can start the probes
@@ -194,6 +198,41 @@ impl AppState {
                 admission.close();
             }
         }
+    }
+
+    /// The swap group `name`, created on first use; its settings are `max_wait`'s from now on.
+    pub(crate) fn swap_group(&self, name: &str, max_wait: Duration) -> Arc<Group> {
+        let mut groups = self
+            .swap_groups
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        let group = groups
+            .entry(name.to_owned())
+            .or_insert_with(|| Arc::new(Group::new(name, max_wait)));
+        group.configure(max_wait);
+        group.clone()
+    }
+
+    /// Every swap group in use, with its holder and how often it changed hands.
+    pub fn swap_groups(&self) -> serde_json::Value {
+        let groups = self
+            .swap_groups
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        groups
+            .iter()
+            .map(|(name, g)| {
+                (
+                    name.clone(),
+                    serde_json::json!({
+                        "holder": g.holder().map(|m| m.backend.to_string()),
+                        "swaps": g.swaps(),
+                        "max_wait_ms": g.max_wait().as_millis() as u64,
+                    }),
+                )
+            })
+            .collect::<serde_json::Map<_, _>>()
+            .into()
     }
 
     /// Waits until the engines Switchyard runs have stopped; called last at shutdown, once
@@ -337,6 +376,7 @@ impl App {
                 background: Background::default(),
                 releases,
                 engines: TaskTracker::new(),
+                swap_groups: Mutex::default(),
             }),
         })
     }

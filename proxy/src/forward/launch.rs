@@ -70,6 +70,22 @@ where
         let clone = self.inner.clone();
         let mut inner = std::mem::replace(&mut self.inner, clone);
         let backend = self.backend.name.clone();
+        if matches!(attempt.variant, "shadow" | "probe")
+            && managed.status().phase != switchyard_engine::managed::Phase::Ready
+        {
+            // A copy or a golden probe never starts (or evicts) an engine.
+            let attempt_variant = attempt.variant;
+            let failed = attempt.fail(ProxyError::EngineUnavailable {
+                backend: backend.to_string(),
+                why: format!(
+                    "its engine is {}, and a {} never starts one",
+                    managed.status().phase.as_str(),
+                    attempt_variant
+                ),
+                code: "engine_not_running",
+            });
+            return Either::Right(Box::pin(async move { Err(failed) }));
+        }
         Either::Right(Box::pin(async move {
             let asked = Instant::now();
             match managed.lease().await {

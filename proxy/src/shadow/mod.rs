@@ -148,6 +148,8 @@ impl Shadowing {
             Some(Skip::Embeddings)
         } else if self.stop.is_cancelled() {
             Some(Skip::ShuttingDown)
+        } else if run::not_running(&plan.target.backend) {
+            Some(Skip::EngineNotRunning)
         } else {
             None
         };

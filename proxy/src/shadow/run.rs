@@ -61,6 +61,9 @@ impl Ticket {
                 // The pool is asked before anything of the primary is copied: with a candidate
                 // slower than the traffic, most sampled requests end here, and a skip must cost
                 // next to nothing.
+                if not_running(&plan.target.backend) {
+                    return plan.skipped(record, Skip::EngineNotRunning);
+                }
                 let Some(permit) = plan.pool.permit() else {
                     return plan.skipped(record, Skip::PoolFull);
                 };
@@ -95,6 +98,9 @@ pub(crate) enum Skip {
     ShuttingDown,
     /// Embeddings are not compared (outputs are compared as generated text).
     Embeddings,
+    /// The candidate is a managed engine that is not running: a shadow never starts (or, in a
+    /// swap group, evicts) an engine.
+    EngineNotRunning,
 }
 
 impl Skip {
@@ -104,6 +110,9 @@ impl Skip {
             Self::PoolFull => "pool full",
             Self::ShuttingDown => "shutting down",
             Self::Embeddings => "embeddings are not compared",
+            Self::EngineNotRunning => {
+                "the candidate's engine is not running, and a shadow never starts one"
+            }
         }
     }
 }
@@ -136,6 +145,14 @@ pub(crate) struct Candidate {
 pub(crate) struct Target {
     pub(crate) candidate: Candidate,
     pub(crate) pool: Arc<Pool>,
+}
+
+/// Whether `backend` is a managed engine that is not ready now.
+pub(crate) fn not_running(backend: &Backend) -> bool {
+    backend
+        .managed
+        .as_ref()
+        .is_some_and(|m| m.status().phase != switchyard_engine::managed::Phase::Ready)
 }
 
 /// A planned `after-primary` shadow and the request it copies.
@@ -175,8 +192,9 @@ impl Planned {
             Skip::PoolFull => self.pool.full.clone(),
             _ => format!("shadow skipped: {}", skip.why()).into(),
         };
-        // Only pool-full skips are counted in switchyard_shadow_skipped_total.
-        let pool_full = skip == Skip::PoolFull;
+        // Skips for want of room (a full pool, a candidate engine not running) are counted in
+        // switchyard_shadow_skipped_total.
+        let pool_full = matches!(skip, Skip::PoolFull | Skip::EngineNotRunning);
         let recorder = &shadowing.recorder;
         let skipped_so_far = recorder.metrics.observe_comparison(
             &self.model,
