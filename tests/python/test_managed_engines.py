@@ -161,6 +161,9 @@ def test_an_on_demand_llama_server_loads_on_the_first_request_and_unloads_when_i
         assert timing(third, "load") is not None, third.headers["server-timing"]
         again = s.backend("llama")["managed"]
         assert again["starts"] == 2 and again["pid"] != pid, again
+        metrics = s.http.get(f"{s.url}/metrics").text
+        for series in ('switchyard_engine_starts_total{backend="llama"} 2', 'switchyard_engine_state{backend="llama",state="ready"} 1', 'switchyard_engine_crashes_total{backend="llama"} 0'):
+            assert series in metrics, series
 
 
 def test_a_managed_engine_killed_mid_stream_fails_that_stream_and_comes_back(tmp_path: Path) -> None:

@@ -308,3 +308,39 @@ fn admission_and_drain_settings_are_checked() {
         ]
     );
 }
+
+#[test]
+fn managed_engine_problems_are_reported() {
+    let config = parse(
+        r#"
+        [backends.ok]
+        engine = "llama.cpp"
+        launch = { command = ["llama-server", "--port", "${port}"], groups = ["gpu"] }
+        [backends.remote]
+        engine = "llama.cpp"
+        url = "http://10.0.0.5:8081"
+        launch = { command = ["llama-server"] }
+        [backends.nourl]
+        engine = "llama.cpp"
+        [backends.typo]
+        engine = "llama.cpp"
+        launch = { command = ["x", "${prot}"], groups = ["gpus"], idle_unload_ms = 0 }
+        [swap_groups.gpu]
+        [models.m]
+        primary = "ok"
+    "#,
+    );
+    let problems: Vec<String> = validate(&config).iter().map(|p| p.path.clone()).collect();
+    assert_eq!(
+        problems,
+        [
+            "backends.nourl.url",
+            "backends.remote.url",
+            "backends.typo.launch.command[1]",
+            "backends.typo.launch.idle_unload_ms",
+            "backends.typo.launch.groups[0]",
+        ],
+        "{:?}",
+        validate(&config)
+    );
+}

@@ -1,0 +1,159 @@
+//! Managed engines against stand-ins whose behaviour is exact: a start that never becomes
+//! ready (its waiting client leaves), and a shadow whose candidate engine is not running.
+//! Real llama-server and mlx_lm.server as managed engines are in the Python suite
+//! (`tests/python/test_managed_engines.py`).
+
+#![allow(clippy::unwrap_used, clippy::expect_used)] // a failed unwrap is a failed test
+#![allow(clippy::disallowed_methods)] // tokio::spawn: the test's own clients, not server tasks
+
+use std::time::Duration;
+
+use serde_json::json;
+use switchyard_engine::managed::{Managed, Phase, Status};
+use switchyard_tests::fake_engine::FakeEngine;
+use switchyard_tests::harness::{start_switchyard, TestClient};
+
+/// Switchyard with model `smollm2` on `backend`, a managed engine that starts and never
+/// answers (`sleep` in place of a server), its pid files in `dir`.
+fn never_ready(dir: &std::path::Path) -> String {
+    format!(
+        r#"
+[server]
+listen = "127.0.0.1:0"
+state_dir = "{dir}"
+
+[backends.slow]
+engine = "llama.cpp"
+[backends.slow.launch]
+command = ["sleep", "30", "${{port}}"]
+stop_grace_ms = 2000
+
+[models.smollm2]
+primary = "slow"
+"#,
+        dir = dir.display()
+    )
+}
+
+/// Waits (on the engine's own status channel) until `check` holds.
+async fn status_until(managed: &Managed, check: impl Fn(&Status) -> bool) -> Status {
+    let mut changes = managed.watch();
+    let wait = async {
+        loop {
+            let status = changes.borrow_and_update().clone();
+            if check(&status) {
+                return status;
+            }
+            changes.changed().await.unwrap();
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(20), wait)
+        .await
+        .expect("the engine's status never got there")
+}
+
+fn alive(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
+        stat.rsplit_once(')')
+            .is_some_and(|(_, rest)| !rest.starts_with(" Z"))
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_start_whose_only_waiting_client_left_is_cancelled() {
+    let dir = tempfile::tempdir().unwrap();
+    let proxy = start_switchyard(&never_ready(dir.path())).await.unwrap();
+    let backend = proxy.state().backend("slow").unwrap();
+    let managed = backend.managed.clone().unwrap();
+    let url = format!("http://{}/v1/chat/completions", proxy.addr());
+    let client = tokio::spawn(async move {
+        TestClient::new()
+            .post_json(
+                &url,
+                &json!({"model": "smollm2", "messages": [{"role": "user", "content": "hi"}]}),
+            )
+            .await
+    });
+    let starting = status_until(&managed, |s| s.phase == Phase::Starting).await;
+    let pid = starting.pid.unwrap();
+    assert!(alive(pid));
+    assert_eq!(managed.load(), (0, 1), "one request waits for the start");
+    // The client leaves: nobody waits, and the start is cancelled.
+    client.abort();
+    let stopped = status_until(&managed, |s| s.phase == Phase::Stopped).await;
+    assert_eq!((stopped.starts, stopped.crashes), (1, 0), "{stopped:?}");
+    assert_eq!(managed.load(), (0, 0));
+    assert!(
+        !alive(pid),
+        "the cancelled start's process {pid} is still alive"
+    );
+    assert!(backend
+        .state()
+        .health()
+        .reason()
+        .unwrap()
+        .contains("its start was cancelled"));
+    proxy.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shadow_never_starts_a_managed_candidate() {
+    let dir = tempfile::tempdir().unwrap();
+    let main = FakeEngine::llama_cpp().spawn().await.unwrap();
+    let config = format!(
+        r#"
+[server]
+listen = "127.0.0.1:0"
+probe_interval_ms = 100
+state_dir = "{dir}"
+
+[backends.main]
+engine = "llama.cpp"
+url = "{url}"
+
+[backends.cand]
+engine = "llama.cpp"
+[backends.cand.launch]
+command = ["sleep", "30", "${{port}}"]
+
+[models.smollm2]
+primary = "main"
+shadow = {{ backend = "cand" }}
+"#,
+        dir = dir.path().display(),
+        url = main.url()
+    );
+    let proxy = start_switchyard(&config).await.unwrap();
+    let answer = TestClient::new()
+        .post_json(
+            &format!("http://{}/v1/chat/completions", proxy.addr()),
+            &json!({"model": "smollm2", "messages": [{"role": "user", "content": "hi"}]}),
+        )
+        .await
+        .unwrap();
+    assert_eq!(answer.status, 200);
+    let mut recorded = proxy.state().shadowing.recorded();
+    tokio::time::timeout(Duration::from_secs(10), recorded.wait_for(|n| *n == 1))
+        .await
+        .unwrap()
+        .unwrap();
+    let text = proxy.state().recorder.metrics.render();
+    assert!(
+        text.contains("switchyard_shadow_skipped_total{model=\"smollm2\",candidate=\"cand\"} 1\n"),
+        "{text}"
+    );
+    let managed = proxy
+        .state()
+        .backend("cand")
+        .unwrap()
+        .managed
+        .clone()
+        .unwrap();
+    let status = managed.status();
+    assert_eq!(
+        (status.phase, status.starts),
+        (Phase::Stopped, 0),
+        "{status:?}"
+    );
+    proxy.shutdown().await;
+}
