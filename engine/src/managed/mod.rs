@@ -214,6 +214,17 @@ impl Managed {
         self.wake.notify_one();
     }
 
+    /// Has a stopped engine started now, as if a request were waiting (for a command that needs
+    /// it ready before it sends anything, such as `switchyard compare`).
+    pub fn start_now(&self) {
+        let mut inner = self.lock();
+        if inner.phase == Phase::Stopped {
+            inner.restart = true;
+            drop(inner);
+            self.wake.notify_one();
+        }
+    }
+
     /// Waits until the engine is ready and holds it for one request. `Ok` carries the lease
     /// and, when the request had to wait for a start, how long it waited (its `load` phase).
     pub async fn lease(self: &Arc<Self>) -> Result<(Lease, Option<Duration>), Refused> {

@@ -247,6 +247,8 @@ pub async fn run(cli: Cli) -> anyhow::Result<i32> {
             if !state.flush_ledger().await {
                 tracing::warn!("the ledger did not finish writing within 5 s");
             }
+            // The engines it ran itself stop with it.
+            state.engines_stopped().await;
             let pairs = match result {
                 Ok(p) => p,
                 Err(e) => {

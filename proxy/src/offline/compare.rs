@@ -58,6 +58,10 @@ fn not_settled(state: &AppState, name: &str) -> Result<Option<String>, String> {
     let backend = state
         .backend(name)
         .ok_or_else(|| format!("no backend named `{name}`"))?;
+    if let Some(managed) = &backend.managed {
+        // Switchyard runs it: a comparison needs it up before the first request.
+        managed.start_now();
+    }
     let s = backend.state();
     let health = s.health();
     if !health.is_ready() {
