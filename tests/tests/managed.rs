@@ -157,3 +157,87 @@ shadow = {{ backend = "cand" }}
     );
     proxy.shutdown().await;
 }
+
+/// The fake engine as a managed engine's program, with `tokens` tokens per answer.
+fn fake_engine_config(dir: &std::path::Path, tokens: u32) -> String {
+    format!(
+        r#"
+[server]
+listen = "127.0.0.1:0"
+probe_interval_ms = 100
+state_dir = "{dir}"
+
+[backends.fake]
+engine = "llama.cpp"
+[backends.fake.launch]
+command = ["{bin}", "--listen", "127.0.0.1:${{port}}", "--tokens", "{tokens}"]
+
+[models.smollm2]
+primary = "fake"
+"#,
+        dir = dir.display(),
+        bin = env!("CARGO_BIN_EXE_fake-engine"),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reload_keeps_an_unchanged_managed_engine_and_replaces_a_changed_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("switchyard.toml");
+    std::fs::write(&path, fake_engine_config(dir.path(), 3)).unwrap();
+    let proxy = switchyard_tests::harness::start_switchyard_file(&path)
+        .await
+        .unwrap();
+    let url = format!("http://{}/v1/chat/completions", proxy.addr());
+    let body = json!({"model": "smollm2", "messages": [{"role": "user", "content": "hi"}]});
+    let first = TestClient::new().post_json(&url, &body).await.unwrap();
+    assert_eq!(first.status, 200, "{}", first.json());
+    assert!(first.header("server-timing").contains("load;dur="));
+    let old = proxy
+        .state()
+        .backend("fake")
+        .unwrap()
+        .managed
+        .clone()
+        .unwrap();
+    let old_pid = old.status().pid.unwrap();
+
+    // Nothing changed: the same engine goes on.
+    proxy.state().reload("test").await;
+    let kept = proxy
+        .state()
+        .backend("fake")
+        .unwrap()
+        .managed
+        .clone()
+        .unwrap();
+    assert!(std::sync::Arc::ptr_eq(&old, &kept));
+
+    // Its arguments changed: another engine (another identity), and the old one stops.
+    std::fs::write(&path, fake_engine_config(dir.path(), 4)).unwrap();
+    proxy.state().reload("test").await;
+    let new = proxy
+        .state()
+        .backend("fake")
+        .unwrap()
+        .managed
+        .clone()
+        .unwrap();
+    assert!(!std::sync::Arc::ptr_eq(&old, &new));
+    let second = TestClient::new().post_json(&url, &body).await.unwrap();
+    assert_eq!(second.status, 200, "{}", second.json());
+    assert!(second.header("server-timing").contains("load;dur="));
+    assert_ne!(
+        first.header("x-switchyard-engine"),
+        second.header("x-switchyard-engine"),
+        "the launch is part of the identity"
+    );
+    let stopped = status_until(&old, |s| s.phase == Phase::Stopped && s.pid.is_none()).await;
+    assert_eq!(stopped.starts, 1);
+    assert!(!alive(old_pid));
+    assert_ne!(new.status().pid, Some(old_pid));
+    proxy.shutdown().await;
+    // Shutdown stops the engine it ran.
+    let pid = new.status().pid;
+    assert!(pid.is_none_or(|p| !alive(p)), "{pid:?}");
+}

@@ -12,9 +12,14 @@ use switchyard_policy::StartMode;
 use tokio_util::sync::CancellationToken;
 
 use super::group::Group;
+mod groups;
+mod ready;
+
+use ready::check_ready;
+
 use super::process::{self, PidRecord, Process};
 use super::{Managed, Phase};
-use crate::{Backend, Digest, Upstream};
+use crate::{Backend, Upstream};
 
 /// How often a starting engine is asked whether it is ready.
 const READY_POLL: Duration = Duration::from_millis(25);
@@ -436,92 +441,19 @@ impl Owner {
         self.release_groups();
     }
 
-    /// Holds every swap group of the engine before it starts; `Ok(false)` when the requests
-    /// the start was for all left while it waited (it is then not started).
-    async fn claim_groups(&mut self, for_requests: bool) -> Result<bool, Ended> {
-        for n in 0..self.groups.len() {
-            let group = self.groups[n].clone();
-            let since = self
-                .managed
-                .lock()
-                .waiting_since
-                .unwrap_or_else(Instant::now);
-            if group
-                .holder()
-                .is_some_and(|h| !Arc::ptr_eq(&h, &self.managed))
-            {
-                self.set_health(Health::Loading(format!(
-                    "waiting for its swap group `{}`, which another engine holds",
-                    group.name
-                )));
-            }
-            let claim = group.claim(&self.managed, since);
-            tokio::pin!(claim);
-            loop {
-                tokio::select! {
-                    () = &mut claim => break,
-                    () = self.stop.cancelled() => {
-                        self.release_groups();
-                        return Err(Ended::Shutdown);
-                    }
-                    () = self.managed.wake.notified(), if for_requests => {
-                        let abandoned = {
-                            let inner = self.managed.lock();
-                            inner.waiting == 0 && inner.in_flight == 0 && !inner.restart
-                        };
-                        if abandoned {
-                            self.release_groups();
-                            self.stopped("stopped: every request waiting for it left while it waited for its swap group");
-                            return Ok(false);
-                        }
-                    }
-                }
-            }
-        }
-        Ok(true)
-    }
-
-    fn release_groups(&self) {
-        for group in &self.groups {
-            group.release(&self.managed);
-        }
-    }
-
-    /// When this engine must yield its swap groups at the latest, if another member waits; a
-    /// pinned engine never yields.
-    fn yield_deadline(&self) -> Option<Instant> {
-        if self.managed.config.pinned {
-            return None;
-        }
-        self.groups
-            .iter()
-            .filter_map(|g| g.yield_deadline(&self.managed))
-            .min()
-    }
-
-    /// The groups another member waits for, for the log.
-    fn contended_groups(&self) -> String {
-        self.groups
-            .iter()
-            .filter(|g| g.yield_deadline(&self.managed).is_some())
-            .map(|g| format!("`{}`", g.name))
-            .collect::<Vec<_>>()
-            .join(", ")
-    }
-
     fn remove_pid_file(&self) {
         if let Some(path) = &self.pid_file {
             let _ = std::fs::remove_file(path);
         }
     }
 
+    /// The engine is stopped: its health says why before the phase is published, so that
+    /// whoever sees the phase sees the reason too.
     fn stopped(&self, why: &str) {
-        {
-            let mut inner = self.managed.lock();
-            self.managed
-                .publish(&mut inner, Phase::Stopped, |s| s.pid = None);
-        }
         self.set_health(Health::Loading(why.to_owned()));
+        let mut inner = self.managed.lock();
+        self.managed
+            .publish(&mut inner, Phase::Stopped, |s| s.pid = None);
     }
 
     /// What routing, `/readyz` and the ledger see of the engine while it is not ready: the
@@ -539,56 +471,4 @@ impl Owner {
         report.health = health;
         self.backend.record_probe(report);
     }
-}
-
-/// Whether a starting engine is ready, by its adapter: llama.cpp's probes all answering (its
-/// `/health` says 200 only once the model is loaded), MLX's `/v1/models` listing the served
-/// model and a one-token generation succeeding, a generic engine's `ready_path` answering 200
-/// (else its probes). The report is the engine's first identity.
-async fn check_ready(backend: &Backend, upstream: &Upstream) -> Option<EngineReport> {
-    // Ready includes a known identity: the artifact and binary hashed (alongside the load).
-    let state = backend.state();
-    if matches!(state.artifact, Digest::Hashing) || matches!(state.binary, Digest::Hashing) {
-        return None;
-    }
-    drop(state);
-    if let Some(path) = backend
-        .managed
-        .as_ref()
-        .and_then(|m| m.config.ready_path.as_deref())
-    {
-        match upstream.probe(backend, path, READY_TIMEOUT).await {
-            switchyard_adapters::ProbeResult::Response { status: 200, .. } => {}
-            _ => return None,
-        }
-    }
-    let mut results = Vec::with_capacity(backend.adapter.probes().len());
-    for path in backend.adapter.probes() {
-        results.push(upstream.probe(backend, path, READY_TIMEOUT).await);
-    }
-    let report = backend.adapter.interpret(&results);
-    if !report.health.is_ready() {
-        return None;
-    }
-    let warm_up = report
-        .identity
-        .served_model
-        .as_deref()
-        .and_then(|served| backend.adapter.ready_request(served));
-    if let Some((path, body)) = warm_up {
-        let answer = upstream
-            .probe_with(
-                backend,
-                http::Method::POST,
-                path,
-                Some(body),
-                READY_TIMEOUT * 15,
-            )
-            .await;
-        let json = answer.ok_json()?;
-        if let Some(fp) = json.get("system_fingerprint").and_then(|v| v.as_str()) {
-            backend.observe_fingerprint(fp);
-        }
-    }
-    Some(report)
 }
