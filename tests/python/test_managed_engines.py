@@ -143,6 +143,7 @@ def test_an_on_demand_llama_server_loads_on_the_first_request_and_unloads_when_i
         assert load is not None and load > 0, first.headers["server-timing"]
         # The wait the request saw is the start the owner measured (spawn to ready).
         assert abs(load - managed["last_load_ms"]) < 50, (load, managed)
+        print(f"on-demand llama-server: load phase {load:.1f} ms, start to ready {managed['last_load_ms']:.1f} ms")
         assert first.headers["x-switchyard-artifact"] == "sha256:" + sha256_file(required_path("SMOLLM2_GGUF"))
         # A managed engine's identity names its launch (binary, arguments, environment).
         assert " launch=sha256:" in first.headers["x-switchyard-engine"], first.headers["x-switchyard-engine"]
