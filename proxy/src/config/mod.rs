@@ -2,6 +2,7 @@
 //! (`SWITCHYARD_SERVER__LISTEN=127.0.0.1:9000` sets `server.listen`), then one validation pass
 //! that reports every problem with its key path.
 
+mod paths;
 pub mod tokens;
 
 use std::fmt;
@@ -53,7 +54,9 @@ pub fn load(path: &Path) -> Result<Config, ConfigError> {
     let figment = Figment::new()
         .merge(Toml::file_exact(path))
         .merge(overrides());
-    from_figment(figment)
+    let mut config = from_figment(figment)?;
+    paths::resolve(&mut config, &paths::base_of(path));
+    Ok(config)
 }
 
 /// Loads the configuration at `path` as [`load`] does and also reports the identity files it
@@ -109,8 +112,8 @@ pub fn from_figment(figment: Figment) -> Result<Config, ConfigError> {
 /// The files a configuration names that are not there or do not read: each backend's
 /// `artifact` (a model file or folder) and `binary` (a file), and the admin tokens file. `serve` starts without them — the identity stays
 /// unknown, with an error in the log, and a backend with `require_verified_identity` answers
-/// 503 —, so `switchyard check` reports them before that happens. Paths are read as `serve`
-/// reads them: relative ones from the working directory.
+/// 503 —, so `switchyard check` reports them before that happens. Relative paths were already
+/// made absolute against the configuration file's folder by [`load`].
 pub fn missing_files(config: &Config) -> Vec<Problem> {
     let mut problems = Vec::new();
     for (name, backend) in &config.backends {
