@@ -206,7 +206,7 @@ fn every_value_problem(figment: &Figment, whole: figment::Error) -> Vec<Problem>
         read_part::<TelemetryConfig>(figment, "telemetry"),
     );
     read("admin".into(), read_part::<AdminConfig>(figment, "admin"));
-    for section in ["backends", "models", "plans"] {
+    for section in ["backends", "models", "plans", "swap_groups"] {
         let Ok(figment::value::Value::Dict(_, entries)) = figment.find_value(section) else {
             continue;
         };
@@ -217,7 +217,8 @@ fn every_value_problem(figment: &Figment, whole: figment::Error) -> Vec<Problem>
             let error = match section {
                 "backends" => read_part::<BackendConfig>(figment, &key),
                 "models" => read_part::<ModelConfig>(figment, &key),
-                _ => read_part::<switchyard_policy::release::Plan>(figment, &key),
+                "plans" => read_part::<switchyard_policy::release::Plan>(figment, &key),
+                _ => read_part::<switchyard_policy::SwapGroupConfig>(figment, &key),
             };
             read(key, error);
         }
@@ -265,6 +266,7 @@ struct Sections {
     backends: Option<serde::de::IgnoredAny>,
     models: Option<serde::de::IgnoredAny>,
     plans: Option<serde::de::IgnoredAny>,
+    swap_groups: Option<serde::de::IgnoredAny>,
 }
 
 fn describe_kind(e: &figment::Error) -> String {
@@ -391,7 +393,7 @@ mod tests {
         let config = from_figment(Figment::new().merge(Toml::string(BASE))).unwrap();
         let value = serde_json::to_value(&config).unwrap();
         let keys: Vec<&String> = value.as_object().unwrap().keys().collect();
-        assert_eq!(keys.len(), 7, "{keys:?}");
+        assert_eq!(keys.len(), 8, "{keys:?}");
         serde_json::from_value::<Sections>(value.clone()).unwrap();
     }
 
