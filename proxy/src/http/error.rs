@@ -220,7 +220,37 @@ impl ProxyError {
             Self::QueueFull { retry_after, .. } | Self::QueueTimeout { retry_after, .. } => {
                 Some(*retry_after)
             }
+            // Another Switchyard (or this one restarted) may be up by then; an engine that
+            // failed to start is started again after its backoff; a removed engine's
+            // replacement is starting.
+            Self::ShuttingDown { .. } => Some(1),
+            Self::EngineUnavailable { code, .. }
+                if matches!(*code, "engine_start_failed" | "engine_removed") =>
+            {
+                Some(1)
+            }
             _ => None,
+        }
+    }
+
+    /// Whether the same request, sent again, can succeed (`x-should-retry`). The SDKs retry
+    /// every 5xx twice by default: a first-byte timeout of minutes must not become three, and
+    /// an engine refused for its identity or quarantined does not change by itself. A refusal
+    /// for capacity, an engine that could not be reached or broke off, a start that failed, or
+    /// a shutdown can.
+    pub fn should_retry(&self) -> bool {
+        match self {
+            Self::BodyTimeout { .. }
+            | Self::QueueFull { .. }
+            | Self::QueueTimeout { .. }
+            | Self::ShuttingDown { .. }
+            | Self::UpstreamUnreachable { .. }
+            | Self::ConnectTimeout { .. }
+            | Self::UpstreamBroken { .. } => true,
+            Self::EngineUnavailable { code, .. } => {
+                matches!(*code, "engine_start_failed" | "engine_removed")
+            }
+            _ => false,
         }
     }
 
@@ -257,6 +287,10 @@ impl ProxyError {
                 .headers_mut()
                 .insert(header::RETRY_AFTER, HeaderValue::from(seconds));
         }
+        response.headers_mut().insert(
+            super::headers::X_SHOULD_RETRY,
+            HeaderValue::from_static(if self.should_retry() { "true" } else { "false" }),
+        );
         response
     }
 }
@@ -282,6 +316,35 @@ pub fn error_body(message: &str, kind: &str, param: Option<&str>, code: &str) ->
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn clients_are_told_whether_a_retry_can_help() {
+        let timeout = ProxyError::FirstByteTimeout {
+            backend: "llama".into(),
+            ms: 300_000,
+        };
+        let response = timeout.into_response();
+        assert_eq!(response.status(), StatusCode::GATEWAY_TIMEOUT);
+        assert_eq!(response.headers()["x-should-retry"], "false");
+        assert!(response.headers().get(header::RETRY_AFTER).is_none());
+        let failed_start = ProxyError::EngineUnavailable {
+            backend: "llama".into(),
+            why: "exit status 3".into(),
+            code: "engine_start_failed",
+        }
+        .into_response();
+        assert_eq!(failed_start.headers()["x-should-retry"], "true");
+        assert_eq!(failed_start.headers()[header::RETRY_AFTER], "1");
+        let quarantined = ProxyError::EngineUnavailable {
+            backend: "llama".into(),
+            why: "5 crashes".into(),
+            code: "engine_quarantined",
+        }
+        .into_response();
+        assert_eq!(quarantined.headers()["x-should-retry"], "false");
+        let unknown = ProxyError::MissingModel.into_response();
+        assert_eq!(unknown.headers()["x-should-retry"], "false");
+    }
 
     #[test]
     fn shape_and_status() {

@@ -6,6 +6,9 @@ use http::header::{self, HeaderMap, HeaderName};
 pub(crate) use switchyard_engine::header_value;
 
 pub(crate) const X_REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
+/// Whether a retry of the same request can succeed; OpenAI's and Anthropic's SDKs honour it
+/// (and otherwise retry 408, 409, 429 and every 5xx).
+pub(crate) const X_SHOULD_RETRY: HeaderName = HeaderName::from_static("x-should-retry");
 pub(crate) const X_BACKEND: HeaderName = HeaderName::from_static("x-switchyard-backend");
 pub(crate) const X_ENGINE: HeaderName = HeaderName::from_static("x-switchyard-engine");
 pub(crate) const X_ARTIFACT: HeaderName = HeaderName::from_static("x-switchyard-artifact");
