@@ -72,6 +72,10 @@ pub struct ServerConfig {
     pub probe_interval_ms: u64,
     /// On shutdown, how long in-flight requests get to finish before they are cut.
     pub drain_timeout_ms: u64,
+    /// On shutdown, the most time from the signal to exit: the drain, then answering requests
+    /// still waiting for a slot, the last shadows, the ledger's last write, the managed
+    /// engines' stop and the trace export. A supervisor's stop timeout should be longer.
+    pub shutdown_timeout_ms: u64,
     /// How long a client may send nothing while Switchyard waits on it: for a new connection's
     /// first bytes, a request's head (and an idle keep-alive connection's next one), and each
     /// next part of a request body. A silent client is disconnected (a stalled body gets 408):
@@ -92,6 +96,10 @@ pub struct ServerConfig {
     /// default): `$XDG_STATE_HOME/switchyard`, else `~/.local/state/switchyard`
     /// (`~/Library/Application Support/switchyard` on macOS).
     pub state_dir: Option<PathBuf>,
+    /// Web origins (`https://app.example`, `http://localhost:5173`) whose pages may call the
+    /// API from a browser; `["*"]` for any. Empty (the default): no CORS headers, and a
+    /// preflight `OPTIONS` is refused as any other method. Read when a connection opens.
+    pub cors_origins: Vec<String>,
 }
 
 impl Default for ServerConfig {
@@ -103,12 +111,14 @@ impl Default for ServerConfig {
             connect_timeout_ms: 2_000,
             first_byte_timeout_ms: 300_000,
             probe_interval_ms: 5_000,
-            drain_timeout_ms: 30_000,
+            drain_timeout_ms: 10_000,
+            shutdown_timeout_ms: 15_000,
             client_idle_timeout_ms: 30_000,
             log_format: LogFormat::Text,
             metrics_listen: None,
             workers: None,
             state_dir: None,
+            cors_origins: Vec::new(),
         }
     }
 }

@@ -9,6 +9,7 @@ The engines come from `deploy/engines/` (tests/run installs them and passes thei
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hashlib
 import json
 import os
@@ -605,13 +606,19 @@ primary = "llama"
 SUITE = Path(__file__).resolve().parents[1] / "prompts" / "suite.jsonl"
 
 
+# llama-server's greedy answer can change with what ran before it on this CPU: a prompt reused
+# from its cache, or a request batched with another in a second slot, is computed in another
+# order. One slot and no prompt cache give the same tokens for the same request every time.
+DETERMINISTIC_LLAMA = ("-np", "1", "--no-cache-prompt", "-cram", "0")
+
+
 @contextlib.contextmanager
-def second_llama_server(e: Engines, workdir: Path) -> Iterator[str]:
+def second_llama_server(e: Engines, workdir: Path, *extra: str) -> Iterator[str]:
     """Another llama-server on the same GGUF: a candidate that must give the same answers."""
     port = free_port()
     proc = Proc(
         "llama-server-2",
-        [str(e.llama_bin), "-m", str(e.gguf), "-c", "2048", "--host", "127.0.0.1", "--port", str(port)],
+        [str(e.llama_bin), "-m", str(e.gguf), "-c", "2048", "--host", "127.0.0.1", "--port", str(port), *extra],
         workdir / "llama-server-2.log",
     )
     try:
@@ -765,11 +772,17 @@ def test_a_release_judges_mlx_against_llama_as_the_comparator_does(engines: Engi
     """A canary release of smollm2 from llama-server to mlx_lm.server runs its shadow step on
     real traffic from the openai SDK. Its verdict — on to the gate when every pair matched, an
     abort naming where the first differing answers part otherwise — agrees with what the
-    comparator (`switchyard report --comparisons`) says of the very pairs it judged. (A second
-    run through `switchyard compare` is not asserted: mlx_lm.server on this CPU does not give
-    the same greedy answer on every run, so a second run may differ from the first.)"""
+    comparator (`switchyard report --comparisons`) says of the very pairs it judged, and with
+    what a separate `switchyard compare` run of the same requests says. The primary is a
+    llama-server with one slot and no prompt cache, whose greedy answers do not depend on what
+    ran before (mlx_lm.server's do not either)."""
     import sqlite3
 
+    with second_llama_server(engines, tmp_path, *DETERMINISTIC_LLAMA) as url:
+        release_against_compare(dataclasses.replace(engines, llama_url=url), tmp_path, sqlite3)
+
+
+def release_against_compare(engines: Engines, tmp_path: Path, sqlite3) -> None:  # noqa: ANN001
     db = tmp_path / "ledger.db"
     admin = f"127.0.0.1:{free_port()}"
     config = base_config(engines) + f"""
@@ -834,3 +847,31 @@ steps = [{{ step = "shadow", min_pairs = 4 }}, {{ step = "gate" }}]
         assert " the answers part: primary " in verdict["waiting_for"], verdict
         texts = sqlite3.connect(db).execute("SELECT primary_text, candidate_text FROM comparisons WHERE verdict = 'mismatch'").fetchall()
         assert texts and all(p_text and c_text and p_text != c_text for p_text, c_text in texts), texts
+
+    # The same requests through `switchyard compare`, a run of its own on the same two engines:
+    # every workload the release judged gets the same verdict there (cold and warm together).
+    suite = tmp_path / "suite.jsonl"
+    suite.write_text("".join(
+        json.dumps({"model": "smollm2", "messages": [{"role": "user", "content": prompt}], "temperature": 0, "max_tokens": 8, **({"stream": True} if stream else {})}) + "\n"
+        for prompt in prompts
+        for stream in (False, True)
+    ))
+    compare_config = tmp_path / "compare.toml"
+    compare_config.write_text(base_config(engines) + f'\n[ledger]\npath = "{tmp_path / "compare.db"}"\n')
+    compared_again = json.loads(run_switchyard(
+        "compare", "--config", str(compare_config), "--suite", str(suite), "--primary", "llama", "--candidate", "mlx",
+        "--repeat", "1", "--include-cold", "--format", "json",
+    ))
+
+    def verdicts(report: dict) -> dict:
+        out: dict = {}
+        for g in report["groups"]:
+            key = (g["workload"], g["streamed"])
+            out[key] = out.get(key, False) or bool(g["counts"]["mismatch"])
+        return out
+
+    judged, again = verdicts(comparison), verdicts(compared_again)
+    assert judged and set(judged) <= set(again), (judged, again)
+    assert all(again[key] == differs_there for key, differs_there in judged.items()), (judged, again)
+    if verdict["state"] != "aborted":
+        assert not any(again.values()), again

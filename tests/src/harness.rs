@@ -135,7 +135,8 @@ pub async fn start_switchyard(toml: &str) -> anyhow::Result<Running> {
 /// --config PATH` does: a reload reads the file again.
 pub async fn start_switchyard_file(path: &std::path::Path) -> anyhow::Result<Running> {
     let config = switchyard::config::load(path).map_err(|e| anyhow::anyhow!("{e}"))?;
-    let app = App::from_file(config, path.to_path_buf()).map_err(anyhow::Error::msg)?;
+    let app = App::from_file(config, switchyard::config::Source::file(path.to_path_buf()))
+        .map_err(anyhow::Error::msg)?;
     Ok(switchyard::start(app).await?)
 }
 

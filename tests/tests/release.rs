@@ -587,7 +587,12 @@ async fn sessions_split_by_the_weight_and_stay_on_their_side() {
                     let mut mine = Vec::new();
                     for i in sessions.filter(|i| i % 16 == worker) {
                         let r = ask(&base, &format!("user-{i}")).await;
-                        mine.push((i, r.header("x-switchyard-backend").to_owned()));
+                        let side = match r.status.as_u16() {
+                            200 => r.header("x-switchyard-backend").to_owned(),
+                            // Shown by the assertion below.
+                            _ => format!("{} {}", r.status, String::from_utf8_lossy(&r.body)),
+                        };
+                        mine.push((i, side));
                     }
                     mine
                 });
@@ -606,7 +611,8 @@ async fn sessions_split_by_the_weight_and_stay_on_their_side() {
         (900..=1100).contains(&on_candidate),
         "{on_candidate} of 10000"
     );
-    assert!(at_ten.iter().all(|b| b == "c" || b == "p"));
+    let odd: Vec<&String> = at_ten.iter().filter(|b| *b != "c" && *b != "p").collect();
+    assert!(odd.is_empty(), "{odd:?}");
 
     // A reload moves no session.
     let path = s._dir.path().join("switchyard.toml");

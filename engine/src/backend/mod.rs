@@ -207,6 +207,14 @@ impl Backend {
         self.reprobe.notified()
     }
 
+    /// Whether what the backend would stamp is settled: its artifact and binary are hashed (or
+    /// could not be, which stays so). Until then answers would carry `unknown` where a digest
+    /// will be.
+    pub fn identity_settled(&self) -> bool {
+        let state = self.state.load();
+        !matches!(state.artifact, Digest::Hashing) && !matches!(state.binary, Digest::Hashing)
+    }
+
     pub fn state(&self) -> Arc<BackendState> {
         self.state.load_full()
     }

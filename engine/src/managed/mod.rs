@@ -214,6 +214,14 @@ impl Managed {
         self.wake.notify_one();
     }
 
+    /// Kills the engine's process group at once (SIGKILL), for a shutdown out of time; true
+    /// when there was one to kill. Its owner reaps it as after any exit.
+    pub fn kill_now(&self) -> bool {
+        self.status()
+            .pid
+            .is_some_and(|pid| process::signal_group(pid, Some(nix::sys::signal::Signal::SIGKILL)))
+    }
+
     /// Has a stopped engine started now, as if a request were waiting (for a command that needs
     /// it ready before it sends anything, such as `switchyard compare`).
     pub fn start_now(&self) {

@@ -111,7 +111,12 @@ async fn a_left_behind_engine_is_stopped_only_if_it_is_the_same_process() {
         .unwrap();
     let pid = child.id().unwrap();
     let record = PidRecord::of(pid, &argv).unwrap();
-    assert!(record.still_running());
+    // Until the child has exec'd `sleep`, its command line is still this test's.
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    while !record.still_running() {
+        assert!(std::time::Instant::now() < deadline, "never ran `sleep 30`");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
 
     // Another command line under the same pid is another process: left alone.
     let mut other = record.clone();

@@ -112,3 +112,33 @@ pub(super) fn check_otlp_endpoint(url: &str) -> Result<(), String> {
     }
     Ok(())
 }
+
+/// A CORS origin as browsers send it: `scheme://host[:port]`, nothing after; or `*` alone.
+pub(super) fn check_origin(origin: &str, of: usize) -> Result<(), String> {
+    if origin == "*" {
+        return if of == 1 {
+            Ok(())
+        } else {
+            Err("`*` allows every origin: give it alone".to_owned())
+        };
+    }
+    let rest = origin
+        .strip_prefix("https://")
+        .or_else(|| origin.strip_prefix("http://"))
+        .ok_or_else(|| {
+            format!("{origin:?} is not an origin: it starts with http:// or https://")
+        })?;
+    // `[::1]:8080` or `host:8080`: the port follows the last `:` outside brackets.
+    let (host, port) = match rest.rfind(':') {
+        Some(at) if !rest[at..].contains(']') => (&rest[..at], Some(&rest[at + 1..])),
+        _ => (rest, None),
+    };
+    let port_ok = port.is_none_or(|p| p.parse::<u16>().is_ok());
+    let clean = |c: char| c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '[' | ']' | ':');
+    if host.is_empty() || !host.chars().all(clean) || !port_ok || rest.contains(['/', '?', '#']) {
+        return Err(format!(
+            "{origin:?} is not an origin: scheme, host and port only (https://app.example, http://localhost:5173), no path or trailing slash"
+        ));
+    }
+    Ok(())
+}

@@ -15,8 +15,13 @@ use std::fmt;
 use crate::config::{BackendConfig, Config, OnClientDisconnect};
 
 use checks::{
-    check_otlp_endpoint, check_url, is_valid_name, same_listener, url_is_loopback, url_reaches,
+    check_origin, check_otlp_endpoint, check_url, is_valid_name, same_listener, url_is_loopback,
+    url_reaches,
 };
+
+/// The least part of `server.shutdown_timeout_ms` left after the drain: for answering the
+/// requests still waiting for a slot, the last shadows and the ledger's last write.
+pub const SHUTDOWN_RESERVE_MS: u64 = 2_000;
 
 /// One thing wrong with a configuration, at a key path such as `models.smollm2.primary`.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -86,6 +91,20 @@ pub fn validate(config: &Config) -> Vec<Problem> {
     for (name, plan) in &config.plans {
         for (key, message) in plan.problems() {
             problems.push(Problem::new(format!("plans.{name}.{key}"), message));
+        }
+    }
+    if server.drain_timeout_ms.saturating_add(SHUTDOWN_RESERVE_MS) > server.shutdown_timeout_ms {
+        problems.push(Problem::new(
+            "server.shutdown_timeout_ms",
+            format!(
+                "must be at least server.drain_timeout_ms ({}) plus {SHUTDOWN_RESERVE_MS}: after the drain, waiting requests are answered and the ledger is written",
+                server.drain_timeout_ms
+            ),
+        ));
+    }
+    for (i, origin) in server.cors_origins.iter().enumerate() {
+        if let Err(why) = check_origin(origin, server.cors_origins.len()) {
+            problems.push(Problem::new(format!("server.cors_origins[{i}]"), why));
         }
     }
     if server.workers == Some(0) {

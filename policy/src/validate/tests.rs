@@ -344,3 +344,38 @@ fn managed_engine_problems_are_reported() {
         validate(&config)
     );
 }
+
+#[test]
+fn cors_origins_are_origins_and_star_stands_alone() {
+    for ok in [
+        "https://app.example",
+        "http://localhost:5173",
+        "http://[::1]:8080",
+    ] {
+        assert_eq!(checks::check_origin(ok, 1), Ok(()), "{ok}");
+    }
+    assert_eq!(checks::check_origin("*", 1), Ok(()));
+    for bad in [
+        "app.example",
+        "https://app.example/",
+        "https://app.example/path",
+        "https://app.example:http",
+        "https://",
+        "ftp://app.example",
+    ] {
+        assert!(checks::check_origin(bad, 1).is_err(), "{bad}");
+    }
+    assert!(checks::check_origin("*", 2).is_err());
+    let config = parse(
+        r#"
+        [server]
+        cors_origins = ["https://ok.example", "https://bad.example/"]
+        drain_timeout_ms = 14000
+    "#,
+    );
+    let paths: Vec<String> = validate(&config).into_iter().map(|p| p.path).collect();
+    assert_eq!(
+        paths[..2],
+        ["server.shutdown_timeout_ms", "server.cors_origins[1]"]
+    );
+}

@@ -85,28 +85,37 @@ async fn metrics(state: Arc<AppState>, backend: Arc<Backend>, stop: Cancellation
     }
 }
 
-/// Waits until every managed engine has stopped (their owners stop them once their requests
-/// are done), for at most the longest stop grace plus the drain and a margin.
-pub(super) async fn stopped(state: &AppState) {
+/// Waits, for at most `within`, until every managed engine has stopped (their owners stop them
+/// once their requests are done). Any still running then is killed (SIGKILL to its process
+/// group), so that none outlives a shutdown that ran out of time.
+pub(super) async fn stopped(state: &AppState, within: Duration) {
     state.engines.close();
-    let config = state.config();
-    let grace = config
+    if tokio::time::timeout(within, state.engines.wait())
+        .await
+        .is_ok()
+    {
+        return;
+    }
+    let killed: Vec<String> = state
+        .live
+        .load()
         .backends
         .values()
-        .filter_map(|b| b.launch.as_ref().map(|l| l.stop_grace_ms))
-        .max()
-        .unwrap_or(0);
-    let bound = Duration::from_millis(grace + config.server.drain_timeout_ms + 5_000);
-    if tokio::time::timeout(bound, state.engines.wait())
-        .await
-        .is_err()
-    {
-        tracing::warn!(
-            bound_ms = bound.as_millis() as u64,
-            "managed engines still stopping at exit; the next start stops what is left (pid files)"
-        );
-    }
+        .filter(|b| b.managed.as_ref().is_some_and(|m| m.kill_now()))
+        .map(|b| b.name.to_string())
+        .collect();
+    tracing::warn!(
+        within_ms = within.as_millis() as u64,
+        killed = ?killed,
+        "managed engines still stopping when the shutdown ran out of time; killed"
+    );
+    // Their owners reap them and remove their pid files; a pid file left behind is cleared
+    // by the next start, which finds its process gone.
+    let _ = tokio::time::timeout(KILLED_REAP, state.engines.wait()).await;
 }
+
+/// How long the owners of engines killed at shutdown get to reap them.
+const KILLED_REAP: Duration = Duration::from_millis(200);
 
 /// The folder of the managed engines' pid files: `server.state_dir`, else
 /// `$XDG_STATE_HOME/switchyard`, else `~/.local/state/switchyard`

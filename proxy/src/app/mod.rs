@@ -9,7 +9,6 @@ pub mod releases;
 pub mod reload;
 pub mod watch;
 
-use std::path::PathBuf;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, SystemTime};
 
@@ -46,8 +45,9 @@ pub struct AppState {
     started: SystemTime,
     /// Bumped whenever a backend's health or identity changes.
     revision: Arc<tokio::sync::watch::Sender<u64>>,
-    /// The configuration file, re-read by a reload; `None` for a configuration built in memory.
-    source: Option<PathBuf>,
+    /// The configuration file (and the command line's settings over it), re-read by a reload;
+    /// `None` for a configuration built in memory.
+    source: Option<crate::config::Source>,
     /// State changes, for the admin API's event stream.
     pub events: events::Events,
     /// Held by the reload under way.
@@ -237,8 +237,8 @@ impl AppState {
 
     /// Waits until the engines Switchyard runs have stopped; called last at shutdown, once
     /// their requests are done.
-    pub(crate) async fn engines_stopped(&self) {
-        engines::stopped(self).await;
+    pub(crate) async fn engines_stopped(&self, within: Duration) {
+        engines::stopped(self, within).await;
     }
 
     /// The drains of engines' answers whose clients left (see [`forward::drain`]).
@@ -249,6 +249,11 @@ impl AppState {
     /// Waits (on a blocking thread, up to 5 s) until the ledger has written every record queued
     /// so far; true when it did or there is no ledger. Works on either runtime flavour.
     pub(crate) async fn flush_ledger(self: &Arc<Self>) -> bool {
+        self.flush_ledger_within(Duration::from_secs(5)).await
+    }
+
+    /// As [`AppState::flush_ledger`], waiting at most `timeout`.
+    pub(crate) async fn flush_ledger_within(self: &Arc<Self>, timeout: Duration) -> bool {
         if self.recorder.ledger.is_none() {
             return true;
         }
@@ -258,7 +263,7 @@ impl AppState {
                 .recorder
                 .ledger
                 .as_ref()
-                .is_none_or(|ledger| ledger.flush(Duration::from_secs(5)))
+                .is_none_or(|ledger| ledger.flush(timeout))
         })
         .await
         .unwrap_or(false)
@@ -266,7 +271,7 @@ impl AppState {
 
     /// The configuration file a reload reads, when there is one.
     pub fn source(&self) -> Option<&std::path::Path> {
-        self.source.as_deref()
+        self.source.as_ref().map(|s| s.path.as_path())
     }
 
     /// The digest of the configuration in force.
@@ -310,11 +315,11 @@ impl App {
 
     /// Builds the application from the configuration read from `path`, which a reload reads
     /// again.
-    pub fn from_file(config: Config, path: PathBuf) -> Result<Self, String> {
-        Self::build(config, Some(path))
+    pub fn from_file(config: Config, source: crate::config::Source) -> Result<Self, String> {
+        Self::build(config, Some(source))
     }
 
-    fn build(config: Config, source: Option<PathBuf>) -> Result<Self, String> {
+    fn build(config: Config, source: Option<crate::config::Source>) -> Result<Self, String> {
         let revision = Arc::new(tokio::sync::watch::Sender::new(0u64));
         let started = SystemTime::now();
         let ledger = match &config.ledger {
@@ -399,6 +404,7 @@ impl App {
     /// The service for one connection; with `activity`, each request counts as under way on
     /// the connection until its response body is done with.
     pub(crate) fn service_on(&self, activity: Option<Arc<Activity>>) -> Stack {
-        crate::stack::stack(self.state.router(), activity)
+        let config = self.state.config();
+        crate::stack::stack(self.state.router(), activity, &config.server.cors_origins)
     }
 }

@@ -6,7 +6,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use switchyard_adapters::ProbeResult;
+use switchyard_adapters::{Health, ProbeResult};
 use switchyard_engine::managed::Phase;
 use switchyard_engine::{Backend, Digest};
 use tokio_util::sync::CancellationToken;
@@ -88,6 +88,7 @@ pub(super) async fn probe_loop(
 ) {
     let mut last_snapshot: Option<IdentitySnapshot> = None;
     let mut busy_probes: u64 = 0;
+    let mut unanswered_gap = LOADING_PROBE_INTERVAL;
     let mut managed = backend.managed.as_ref().map(|m| m.watch());
     loop {
         if let Some(phases) = &mut managed {
@@ -153,7 +154,18 @@ pub(super) async fn probe_loop(
         let needs_build = health.is_ready()
             && report.identity.build.is_none()
             && backend.state().observed_build.is_none();
-        let served = report.identity.served_model.clone();
+        if needs_build {
+            // Learnt before the engine is marked ready, so that no answer after it is ready
+            // is stamped with an unknown build.
+            if let Some((path, body)) = report
+                .identity
+                .served_model
+                .as_deref()
+                .and_then(|m| backend.adapter.identity_request(m))
+            {
+                learn_build(&state, &backend, path, body).await;
+            }
+        }
         if let Some(before) = backend.record_probe(report) {
             let level_ok = health.is_ready();
             if level_ok {
@@ -162,19 +174,26 @@ pub(super) async fn probe_loop(
                 tracing::warn!(backend = %backend.name, from = before.state(), to = health.state(), reason = health.reason().unwrap_or(""), "backend is not ready");
             }
         }
-        if needs_build {
-            if let Some((path, body)) = served
-                .as_deref()
-                .and_then(|m| backend.adapter.identity_request(m))
-            {
-                learn_build(&state, &backend, path, body).await;
-            }
-        }
         note_identity(&state, &backend, &mut last_snapshot);
         let probed = tokio::time::Instant::now();
+        // An engine loading its model is looked at often, so that readiness follows it
+        // closely; one that does not answer (not started yet, or gone) soon after, then less
+        // and less often, up to the steady interval of a ready one.
+        let next = match &health {
+            Health::Ready => {
+                unanswered_gap = LOADING_PROBE_INTERVAL;
+                interval
+            }
+            Health::Loading(_) => interval.min(LOADING_PROBE_INTERVAL),
+            Health::Down(_) => {
+                let gap = interval.min(unanswered_gap);
+                unanswered_gap = unanswered_gap.saturating_mul(2);
+                gap
+            }
+        };
         tokio::select! {
             _ = stop.cancelled() => return,
-            _ = tokio::time::sleep(interval) => {}
+            _ = tokio::time::sleep(next) => {}
             _ = backend.reprobe_requested() => {
                 // An answer contradicted this identity: the ledger keeps the moment it stood
                 // contradicted, and a probe looks again, though no sooner than `REPROBE_GAP`
@@ -189,6 +208,9 @@ pub(super) async fn probe_loop(
         }
     }
 }
+
+/// How often an engine that says it is loading is probed.
+const LOADING_PROBE_INTERVAL: Duration = Duration::from_millis(100);
 
 /// The least time between two probes of a backend when answers ask for the second.
 const REPROBE_GAP: Duration = Duration::from_millis(250);

@@ -83,7 +83,7 @@ impl AppState {
         let _one_at_a_time = self.reloading.lock().await;
         let in_force = self.live.load().config.clone();
         let loaded = match self.source.clone() {
-            Some(path) => tokio::task::spawn_blocking(move || read(&path, &in_force))
+            Some(source) => tokio::task::spawn_blocking(move || read(&source, &in_force))
                 .await
                 .unwrap_or_else(|e| Err(problem("--config", format!("reading failed: {e}")))),
             None => Err(problem(
@@ -229,8 +229,8 @@ impl AppState {
 /// Reads the file at `path` as a reload does: every problem of its own, and the files it names
 /// that are missing now but were not missing for the configuration `in_force` (a backend
 /// started without its artifact does not block every later reload).
-fn read(path: &std::path::Path, in_force: &Config) -> Result<Config, ConfigError> {
-    let config = config::load(path)?;
+fn read(source: &config::Source, in_force: &Config) -> Result<Config, ConfigError> {
+    let config = source.load()?;
     let before = config::missing_files(in_force);
     let problems: Vec<Problem> = config::missing_files(&config)
         .into_iter()

@@ -6,7 +6,8 @@ mod paths;
 pub mod tokens;
 
 use std::fmt;
-use std::path::Path;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
 
 use figment::providers::{Env, Format, Toml};
 use figment::Figment;
@@ -41,8 +42,31 @@ impl fmt::Display for ConfigError {
 
 impl std::error::Error for ConfigError {}
 
+/// Where a running configuration comes from: its file, and what the command line sets over it
+/// (`serve --listen`), read again by every reload.
+#[derive(Debug, Clone)]
+pub struct Source {
+    pub path: PathBuf,
+    pub listen: Option<SocketAddr>,
+}
+
+impl Source {
+    pub fn file(path: PathBuf) -> Self {
+        Self { path, listen: None }
+    }
+
+    /// Loads and validates the file, then the environment's overrides, then the command line's.
+    pub fn load(&self) -> Result<Config, ConfigError> {
+        load_over(&self.path, self.listen)
+    }
+}
+
 /// Loads and validates the configuration at `path` with the process environment's overrides.
 pub fn load(path: &Path) -> Result<Config, ConfigError> {
+    load_over(path, None)
+}
+
+fn load_over(path: &Path, listen: Option<SocketAddr>) -> Result<Config, ConfigError> {
     if !path.is_file() {
         return Err(ConfigError {
             problems: vec![Problem {
@@ -51,9 +75,12 @@ pub fn load(path: &Path) -> Result<Config, ConfigError> {
             }],
         });
     }
-    let figment = Figment::new()
+    let mut figment = Figment::new()
         .merge(Toml::file_exact(path))
         .merge(overrides());
+    if let Some(listen) = listen {
+        figment = figment.merge(("server.listen", listen.to_string()));
+    }
     let mut config = from_figment(figment)?;
     paths::resolve(&mut config, &paths::base_of(path));
     Ok(config)

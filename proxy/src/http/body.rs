@@ -48,6 +48,13 @@ enum Kind {
     Stream(Box<dyn StreamBody>),
 }
 
+/// Empty, as the CORS layer answers a preflight.
+impl Default for ProxyBody {
+    fn default() -> Self {
+        Self::empty()
+    }
+}
+
 impl ProxyBody {
     /// A body sent in one piece.
     pub fn full(bytes: impl Into<Bytes>) -> Self {

@@ -20,6 +20,7 @@ use crate::stack::activity::Activity;
 use head_errors::HeadErrors;
 
 pub(crate) mod head_errors;
+mod shutdown;
 
 /// A Switchyard serving on a bound socket.
 #[derive(Debug)]
@@ -29,6 +30,7 @@ pub struct Running {
     admin_addr: Option<SocketAddr>,
     app: App,
     stop: CancellationToken,
+    now: CancellationToken,
     done: tokio::task::JoinHandle<()>,
 }
 
@@ -52,16 +54,33 @@ impl Running {
     }
 
     /// Stops accepting, lets in-flight requests finish (up to the drain timeout), and returns
-    /// once everything has stopped.
+    /// once everything has stopped (within `server.shutdown_timeout_ms`).
     pub async fn shutdown(self) {
+        self.shutdown_unless(std::future::pending()).await;
+    }
+
+    /// As [`Running::shutdown`], but once `hurry` resolves (a second SIGTERM or SIGINT),
+    /// whatever is still under way is cut at once: requests are recorded as cut, the ledger
+    /// gets its last write, engines still running are killed.
+    pub async fn shutdown_unless(self, hurry: impl std::future::Future<Output = ()>) {
         self.stop.cancel();
-        let _ = self.done.await;
+        let mut done = self.done;
+        tokio::select! {
+            _ = &mut done => return,
+            () = hurry => {}
+        }
+        tracing::warn!("second signal: cutting what is still under way");
+        self.now.cancel();
+        let _ = done.await;
     }
 }
 
 /// Binds the configured listen address and starts serving in the background.
 pub async fn start(app: App) -> std::io::Result<Running> {
-    let listener = TcpListener::bind(app.state().config().server.listen).await?;
+    let at = app.state().config().server.listen;
+    let listener = TcpListener::bind(at)
+        .await
+        .map_err(|e| std::io::Error::new(e.kind(), format!("server.listen {at}: {e}")))?;
     start_on(app, listener)
 }
 
@@ -95,11 +114,12 @@ pub fn start_on(app: App, listener: TcpListener) -> std::io::Result<Running> {
         app.state().recorder.metrics.register_backend(name);
     }
     let stop = CancellationToken::new();
+    let now = CancellationToken::new();
     // The background work (probes, events) starts here, before anything is served or can be
     // reloaded: a reload or a file watch set up as soon as this returns finds it running.
     let tasks = TaskTracker::new();
     app.start_background(&tasks, stop.clone());
-    let serving = serve(app.clone(), listener, stop.clone(), tasks);
+    let serving = serve(app.clone(), listener, stop.clone(), now.clone(), tasks);
     let metrics = metrics_listener.map(|l| serve_metrics(app.clone(), l, stop.clone()));
     let admin = admin_listener.map(|l| crate::admin::serve(app.state().clone(), l, stop.clone()));
     #[allow(clippy::disallowed_methods)] // the server's own root task, awaited by `shutdown`
@@ -122,6 +142,7 @@ pub fn start_on(app: App, listener: TcpListener) -> std::io::Result<Running> {
         admin_addr,
         app,
         stop,
+        now,
         done,
     })
 }
@@ -138,13 +159,15 @@ fn maybe_http2(first: &[u8]) -> bool {
     matches!(first, [b'P', b'R', b'I', ..] | [b'P'] | [b'P', b'R'])
 }
 
-/// How long, once the drain timeout has run out, connections get to send the 503 of a request
-/// that was still waiting for a slot, before every connection still open is cut.
-const ANSWER_AT_DRAIN_END: Duration = Duration::from_millis(250);
-
-/// Accepts until `stop` is cancelled, then drains for `server.drain_timeout_ms` of the
-/// configuration in force then, and waits for the background `tasks` (started on `stop`).
-pub async fn serve(app: App, listener: TcpListener, stop: CancellationToken, tasks: TaskTracker) {
+/// Accepts until `stop` is cancelled, then shuts down as [`shutdown::finish`] says; `now`
+/// cancelled (a second signal) cuts what is still under way at once.
+async fn serve(
+    app: App,
+    listener: TcpListener,
+    stop: CancellationToken,
+    now: CancellationToken,
+    tasks: TaskTracker,
+) {
     // The connections' own tasks: drained once every one of them has ended.
     let connections = TaskTracker::new();
     let idle = Duration::from_millis(app.state().config().server.client_idle_timeout_ms);
@@ -227,71 +250,7 @@ pub async fn serve(app: App, listener: TcpListener, stop: CancellationToken, tas
         });
     }
     drop(listener);
-    let drain = Duration::from_millis(app.state().config().server.drain_timeout_ms);
-    tracing::info!("shutting down: draining in-flight requests");
-    connections.close();
-    // Drains of engines' answers whose clients left hold their slots: they are waited for too,
-    // within the same timeout.
-    let (open, drains) = (&connections, app.state().drains());
-    let drained = move || async move {
-        open.wait().await;
-        drains.wait().await;
-    };
-    let in_time = tokio::select! {
-        () = drained() => true,
-        () = tokio::time::sleep(drain) => false,
-    };
-    if in_time {
-        tracing::info!("all connections drained");
-    } else {
-        // Requests still waiting for a slot are answered 503 now (they were never sent); their
-        // connections get a moment to send it and close. Requests the engines are answering,
-        // streams included, are cut with their connections.
-        app.state().recorder.cut_at_shutdown();
-        app.state().end_drain();
-        let answered = tokio::time::timeout(ANSWER_AT_DRAIN_END, drained())
-            .await
-            .is_ok();
-        tracing::warn!(
-            drain_ms = drain.as_millis() as u64,
-            "drain timeout reached; requests still waiting for a slot were answered 503{} (recorded with error class `shutdown`)",
-            if answered { "" } else { ", and the connections still open are cut" }
-        );
-        cut.cancel();
-    }
-    // Connection tasks end at once now (drained, or cut); background loops watch `stop`. From
-    // here on a request dropped (a shadow stopped) is cancelled, not drained.
-    app.state().drains().close();
-    tasks.close();
-    let ended = async {
-        drained().await;
-        tasks.wait().await;
-    };
-    if tokio::time::timeout(Duration::from_secs(1), ended)
-        .await
-        .is_err()
-    {
-        tracing::warn!("tasks still running 1 s after the connections were cut");
-    }
-    // Records written after their responses may start shadows; shadows of drained requests are
-    // recorded (or cancelled and recorded as skipped) before the ledger's last flush.
-    app.state().recorder.settled().await;
-    app.state().shadowing.shutdown(Duration::from_secs(2)).await;
-    if !app.state().flush_ledger().await {
-        tracing::warn!("the ledger did not finish writing within 5 s of shutdown");
-    }
-    app.state().engines_stopped().await;
-    if app.state().telemetry.is_some() {
-        // Every drained request's span has ended: export them all before returning. The export
-        // runs on this runtime while a blocking thread waits for it.
-        let state = app.state().clone();
-        let _ = tokio::task::spawn_blocking(move || {
-            if let Some(telemetry) = &state.telemetry {
-                telemetry.shutdown(Duration::from_secs(5));
-            }
-        })
-        .await;
-    }
+    shutdown::finish(&app, &connections, &cut, &tasks, &now).await;
 }
 
 /// The next connection, or `None` once `stop` is cancelled. Accept errors (EMFILE and friends)

@@ -63,7 +63,10 @@ impl Router {
         }
     }
 
-    /// `/readyz`: every backend's state, and 503 when some model has no ready primary.
+    /// `/readyz`: every backend's state, and 503 when some model has no ready primary. A
+    /// primary is ready once it was probed ready and its identity is settled (artifact and
+    /// binary hashed), so that no answer after the first 200 is stamped `unknown` for want of
+    /// a digest.
     pub(crate) fn readyz(&self) -> Response<ProxyBody> {
         let state = self.routing.live.load();
         let mut backends = Map::new();
@@ -80,10 +83,11 @@ impl Router {
             // has loaded: its model is ready in that sense. One in backoff after a crash, or
             // quarantined, is not.
             let primary_ready = state.backends.get(&route.primary).is_some_and(|b| {
-                b.state().health().is_ready()
-                    || b.managed.as_ref().is_some_and(|m| {
-                        matches!(m.status().phase, Phase::Stopped | Phase::Starting)
-                    })
+                b.identity_settled()
+                    && (b.state().health().is_ready()
+                        || b.managed.as_ref().is_some_and(|m| {
+                            matches!(m.status().phase, Phase::Stopped | Phase::Starting)
+                        }))
             });
             ready &= primary_ready;
             models.insert(

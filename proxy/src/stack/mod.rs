@@ -3,9 +3,11 @@
 //! 1. `CatchPanicLayer`: a panic while a response is prepared becomes a 500 in OpenAI's shape,
 //!    and the server goes on (a panic while a stream's body is polled is caught by the body,
 //!    see `http::body`);
-//! 2. [`activity::Counted`]: on connections whose idleness Switchyard times itself, the request
+//! 2. `CorsLayer`, when `server.cors_origins` is set: answers preflight `OPTIONS` requests and
+//!    adds the CORS headers to every answer;
+//! 3. [`activity::Counted`]: on connections whose idleness Switchyard times itself, the request
 //!    counts as under way until its response body is done with;
-//! 3. [`Router`]: reads the clock (when the request head arrived, the start of every phase),
+//! 4. [`Router`]: reads the clock (when the request head arrived, the start of every phase),
 //!    keeps or mints the request id, answers the local endpoints ([`local`]) or hands proxied
 //!    requests to the model-level routing, and stamps `x-request-id` and a `server-timing`
 //!    on every response.
@@ -24,8 +26,10 @@ use http::header::{HeaderMap, HeaderValue};
 use http::{Method, Request, Response};
 use hyper::body::Incoming;
 use switchyard_record::between;
+use tower::util::Either;
 use tower::ServiceBuilder;
 use tower_http::catch_panic::{CatchPanic, CatchPanicLayer};
+use tower_http::cors::{AllowHeaders, AllowOrigin, Cors, CorsLayer, ExposeHeaders};
 
 use crate::http::headers::{header_value, SERVER_TIMING, X_REQUEST_ID};
 use crate::http::{error_body, ProxyBody, ProxyError};
@@ -37,14 +41,42 @@ const PROXIED: &[&str] = &["/v1/chat/completions", "/v1/completions", "/v1/embed
 const LOCAL: &[&str] = &["/healthz", "/readyz", "/v1/models", "/metrics"];
 
 /// The service every connection is served by.
-pub type Stack = CatchPanic<Counted<Router>, PanicResponder>;
+pub type Stack = CatchPanic<Either<Cors<Counted<Router>>, Counted<Router>>, PanicResponder>;
 
 /// Builds the stack for one connection; with `activity`, each request counts as under way on
-/// the connection until its response body is done with.
-pub(crate) fn stack(router: Router, activity: Option<Arc<Activity>>) -> Stack {
+/// the connection until its response body is done with; with `cors_origins`, browsers' pages
+/// from those origins may call the API (a preflight `OPTIONS` is answered by the CORS layer).
+pub(crate) fn stack(
+    router: Router,
+    activity: Option<Arc<Activity>>,
+    cors_origins: &[String],
+) -> Stack {
     ServiceBuilder::new()
         .layer(CatchPanicLayer::custom(PanicResponder))
+        .option_layer(cors(cors_origins))
         .service(Counted::new(router, activity))
+}
+
+/// The CORS layer for `origins` (validated: `*` alone, or origins), none when there are none.
+/// Requests carry no cookies Switchyard reads, so credentials are not allowed, and every
+/// response header (the identity and timing stamps) may be read by the page.
+fn cors(origins: &[String]) -> Option<CorsLayer> {
+    if origins.is_empty() {
+        return None;
+    }
+    let allow = if origins.iter().any(|o| o == "*") {
+        AllowOrigin::any()
+    } else {
+        AllowOrigin::list(origins.iter().filter_map(|o| HeaderValue::from_str(o).ok()))
+    };
+    Some(
+        CorsLayer::new()
+            .allow_origin(allow)
+            .allow_methods([Method::GET, Method::POST])
+            .allow_headers(AllowHeaders::mirror_request())
+            .expose_headers(ExposeHeaders::any())
+            .max_age(std::time::Duration::from_secs(600)),
+    )
 }
 
 /// Answers a request whose handler panicked.
