@@ -864,10 +864,13 @@ steps = [{{ step = "shadow", min_pairs = 4 }}, {{ step = "gate" }}]
     ))
 
     def verdicts(report: dict) -> dict:
+        """Per workload and transport, whether its answers differed; pairs that could not be
+        compared (a copy stopped by the abort) judge nothing."""
         out: dict = {}
         for g in report["groups"]:
-            key = (g["workload"], g["streamed"])
-            out[key] = out.get(key, False) or bool(g["counts"]["mismatch"])
+            if g["counts"]["match"] or g["counts"]["mismatch"]:
+                key = (g["workload"], g["streamed"])
+                out[key] = out.get(key, False) or bool(g["counts"]["mismatch"])
         return out
 
     judged, again = verdicts(comparison), verdicts(compared_again)
