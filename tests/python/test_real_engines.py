@@ -878,3 +878,63 @@ steps = [{{ step = "shadow", min_pairs = 4 }}, {{ step = "gate" }}]
     assert all(again[key] == differs_there for key, differs_there in judged.items()), (judged, again)
     if verdict["state"] != "aborted":
         assert not any(again.values()), again
+
+
+def test_every_answer_after_the_first_ready_carries_a_verified_identity(engines: Engines, tmp_path: Path) -> None:
+    """Switchyard and a llama-server started together: as soon as `/readyz` first says 200,
+    twenty requests sent at once are all answered with the engine's build and the artifact's
+    verified digest — none stamped `unknown` because a probe or a hash had not finished."""
+    import concurrent.futures
+
+    port = free_port()
+    config = f"""
+[server]
+listen = "127.0.0.1:0"
+probe_interval_ms = 5000
+
+[backends.llama]
+engine = "llama.cpp"
+url = "http://127.0.0.1:{port}"
+artifact = "{engines.gguf}"
+binary = "{engines.llama_bin}"
+
+[models.smollm2]
+primary = "llama"
+"""
+    path = tmp_path / "switchyard.toml"
+    path.write_text(config)
+    proxy = Proc("switchyard", [str(binary("SWITCHYARD_BIN", "switchyard")), "serve", "--config", str(path)], tmp_path / "switchyard.log")
+    llama = Proc(
+        "llama-server-cold",
+        [str(engines.llama_bin), "-m", str(engines.gguf), "-c", "2048", "-np", "4", "--host", "127.0.0.1", "--port", str(port)],
+        tmp_path / "llama-server-cold.log",
+    )
+    try:
+        url = proxy.wait_for_line(r"switchyard listening on (http://127\.0\.0\.1:\d+)").group(1)
+        seen: list[int] = []
+
+        def ready() -> bool:
+            seen.append(http.get(f"{url}/readyz").status_code)
+            return seen[-1] == 200
+
+        with httpx.Client(timeout=5.0) as http:
+            poll("switchyard's readiness", ready, proxy)
+        assert 503 in seen, "ready before the engine could have loaded"
+
+        def ask(i: int) -> httpx.Response:
+            body = {"model": "smollm2", "messages": [{"role": "user", "content": f"Say {i}."}], "max_tokens": 4, "temperature": 0}
+            return httpx.post(f"{url}/v1/chat/completions", json=body, timeout=REQUEST_TIMEOUT_S)
+
+        with concurrent.futures.ThreadPoolExecutor(max_workers=20) as pool:
+            answers = list(pool.map(ask, range(20)))
+        digest = "sha256:" + sha256_file(engines.gguf)
+        build = httpx.get(f"http://127.0.0.1:{port}/props", timeout=5.0).json()["build_info"]
+        # A build without a version names itself by its binary's digest.
+        engine = "llama.cpp/" + ("sha256:" + sha256_file(engines.llama_bin) if build == "b0-unknown" else build)
+        for a in answers:
+            assert a.status_code == 200, a.text
+            assert a.headers["x-switchyard-artifact"] == digest, a.headers
+            assert a.headers["x-switchyard-engine"] == engine, a.headers
+    finally:
+        proxy.stop()
+        llama.stop()
