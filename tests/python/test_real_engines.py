@@ -938,3 +938,32 @@ primary = "llama"
     finally:
         proxy.stop()
         llama.stop()
+
+
+def test_init_writes_a_config_that_serves_both_engines(engines: Engines, tmp_path: Path) -> None:
+    """`switchyard init` pointed at the running llama-server and mlx_lm.server identifies each,
+    fills in the artifact each names, and writes a configuration that `switchyard check`
+    accepts and that serves both, verified."""
+    out = tmp_path / "conf" / "switchyard.toml"
+    printed = run_switchyard("init", "--no-scan", "--engine", engines.llama_url, "--engine", engines.mlx_url, "--output", str(out))
+    assert f"at {engines.llama_url}" in printed and f"at {engines.mlx_url}" in printed, printed
+    text = out.read_text()
+    assert 'engine = "llama.cpp"' in text and 'engine = "mlx"' in text, text
+    run_switchyard("check", "--config", str(out))
+    proxy = Proc("switchyard", [str(binary("SWITCHYARD_BIN", "switchyard")), "serve", "--config", str(out), "--listen", "127.0.0.1:0"], tmp_path / "switchyard.log")
+    try:
+        url = proxy.wait_for_line(r"switchyard listening on (http://127\.0\.0\.1:\d+)").group(1)
+        with httpx.Client(timeout=REQUEST_TIMEOUT_S) as http:
+            poll("switchyard", lambda: http.get(f"{url}/readyz").status_code == 200, proxy)
+            models = [m["id"] for m in http.get(f"{url}/v1/models").json()["data"]]
+            assert len(models) == 2, models
+            backends = set()
+            for model in models:
+                body = {"model": model, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4, "temperature": 0}
+                answer = http.post(f"{url}/v1/chat/completions", json=body)
+                assert answer.status_code == 200, answer.text
+                assert answer.headers["x-switchyard-artifact"].startswith("sha256:"), answer.headers
+                backends.add(answer.headers["x-switchyard-backend"])
+            assert backends == {"llama", "mlx"}
+    finally:
+        proxy.stop()

@@ -63,6 +63,17 @@ pub(crate) fn config_path(given: Option<PathBuf>) -> Result<PathBuf, ConfigError
     })
 }
 
+/// Where `serve` looks first, and `init` writes by default.
+pub(super) fn default_place() -> Option<PathBuf> {
+    default_places(
+        std::env::var_os("XDG_CONFIG_HOME").map(PathBuf::from),
+        std::env::var_os("HOME").map(PathBuf::from),
+        cfg!(target_os = "macos"),
+    )
+    .into_iter()
+    .next()
+}
+
 /// Where a configuration is looked for, in order: `$XDG_CONFIG_HOME/switchyard/switchyard.toml`
 /// (by default `~/.config/…`), and on macOS then `~/Library/Application Support/switchyard/`.
 fn default_places(xdg: Option<PathBuf>, home: Option<PathBuf>, macos: bool) -> Vec<PathBuf> {

@@ -7,6 +7,7 @@ use clap::{Parser, Subcommand};
 
 mod admin;
 mod discover;
+mod init;
 mod offline;
 mod release;
 mod serve;
@@ -55,6 +56,9 @@ pub enum Command {
         #[command(subcommand)]
         command: release::ReleaseCommand,
     },
+    /// Write a starter configuration for the engines answering on this machine (the common
+    /// loopback ports, and each --engine URL).
+    Init(init::InitArgs),
     /// Print the artifact digest (`sha256:…`) of a model file or folder.
     Fingerprint {
         /// The model file, or a folder of one (every file in it is hashed).
@@ -153,6 +157,7 @@ pub async fn run(cli: Cli, log: &str) -> anyhow::Result<i32> {
             Ok(0)
         }
         Command::Compare(args) => offline::compare(args, log).await,
+        Command::Init(args) => init::run(args).await,
         Command::Report(args) => offline::report(args),
         Command::Serve(args) => {
             let (config, source) = match args.load() {

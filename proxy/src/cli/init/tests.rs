@@ -1,0 +1,81 @@
+use super::*;
+
+fn found(engine: EngineKind, url: &str, model: &str, artifact: Option<&str>) -> Found {
+    Found {
+        url: url.to_owned(),
+        engine,
+        what: "an engine".to_owned(),
+        model: model.to_owned(),
+        artifact: artifact.map(str::to_owned),
+        upstream_model: (engine == EngineKind::OpenAi).then(|| model.to_owned()),
+    }
+}
+
+#[test]
+fn names_are_made_from_model_ids() {
+    assert_eq!(
+        name_from("/models/SmolLM2-135M-Instruct.Q4_1.gguf"),
+        "smollm2-135m-instruct.q4_1"
+    );
+    assert_eq!(name_from("/models/smollm2-mlx/"), "smollm2-mlx");
+    assert_eq!(name_from("llama3.2:3b"), "llama3.2-3b");
+    assert_eq!(name_from("???"), "model");
+    let mut taken = Vec::new();
+    assert_eq!(unique("llama".to_owned(), &mut taken), "llama");
+    assert_eq!(unique("llama".to_owned(), &mut taken), "llama-2");
+}
+
+#[test]
+fn the_written_configuration_is_valid_and_names_what_was_found() {
+    let dir = tempfile::tempdir().unwrap();
+    let gguf = dir.path().join("m.gguf");
+    std::fs::write(&gguf, b"GGUF").unwrap();
+    let gguf = gguf.to_str().unwrap();
+    let found = [
+        found(
+            EngineKind::LlamaCpp,
+            "http://127.0.0.1:8081",
+            gguf,
+            Some(gguf),
+        ),
+        found(
+            EngineKind::Mlx,
+            "http://127.0.0.1:8082",
+            "mlx-community/SmolLM2",
+            None,
+        ),
+        found(
+            EngineKind::OpenAi,
+            "http://127.0.0.1:11434",
+            "llama3.2:3b",
+            None,
+        ),
+        found(
+            EngineKind::OpenAi,
+            "http://127.0.0.1:11434",
+            "qwen3:8b",
+            None,
+        ),
+    ];
+    let text = render(&found, SocketAddr::from(([127, 0, 0, 1], 8080)));
+    let config = crate::config::from_figment(
+        figment::Figment::new()
+            .merge(<figment::providers::Toml as figment::providers::Format>::string(&text)),
+    )
+    .unwrap_or_else(|e| panic!("{e}\n{text}"));
+    assert_eq!(config.backends.len(), 4);
+    assert_eq!(
+        config.backends["llama"].artifact.as_deref(),
+        Some(Path::new(gguf))
+    );
+    assert!(config.backends["llama"].require_verified_identity);
+    assert_eq!(config.models["m"].primary.as_str(), "llama");
+    assert_eq!(config.models["smollm2"].primary.as_str(), "mlx");
+    assert_eq!(config.models["llama3.2-3b"].primary.as_str(), "openai");
+    assert_eq!(config.models["qwen3-8b"].primary.as_str(), "openai-2");
+    assert_eq!(
+        config.backends["openai-2"].upstream_model.as_deref(),
+        Some("qwen3:8b")
+    );
+    assert!(text.contains("# artifact = "), "{text}");
+}
