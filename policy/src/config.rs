@@ -63,6 +63,9 @@ pub struct ServerConfig {
     pub max_body_bytes: u64,
     /// Largest non-streaming engine response read, in bytes; larger ones get 502.
     pub max_response_bytes: u64,
+    /// Longest a streamed answer may run, from its head to its end; a longer one is ended
+    /// with an error event (an engine that never stops would hold its slot for good).
+    pub max_response_ms: u64,
     /// Time allowed to open a TCP connection to an engine (504 when exceeded).
     pub connect_timeout_ms: u64,
     /// Time allowed from forwarding a request to the engine's first response byte (504 when
@@ -108,6 +111,7 @@ impl Default for ServerConfig {
             listen: SocketAddr::from(([127, 0, 0, 1], 8080)),
             max_body_bytes: 8 * 1024 * 1024,
             max_response_bytes: 64 * 1024 * 1024,
+            max_response_ms: 3_600_000,
             connect_timeout_ms: 2_000,
             first_byte_timeout_ms: 300_000,
             probe_interval_ms: 5_000,

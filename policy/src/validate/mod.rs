@@ -120,6 +120,7 @@ pub fn validate(config: &Config) -> Vec<Problem> {
         ("server.connect_timeout_ms", server.connect_timeout_ms),
         ("server.first_byte_timeout_ms", server.first_byte_timeout_ms),
         ("server.probe_interval_ms", server.probe_interval_ms),
+        ("server.max_response_ms", server.max_response_ms),
         (
             "server.client_idle_timeout_ms",
             server.client_idle_timeout_ms,

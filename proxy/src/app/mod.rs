@@ -342,7 +342,11 @@ impl App {
             ),
             recorder: recorder.clone(),
             drain_over: CancellationToken::new(),
-            max_response_bytes: config.server.max_response_bytes,
+            limits: forward::inspect::Limits {
+                bytes: config.server.max_response_bytes,
+                first_token: Duration::from_millis(config.server.first_byte_timeout_ms),
+                total: Duration::from_millis(config.server.max_response_ms),
+            },
             drains: forward::drain::Drains::default(),
         };
         let subscribe = |backend: Backend| backend.with_revision(revision.clone());

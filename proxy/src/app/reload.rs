@@ -30,6 +30,7 @@ const FIXED: &[&str] = &[
     "server.connect_timeout_ms",
     "server.first_byte_timeout_ms",
     "server.max_response_bytes",
+    "server.max_response_ms",
     "server.client_idle_timeout_ms",
     "ledger",
     "telemetry",

@@ -29,22 +29,31 @@ use crate::http::body::BoxError;
 use crate::http::headers::{copy_response_headers, SERVER_TIMING, X_ENGINE};
 use crate::http::{ProxyBody, ProxyError};
 
+/// How much of an answer the engine may send, and how long it may take: a whole answer's
+/// size; a stream's first token, counted from its head; a stream's end, counted from its head.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Limits {
+    pub(crate) bytes: u64,
+    pub(crate) first_token: std::time::Duration,
+    pub(crate) total: std::time::Duration,
+}
+
 /// Turns an engine's answer into the client's.
 #[derive(Debug, Clone)]
 pub(crate) struct Inspect<S> {
     backend: Arc<Backend>,
     /// The largest non-streamed answer read (`server.max_response_bytes`).
-    limit: u64,
+    limits: Limits,
     /// The backend's drain, when it drains: a stream whose client leaves is handed to it.
     drain: Option<Drain>,
     inner: S,
 }
 
 impl<S> Inspect<S> {
-    pub(crate) fn new(backend: Arc<Backend>, limit: u64, inner: S) -> Self {
+    pub(crate) fn new(backend: Arc<Backend>, limits: Limits, inner: S) -> Self {
         Self {
             backend,
-            limit,
+            limits,
             drain: None,
             inner,
         }
@@ -61,15 +70,15 @@ impl<S> Inspect<S> {
 #[derive(Debug, Clone)]
 pub(crate) struct InspectLayer {
     backend: Arc<Backend>,
-    limit: u64,
+    limits: Limits,
     drain: Option<Drain>,
 }
 
 impl InspectLayer {
-    pub(crate) fn new(backend: Arc<Backend>, limit: u64, drain: Option<Drain>) -> Self {
+    pub(crate) fn new(backend: Arc<Backend>, limits: Limits, drain: Option<Drain>) -> Self {
         Self {
             backend,
-            limit,
+            limits,
             drain,
         }
     }
@@ -79,7 +88,7 @@ impl<S> tower::Layer<S> for InspectLayer {
     type Service = Inspect<S>;
 
     fn layer(&self, inner: S) -> Inspect<S> {
-        Inspect::new(self.backend.clone(), self.limit, inner).draining(self.drain.clone())
+        Inspect::new(self.backend.clone(), self.limits, inner).draining(self.drain.clone())
     }
 }
 
@@ -102,7 +111,7 @@ where
         InspectFuture {
             state: State::Sending(self.inner.call(attempt)),
             backend: self.backend.clone(),
-            limit: self.limit,
+            limits: self.limits,
             drain: self.drain.clone(),
         }
     }
@@ -117,7 +126,7 @@ where
 {
     state: State<F, B>,
     backend: Arc<Backend>,
-    limit: u64,
+    limits: Limits,
     drain: Option<Drain>,
 }
 
@@ -158,10 +167,10 @@ where
                     if is_stream(&sent.response) {
                         this.state = State::Done;
                         let drain = this.drain.take();
-                        return Poll::Ready(Ok(stream(&this.backend, sent, drain)));
+                        return Poll::Ready(Ok(stream(&this.backend, sent, drain, this.limits)));
                     }
                     let (parts, body) = sent.response.into_parts();
-                    let limit = usize::try_from(this.limit).unwrap_or(usize::MAX);
+                    let limit = usize::try_from(this.limits.bytes).unwrap_or(usize::MAX);
                     let whole = Whole {
                         parts,
                         ctx: sent.ctx,
@@ -175,7 +184,7 @@ where
                     else {
                         unreachable!("the state was Reading")
                     };
-                    return Poll::Ready(finish(&this.backend, this.limit, whole, read));
+                    return Poll::Ready(finish(&this.backend, this.limits.bytes, whole, read));
                 }
                 State::Done => panic!("InspectFuture polled after completion"),
             }
@@ -195,7 +204,12 @@ fn is_stream<B>(response: &Response<B>) -> bool {
 
 /// The client's response to a stream: passed on through an [`ObservedStream`], with what is
 /// known when its head arrives.
-fn stream<B>(backend: &Arc<Backend>, sent: Sent<B>, drain: Option<Drain>) -> Response<ProxyBody>
+fn stream<B>(
+    backend: &Arc<Backend>,
+    sent: Sent<B>,
+    drain: Option<Drain>,
+    limits: Limits,
+) -> Response<ProxyBody>
 where
     B: Body<Data = Bytes> + Send + Unpin + 'static,
     B::Error: std::error::Error + Send + Sync + 'static,
@@ -225,8 +239,9 @@ where
         out.headers_mut()
             .insert(header::TRAILER, HeaderValue::from_static("server-timing"));
     }
-    let mut stream =
-        ObservedStream::new(body, record, backend.clone(), want_trailers).holding(held);
+    let mut stream = ObservedStream::new(body, record, backend.clone(), want_trailers)
+        .holding(held)
+        .within(limits.first_token, limits.total);
     if let Some(drain) = drain {
         stream = stream.draining(drain);
     }

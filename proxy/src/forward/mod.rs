@@ -61,8 +61,9 @@ pub(crate) struct Shared {
     pub(crate) recorder: Arc<Recorder>,
     /// Cancelled when shutdown's drain timeout runs out.
     pub(crate) drain_over: CancellationToken,
-    /// The largest non-streamed answer read (`server.max_response_bytes`).
-    pub(crate) max_response_bytes: u64,
+    /// How much and how long an engine may answer (`server.max_response_bytes`,
+    /// `first_byte_timeout_ms` for a stream's first token, `max_response_ms`).
+    pub(crate) limits: inspect::Limits,
     /// The drains of the engines' answers whose clients left, for shutdown to wait for.
     pub(crate) drains: drain::Drains,
 }
@@ -85,7 +86,7 @@ pub(crate) fn stack(backend: &Arc<Backend>, shared: &Shared) -> BackendStack {
         // Turn the engine's answer into the client's: observe a stream, check a whole answer.
         .layer(inspect::InspectLayer::new(
             backend.clone(),
-            shared.max_response_bytes,
+            shared.limits,
             drain.clone(),
         ))
         // Build the engine's request and send it.

@@ -78,7 +78,11 @@ pub(crate) fn shared(recorder: &Arc<Recorder>) -> super::Shared {
         ),
         recorder: recorder.clone(),
         drain_over: CancellationToken::new(),
-        max_response_bytes: 1 << 20,
+        limits: super::inspect::Limits {
+            bytes: 1 << 20,
+            first_token: std::time::Duration::from_secs(60),
+            total: std::time::Duration::from_secs(600),
+        },
         drains: super::drain::Drains::default(),
     }
 }
@@ -265,7 +269,12 @@ async fn inspected(
     body: &'static str,
 ) -> Result<Response<ProxyBody>, Failed> {
     let (inner, mut handle) = mocked::<Sent<Full<Bytes>>>();
-    let mut inspect = Inspect::new(backend, 1 << 20, inner);
+    let limits = super::inspect::Limits {
+        bytes: 1 << 20,
+        first_token: std::time::Duration::from_secs(60),
+        total: std::time::Duration::from_secs(600),
+    };
+    let mut inspect = Inspect::new(backend, limits, inner);
     let call = inspect
         .ready()
         .await

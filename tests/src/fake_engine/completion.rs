@@ -182,8 +182,30 @@ pub(super) async fn complete(
                 ok
             }
         };
+        if fault == Fault::HeadThenNothing {
+            tx.closed().await;
+            let _ = events.send(Event::Aborted { at: Instant::now() });
+            return;
+        }
         if chat && !send(format!("data: {}\n\n", envelope(json!([{"finish_reason": null, "index": 0, "delta": {"role": "assistant", "content": null}}]))), &mut index).await {
             return;
+        }
+        if fault == Fault::Endless {
+            let every = per_token.max(std::time::Duration::from_millis(10));
+            loop {
+                tokio::select! {
+                    _ = tx.closed() => {
+                        let _ = events.send(Event::Aborted { at: Instant::now() });
+                        return;
+                    }
+                    _ = tokio::time::sleep(every) => {}
+                }
+                let choice =
+                    json!([{"finish_reason": null, "index": 0, "delta": {"content": "again "}}]);
+                if !send(format!("data: {}\n\n", envelope(choice)), &mut index).await {
+                    return;
+                }
+            }
         }
         for (i, token) in tokens.iter().enumerate() {
             let wait = if i == 1 { per_token + pause } else { per_token };

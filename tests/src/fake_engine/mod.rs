@@ -51,6 +51,11 @@ pub enum Fault {
     /// Streams send `data: [DONE]`, then keep the response open until the client leaves (an
     /// engine slow to end its body); the leaving is reported as `Aborted`.
     LingerAfterDone,
+    /// Streams send their response head, then nothing, until the client leaves (an engine
+    /// stuck before its first token).
+    HeadThenNothing,
+    /// Streams never end: a token every `token_ms` (at least every 10 ms), for ever.
+    Endless,
 }
 
 /// Something the fake engine did, with when it did it.

@@ -15,11 +15,12 @@
 use std::collections::VecDeque;
 use std::pin::Pin;
 use std::sync::Arc;
+use std::task::ready;
 use std::task::{Context, Poll};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use bytes::{Bytes, BytesMut};
-use http::{HeaderMap, HeaderName};
+
 use http_body::{Body, Frame};
 use serde_json::{json, Value};
 use switchyard_adapters::observe::is_done;
@@ -29,10 +30,11 @@ use switchyard_record::{between, Source, TokenPhase};
 
 use super::drain::{Drain, Handoff};
 use super::Held;
-use crate::http::body::{BoxError, StreamBody};
+use crate::http::body::BoxError;
 use crate::http::error::sse_event;
-use crate::http::{error_body, ProxyError};
+use crate::http::ProxyError;
 use crate::recording::Recording;
+use deadline::Deadline;
 
 /// Longest line held while waiting for its end; a longer one is forwarded as it is.
 const MAX_HELD_LINE: usize = 1 << 20;
@@ -71,6 +73,10 @@ pub(crate) struct ObservedStream<B = UpstreamBody> {
     /// Where the engine's stream goes when the client leaves before its end, when the backend
     /// drains.
     drain: Option<Handoff<B>>,
+    /// When the engine must have sent its first token, and its end.
+    deadline: Option<Deadline>,
+    /// The error code of the event that ends a failed stream.
+    failure_code: &'static str,
 }
 
 impl<B> ObservedStream<B> {
@@ -99,7 +105,16 @@ impl<B> ObservedStream<B> {
             observed_unchanged: None,
             identity_checked: false,
             contradicted: None,
+            deadline: None,
+            failure_code: "upstream_broken",
         }
+    }
+
+    /// Ends the stream with an error event when the engine sends no token within
+    /// `first_token` of its head, or has not ended it within `total`.
+    pub(crate) fn within(mut self, first_token: Duration, total: Duration) -> Self {
+        self.deadline = Some(Deadline::new(first_token, total));
+        self
     }
 
     /// Keeps the admission slot and the in-flight mark until the stream is over.
@@ -328,60 +343,6 @@ impl<B> ObservedStream<B> {
         record.facts = Some(facts);
         Bytes::from(format!(": switchyard {body}\n\n"))
     }
-
-    /// The engine's stream ended (cleanly or not): queue what still has to go out.
-    fn on_end(&mut self, error: Option<String>) {
-        self.state = State::Ended;
-        self.inner = None;
-        self.holding = None;
-        if !self.held.is_empty() {
-            let held = self.held.split().freeze();
-            self.scan_lines(held);
-        }
-        let failure = error.or_else(|| {
-            (!self.comment_sent).then(|| "engine ended the stream without data: [DONE]".to_owned())
-        });
-        if let Some(why) = &failure {
-            tracing::warn!(backend = %self.backend.name, error = %why, "stream from engine broke");
-            let event = error_body(
-                &format!(
-                    "Backend `{}` failed while streaming: {why}",
-                    self.backend.name
-                ),
-                "upstream_error",
-                None,
-                "upstream_broken",
-            );
-            self.out.push_back(Frame::data(sse_event(&event)));
-        }
-        if !self.comment_sent {
-            let comment = self.comment();
-            self.out.push_back(Frame::data(comment));
-        }
-        let trailers = self.want_trailers;
-        self.finish_record(failure, trailers);
-    }
-
-    /// Writes the record of a stream whose answer is complete (or failed with `failure`), and
-    /// queues the `server-timing` trailer when asked for.
-    fn finish_record(&mut self, failure: Option<String>, trailers: bool) {
-        let Some(mut record) = self.record.take() else {
-            return;
-        };
-        if let Some(why) = failure.or_else(|| self.upstream_error.take()) {
-            record.error_class = Some("upstream");
-            record.error = Some(why);
-        }
-        if trailers {
-            let mut trailers = HeaderMap::with_capacity(1);
-            trailers.insert(
-                HeaderName::from_static("server-timing"),
-                record.server_timing(),
-            );
-            self.out.push_back(Frame::trailers(trailers));
-        }
-        record.finish();
-    }
 }
 
 impl<B> Drop for ObservedStream<B> {
@@ -439,10 +400,20 @@ where
                 return Poll::Ready(None);
             };
             match Pin::new(inner).poll_frame(cx) {
-                Poll::Pending => return Poll::Pending,
+                Poll::Pending => {
+                    let Some(deadline) = this.deadline.as_mut() else {
+                        return Poll::Pending;
+                    };
+                    let (why, code) = ready!(deadline.poll(cx));
+                    this.failure_code = code;
+                    this.on_end(Some(why));
+                }
                 Poll::Ready(Some(Ok(frame))) => {
                     if let Ok(data) = frame.into_data() {
                         this.on_data(data);
+                    }
+                    if let (Some(deadline), Some(_)) = (this.deadline.as_mut(), this.first_token) {
+                        deadline.first_token_seen();
                     }
                     // Engine trailers are not forwarded: the proxy's own phases replace them.
                 }
@@ -459,23 +430,7 @@ where
     }
 }
 
-impl<B> StreamBody for ObservedStream<B>
-where
-    B: Body<Data = Bytes> + Send + Unpin,
-    B::Error: std::error::Error + Send + Sync + 'static,
-{
-    fn fail_internal(&mut self, why: &str) {
-        self.state = State::Ended;
-        self.inner = None;
-        self.holding = None;
-        self.out.clear();
-        if let Some(mut record) = self.record.take() {
-            record.error_class = Some("internal");
-            record.error = Some(why.to_owned());
-            record.finish();
-        }
-    }
-}
-
+mod deadline;
+mod end;
 #[cfg(test)]
 mod tests;
