@@ -27,6 +27,7 @@ fn request(stream: bool) -> serde_json::Value {
 async fn streamed_phases_fall_within_the_injected_delays() {
     let (_engine, _proxy, base) = setup().await;
     let client = TestClient::new();
+    let sent = std::time::Instant::now();
     let r = client
         .post_json_with(
             &format!("{base}/v1/chat/completions"),
@@ -35,6 +36,8 @@ async fn streamed_phases_fall_within_the_injected_delays() {
         )
         .await
         .unwrap();
+    // What the client waited bounds what the server can have spent on it.
+    let waited = sent.elapsed().as_secs_f64() * 1000.0;
     assert_eq!(r.status, 200);
     let text = String::from_utf8(r.body.to_vec()).unwrap();
     let comment = switchyard_comment(&text).expect("end-of-stream comment");
@@ -42,10 +45,13 @@ async fn streamed_phases_fall_within_the_injected_delays() {
     let ttft = st["ttft"].as_f64().unwrap();
     let total = st["total"].as_f64().unwrap();
     // First token: prefill, then one token's time.
-    assert!((PREFILL_MS..=250.0).contains(&ttft), "ttft {ttft}");
     assert!(
-        (PREFILL_MS + TOKEN_MS * TOKENS as f64..=480.0).contains(&total),
-        "total {total}"
+        (PREFILL_MS..total).contains(&ttft),
+        "ttft {ttft}, total {total}"
+    );
+    assert!(
+        (PREFILL_MS + TOKEN_MS * TOKENS as f64..=waited).contains(&total),
+        "total {total}, the client waited {waited} ms"
     );
 
     // prefill and decode are exactly what the engine reported in its last chunk's timings.
@@ -69,16 +75,19 @@ async fn streamed_phases_fall_within_the_injected_delays() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn non_streamed_total_and_engine_phases() {
     let (_engine, _proxy, base) = setup().await;
+    let sent = std::time::Instant::now();
     let r = TestClient::new()
         .post_json(&format!("{base}/v1/chat/completions"), &request(false))
         .await
         .unwrap();
+    // What the client waited bounds what the server can have spent on it.
+    let waited = sent.elapsed().as_secs_f64() * 1000.0;
     assert_eq!(r.status, 200);
     let st = r.header("server-timing").to_owned();
     let total = timing(&st, "total").unwrap();
     assert!(
-        (PREFILL_MS + TOKEN_MS * TOKENS as f64..=480.0).contains(&total),
-        "total {total} in {st}"
+        (PREFILL_MS + TOKEN_MS * TOKENS as f64..=waited).contains(&total),
+        "total {total} in {st}, the client waited {waited} ms"
     );
     let body = r.json();
     assert_eq!(
