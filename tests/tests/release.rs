@@ -46,6 +46,9 @@ steps = [
 
 [plans.climb]
 evaluate_every_ms = 50
+# The split is under test here, not speed: two identical fake engines on a loaded machine
+# differ in speed by chance, and a performance verdict would end the release mid-test.
+performance = { allowed = 1000.0, critical = 10000.0 }
 steps = [
     { step = "live", weight = 10, min_requests = 1 },
     { step = "gate" },
@@ -606,6 +609,8 @@ async fn sessions_split_by_the_weight_and_stay_on_their_side() {
         }
     };
     let at_ten = sides(0..10_000).await;
+    let now = status(&s.admin, &id).await;
+    assert_eq!(now["release"]["weight"], 10, "{now}");
     let on_candidate = at_ten.iter().filter(|b| *b == "c").count();
     assert!(
         (900..=1100).contains(&on_candidate),
