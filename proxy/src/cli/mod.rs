@@ -8,11 +8,15 @@ use switchyard_policy::LogFormat;
 use tracing_subscriber::EnvFilter;
 
 mod admin;
+mod keys;
 mod release;
+mod serve;
 
 use crate::config;
 use crate::App;
 pub use config::{from_figment, load, ConfigError, EX_USAGE};
+pub use serve::ServeOptions;
+use serve::{load_for_serve, serve};
 
 #[derive(Debug, Parser)]
 #[command(
@@ -35,6 +39,10 @@ pub enum Command {
         /// Re-read the configuration whenever its file is saved.
         #[arg(long)]
         watch_config: bool,
+        /// Serve a client listener off loopback without client keys ([auth]): anyone who can
+        /// reach it can use every engine. Logged as a warning at every start.
+        #[arg(long)]
+        insecure_no_auth: bool,
     },
     /// Validate a configuration and print every problem with its key path (exit 64 if invalid).
     Check {
@@ -45,6 +53,11 @@ pub enum Command {
     Admin {
         #[command(subcommand)]
         command: admin::AdminCommand,
+    },
+    /// Client keys ([auth]) of a configuration file: add (prints the key once), list, revoke.
+    Keys {
+        #[command(subcommand)]
+        command: keys::KeysCommand,
     },
     /// Canary releases: move a model to a candidate backend a step at a time, on evidence.
     Release {
@@ -111,13 +124,18 @@ pub fn main(cli: Cli) -> anyhow::Result<i32> {
     if let Command::Serve {
         config: path,
         watch_config,
+        insecure_no_auth,
     } = &cli.command
     {
-        let config = match load_for_serve(path) {
+        let options = ServeOptions {
+            watch: *watch_config,
+            insecure_no_auth: *insecure_no_auth,
+        };
+        let config = match load_for_serve(path, options) {
             Ok(c) => c,
             Err(e) => return Ok(report_invalid(&e)),
         };
-        return runtime(config.server.workers)?.block_on(serve(config, path, *watch_config));
+        return runtime(config.server.workers)?.block_on(serve(config, path, options));
     }
     runtime(None)?.block_on(run(cli))
 }
@@ -156,6 +174,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<i32> {
             Err(e) => Ok(report_invalid(&e)),
         },
         Command::Admin { command } => admin::run(command).await,
+        Command::Keys { command } => keys::run(command),
         Command::Release { command } => release::run(command).await,
         Command::Fingerprint { path } => {
             let digest = tokio::task::spawn_blocking(move || {
@@ -329,86 +348,18 @@ pub async fn run(cli: Cli) -> anyhow::Result<i32> {
         Command::Serve {
             config: path,
             watch_config,
-        } => match load_for_serve(&path) {
-            Ok(config) => serve(config, &path, watch_config).await,
-            Err(e) => Ok(report_invalid(&e)),
-        },
-    }
-}
-
-/// The configuration `serve` starts with: valid, and with a readable admin tokens file when one
-/// is configured (every admin call would be refused otherwise). Missing identity files are not
-/// refused: the backend starts with its identity unknown, and says so.
-fn load_for_serve(path: &std::path::Path) -> Result<switchyard_policy::Config, ConfigError> {
-    let config = config::load(path)?;
-    match config::tokens_problems(&config) {
-        Some(problem) => Err(ConfigError {
-            problems: vec![problem],
-        }),
-        None => Ok(config),
-    }
-}
-
-/// Serves `config`, read from `path`, until SIGINT or SIGTERM, then drains. SIGHUP (and with
-/// `watch`, saving the file) reloads it.
-async fn serve(
-    config: switchyard_policy::Config,
-    path: &std::path::Path,
-    watch: bool,
-) -> anyhow::Result<i32> {
-    init_logging(config.server.log_format);
-    // Relative paths in the file are read from the working directory; the file itself is
-    // re-read from wherever it is, whatever the working directory becomes.
-    let path = std::path::absolute(path)?;
-    let app = App::from_file(config, path.clone()).map_err(anyhow::Error::msg)?;
-    let shutdown = shutdown_signals()?;
-    let reloads = reload_signals(app.state().clone())?;
-    let running = crate::start(app).await?;
-    let _watching = if watch {
-        Some(crate::app::watch::watch(running.state().clone(), &path)?)
-    } else {
-        None
-    };
-    // One line on stdout for whoever started us (scripts, tests binding port 0).
-    writeln!(
-        std::io::stdout().lock(),
-        "switchyard listening on http://{}",
-        running.addr()
-    )?;
-    tracing::info!(
-        addr = %running.addr(),
-        workers = tokio::runtime::Handle::current().metrics().num_workers(),
-        "listening"
-    );
-    tokio::select! {
-        () = shutdown => {}
-        () = reloads => {}
-    }
-    running.shutdown().await;
-    Ok(0)
-}
-
-/// Reloads the configuration at every SIGHUP (the signal's listener is installed before the
-/// listening line is printed, as for [`shutdown_signals`]). Never resolves.
-#[cfg(unix)]
-fn reload_signals(
-    state: std::sync::Arc<crate::app::AppState>,
-) -> std::io::Result<impl std::future::Future<Output = ()>> {
-    use tokio::signal::unix::{signal, SignalKind};
-    let mut hangup = signal(SignalKind::hangup())?;
-    Ok(async move {
-        while hangup.recv().await.is_some() {
-            state.reload("SIGHUP").await;
+            insecure_no_auth,
+        } => {
+            let options = ServeOptions {
+                watch: watch_config,
+                insecure_no_auth,
+            };
+            match load_for_serve(&path, options) {
+                Ok(config) => serve(config, &path, options).await,
+                Err(e) => Ok(report_invalid(&e)),
+            }
         }
-        std::future::pending::<()>().await;
-    })
-}
-
-#[cfg(not(unix))]
-fn reload_signals(
-    _state: std::sync::Arc<crate::app::AppState>,
-) -> std::io::Result<impl std::future::Future<Output = ()>> {
-    Ok(std::future::pending::<()>())
+    }
 }
 
 fn report_invalid(e: &ConfigError) -> i32 {
@@ -420,7 +371,7 @@ fn report_invalid(e: &ConfigError) -> i32 {
 /// [`switchyard_observe::log::sink::LogSink`], behind its own filter (`SWITCHYARD_LOG`, `info` by default).
 /// The filter is the layer's, not the subscriber's: it decides what the log prints and
 /// nothing else. Request spans never pass through here (see [`switchyard_observe::telemetry`]).
-fn init_logging(format: LogFormat) {
+pub(super) fn init_logging(format: LogFormat) {
     use tracing_subscriber::filter::FilterExt as _;
     use tracing_subscriber::layer::SubscriberExt as _;
     use tracing_subscriber::util::SubscriberInitExt as _;
@@ -462,27 +413,4 @@ fn init_logging(format: LogFormat) {
             )
             .try_init(),
     };
-}
-
-/// Listens for SIGINT and SIGTERM. The listeners are installed before the listening line is
-/// printed: whoever reads that line may signal at once, and a signal that arrives before its
-/// listener exists takes the default action (exit without draining) instead of a shutdown.
-#[cfg(unix)]
-fn shutdown_signals() -> std::io::Result<impl std::future::Future<Output = ()>> {
-    use tokio::signal::unix::{signal, SignalKind};
-    let mut interrupt = signal(SignalKind::interrupt())?;
-    let mut terminate = signal(SignalKind::terminate())?;
-    Ok(async move {
-        tokio::select! {
-            _ = interrupt.recv() => {}
-            _ = terminate.recv() => {}
-        }
-    })
-}
-
-#[cfg(not(unix))]
-fn shutdown_signals() -> std::io::Result<impl std::future::Future<Output = ()>> {
-    Ok(async {
-        let _ = tokio::signal::ctrl_c().await;
-    })
 }
