@@ -178,6 +178,13 @@ impl Upstream {
                 request.headers_mut().insert(http::header::HOST, host);
             }
         }
+        // The engine's own key, on every request and probe alike; whatever credentials a
+        // client sent stay with Switchyard (see the proxy's forwarding rules).
+        if let Some(authorization) = &backend.authorization {
+            request
+                .headers_mut()
+                .insert(http::header::AUTHORIZATION, authorization.clone());
+        }
         loop {
             let (mut sender, reused) = match backend.connections.checkout() {
                 Some(sender) => (sender, true),

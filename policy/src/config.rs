@@ -28,6 +28,10 @@ pub struct Config {
     /// listener; `SIGHUP` still reloads the configuration.
     #[serde(default)]
     pub admin: Option<AdminConfig>,
+    /// Client keys (see [`crate::auth`]). Absent: the client listener asks for no key, and
+    /// Switchyard refuses to listen off loopback unless started with `--insecure-no-auth`.
+    #[serde(default)]
+    pub auth: Option<crate::auth::AuthConfig>,
     /// Running engines, by the name the models refer to them with.
     #[serde(default)]
     pub backends: BTreeMap<String, BackendConfig>,
@@ -301,6 +305,37 @@ pub struct BackendConfig {
     /// Switchyard starts, watches and stops this engine itself (a managed engine).
     #[serde(default)]
     pub launch: Option<crate::launch::LaunchConfig>,
+    /// The name of an environment variable holding this engine's own API key, sent to it as
+    /// `Authorization: Bearer` on every request and probe (a remote OpenAI-compatible server).
+    /// Read when the configuration is loaded; a variable that is not set is a problem there.
+    #[serde(default)]
+    pub api_key_env: Option<String>,
+    /// The key `api_key_env` names, filled in by the loader; never read from the file, never
+    /// written out (not serialized, `[redacted]` in `Debug`).
+    #[serde(skip)]
+    pub api_key: Option<Secret>,
+}
+
+/// A value that must never be shown: a backend's own API key. Its `Debug` says `[redacted]`, it
+/// has no `Display` and no `Serialize`; [`Secret::expose`] is the one way to its text.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Secret(String);
+
+impl Secret {
+    pub fn new(value: String) -> Self {
+        Self(value)
+    }
+
+    /// The secret's text, for the one place that sends it.
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl std::fmt::Debug for Secret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Secret([redacted])")
+    }
 }
 
 /// `drain_max_bytes` when not set: 4 MiB, some ten thousand streamed tokens of llama-server's

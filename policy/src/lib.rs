@@ -3,6 +3,7 @@
 //! Nothing here does I/O or needs an async runtime, so every decision can be unit-tested with
 //! plain values. The proxy loads configuration (files, environment) and acts on the decisions.
 
+pub mod auth;
 pub mod compare;
 pub mod config;
 pub mod launch;
@@ -12,7 +13,8 @@ pub mod validate;
 
 pub use config::{
     AdminConfig, BackendConfig, Config, DeclaredRelease, EngineKind, LedgerConfig, LogFormat,
-    ModelConfig, OnClientDisconnect, ServerConfig, ShadowConfig, ShadowWhen, TelemetryConfig,
+    ModelConfig, OnClientDisconnect, Secret, ServerConfig, ShadowConfig, ShadowWhen,
+    TelemetryConfig,
 };
 pub use launch::{LaunchConfig, StartMode, SwapGroupConfig};
 pub use routing::{Route, RoutingTable, ShadowRoute};

@@ -19,6 +19,8 @@ pub struct RequestRecord {
     pub method: http::Method,
     pub path: String,
     pub received: Instant,
+    /// The name of the client key the request was admitted with (`[auth]`); never the key.
+    pub client_key: Option<Arc<str>>,
     pub model: Option<Arc<str>>,
     pub backend: Option<Arc<str>>,
     pub variant: &'static str,
@@ -82,6 +84,7 @@ impl RequestRecord {
             method,
             path,
             received,
+            client_key: None,
             model: None,
             backend: None,
             // Set when the request is routed to a backend; empty for one that never was.

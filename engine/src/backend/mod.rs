@@ -71,6 +71,9 @@ pub struct Backend {
     contradiction: std::sync::Mutex<Option<String>>,
     /// The engine's process, when Switchyard runs it (`launch`).
     pub managed: Option<Arc<Managed>>,
+    /// `Bearer` and the backend's own key (`api_key_env`), sent on every request and probe to
+    /// the engine; marked sensitive, so that its `Debug` never shows it.
+    pub(crate) authorization: Option<http::HeaderValue>,
 }
 
 impl Backend {
@@ -123,7 +126,19 @@ impl Backend {
                 config.artifact.clone(),
             ))
         });
+        let authorization = match &config.api_key {
+            Some(key) => {
+                let mut value = http::HeaderValue::try_from(format!("Bearer {}", key.expose()))
+                    .map_err(|_| {
+                        format!("backends.{name}.api_key_env: the key holds characters an HTTP header cannot carry")
+                    })?;
+                value.set_sensitive(true);
+                Some(value)
+            }
+            None => None,
+        };
         Ok(Self {
+            authorization,
             name,
             config,
             adapter,

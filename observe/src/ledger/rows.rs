@@ -276,9 +276,10 @@ enum Text {
     Error,
     FallbackFrom,
     ReleaseId,
+    ClientKey,
 }
 
-const TEXTS: usize = Text::ReleaseId as usize + 1;
+const TEXTS: usize = Text::ClientKey as usize + 1;
 
 /// Optional strings, one after another in one `String`.
 #[derive(Debug)]
@@ -338,6 +339,7 @@ impl Row {
         values[Text::Error as usize] = r.error.as_deref();
         values[Text::FallbackFrom as usize] = r.fallback_from.as_deref();
         values[Text::ReleaseId as usize] = r.release.as_ref().map(|m| &*m.id);
+        values[Text::ClientKey as usize] = r.client_key.as_deref();
         Self {
             ts_ms: unix_ms(r.started_at),
             texts: Texts::new(values),
@@ -409,6 +411,7 @@ impl Row {
             Param::text(self.arm),
             Param::text(self.arm_key),
             Param::text(self.disconnect),
+            text(Text::ClientKey),
         ]
     }
 }
@@ -419,12 +422,14 @@ pub(super) const INSERT_REQUEST: &str =
         workload, sampling, sampling_json, output, status, error_class, error, prompt_tokens,
         cached_tokens, completion_tokens, queue_ms, load_ms, ttfb_ms, ttft_ms, prefill_ms,
         prefill_tokens, prefill_source, decode_ms, decode_tokens, decode_source, total_ms, warm,
-        streamed, client_disconnected, fallback_from, release_id, arm, arm_key, disconnect)
+        streamed, client_disconnected, fallback_from, release_id, arm, arm_key, disconnect,
+        client_key)
      VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19,
-        ?20, ?21, ?22, ?23, ?24, ?25, ?26, ?27, ?28, ?29, ?30, ?31, ?32, ?33, ?34, ?35, ?36, ?37, ?38)";
+        ?20, ?21, ?22, ?23, ?24, ?25, ?26, ?27, ?28, ?29, ?30, ?31, ?32, ?33, ?34, ?35, ?36, ?37, ?38,
+        ?39)";
 
 /// The request insert's parameter count.
-pub(super) const REQUEST_PARAMS: usize = 38;
+pub(super) const REQUEST_PARAMS: usize = 39;
 
 /// One parameter value of the request insert, borrowed from its row.
 #[derive(Debug, Clone, Copy)]

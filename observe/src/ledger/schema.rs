@@ -229,6 +229,10 @@ pub(super) const MIGRATIONS: &[&str] = &[
     r#"
     ALTER TABLE requests ADD COLUMN disconnect TEXT;
     "#,
+    // 10: the name of the client key a request was admitted with (`[auth]`), never the key.
+    r#"
+    ALTER TABLE requests ADD COLUMN client_key TEXT;
+    "#,
 ];
 
 /// Opens (creating and migrating) the ledger database, for the writer.

@@ -85,6 +85,14 @@ pub(super) struct HeadLabels {
     pub(super) status: u16,
 }
 
+/// `switchyard_auth_total`: a client key's name (`""` when none was presented or it is
+/// unknown) and what became of its request at the door.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+pub(super) struct AuthLabels {
+    pub(super) key: Arc<str>,
+    pub(super) outcome: &'static str,
+}
+
 /// `switchyard_config_reloads_total`: how a reload ended (`applied`, `unchanged`, `rejected`).
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
 pub(super) struct ReloadLabels {
@@ -155,6 +163,7 @@ pub(super) struct Families {
     pub(super) skipped: Family<ShadowLabels, Counter>,
     pub(super) idle_closed: Counter,
     pub(super) rejected_heads: Family<HeadLabels, Counter>,
+    pub(super) auth: Family<AuthLabels, Counter>,
     pub(super) reloads: Family<ReloadLabels, Counter>,
     pub(super) reload_ok: Gauge,
     pub(super) release_weight: Family<ReleaseLabels, Gauge>,
@@ -187,6 +196,7 @@ impl Families {
             skipped: Family::default(),
             idle_closed: Counter::default(),
             rejected_heads: Family::default(),
+            auth: Family::default(),
             reloads: Family::default(),
             reload_ok: Gauge::default(),
             release_weight: Family::default(),
@@ -277,6 +287,11 @@ impl Families {
             "switchyard_rejected_request_heads",
             "Request heads that could not be parsed (a malformed request line or header, a URI or head too large), answered before routing",
             f.rejected_heads.clone(),
+        );
+        registry.register(
+            "switchyard_auth",
+            "Requests on the client listener by client key (its name; empty when none or an unknown one was presented) and outcome: accepted, missing, invalid (401), rate_limited, concurrency_limited (429), not_permitted (403), model_denied (404 for a model the key may not use)",
+            f.auth.clone(),
         );
         registry.register(
             "switchyard_shadow_comparisons",

@@ -25,12 +25,13 @@
 //! | `switchyard_ledger_records_written_total` | counter | none |
 //! | `switchyard_ledger_records_dropped_total` | counter | none |
 //! | `switchyard_idle_connections_closed_total` | counter | none |
-//! | `switchyard_rejected_request_heads_total` | counter | `status` (`400`, `414`, `431`) |
+//! | `switchyard_rejected_request_heads_total` | counter | `status` (`400`, `414`, `431`, `501`) |
+//! | `switchyard_auth_total` | counter | `key`, `outcome` (see [`AUTH_OUTCOMES`]) |
 //! | `switchyard_shadow_comparisons_total` | counter | `model`, `candidate`, `verdict` |
 //! | `switchyard_shadow_skipped_total` | counter | `model`, `candidate` |
 //! | `switchyard_trace_spans_{exported,dropped,failed}_total` | counter | none (traces on only) |
 //!
-//! Label values come from configuration (public model names, backend names), never from what a
+//! Label values come from configuration (public model names, backend and key names), never from what a
 //! client sent: a request that was not routed (unknown model, malformed body) is counted with
 //! `model=""`, `backend=""` and `variant=""`, so clients cannot grow the number of series.
 //!
@@ -48,7 +49,9 @@ use std::sync::Arc;
 
 use arc_swap::ArcSwap;
 use prometheus_client::encoding::prometheus_text;
-use prometheus_client::metrics::counter::{ConstCounter, Counter};
+use prometheus_client::metrics::counter::ConstCounter;
+/// A counter's handle: the proxy keeps those of each client key's outcomes.
+pub use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 use switchyard_policy::compare::Verdict;
@@ -68,9 +71,25 @@ pub const CONTENT_TYPE: &str = prometheus_text::CONTENT_TYPE;
 
 /// The statuses hyper's HTTP/1 server answers a request head it cannot parse with (`400` a
 /// malformed request line or header, `414` a URI too long, `431` too many headers or a head too
-/// large), before any request reaches the service; the `status` label values of
+/// large), before any request reaches the service, and `501`, Switchyard's own answer to a
+/// `Transfer-Encoding` it cannot read; the `status` label values of
 /// `switchyard_rejected_request_heads_total`, in the order of its counters.
-pub const REJECTED_HEAD_STATUSES: [u16; 3] = [400, 414, 431];
+pub const REJECTED_HEAD_STATUSES: [u16; 4] = [400, 414, 431, 501];
+
+/// The `outcome` values of `switchyard_auth_total`: `accepted`; `missing` and `invalid` (no
+/// key, an unknown key: 401, counted with `key=""`); `rate_limited` and `concurrency_limited`
+/// (429); `not_permitted` (a key limited to some models asked for `/readyz` or `/metrics`:
+/// 403); `model_denied` (a key asked for a model it may not use: 404, counted besides its
+/// `accepted`).
+pub const AUTH_OUTCOMES: [&str; 7] = [
+    "accepted",
+    "missing",
+    "invalid",
+    "rate_limited",
+    "concurrency_limited",
+    "not_permitted",
+    "model_denied",
+];
 
 /// Upper bounds, in seconds, of the latency histograms: from a queue wait of a millisecond to a
 /// two-minute generation on a CPU.
@@ -376,6 +395,17 @@ impl Metrics {
     /// Counts a connection closed because its client sent nothing within the idle timeout.
     pub fn idle_connection_closed(&self) {
         self.families.idle_closed.inc();
+    }
+
+    /// The counter of `switchyard_auth_total{key,outcome}`, created (at 0) when new: the proxy
+    /// keeps each configured key's handles, so the request path never looks one up.
+    pub fn auth_counter(&self, key: &str, outcome: &'static str) -> Counter {
+        self.families
+            .auth
+            .get_or_create_owned(&families::AuthLabels {
+                key: Arc::from(key),
+                outcome,
+            })
     }
 
     /// Counts a request head hyper could not parse and answered with `status`, one of

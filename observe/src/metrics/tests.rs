@@ -458,6 +458,7 @@ const DOCUMENTED: &[(&str, &str, &[&str])] = &[
         "counter",
         &["status"],
     ),
+    ("switchyard_auth_total", "counter", &["key", "outcome"]),
     ("switchyard_config_reloads_total", "counter", &["result"]),
     ("switchyard_config_last_reload_successful", "gauge", &[]),
     ("switchyard_release_weight", "gauge", &["model"]),
@@ -508,7 +509,11 @@ fn every_family_is_written_as_documented() {
     m.release_decision("smollm2", "advance");
     m.release_state("smollm2", "running");
     m.rejected_request_head(431);
+    m.rejected_request_head(501);
     m.rejected_request_head(999);
+    let accepted = m.auth_counter("agent", "accepted");
+    accepted.inc();
+    drop(m.auth_counter("", "missing"));
     m.ledger_written.inc_by(3);
     let text = m.render_with(Some(SpanCounts::default()));
 
@@ -541,6 +546,12 @@ fn every_family_is_written_as_documented() {
     assert!(text.contains("switchyard_idle_connections_closed_total 1\n"));
     assert!(text.contains("switchyard_rejected_request_heads_total{status=\"431\"} 1\n"));
     assert!(text.contains("switchyard_rejected_request_heads_total{status=\"400\"} 0\n"));
+    assert!(text.contains("switchyard_rejected_request_heads_total{status=\"501\"} 1\n"));
+    assert!(text.contains("switchyard_auth_total{key=\"agent\",outcome=\"accepted\"} 1\n"));
+    assert!(text.contains("switchyard_auth_total{key=\"\",outcome=\"missing\"} 0\n"));
+    // The handle kept by the proxy and the family's series are one counter.
+    m.auth_counter("agent", "accepted").inc();
+    assert_eq!(accepted.get(), 2);
     assert!(text.contains("switchyard_identity_contradictions_total{backend=\"llama\"} 1\n"));
     assert!(text.contains(&format!(
         "switchyard_request_errors_total{{{ROUTED},error_class=\"upstream\"}} 1\n"

@@ -195,6 +195,9 @@ fn attributes(operation: &'static str, r: &RequestRecord) -> Vec<KeyValue> {
         ));
     }
     a.push(KeyValue::new("switchyard.request_id", r.id.clone()));
+    if let Some(key) = &r.client_key {
+        a.push(KeyValue::new("switchyard.client_key", text(key)));
+    }
     if let Some(backend) = &r.backend {
         a.push(KeyValue::new("switchyard.backend", text(backend)));
         a.push(KeyValue::new("switchyard.variant", r.variant));

@@ -8,6 +8,14 @@ pub(super) fn is_valid_name(name: &str) -> bool {
             .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
 }
 
+/// Whether `name` can name an environment variable: letters, digits and `_`, not starting with
+/// a digit (what a shell can set).
+pub(super) fn is_env_name(name: &str) -> bool {
+    !name.is_empty()
+        && !name.starts_with(|c: char| c.is_ascii_digit())
+        && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
+}
+
 /// Whether two listen addresses would take the same port (port 0 is a fresh one each time).
 pub(super) fn same_listener(a: std::net::SocketAddr, b: std::net::SocketAddr) -> bool {
     a.port() != 0

@@ -15,8 +15,8 @@ use std::fmt;
 use crate::config::{BackendConfig, Config, OnClientDisconnect};
 
 use checks::{
-    check_origin, check_otlp_endpoint, check_url, is_valid_name, same_listener, url_is_loopback,
-    url_reaches,
+    check_origin, check_otlp_endpoint, check_url, is_env_name, is_valid_name, same_listener,
+    url_is_loopback, url_reaches,
 };
 
 /// The least part of `server.shutdown_timeout_ms` left after the drain: for answering the
@@ -166,6 +166,19 @@ pub fn validate(config: &Config) -> Vec<Problem> {
         }
     }
 
+    if let Some(auth) = &config.auth {
+        let is_model = |name: &str| {
+            config.models.contains_key(name)
+                || config
+                    .models
+                    .values()
+                    .any(|m| m.aliases.iter().any(|a| a == name))
+        };
+        for (key, message) in crate::auth::problems(auth, is_model) {
+            problems.push(Problem::new(format!("auth.{key}"), message));
+        }
+    }
+
     for (name, group) in &config.swap_groups {
         if group.max_wait_ms == 0 {
             problems.push(Problem::new(
@@ -233,6 +246,19 @@ pub fn validate(config: &Config) -> Vec<Problem> {
                 format!("{at}.require_verified_identity"),
                 "needs `artifact`: there is nothing to verify the engine against",
             ));
+        }
+        if let Some(env) = &backend.api_key_env {
+            if !is_env_name(env) {
+                problems.push(Problem::new(
+                    format!("{at}.api_key_env"),
+                    format!("\"{env}\" is not the name of an environment variable (letters, digits and '_', not starting with a digit)"),
+                ));
+            } else if env.starts_with("SWITCHYARD_") {
+                problems.push(Problem::new(
+                    format!("{at}.api_key_env"),
+                    format!("\"{env}\": names starting with SWITCHYARD_ are Switchyard's own settings; name the engine's key otherwise (e.g. ENGINE_API_KEY)"),
+                ));
+            }
         }
         if let Some(upstream) = &backend.upstream_model {
             if upstream.is_empty() {

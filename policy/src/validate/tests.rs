@@ -379,3 +379,93 @@ fn cors_origins_are_origins_and_star_stands_alone() {
         ["server.shutdown_timeout_ms", "server.cors_origins[1]"]
     );
 }
+
+#[test]
+fn client_keys_are_checked_against_the_models_with_their_paths() {
+    let digest = crate::auth::digest_text(b"sy-k");
+    let config = parse(&format!(
+        r#"
+        [auth.keys.agent]
+        digest = "{digest}"
+        models = ["default", "nope"]
+        rpm = 0
+        [auth.keys.broken]
+        digest = "sha256:00"
+        [backends.llama]
+        engine = "llama.cpp"
+        url = "http://127.0.0.1:8081"
+        api_key_env = "1BAD-NAME"
+        [backends.remote]
+        engine = "openai"
+        url = "http://127.0.0.1:8082"
+        api_key_env = "REMOTE_KEY"
+        [models.smollm2]
+        aliases = ["default"]
+        primary = "llama"
+    "#
+    ));
+    let paths: Vec<String> = validate(&config).into_iter().map(|p| p.path).collect();
+    assert_eq!(
+        paths,
+        vec![
+            "auth.keys.agent.models[1]",
+            "auth.keys.agent.rpm",
+            "auth.keys.broken.digest",
+            "backends.llama.api_key_env",
+        ]
+    );
+}
+
+#[test]
+fn an_empty_auth_section_is_valid_and_locks_the_listener() {
+    let config = parse(
+        r#"
+        [auth]
+        [backends.llama]
+        engine = "llama.cpp"
+        url = "http://127.0.0.1:8081"
+        [models.smollm2]
+        primary = "llama"
+    "#,
+    );
+    assert_eq!(validate(&config), vec![]);
+    assert_eq!(config.auth.map(|a| a.keys.len()), Some(0));
+}
+
+#[test]
+fn a_key_in_the_file_is_not_a_setting() {
+    let refused: Result<Config, _> = toml::from_str(
+        r#"
+        [backends.llama]
+        engine = "openai"
+        url = "http://127.0.0.1:8081"
+        api_key = "sk-in-the-file"
+        [models.smollm2]
+        primary = "llama"
+    "#,
+    );
+    let message = refused.unwrap_err().to_string();
+    assert!(message.contains("unknown field `api_key`"), "{message}");
+}
+
+#[test]
+fn a_backend_key_is_never_shown() {
+    let mut config = parse(
+        r#"
+        [backends.llama]
+        engine = "openai"
+        url = "http://127.0.0.1:8081"
+        api_key_env = "REMOTE_KEY"
+        [models.smollm2]
+        primary = "llama"
+    "#,
+    );
+    let backend = config.backends.get_mut("llama").unwrap();
+    backend.api_key = Some(crate::config::Secret::new("sk-very-secret".into()));
+    let debug = format!("{config:?}");
+    assert!(!debug.contains("sk-very-secret"), "{debug}");
+    assert!(debug.contains("[redacted]"), "{debug}");
+    let toml = toml::to_string(&config).unwrap();
+    assert!(!toml.contains("sk-very-secret"), "{toml}");
+    assert!(toml.contains("REMOTE_KEY"), "{toml}");
+}

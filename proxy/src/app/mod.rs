@@ -61,6 +61,9 @@ pub struct AppState {
     /// Swap groups by name, kept across reloads: the members of one configuration and of the
     /// next take turns in the same group.
     swap_groups: Mutex<std::collections::BTreeMap<String, Arc<Group>>>,
+    /// Started with `--insecure-no-auth`: a reload may leave a client listener off loopback
+    /// without `[auth]`.
+    no_auth_allowed: std::sync::atomic::AtomicBool,
 }
 
 /// The background work of a running application, kept so that a reload can start the probes
@@ -175,6 +178,13 @@ impl Running {
 }
 
 impl AppState {
+    /// Lets a reload leave the client listener off loopback without client keys, as
+    /// `serve --insecure-no-auth` started it.
+    pub fn allow_no_auth(&self) {
+        self.no_auth_allowed
+            .store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+
     /// The configuration of the current snapshot.
     pub fn config(&self) -> Arc<Config> {
         self.live.load().config.clone()
@@ -386,6 +396,7 @@ impl App {
                 releases,
                 engines: TaskTracker::new(),
                 swap_groups: Mutex::default(),
+                no_auth_allowed: std::sync::atomic::AtomicBool::new(false),
             }),
         })
     }

@@ -142,6 +142,18 @@ impl AppState {
                         )
                     })
                     .collect();
+                // A reload does not open a client listener off loopback that `serve` would
+                // have refused to open.
+                let allowed = self
+                    .no_auth_allowed
+                    .load(std::sync::atomic::Ordering::Relaxed);
+                if let Some(why) = switchyard_policy::auth::exposure_problem(
+                    config.server.listen,
+                    config.auth.as_ref(),
+                    allowed,
+                ) {
+                    reload.problems.push(format!("auth: {why}"));
+                }
                 if reload.problems.is_empty() && changes.is_empty() {
                     reload.outcome = Outcome::Unchanged;
                 } else if reload.problems.is_empty() {

@@ -8,6 +8,7 @@ use clap::{Parser, Subcommand};
 mod admin;
 mod discover;
 mod init;
+mod keys;
 mod offline;
 mod release;
 mod serve;
@@ -50,6 +51,11 @@ pub enum Command {
     Admin {
         #[command(subcommand)]
         command: admin::AdminCommand,
+    },
+    /// Client keys ([auth]) of a configuration file: add (prints the key once), list, revoke.
+    Keys {
+        #[command(subcommand)]
+        command: keys::KeysCommand,
     },
     /// Canary releases: move a model to a candidate backend a step at a time, on evidence.
     Release {
@@ -102,8 +108,7 @@ pub fn main(cli: Cli) -> anyhow::Result<i32> {
             Ok(loaded) => loaded,
             Err(e) => return Ok(report_invalid(&e)),
         };
-        let watch = args.watch_config;
-        return runtime(config.server.workers)?.block_on(serve::serve(config, source, watch, &log));
+        return runtime(config.server.workers)?.block_on(serve::serve(config, source, args, &log));
     }
     runtime(None)?.block_on(run(cli, &log))
 }
@@ -147,6 +152,7 @@ pub async fn run(cli: Cli, log: &str) -> anyhow::Result<i32> {
             }
         }
         Command::Admin { command } => admin::run(command).await,
+        Command::Keys { command } => keys::run(command),
         Command::Release { command } => release::run(command).await,
         Command::Fingerprint { path } => {
             let digest = tokio::task::spawn_blocking(move || {
@@ -164,7 +170,7 @@ pub async fn run(cli: Cli, log: &str) -> anyhow::Result<i32> {
                 Ok(loaded) => loaded,
                 Err(e) => return Ok(report_invalid(&e)),
             };
-            serve::serve(config, source, args.watch_config, log).await
+            serve::serve(config, source, &args, log).await
         }
     }
 }

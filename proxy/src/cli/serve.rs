@@ -11,6 +11,7 @@ use tracing_subscriber::EnvFilter;
 
 use crate::config::{self, ConfigError, Source};
 use crate::App;
+use switchyard_policy::Problem;
 
 #[derive(Debug, Args)]
 pub struct ServeArgs {
@@ -29,11 +30,16 @@ pub struct ServeArgs {
     /// Re-read the configuration whenever its file is saved.
     #[arg(long)]
     pub watch_config: bool,
+    /// Serve a client listener off loopback without client keys ([auth]): anyone who can
+    /// reach it can use every engine. Logged as a warning at every start.
+    #[arg(long)]
+    pub insecure_no_auth: bool,
 }
 
 impl ServeArgs {
-    /// The configuration `serve` starts with: valid, and with a readable admin tokens file
-    /// when one is configured (every admin call would be refused otherwise). Missing identity
+    /// The configuration `serve` starts with: valid, with a readable admin tokens file when
+    /// one is configured (every admin call would be refused otherwise), and with client keys
+    /// when its client listener is off loopback, unless `--insecure-no-auth`. Missing identity
     /// files are not refused: the backend starts with its identity unknown, and says so.
     pub(super) fn load(&self) -> Result<(switchyard_policy::Config, Source), ConfigError> {
         let path = super::discover::config_path(self.config.clone())?;
@@ -45,11 +51,21 @@ impl ServeArgs {
             listen: self.listen,
         };
         let config = source.load()?;
-        match config::tokens_problems(&config) {
-            Some(problem) => Err(ConfigError {
-                problems: vec![problem],
-            }),
-            None => Ok((config, source)),
+        let mut problems: Vec<Problem> = config::tokens_problems(&config).into_iter().collect();
+        if let Some(message) = switchyard_policy::auth::exposure_problem(
+            config.server.listen,
+            config.auth.as_ref(),
+            self.insecure_no_auth,
+        ) {
+            problems.push(Problem {
+                path: "server.listen".to_owned(),
+                message,
+            });
+        }
+        if problems.is_empty() {
+            Ok((config, source))
+        } else {
+            Err(ConfigError { problems })
         }
     }
 }
@@ -59,16 +75,30 @@ impl ServeArgs {
 pub(super) async fn serve(
     config: switchyard_policy::Config,
     source: Source,
-    watch: bool,
+    args: &ServeArgs,
     log: &str,
 ) -> anyhow::Result<i32> {
     init_logging(config.server.log_format, log);
+    if args.insecure_no_auth {
+        match &config.auth {
+            None => tracing::warn!(
+                listen = %config.server.listen,
+                "serving without client keys (--insecure-no-auth): whoever reaches the client listener can use every engine; add keys with `switchyard keys add NAME`"
+            ),
+            Some(_) => {
+                tracing::info!("--insecure-no-auth has no effect: [auth] asks for client keys")
+            }
+        }
+    }
     let path = source.path.clone();
     let app = App::from_file(config, source).map_err(anyhow::Error::msg)?;
+    if args.insecure_no_auth {
+        app.state().allow_no_auth();
+    }
     let mut signals = ShutdownSignals::install()?;
     let reloads = reload_signals(app.state().clone())?;
     let running = crate::start(app).await?;
-    let _watching = if watch {
+    let _watching = if args.watch_config {
         Some(crate::app::watch::watch(running.state().clone(), &path)?)
     } else {
         None

@@ -2,6 +2,7 @@
 //! (`SWITCHYARD_SERVER__LISTEN=127.0.0.1:9000` sets `server.listen`), then one validation pass
 //! that reports every problem with its key path.
 
+pub mod keys;
 mod paths;
 pub mod tokens;
 
@@ -57,16 +58,26 @@ impl Source {
 
     /// Loads and validates the file, then the environment's overrides, then the command line's.
     pub fn load(&self) -> Result<Config, ConfigError> {
-        load_over(&self.path, self.listen)
+        load_over(&self.path, self.listen, true)
     }
 }
 
 /// Loads and validates the configuration at `path` with the process environment's overrides.
 pub fn load(path: &Path) -> Result<Config, ConfigError> {
-    load_over(path, None)
+    load_over(path, None, true)
 }
 
-fn load_over(path: &Path, listen: Option<SocketAddr>) -> Result<Config, ConfigError> {
+/// [`load`], without reading the backends' keys (`api_key_env`) from the environment: what
+/// `switchyard keys` checks an edit with, from a shell that need not hold the engines' keys.
+pub fn load_file(path: &Path) -> Result<Config, ConfigError> {
+    load_over(path, None, false)
+}
+
+fn load_over(
+    path: &Path,
+    listen: Option<SocketAddr>,
+    read_keys: bool,
+) -> Result<Config, ConfigError> {
     if !path.is_file() {
         return Err(ConfigError {
             problems: vec![Problem {
@@ -81,7 +92,7 @@ fn load_over(path: &Path, listen: Option<SocketAddr>) -> Result<Config, ConfigEr
     if let Some(listen) = listen {
         figment = figment.merge(("server.listen", listen.to_string()));
     }
-    let mut config = from_figment(figment)?;
+    let mut config = from_figment_with(figment, read_keys)?;
     paths::resolve(&mut config, &paths::base_of(path));
     Ok(config)
 }
@@ -120,7 +131,11 @@ pub(crate) fn overrides() -> Env {
 
 /// Validates a figment (used by `load`, and by tests with in-memory sources).
 pub fn from_figment(figment: Figment) -> Result<Config, ConfigError> {
-    let config: Config = match figment.extract() {
+    from_figment_with(figment, true)
+}
+
+fn from_figment_with(figment: Figment, read_keys: bool) -> Result<Config, ConfigError> {
+    let mut config: Config = match figment.extract() {
         Ok(config) => config,
         Err(whole) => {
             return Err(ConfigError {
@@ -128,12 +143,50 @@ pub fn from_figment(figment: Figment) -> Result<Config, ConfigError> {
             })
         }
     };
-    let problems = validate(&config);
+    let mut problems = validate(&config);
+    if read_keys {
+        problems.extend(backend_keys(&mut config, &problems));
+    }
     if problems.is_empty() {
         Ok(config)
     } else {
         Err(ConfigError { problems })
     }
+}
+
+/// Reads each backend's `api_key_env` from the environment into its `api_key`: a variable that
+/// is not set, is empty, or holds what an HTTP header cannot carry is a problem that names the
+/// variable (never its value). A name `validate` already refused (in `problems`) is not read.
+fn backend_keys(config: &mut Config, problems: &[Problem]) -> Vec<Problem> {
+    let mut found = Vec::new();
+    for (name, backend) in &mut config.backends {
+        let Some(var) = &backend.api_key_env else {
+            continue;
+        };
+        let path = format!("backends.{name}.api_key_env");
+        if problems.iter().any(|p| p.path == path) {
+            continue;
+        }
+        let why = match std::env::var(var) {
+            Ok(value) if value.is_empty() => "is empty",
+            Ok(value) if http::HeaderValue::try_from(format!("Bearer {value}")).is_err() => {
+                "holds characters an HTTP header cannot carry"
+            }
+            Ok(value) => {
+                backend.api_key = Some(switchyard_policy::Secret::new(value));
+                continue;
+            }
+            Err(std::env::VarError::NotPresent) => "is not set",
+            Err(std::env::VarError::NotUnicode(_)) => "is not valid UTF-8",
+        };
+        found.push(Problem {
+            path,
+            message: format!(
+                "the environment variable {var} {why}: it must hold this backend's API key"
+            ),
+        });
+    }
+    found
 }
 
 /// The files a configuration names that are not there or do not read: each backend's
@@ -233,6 +286,10 @@ fn every_value_problem(figment: &Figment, whole: figment::Error) -> Vec<Problem>
         read_part::<TelemetryConfig>(figment, "telemetry"),
     );
     read("admin".into(), read_part::<AdminConfig>(figment, "admin"));
+    read(
+        "auth".into(),
+        read_part::<switchyard_policy::auth::AuthConfig>(figment, "auth"),
+    );
     for section in ["backends", "models", "plans", "swap_groups"] {
         let Ok(figment::value::Value::Dict(_, entries)) = figment.find_value(section) else {
             continue;
@@ -290,6 +347,7 @@ struct Sections {
     ledger: Option<serde::de::IgnoredAny>,
     telemetry: Option<serde::de::IgnoredAny>,
     admin: Option<serde::de::IgnoredAny>,
+    auth: Option<serde::de::IgnoredAny>,
     backends: Option<serde::de::IgnoredAny>,
     models: Option<serde::de::IgnoredAny>,
     plans: Option<serde::de::IgnoredAny>,
@@ -305,138 +363,4 @@ fn describe_kind(e: &figment::Error) -> String {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    const BASE: &str = r#"
-        [backends.llama]
-        engine = "llama.cpp"
-        url = "http://127.0.0.1:8081"
-        [models.smollm2]
-        primary = "llama"
-    "#;
-
-    #[test]
-    fn environment_overrides_the_file() {
-        let figment = Figment::new().merge(Toml::string(BASE)).merge(
-            figment::providers::Serialized::default("server.listen", "127.0.0.1:9999"),
-        );
-        let config = from_figment(figment).unwrap();
-        assert_eq!(config.server.listen.port(), 9999);
-    }
-
-    #[test]
-    fn unknown_key_is_reported_with_its_path() {
-        let figment =
-            Figment::new().merge(Toml::string(&format!("{BASE}\n[server]\nlisen = \"x\"\n")));
-        let err = from_figment(figment).unwrap_err();
-        assert_eq!(err.problems.len(), 1);
-        assert!(err.problems[0].to_string().contains("lisen"), "{err}");
-    }
-
-    #[test]
-    fn check_reports_identity_files_that_are_not_there() {
-        let dir = tempfile::tempdir().unwrap();
-        let model = dir.path().join("model.gguf");
-        std::fs::write(&model, b"GGUF").unwrap();
-        let missing = dir.path().join("gone.gguf");
-        let toml = format!(
-            r#"
-            [backends.here]
-            engine = "llama.cpp"
-            url = "http://127.0.0.1:8081"
-            artifact = "{model}"
-            binary = "{model}"
-            [backends.there]
-            engine = "mlx"
-            url = "http://127.0.0.1:8082"
-            artifact = "{missing}"
-            binary = "{dir}"
-            [models.a]
-            primary = "here"
-            fallback = ["there"]
-        "#,
-            model = model.display(),
-            missing = missing.display(),
-            dir = dir.path().display(),
-        );
-        let config = from_figment(Figment::new().merge(Toml::string(&toml))).unwrap();
-        let problems = missing_files(&config);
-        let paths: Vec<_> = problems.iter().map(|p| p.path.as_str()).collect();
-        assert_eq!(
-            paths,
-            vec!["backends.there.artifact", "backends.there.binary"]
-        );
-        assert!(
-            problems[0].message.contains("no such file or directory"),
-            "{}",
-            problems[0]
-        );
-        assert!(
-            problems[1].message.contains("is not a file"),
-            "{}",
-            problems[1]
-        );
-    }
-
-    #[test]
-    fn every_bad_value_is_reported_not_only_the_first() {
-        let figment = Figment::new().merge(Toml::string(
-            r#"
-            [server]
-            probe_interval_ms = "fast"
-            [backends.llama]
-            engine = "llama"
-            url = "http://127.0.0.1:8081"
-            [backends.mlx]
-            engine = "mlx"
-            url = "http://127.0.0.1:8082"
-            max_concurrency = -1
-            [models.smollm2]
-            primary = 7
-            [sever]
-            listen = "x"
-        "#,
-        ));
-        let err = from_figment(figment).unwrap_err();
-        let mut paths: Vec<_> = err.problems.iter().map(|p| p.path.as_str()).collect();
-        paths.sort_unstable();
-        assert_eq!(
-            paths,
-            vec![
-                "backends.llama.engine",
-                "backends.mlx.max_concurrency",
-                "models.smollm2.primary",
-                "server.probe_interval_ms",
-                "sever"
-            ],
-            "{err}"
-        );
-        assert!(err.problems[0].message.contains("unknown field"), "{err}");
-    }
-
-    #[test]
-    fn the_sections_read_for_their_names_are_the_configuration_s() {
-        let config = from_figment(Figment::new().merge(Toml::string(BASE))).unwrap();
-        let value = serde_json::to_value(&config).unwrap();
-        let keys: Vec<&String> = value.as_object().unwrap().keys().collect();
-        assert_eq!(keys.len(), 8, "{keys:?}");
-        serde_json::from_value::<Sections>(value.clone()).unwrap();
-    }
-
-    #[test]
-    fn semantic_problems_all_listed() {
-        let figment = Figment::new().merge(Toml::string(
-            r#"
-            [backends.llama]
-            engine = "llama.cpp"
-            url = "ftp://x"
-            [models.a]
-            primary = "nope"
-        "#,
-        ));
-        let err = from_figment(figment).unwrap_err();
-        let paths: Vec<_> = err.problems.iter().map(|p| p.path.as_str()).collect();
-        assert_eq!(paths, vec!["backends.llama.url", "models.a.primary"]);
-    }
-}
+mod tests;

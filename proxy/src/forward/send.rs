@@ -1,5 +1,5 @@
 //! Sending, the innermost per-backend stage: the engine's request is built from the client's
-//! (hop-by-hop headers dropped, `model` spliced when the backend needs another name, this
+//! (hop-by-hop headers and the client's credentials dropped, `model` spliced when the backend needs another name, this
 //! request's id and trace context added) and sent on a kept-alive connection; the answer's head
 //! comes back with the context and what the request holds while the engine works on it
 //! ([`Exchange`]). A client that leaves before the head arrived cancels the request, or, when
@@ -22,7 +22,7 @@ use super::context::{Attempt, Ctx, Failed};
 use super::drain::Drain;
 use super::request::{splice_model, Head, Outgoing};
 use super::Held;
-use crate::http::headers::{connection_options, is_hop_by_hop, X_REQUEST_ID};
+use crate::http::headers::{connection_options, is_client_credential, is_hop_by_hop, X_REQUEST_ID};
 use crate::http::ProxyError;
 use crate::recording::Recorder;
 
@@ -241,7 +241,7 @@ fn upstream_request(
     headers.reserve(head.headers.len() + 3);
     let options = connection_options(&head.headers);
     for (name, value) in &head.headers {
-        if !is_hop_by_hop(name) && !options.contains(name) {
+        if !is_hop_by_hop(name) && !is_client_credential(name) && !options.contains(name) {
             headers.append(name.clone(), value.clone());
         }
     }

@@ -28,8 +28,8 @@ pub(crate) trait StreamBody: Body<Data = Bytes, Error = BoxError> + Send + Unpin
 /// Every response body Switchyard sends.
 pub struct ProxyBody {
     kind: Kind,
-    /// Kept until the body is done with (see `stack::Activity`); only on connections whose
-    /// idleness Switchyard times itself.
+    /// Kept until the body is done with: a request's mark on a connection whose idleness
+    /// Switchyard times itself (see `stack::Activity`), its client key's concurrency permit.
     held: Option<Box<dyn Send + Sync>>,
 }
 
@@ -75,9 +75,13 @@ impl ProxyBody {
         }
     }
 
-    /// Keeps `held` alive as long as this body.
+    /// Keeps `held` alive as long as this body, with whatever it holds already (a request's
+    /// mark on its connection, its client key's concurrency permit).
     pub(crate) fn holding(mut self, held: impl Send + Sync + 'static) -> Self {
-        self.held = Some(Box::new(held));
+        self.held = Some(match self.held.take() {
+            Some(before) => Box::new((before, held)),
+            None => Box::new(held),
+        });
         self
     }
 

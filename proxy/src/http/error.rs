@@ -78,6 +78,30 @@ pub enum ProxyError {
         ms: u64,
         retry_after: u64,
     },
+    /// `[auth]` is configured and the request carries no key (`Authorization: Bearer` or
+    /// `x-api-key`).
+    #[error("You didn't provide an API key. Send it in an Authorization header using Bearer auth (Authorization: Bearer YOUR_KEY), or in an x-api-key header.")]
+    MissingApiKey,
+    /// The key presented is none of `[auth]`'s; the message never quotes it.
+    #[error("Incorrect API key provided.")]
+    InvalidApiKey,
+    /// The key started its `rpm` requests in the last minute; nothing was sent.
+    #[error("Rate limit reached for key `{key}` on requests per minute (rpm): limit {rpm}. This request was not sent to any engine. Retry after {retry_after} s.")]
+    KeyRateLimited {
+        key: String,
+        rpm: u32,
+        retry_after: u64,
+    },
+    /// The key has `concurrency` requests under way already; nothing was sent.
+    #[error("Key `{key}` already has {limit} requests under way (its concurrency limit). This request was not sent to any engine. Retry once one of them is complete.")]
+    KeyConcurrencyLimited { key: String, limit: u32 },
+    /// A key limited to some models asked for what shows every model (`/readyz`, `/metrics`).
+    #[error("Key `{key}` is limited to some models and may not read {path}.")]
+    KeyNotPermitted { key: String, path: String },
+    /// The request's `Transfer-Encoding` names a coding other than `chunked` (RFC 9112,
+    /// section 6.1): its body cannot be read, so nothing is forwarded.
+    #[error("Transfer-Encoding `{0}` is not supported: Switchyard reads only `chunked` bodies (and plain ones with a Content-Length). Send the body without that coding.")]
+    UnsupportedTransferEncoding(String),
     /// `x-switchyard-arm` was sent without what it needs (see `route::release`).
     #[error("The arm of model `{model}`'s release cannot be forced: {why}")]
     ArmNotForced { model: String, why: String },
@@ -100,8 +124,12 @@ impl ProxyError {
             | Self::NotAnObject
             | Self::MissingModel
             | Self::ModelNotString => StatusCode::BAD_REQUEST,
-            Self::ArmNotForced { .. } => StatusCode::FORBIDDEN,
-            Self::QueueFull { .. } => StatusCode::TOO_MANY_REQUESTS,
+            Self::ArmNotForced { .. } | Self::KeyNotPermitted { .. } => StatusCode::FORBIDDEN,
+            Self::MissingApiKey | Self::InvalidApiKey => StatusCode::UNAUTHORIZED,
+            Self::QueueFull { .. }
+            | Self::KeyRateLimited { .. }
+            | Self::KeyConcurrencyLimited { .. } => StatusCode::TOO_MANY_REQUESTS,
+            Self::UnsupportedTransferEncoding(_) => StatusCode::NOT_IMPLEMENTED,
             Self::IdentityUnverified { .. }
             | Self::ShuttingDown { .. }
             | Self::QueueTimeout { .. }
@@ -131,8 +159,13 @@ impl ProxyError {
             | Self::NotAnObject
             | Self::MissingModel
             | Self::ModelNotString
-            | Self::UnknownModel { .. } => "invalid_request_error",
-            Self::ArmNotForced { .. } => "permission_error",
+            | Self::UnknownModel { .. }
+            | Self::MissingApiKey
+            | Self::InvalidApiKey
+            | Self::UnsupportedTransferEncoding(_) => "invalid_request_error",
+            // OpenAI's type for a request rate limit.
+            Self::KeyRateLimited { .. } | Self::KeyConcurrencyLimited { .. } => "requests",
+            Self::ArmNotForced { .. } | Self::KeyNotPermitted { .. } => "permission_error",
             Self::IdentityUnverified { .. }
             | Self::ShuttingDown { .. }
             | Self::EngineUnavailable { .. }
@@ -173,6 +206,12 @@ impl ProxyError {
             Self::QueueFull { .. } => "queue_full",
             Self::QueueTimeout { .. } => "queue_timeout",
             Self::ArmNotForced { .. } => "arm_not_forced",
+            Self::MissingApiKey => "missing_api_key",
+            Self::InvalidApiKey => "invalid_api_key",
+            Self::KeyRateLimited { .. } => "rate_limit_exceeded",
+            Self::KeyConcurrencyLimited { .. } => "concurrency_limit_exceeded",
+            Self::KeyNotPermitted { .. } => "key_not_permitted",
+            Self::UnsupportedTransferEncoding(_) => "unsupported_transfer_encoding",
             Self::Internal(_) => "internal_error",
         }
     }
@@ -217,9 +256,11 @@ impl ProxyError {
     /// that say so.
     pub fn retry_after(&self) -> Option<u64> {
         match self {
-            Self::QueueFull { retry_after, .. } | Self::QueueTimeout { retry_after, .. } => {
-                Some(*retry_after)
-            }
+            Self::QueueFull { retry_after, .. }
+            | Self::QueueTimeout { retry_after, .. }
+            | Self::KeyRateLimited { retry_after, .. } => Some(*retry_after),
+            // A request under way may end any moment; the SDKs back off further on their own.
+            Self::KeyConcurrencyLimited { .. } => Some(1),
             // Another Switchyard (or this one restarted) may be up by then; an engine that
             // failed to start is started again after its backoff; a removed engine's
             // replacement is starting.
@@ -241,6 +282,8 @@ impl ProxyError {
     pub fn should_retry(&self) -> bool {
         match self {
             Self::BodyTimeout { .. }
+            | Self::KeyRateLimited { .. }
+            | Self::KeyConcurrencyLimited { .. }
             | Self::QueueFull { .. }
             | Self::QueueTimeout { .. }
             | Self::ShuttingDown { .. }
@@ -287,6 +330,13 @@ impl ProxyError {
                 .headers_mut()
                 .insert(header::RETRY_AFTER, HeaderValue::from(seconds));
         }
+        if matches!(self, Self::MissingApiKey | Self::InvalidApiKey) {
+            // RFC 9110, section 15.5.2: a 401 names the scheme it wants.
+            response.headers_mut().insert(
+                header::WWW_AUTHENTICATE,
+                HeaderValue::from_static("Bearer realm=\"switchyard\""),
+            );
+        }
         response.headers_mut().insert(
             super::headers::X_SHOULD_RETRY,
             HeaderValue::from_static(if self.should_retry() { "true" } else { "false" }),
@@ -314,87 +364,4 @@ pub fn error_body(message: &str, kind: &str, param: Option<&str>, code: &str) ->
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn clients_are_told_whether_a_retry_can_help() {
-        let timeout = ProxyError::FirstByteTimeout {
-            backend: "llama".into(),
-            ms: 300_000,
-        };
-        let response = timeout.into_response();
-        assert_eq!(response.status(), StatusCode::GATEWAY_TIMEOUT);
-        assert_eq!(response.headers()["x-should-retry"], "false");
-        assert!(response.headers().get(header::RETRY_AFTER).is_none());
-        let failed_start = ProxyError::EngineUnavailable {
-            backend: "llama".into(),
-            why: "exit status 3".into(),
-            code: "engine_start_failed",
-        }
-        .into_response();
-        assert_eq!(failed_start.headers()["x-should-retry"], "true");
-        assert_eq!(failed_start.headers()[header::RETRY_AFTER], "1");
-        let quarantined = ProxyError::EngineUnavailable {
-            backend: "llama".into(),
-            why: "5 crashes".into(),
-            code: "engine_quarantined",
-        }
-        .into_response();
-        assert_eq!(quarantined.headers()["x-should-retry"], "false");
-        let unknown = ProxyError::MissingModel.into_response();
-        assert_eq!(unknown.headers()["x-should-retry"], "false");
-    }
-
-    #[test]
-    fn shape_and_status() {
-        let err = ProxyError::UnknownModel {
-            model: "gpt-4".into(),
-            available: "smollm2".into(),
-        };
-        assert_eq!(err.status(), StatusCode::NOT_FOUND);
-        let v: serde_json::Value = serde_json::from_slice(&err.body()).unwrap();
-        assert_eq!(v["error"]["type"], "invalid_request_error");
-        assert_eq!(v["error"]["param"], "model");
-        assert_eq!(v["error"]["code"], "model_not_found");
-        assert!(v["error"]["message"].as_str().unwrap().contains("smollm2"));
-        assert_eq!(err.class(), "client");
-    }
-
-    #[test]
-    fn a_refusal_by_the_queue_says_when_to_retry() {
-        let full = ProxyError::QueueFull {
-            backend: "llama".into(),
-            max_queue: 4,
-            retry_after: 3,
-        };
-        let timeout = ProxyError::QueueTimeout {
-            backend: "llama".into(),
-            ms: 500,
-            retry_after: 2,
-        };
-        for (err, status, code, after) in [
-            (full, 429, "queue_full", "3"),
-            (timeout, 503, "queue_timeout", "2"),
-        ] {
-            assert_eq!(err.class(), "queue");
-            assert!(!err.nothing_sent(), "no fallback for a busy backend");
-            let v: serde_json::Value = serde_json::from_slice(&err.body()).unwrap();
-            assert_eq!(v["error"]["code"], code);
-            assert_eq!(v["error"]["type"], "unavailable_error");
-            let response = err.into_response();
-            assert_eq!(response.status().as_u16(), status);
-            assert_eq!(response.headers()[header::RETRY_AFTER], after);
-        }
-        let other = ProxyError::MissingModel.into_response();
-        assert!(!other.headers().contains_key(header::RETRY_AFTER));
-    }
-
-    #[test]
-    fn internals_do_not_leak() {
-        let err = ProxyError::Internal("secret path /etc/x".into());
-        let text = String::from_utf8(err.body().to_vec()).unwrap();
-        assert!(!text.contains("secret"));
-        assert_eq!(err.class(), "internal");
-    }
-}
+mod tests;

@@ -1,5 +1,6 @@
 //! Header names Switchyard stamps, and the rules for what crosses it: hop-by-hop headers (and
-//! those a message's `Connection` header names) never do, in either direction.
+//! those a message's `Connection` header names) never do, in either direction, and a client's
+//! credentials never reach an engine.
 
 use http::header::{self, HeaderMap, HeaderName};
 
@@ -55,6 +56,14 @@ pub(crate) fn is_hop_by_hop(name: &HeaderName) -> bool {
             | "content-length"
             | "host"
     )
+}
+
+/// A client's credentials, which stay on the client's hop: `Authorization` and `x-api-key` (a
+/// key for Switchyard, or one meant for some other service) and `Cookie`. Never sent to an
+/// engine, shadows and probes included; a backend that needs a key is sent its own
+/// (`api_key_env`).
+pub(crate) fn is_client_credential(name: &HeaderName) -> bool {
+    matches!(name.as_str(), "authorization" | "x-api-key" | "cookie")
 }
 
 /// Headers Switchyard may add to an engine's response: the identity stamp (backend, engine,

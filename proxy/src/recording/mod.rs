@@ -182,6 +182,9 @@ impl Recorder {
             }
             line.shown("method", r.method.as_str());
             line.shown("path", &r.path);
+            if let Some(key) = &r.client_key {
+                line.shown("key", key);
+            }
             line.text("model", r.model.as_deref().unwrap_or("-"));
             line.text("backend", r.backend.as_deref().unwrap_or("-"));
             line.text("variant", r.variant);

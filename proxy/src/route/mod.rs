@@ -5,6 +5,7 @@
 //! The routing table and the backends come from the live snapshot ([`state`]), loaded once when
 //! the request arrives.
 
+pub(crate) mod keys;
 pub(crate) mod release;
 pub(crate) mod state;
 
@@ -32,6 +33,7 @@ use switchyard_policy::release::Arm;
 use switchyard_policy::Route;
 use switchyard_record::ReleaseMark;
 
+use keys::{Caller, Key};
 pub use state::{Live, Snapshot};
 
 /// What the proxied request path needs besides the snapshot.
@@ -49,7 +51,7 @@ impl Routing {
     /// head arrived, the start of every phase.
     pub(crate) async fn proxy(
         &self,
-        req: Request<Incoming>,
+        mut req: Request<Incoming>,
         received: Instant,
         id: &HeaderValue,
     ) -> Response<ProxyBody> {
@@ -67,8 +69,12 @@ impl Routing {
                 .as_ref()
                 .map(|t| t.start_request(req.headers(), req.uri().path(), received)),
         );
+        let caller = req.extensions_mut().remove::<Caller>();
+        if let Some(Caller(key)) = &caller {
+            recording.client_key = Some(key.name.clone());
+        }
         let ctx = Ctx::new(recording, id.clone());
-        match self.route(req, ctx).await {
+        match self.route(req, ctx, caller).await {
             Ok(response) => response,
             Err(failed) => failed.into_response(),
         }
@@ -78,7 +84,9 @@ impl Routing {
         &self,
         req: Request<Incoming>,
         mut ctx: Ctx,
+        caller: Option<Caller>,
     ) -> Result<Response<ProxyBody>, Failed> {
+        let caller = caller.as_ref().map(|c| &*c.0);
         let snapshot = self.live.load();
         let server = &snapshot.config.server;
         let (parts, body) = req.into_parts();
@@ -115,8 +123,14 @@ impl Routing {
             Err(error) => return Err(ctx.fail(error)),
         };
         let Some(route) = snapshot.routes.resolve(&model).cloned() else {
-            return Err(ctx.fail(unknown_model(&snapshot, &model)));
+            return Err(ctx.fail(unknown_model(&snapshot, &model, caller)));
         };
+        if let Some(key) = caller.filter(|key| !key.allows(&route.model)) {
+            // Answered as a model that does not exist: the key cannot tell it does.
+            key.count(keys::Outcome::ModelDenied);
+            tracing::info!(target: "switchyard::auth", key = %key.name, model = %route.model, "request refused: the key may not use this model");
+            return Err(ctx.fail(unknown_model(&snapshot, &model, caller)));
+        }
         let streamed = parsed
             .fields
             .get("stream")
@@ -279,15 +293,19 @@ where
     Err(ctx.fail(error))
 }
 
-/// The error for a `model` no route serves, listing the ones that exist.
-pub(crate) fn unknown_model(snapshot: &Snapshot, name: &str) -> ProxyError {
-    let available = snapshot
-        .routes
-        .public_names()
-        .iter()
-        .map(|n| n.as_ref())
-        .collect::<Vec<_>>()
-        .join(", ");
+/// The error for a `model` no route serves (or the request's client key `caller` may not use),
+/// listing the ones that exist (for that key: a key never learns of a model it may not use).
+pub(crate) fn unknown_model(snapshot: &Snapshot, name: &str, caller: Option<&Key>) -> ProxyError {
+    let available = match caller.and_then(Key::models) {
+        Some(only) => only.iter().map(|n| n.as_ref()).collect::<Vec<_>>(),
+        None => snapshot
+            .routes
+            .public_names()
+            .iter()
+            .map(|n| n.as_ref())
+            .collect::<Vec<_>>(),
+    }
+    .join(", ");
     ProxyError::UnknownModel {
         model: quoted_name(name),
         available,

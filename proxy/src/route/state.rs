@@ -18,6 +18,7 @@ use serde_json::json;
 use switchyard_engine::Backend;
 use switchyard_policy::{Config, RoutingTable};
 
+use super::keys::Keys;
 use super::release::ReleaseRoute;
 use crate::forward;
 use crate::http::ProxyError;
@@ -41,6 +42,8 @@ pub struct Snapshot {
     pub(crate) releases: NameMap<Arc<str>, Arc<ReleaseRoute>>,
     /// `GET /v1/models`, rendered once.
     pub(crate) models_body: Bytes,
+    /// The client keys of `[auth]`; `None` without it (no key is asked for).
+    pub(crate) keys: Option<Arc<Keys>>,
 }
 
 impl Snapshot {
@@ -108,15 +111,18 @@ impl Snapshot {
             .duration_since(SystemTime::UNIX_EPOCH)
             .map(|d| d.as_secs())
             .unwrap_or(0);
-        let data: Vec<_> = config
-            .models
-            .iter()
-            .map(|(name, m)| {
-                json!({"id": name, "object": "model", "created": created, "owned_by": "switchyard", "aliases": m.aliases})
-            })
-            .collect();
-        let models_body = Bytes::from(json!({"object": "list", "data": data}).to_string());
+        let models_body = models_list(&config, created, None);
+        let keys = config.auth.as_ref().map(|auth| {
+            Arc::new(Keys::build(
+                auth,
+                &routes,
+                previous.and_then(|p| p.keys.as_deref()),
+                &shared.recorder.metrics,
+                |only| models_list(&config, created, Some(only)),
+            ))
+        });
         Ok(Self {
+            keys,
             routes,
             digest: crate::config::digest(&config).into(),
             config: Arc::new(config),
@@ -140,6 +146,7 @@ impl Snapshot {
             shadow_pools: self.shadow_pools.clone(),
             releases,
             models_body: self.models_body.clone(),
+            keys: self.keys.clone(),
         }
     }
 
@@ -166,6 +173,19 @@ impl Snapshot {
     }
 }
 
+/// `GET /v1/models`: every public model, or only those of `only` (a client key's).
+fn models_list(config: &Config, created: u64, only: Option<&[Arc<str>]>) -> Bytes {
+    let data: Vec<_> = config
+        .models
+        .iter()
+        .filter(|(name, _)| only.is_none_or(|only| only.iter().any(|m| **m == **name)))
+        .map(|(name, m)| {
+            json!({"id": name, "object": "model", "created": created, "owned_by": "switchyard", "aliases": m.aliases})
+        })
+        .collect();
+    Bytes::from(json!({"object": "list", "data": data}).to_string())
+}
+
 /// The current snapshot, swappable while requests run.
 #[derive(Debug)]
 #[allow(clippy::disallowed_types)] // the one place that may name it
@@ -184,6 +204,12 @@ impl Live {
     /// The current snapshot, for one request from its start to its end.
     pub fn load(&self) -> Arc<Snapshot> {
         self.current.load_full()
+    }
+
+    /// The client keys in force, without taking a reference to the whole snapshot (the
+    /// authentication layer's look, on every request).
+    pub(crate) fn keys(&self) -> Option<Arc<Keys>> {
+        self.current.load().keys.clone()
     }
 
     /// Makes `next` what new requests see; requests under way keep the snapshot they loaded.

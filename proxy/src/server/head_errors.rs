@@ -22,11 +22,10 @@ use switchyard_observe::metrics::Metrics;
 
 use crate::http::error_body;
 
-/// The statuses hyper answers a head with, in the order of [`Metrics`]'s counters (the list is
-/// defined beside them).
-///
-/// [`Metrics`]: switchyard_observe::metrics::Metrics
-pub(crate) use switchyard_observe::metrics::REJECTED_HEAD_STATUSES as STATUSES;
+/// The statuses hyper answers a head with: those of
+/// [`switchyard_observe::metrics::REJECTED_HEAD_STATUSES`] but Switchyard's own 501, which
+/// is written with its body by the stack.
+const STATUSES: [u16; 3] = [400, 414, 431];
 
 /// The longest automatic answer hyper writes: a status line, `content-length: 0`, a `date` and
 /// perhaps `connection: keep-alive`.

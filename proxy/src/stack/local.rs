@@ -11,6 +11,7 @@ use switchyard_engine::{Backend, Verification};
 
 use super::Router;
 use crate::http::{json_response, ProxyBody, ProxyError};
+use crate::route::keys::Key;
 use crate::route::unknown_model;
 
 impl Router {
@@ -43,13 +44,21 @@ impl Router {
         }
     }
 
-    pub(crate) fn models(&self) -> Response<ProxyBody> {
-        json_response(StatusCode::OK, self.routing.live.load().models_body.clone())
+    /// `GET /v1/models`: every public model, or those of the request's client key.
+    pub(crate) fn models(&self, caller: Option<&Key>) -> Response<ProxyBody> {
+        let body = match caller.and_then(Key::models_body) {
+            Some(only) => only.clone(),
+            None => self.routing.live.load().models_body.clone(),
+        };
+        json_response(StatusCode::OK, body)
     }
 
-    pub(crate) fn model_object(&self, name: &str) -> Response<ProxyBody> {
+    /// `GET /v1/models/{name}`; a model the request's client key may not use does not exist
+    /// for it.
+    pub(crate) fn model_object(&self, name: &str, caller: Option<&Key>) -> Response<ProxyBody> {
         let snapshot = self.routing.live.load();
-        match snapshot.routes.resolve(name) {
+        let allowed = |model: &str| caller.is_none_or(|key| key.allows(model));
+        match snapshot.routes.resolve(name).filter(|r| allowed(&r.model)) {
             Some(route) => {
                 let created = self
                     .started
@@ -59,7 +68,7 @@ impl Router {
                 let body = serde_json::json!({"id": &*route.model, "object": "model", "created": created, "owned_by": "switchyard"});
                 json_response(StatusCode::OK, Bytes::from(body.to_string()))
             }
-            None => unknown_model(&snapshot, name).into_response(),
+            None => unknown_model(&snapshot, name, caller).into_response(),
         }
     }
 

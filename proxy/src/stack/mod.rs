@@ -7,12 +7,16 @@
 //!    adds the CORS headers to every answer;
 //! 3. [`activity::Counted`]: on connections whose idleness Switchyard times itself, the request
 //!    counts as under way until its response body is done with;
-//! 4. [`Router`]: reads the clock (when the request head arrived, the start of every phase),
+//! 4. [`auth::Authenticate`]: with `[auth]`, the request's client key, admitted within its
+//!    limits (401, 429 or 403 otherwise, nothing else of the request read); after CORS, so a
+//!    browser's preflight (which carries no key) is answered;
+//! 5. [`Router`]: reads the clock (when the request head arrived, the start of every phase),
 //!    keeps or mints the request id, answers the local endpoints ([`local`]) or hands proxied
 //!    requests to the model-level routing, and stamps `x-request-id` and a `server-timing`
-//!    on every response.
+//!    on every response. A `Transfer-Encoding` other than `chunked` is answered 501 first.
 
 pub(crate) mod activity;
+pub(crate) mod auth;
 pub(crate) mod local;
 
 use std::convert::Infallible;
@@ -33,28 +37,35 @@ use tower_http::cors::{AllowHeaders, AllowOrigin, Cors, CorsLayer, ExposeHeaders
 
 use crate::http::headers::{header_value, SERVER_TIMING, X_REQUEST_ID};
 use crate::http::{error_body, ProxyBody, ProxyError};
+use crate::route::keys::{Caller, Key};
 use crate::route::Routing;
 use activity::{Activity, Counted};
+use auth::Authenticate;
 use local::method_not_allowed;
 
 const PROXIED: &[&str] = &["/v1/chat/completions", "/v1/completions", "/v1/embeddings"];
 const LOCAL: &[&str] = &["/healthz", "/readyz", "/v1/models", "/metrics"];
 
 /// The service every connection is served by.
-pub type Stack = CatchPanic<Either<Cors<Counted<Router>>, Counted<Router>>, PanicResponder>;
+pub type Stack = CatchPanic<
+    Either<Cors<Counted<Authenticate<Router>>>, Counted<Authenticate<Router>>>,
+    PanicResponder,
+>;
 
-/// Builds the stack for one connection; with `activity`, each request counts as under way on
-/// the connection until its response body is done with; with `cors_origins`, browsers' pages
-/// from those origins may call the API (a preflight `OPTIONS` is answered by the CORS layer).
+/// Builds the stack for one connection, outermost first; with `activity`, each request counts
+/// as under way on the connection until its response body is done with; with `cors_origins`,
+/// browsers' pages from those origins may call the API (a preflight `OPTIONS` is answered by
+/// the CORS layer).
 pub(crate) fn stack(
     router: Router,
     activity: Option<Arc<Activity>>,
     cors_origins: &[String],
 ) -> Stack {
+    let live = router.routing.live.clone();
     ServiceBuilder::new()
         .layer(CatchPanicLayer::custom(PanicResponder))
         .option_layer(cors(cors_origins))
-        .service(Counted::new(router, activity))
+        .service(Counted::new(Authenticate::new(router, live), activity))
 }
 
 /// The CORS layer for `origins` (validated: `*` alone, or origins), none when there are none.
@@ -140,7 +151,14 @@ impl Router {
     async fn handle(self, req: Request<Incoming>, received: Instant) -> Response<ProxyBody> {
         let id = request_id(req.headers());
         let path = req.uri().path();
-        let mut response = if req.method() == Method::POST && PROXIED.contains(&path) {
+        let mut response = if let Some(coding) = unsupported_coding(req.headers()) {
+            // RFC 9112, section 6.1: a coding the server does not understand is 501. hyper
+            // refuses a last coding other than chunked (400), but decodes `gzip, chunked` as
+            // chunked and would hand on a gzipped body as if it were plain.
+            self.routing.recorder.metrics.rejected_request_head(501);
+            tracing::info!(path, transfer_encoding = %coding, "request refused: a Transfer-Encoding Switchyard does not read");
+            ProxyError::UnsupportedTransferEncoding(coding).into_response()
+        } else if req.method() == Method::POST && PROXIED.contains(&path) {
             self.routing.proxy(req, received, &id).await
         } else if req.method() == Method::GET {
             match path {
@@ -149,9 +167,11 @@ impl Router {
                     bytes::Bytes::from_static(br#"{"status":"ok"}"#),
                 ),
                 "/readyz" => self.readyz(),
-                "/v1/models" => self.models(),
+                "/v1/models" => self.models(caller(&req)),
                 "/metrics" => self.metrics().await,
-                p if p.starts_with("/v1/models/") => self.model_object(&p["/v1/models/".len()..]),
+                p if p.starts_with("/v1/models/") => {
+                    self.model_object(&p["/v1/models/".len()..], caller(&req))
+                }
                 p if PROXIED.contains(&p) => method_not_allowed(req.method(), p, "POST"),
                 p => ProxyError::NotFound(p.to_owned()).into_response(),
             }
@@ -175,6 +195,35 @@ impl Router {
         }
         response
     }
+}
+
+/// The client key the request was admitted with, when `[auth]` asks for one.
+fn caller(req: &Request<Incoming>) -> Option<&Key> {
+    req.extensions().get::<Caller>().map(|c| &*c.0)
+}
+
+/// The request's `Transfer-Encoding`, when it names a coding other than `chunked` (or names
+/// `chunked` more than once: a body chunked twice is read once here and passed on still
+/// chunked).
+fn unsupported_coding(headers: &HeaderMap) -> Option<String> {
+    let mut codings = 0;
+    let mut chunked = 0;
+    for value in headers.get_all(http::header::TRANSFER_ENCODING) {
+        let text = String::from_utf8_lossy(value.as_bytes());
+        for coding in text.split(',').map(str::trim).filter(|c| !c.is_empty()) {
+            codings += 1;
+            chunked += usize::from(coding.eq_ignore_ascii_case("chunked"));
+        }
+    }
+    (codings > chunked || chunked > 1).then(|| {
+        let all: Vec<String> = headers
+            .get_all(http::header::TRANSFER_ENCODING)
+            .iter()
+            .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned())
+            .collect();
+        // Quoted back in the answer and the log: bounded like a model name.
+        crate::forward::request::quoted_name(&all.join(", "))
+    })
 }
 
 /// The client's `x-request-id` when it is well-formed (1–128 visible ASCII characters from a

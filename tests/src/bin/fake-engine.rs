@@ -55,6 +55,7 @@ async fn main() -> anyhow::Result<()> {
         fixed_text: a.fixed_text,
         stamp_chunks: a.stamp_chunks,
         deterministic: false,
+        api_key: None,
     };
     let mut engine = FakeEngine::with_config(config).spawn_on(a.listen).await?;
     // Nobody reads this process's events.

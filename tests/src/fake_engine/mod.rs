@@ -99,6 +99,10 @@ pub struct FakeEngineConfig {
     /// Answers carry a fixed `id` and `created` (0), so that the same request gets the same
     /// bytes from any engine so configured, at any time.
     pub deterministic: bool,
+    /// Every request, probes included, must carry `Authorization: Bearer` and this key, or is
+    /// answered 401 as a hosted OpenAI-compatible server would (and counted: see
+    /// [`FakeEngineHandle::unauthorized`]).
+    pub api_key: Option<String>,
 }
 
 impl Default for FakeEngineConfig {
@@ -116,6 +120,7 @@ impl Default for FakeEngineConfig {
             fixed_text: None,
             stamp_chunks: false,
             deterministic: false,
+            api_key: None,
         }
     }
 }
@@ -187,6 +192,13 @@ impl FakeEngine {
         self
     }
 
+    /// Requires `key` as `Authorization: Bearer` on every request (see
+    /// [`FakeEngineConfig::api_key`]).
+    pub fn api_key(mut self, key: impl Into<String>) -> Self {
+        self.config.api_key = Some(key.into());
+        self
+    }
+
     /// Fixed `id` and `created` in every answer (see [`FakeEngineConfig::deterministic`]).
     pub fn deterministic(mut self) -> Self {
         self.config.deterministic = true;
@@ -207,6 +219,7 @@ impl FakeEngine {
         let mut keep_alive = Vec::new();
         let accepted = Arc::new(AtomicU64::new(0));
         let seen = Arc::new(AtomicU64::new(0));
+        let unauthorized = Arc::new(AtomicU64::new(0));
         let serving = Arc::new(std::sync::Mutex::new(Serving {
             model_path: self.config.model_path.clone(),
             build_info: self.config.build_info.clone(),
@@ -244,6 +257,7 @@ impl FakeEngine {
                     serving: serving.clone(),
                     accepted: accepted.clone(),
                     seen: seen.clone(),
+                    unauthorized: unauthorized.clone(),
                     started: Instant::now(),
                     events: events_tx,
                     requests: Mutex::new(0),
@@ -256,6 +270,7 @@ impl FakeEngine {
             addr: local,
             accepted,
             seen,
+            unauthorized,
             serving,
             events: events_rx,
             stop,
@@ -276,6 +291,7 @@ pub struct FakeEngineHandle {
     pub addr: SocketAddr,
     accepted: Arc<AtomicU64>,
     seen: Arc<AtomicU64>,
+    unauthorized: Arc<AtomicU64>,
     serving: Arc<std::sync::Mutex<Serving>>,
     events: mpsc::UnboundedReceiver<Event>,
     stop: CancellationToken,
@@ -312,6 +328,11 @@ impl FakeEngineHandle {
     /// whether or not the events are kept.
     pub fn requests_seen(&self) -> u64 {
         self.seen.load(Ordering::Relaxed)
+    }
+
+    /// Requests (probes included) refused 401 for want of the configured `api_key`.
+    pub fn unauthorized(&self) -> u64 {
+        self.unauthorized.load(Ordering::Relaxed)
     }
 
     /// Stops keeping events. Every request, chunk and ending is an event, held until read: an

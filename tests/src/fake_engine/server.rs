@@ -37,6 +37,8 @@ pub(super) struct Shared {
     pub(super) accepted: Arc<AtomicU64>,
     /// Completion requests received so far.
     pub(super) seen: Arc<AtomicU64>,
+    /// Requests refused for want of the configured key.
+    pub(super) unauthorized: Arc<AtomicU64>,
     pub(super) started: Instant,
     pub(super) events: mpsc::UnboundedSender<Event>,
     pub(super) requests: Mutex<u64>,
@@ -137,6 +139,21 @@ async fn route(shared: Arc<Shared>, req: Request<Incoming>) -> Response<FakeBody
     let path = req.uri().path().to_owned();
     let method = req.method().clone();
     let config = &shared.config;
+    if let Some(key) = &config.api_key {
+        let expected = format!("Bearer {key}");
+        if req
+            .headers()
+            .get(http::header::AUTHORIZATION)
+            .map(|v| v.as_bytes())
+            != Some(expected.as_bytes())
+        {
+            shared.unauthorized.fetch_add(1, Ordering::Relaxed);
+            return json_response(
+                StatusCode::UNAUTHORIZED,
+                json!({"error": {"message": "Incorrect API key provided.", "type": "invalid_request_error", "param": null, "code": "invalid_api_key"}}),
+            );
+        }
+    }
     match (method.as_str(), path.as_str()) {
         ("GET", "/health") => {
             if loading(&shared) {

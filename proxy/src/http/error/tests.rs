@@ -1,0 +1,140 @@
+//! Unit tests of the errors' statuses, shapes and retry advice.
+
+use super::*;
+
+#[test]
+fn clients_are_told_whether_a_retry_can_help() {
+    let timeout = ProxyError::FirstByteTimeout {
+        backend: "llama".into(),
+        ms: 300_000,
+    };
+    let response = timeout.into_response();
+    assert_eq!(response.status(), StatusCode::GATEWAY_TIMEOUT);
+    assert_eq!(response.headers()["x-should-retry"], "false");
+    assert!(response.headers().get(header::RETRY_AFTER).is_none());
+    let failed_start = ProxyError::EngineUnavailable {
+        backend: "llama".into(),
+        why: "exit status 3".into(),
+        code: "engine_start_failed",
+    }
+    .into_response();
+    assert_eq!(failed_start.headers()["x-should-retry"], "true");
+    assert_eq!(failed_start.headers()[header::RETRY_AFTER], "1");
+    let quarantined = ProxyError::EngineUnavailable {
+        backend: "llama".into(),
+        why: "5 crashes".into(),
+        code: "engine_quarantined",
+    }
+    .into_response();
+    assert_eq!(quarantined.headers()["x-should-retry"], "false");
+    let unknown = ProxyError::MissingModel.into_response();
+    assert_eq!(unknown.headers()["x-should-retry"], "false");
+}
+
+#[test]
+fn shape_and_status() {
+    let err = ProxyError::UnknownModel {
+        model: "gpt-4".into(),
+        available: "smollm2".into(),
+    };
+    assert_eq!(err.status(), StatusCode::NOT_FOUND);
+    let v: serde_json::Value = serde_json::from_slice(&err.body()).unwrap();
+    assert_eq!(v["error"]["type"], "invalid_request_error");
+    assert_eq!(v["error"]["param"], "model");
+    assert_eq!(v["error"]["code"], "model_not_found");
+    assert!(v["error"]["message"].as_str().unwrap().contains("smollm2"));
+    assert_eq!(err.class(), "client");
+}
+
+#[test]
+fn a_refusal_by_the_queue_says_when_to_retry() {
+    let full = ProxyError::QueueFull {
+        backend: "llama".into(),
+        max_queue: 4,
+        retry_after: 3,
+    };
+    let timeout = ProxyError::QueueTimeout {
+        backend: "llama".into(),
+        ms: 500,
+        retry_after: 2,
+    };
+    for (err, status, code, after) in [
+        (full, 429, "queue_full", "3"),
+        (timeout, 503, "queue_timeout", "2"),
+    ] {
+        assert_eq!(err.class(), "queue");
+        assert!(!err.nothing_sent(), "no fallback for a busy backend");
+        let v: serde_json::Value = serde_json::from_slice(&err.body()).unwrap();
+        assert_eq!(v["error"]["code"], code);
+        assert_eq!(v["error"]["type"], "unavailable_error");
+        let response = err.into_response();
+        assert_eq!(response.status().as_u16(), status);
+        assert_eq!(response.headers()[header::RETRY_AFTER], after);
+    }
+    let other = ProxyError::MissingModel.into_response();
+    assert!(!other.headers().contains_key(header::RETRY_AFTER));
+}
+
+#[test]
+fn internals_do_not_leak() {
+    let err = ProxyError::Internal("secret path /etc/x".into());
+    let text = String::from_utf8(err.body().to_vec()).unwrap();
+    assert!(!text.contains("secret"));
+    assert_eq!(err.class(), "internal");
+}
+
+#[test]
+fn a_refused_key_is_answered_as_openai_does() {
+    for (err, code) in [
+        (ProxyError::MissingApiKey, "missing_api_key"),
+        (ProxyError::InvalidApiKey, "invalid_api_key"),
+    ] {
+        let v: serde_json::Value = serde_json::from_slice(&err.body()).unwrap();
+        assert_eq!(v["error"]["type"], "invalid_request_error");
+        assert_eq!(v["error"]["code"], code);
+        assert_eq!(v["error"]["param"], serde_json::Value::Null);
+        let response = err.into_response();
+        assert_eq!(response.status(), StatusCode::UNAUTHORIZED);
+        assert_eq!(response.headers()["x-should-retry"], "false");
+        assert!(response.headers()[header::WWW_AUTHENTICATE]
+            .to_str()
+            .unwrap()
+            .starts_with("Bearer"));
+    }
+}
+
+#[test]
+fn a_key_over_its_limits_is_told_when_to_retry() {
+    let rate = ProxyError::KeyRateLimited {
+        key: "agent".into(),
+        rpm: 2,
+        retry_after: 30,
+    };
+    let busy = ProxyError::KeyConcurrencyLimited {
+        key: "agent".into(),
+        limit: 1,
+    };
+    for (err, code, after) in [
+        (rate, "rate_limit_exceeded", "30"),
+        (busy, "concurrency_limit_exceeded", "1"),
+    ] {
+        let v: serde_json::Value = serde_json::from_slice(&err.body()).unwrap();
+        assert_eq!(v["error"]["code"], code);
+        assert_eq!(v["error"]["type"], "requests");
+        assert!(v["error"]["message"].as_str().unwrap().contains("agent"));
+        let response = err.into_response();
+        assert_eq!(response.status(), StatusCode::TOO_MANY_REQUESTS);
+        assert_eq!(response.headers()[header::RETRY_AFTER], after);
+        assert_eq!(response.headers()["x-should-retry"], "true");
+        assert!(!response.headers().contains_key(header::WWW_AUTHENTICATE));
+    }
+}
+
+#[test]
+fn a_coding_switchyard_cannot_read_is_not_implemented() {
+    let err = ProxyError::UnsupportedTransferEncoding("gzip, chunked".into());
+    assert_eq!(err.status(), StatusCode::NOT_IMPLEMENTED);
+    assert_eq!(err.code(), "unsupported_transfer_encoding");
+    assert!(!err.should_retry());
+    assert!(err.to_string().contains("gzip, chunked"));
+}
