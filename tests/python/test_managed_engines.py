@@ -314,4 +314,7 @@ def test_two_engines_in_one_swap_group_never_run_together(tmp_path: Path) -> Non
         swaps = view["swap_groups"]["gpu"]["swaps"]
         starts = view["backends"]["a"]["managed"]["starts"] + view["backends"]["b"]["managed"]["starts"]
         print(f"swap group: 50 alternating requests, {swaps} swaps, {starts} engine starts")
-        assert 1 <= swaps < 25, view["swap_groups"]
+        # Served in arrival order, the group would change hands on nearly every request (up
+        # to 49 times); a loaded machine lengthens requests and so the gaps in which a holder
+        # is idle and yields (seen here: 16 unloaded, 25 under a load of 8 on 2 cores).
+        assert 1 <= swaps <= 30, view["swap_groups"]
