@@ -250,7 +250,7 @@ BASH4 = [
 ]
 
 
-@pytest.mark.parametrize("script", SCRIPTS[:5], ids=lambda p: p.name)
+@pytest.mark.parametrize("script", SCRIPTS, ids=lambda p: p.name)
 def test_no_bash4_or_gnu_only_constructs(script: Path) -> None:
     problems = []
     for number, line in enumerate(script.read_text().splitlines(), 1):

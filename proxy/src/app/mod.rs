@@ -29,6 +29,10 @@ use crate::stack::{Router, Stack};
 use switchyard_observe::ledger::{Ledger, ReleaseStore};
 use switchyard_observe::telemetry::Telemetry;
 
+/// How long the ledger's last flush may take, at shutdown and at the end of `compare`: part of
+/// the shutdown budget ([`crate::server::budget`]).
+pub const LEDGER_FLUSH: Duration = Duration::from_secs(5);
+
 /// State shared by every request.
 #[derive(Debug)]
 pub struct AppState {
@@ -246,8 +250,9 @@ impl AppState {
         &self.shared.drains
     }
 
-    /// Waits (on a blocking thread, up to 5 s) until the ledger has written every record queued
-    /// so far; true when it did or there is no ledger. Works on either runtime flavour.
+    /// Waits (on a blocking thread, up to [`LEDGER_FLUSH`]) until the ledger has written every
+    /// record queued so far; true when it did or there is no ledger. Works on either runtime
+    /// flavour.
     pub(crate) async fn flush_ledger(self: &Arc<Self>) -> bool {
         if self.recorder.ledger.is_none() {
             return true;
@@ -258,7 +263,7 @@ impl AppState {
                 .recorder
                 .ledger
                 .as_ref()
-                .is_none_or(|ledger| ledger.flush(Duration::from_secs(5)))
+                .is_none_or(|ledger| ledger.flush(LEDGER_FLUSH))
         })
         .await
         .unwrap_or(false)

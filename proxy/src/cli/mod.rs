@@ -9,6 +9,7 @@ use tracing_subscriber::EnvFilter;
 
 mod admin;
 mod release;
+pub mod service;
 
 use crate::config;
 use crate::App;
@@ -50,6 +51,11 @@ pub enum Command {
     Release {
         #[command(subcommand)]
         command: release::ReleaseCommand,
+    },
+    /// Run Switchyard as a service: a launchd agent (macOS) or a systemd unit (Linux).
+    Service {
+        #[command(subcommand)]
+        command: service::ServiceCommand,
     },
     /// Print the artifact digest (`sha256:…`) of a model file or folder.
     Fingerprint { path: PathBuf },
@@ -157,6 +163,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<i32> {
         },
         Command::Admin { command } => admin::run(command).await,
         Command::Release { command } => release::run(command).await,
+        Command::Service { command } => service::run(command),
         Command::Fingerprint { path } => {
             let digest = tokio::task::spawn_blocking(move || {
                 switchyard_adapters::fingerprint::DigestCache::new().digest(&path)

@@ -17,8 +17,10 @@ use tokio_util::task::TaskTracker;
 
 use crate::app::{App, AppState};
 use crate::stack::activity::Activity;
+use budget::{ANSWER_AT_DRAIN_END, SHADOWS_AT_SHUTDOWN, TASKS_AFTER_CUT, TELEMETRY_EXPORT};
 use head_errors::HeadErrors;
 
+pub mod budget;
 pub(crate) mod head_errors;
 
 /// A Switchyard serving on a bound socket.
@@ -137,10 +139,6 @@ fn is_rejected_head(e: &hyper::Error) -> bool {
 fn maybe_http2(first: &[u8]) -> bool {
     matches!(first, [b'P', b'R', b'I', ..] | [b'P'] | [b'P', b'R'])
 }
-
-/// How long, once the drain timeout has run out, connections get to send the 503 of a request
-/// that was still waiting for a slot, before every connection still open is cut.
-const ANSWER_AT_DRAIN_END: Duration = Duration::from_millis(250);
 
 /// Accepts until `stop` is cancelled, then drains for `server.drain_timeout_ms` of the
 /// configuration in force then, and waits for the background `tasks` (started on `stop`).
@@ -267,18 +265,18 @@ pub async fn serve(app: App, listener: TcpListener, stop: CancellationToken, tas
         drained().await;
         tasks.wait().await;
     };
-    if tokio::time::timeout(Duration::from_secs(1), ended)
-        .await
-        .is_err()
-    {
+    if tokio::time::timeout(TASKS_AFTER_CUT, ended).await.is_err() {
         tracing::warn!("tasks still running 1 s after the connections were cut");
     }
     // Records written after their responses may start shadows; shadows of drained requests are
     // recorded (or cancelled and recorded as skipped) before the ledger's last flush.
     app.state().recorder.settled().await;
-    app.state().shadowing.shutdown(Duration::from_secs(2)).await;
+    app.state().shadowing.shutdown(SHADOWS_AT_SHUTDOWN).await;
     if !app.state().flush_ledger().await {
-        tracing::warn!("the ledger did not finish writing within 5 s of shutdown");
+        tracing::warn!(
+            flush_ms = crate::app::LEDGER_FLUSH.as_millis() as u64,
+            "the ledger did not finish writing in time at shutdown"
+        );
     }
     app.state().engines_stopped().await;
     if app.state().telemetry.is_some() {
@@ -287,7 +285,7 @@ pub async fn serve(app: App, listener: TcpListener, stop: CancellationToken, tas
         let state = app.state().clone();
         let _ = tokio::task::spawn_blocking(move || {
             if let Some(telemetry) = &state.telemetry {
-                telemetry.shutdown(Duration::from_secs(5));
+                telemetry.shutdown(TELEMETRY_EXPORT);
             }
         })
         .await;
