@@ -309,13 +309,17 @@ fn run_command(program: &str, args: &[&str], may_fail: bool) -> Result<bool, Ser
     Ok(status.success())
 }
 
-/// Runs a command for its output (status queries); `None` when it could not run.
+/// Runs a command for its output (status queries): whether it succeeded, and what it printed
+/// (its standard error's first line when it printed nothing else, such as `systemctl --user`
+/// without a user bus); `None` when it could not run.
 fn query(program: &str, args: &[&str]) -> Option<(bool, String)> {
     let output = Command::new(program).args(args).output().ok()?;
-    Some((
-        output.status.success(),
-        String::from_utf8_lossy(&output.stdout).trim().to_owned(),
-    ))
+    let mut said = String::from_utf8_lossy(&output.stdout).trim().to_owned();
+    if said.is_empty() {
+        let error = String::from_utf8_lossy(&output.stderr);
+        said = error.lines().next().unwrap_or_default().trim().to_owned();
+    }
+    Some((output.status.success(), said))
 }
 
 /// A line for the person at the terminal (stderr: stdout carries only a dry run's file).
