@@ -86,7 +86,7 @@ sy_llama_origin() {
     local bin=$1 info pkg version backend=CPU from=PATH
     info="$(dirname "$(dirname "$bin")")/BUILD_INFO"
     if [[ -f "$info" ]]; then
-        pkg=$(sed -n 's/^package: \([^ ]*\).*/\1/p' "$info" | head -1)
+        pkg=$(sed -n 's/^package: \([^ ]*\).*/\1/p' "$info" | sed -n 1p)
         version=${pkg##*==}
         if grep -q 'GGML_METAL=ON' "$info"; then backend=Metal; fi
         printf 'built from llama.cpp b%s (PyPI %s, %s) at %s; provenance in %s\n' \

@@ -167,7 +167,9 @@ if [[ "$OS" == Darwin ]]; then
     HOST="$(uname -srm); macOS $(sw_vers -productVersion 2>/dev/null || echo '?')"
 else
     libs() { ldd "$1"; }
-    HOST="$(uname -srm); $(ldd --version 2>&1 | head -1)"
+    # sed, not head: head would close the pipe under ldd, and pipefail would make the
+    # assignment fail (set -e).
+    HOST="$(uname -srm); $(ldd --version 2>&1 | sed -n 1p)"
 fi
 if libs "$OUT" | grep -E 'lib(llama|ggml|mtmd)' >&2; then
     die "llama-server links a shared llama/ggml library; expected a static build"
