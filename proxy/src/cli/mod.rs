@@ -12,6 +12,7 @@ mod keys;
 mod offline;
 mod release;
 mod serve;
+pub mod service;
 
 use crate::config;
 pub use config::{from_figment, load, ConfigError, EX_USAGE};
@@ -65,6 +66,11 @@ pub enum Command {
     /// Write a starter configuration for the engines answering on this machine (the common
     /// loopback ports, and each --engine URL).
     Init(init::InitArgs),
+    /// Run Switchyard as a service: a launchd agent (macOS) or a systemd unit (Linux).
+    Service {
+        #[command(subcommand)]
+        command: service::ServiceCommand,
+    },
     /// Print the artifact digest (`sha256:…`) of a model file or folder.
     Fingerprint {
         /// The model file, or a folder of one (every file in it is hashed).
@@ -154,6 +160,7 @@ pub async fn run(cli: Cli, log: &str) -> anyhow::Result<i32> {
         Command::Admin { command } => admin::run(command).await,
         Command::Keys { command } => keys::run(command),
         Command::Release { command } => release::run(command).await,
+        Command::Service { command } => service::run(command),
         Command::Fingerprint { path } => {
             let digest = tokio::task::spawn_blocking(move || {
                 switchyard_adapters::fingerprint::DigestCache::new().digest(&path)

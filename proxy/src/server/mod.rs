@@ -19,6 +19,7 @@ use crate::app::{App, AppState};
 use crate::stack::activity::Activity;
 use head_errors::HeadErrors;
 
+pub mod budget;
 pub(crate) mod head_errors;
 mod shutdown;
 
