@@ -17,6 +17,7 @@ from conftest import REPO, binary, child_env
 CONFIG = """
 [server]
 drain_timeout_ms = 20000
+shutdown_timeout_ms = 30000
 
 [ledger]
 path = "ledger/switchyard.db"
@@ -63,9 +64,8 @@ def test_the_launch_agent_parses_and_names_absolute_paths(tmp_path: Path) -> Non
     assert agent["WorkingDirectory"] == str(config.parent)
     assert agent["RunAtLoad"] is True
     assert agent["KeepAlive"] == {"SuccessfulExit": False}
-    # 20 s of drain, 0.25 + 1 + 2 s after it, 5 s of ledger flush, 15 s for the managed engine
-    # to stop, 5 s of trace export, 5 s of margin: 53.25 s, rounded up.
-    assert agent["ExitTimeOut"] == 54
+    # The configured shutdown_timeout_ms (30 s, the drain included) and 5 s of margin.
+    assert agent["ExitTimeOut"] == 35
     assert agent["StandardOutPath"] == agent["StandardErrorPath"] == f"{home}/Library/Logs/switchyard/switchyard.log"
     assert agent["EnvironmentVariables"]["PATH"].startswith("/opt/homebrew/bin:")
 
@@ -77,7 +77,7 @@ def test_the_launch_agent_parses_and_names_absolute_paths(tmp_path: Path) -> Non
         "CONFIG": escape(str(config)),
         "WORKING_DIRECTORY": escape(str(config.parent)),
         "LOG": f"{home}/Library/Logs/switchyard/switchyard.log",
-        "EXIT_TIMEOUT": "54",
+        "EXIT_TIMEOUT": "35",
     }.items():
         template = template.replace(f"@{name}@", value)
     assert "@" not in template.split("-->", 1)[1], "a placeholder is left in the template"
