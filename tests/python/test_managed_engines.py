@@ -131,8 +131,13 @@ def test_an_on_demand_llama_server_loads_on_the_first_request_and_unloads_when_i
     with managed_switchyard(tmp_path, backends, "llama") as s:
         before = s.backend("llama")["managed"]
         assert before["state"] == "stopped" and before["pid"] is None, before
-        # A stopped on-demand engine is not a reason for /readyz to fail.
-        assert s.http.get(f"{s.url}/readyz").status_code == 200
+        # A stopped on-demand engine is not a reason for /readyz to fail: it says ready once
+        # the artifact and the binary are hashed, with the engine still stopped.
+        from test_real_engines import poll
+
+        poll("readiness", lambda: s.http.get(f"{s.url}/readyz").status_code == 200, s.proc, timeout=STATE_TIMEOUT_S)
+        after = s.backend("llama")["managed"]
+        assert after["state"] == "stopped" and after["pid"] is None, after
 
         first = s.chat()
         assert first.status_code == 200, first.text
