@@ -67,6 +67,20 @@ impl Drop for KillOnDrop {
     }
 }
 
+/// `switchyard serve --config CONFIG`, with standard output piped (for [`listening_on`]),
+/// standard error discarded and the runner's `SWITCHYARD_LOG` left out; callers add their
+/// own arguments, folder or standard error before spawning it.
+pub fn serve_command(config: &std::path::Path) -> anyhow::Result<std::process::Command> {
+    let mut command = std::process::Command::new(switchyard_bin()?);
+    command
+        .args(["serve", "--config"])
+        .arg(config)
+        .env_remove("SWITCHYARD_LOG")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null());
+    Ok(command)
+}
+
 /// Waits until the `switchyard serve` process `child` (its stdout piped) prints where it
 /// listens, and returns that base URL.
 pub async fn listening_on(child: &mut std::process::Child) -> anyhow::Result<String> {

@@ -5,13 +5,14 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // a failed unwrap is a failed test
 
-use std::process::{Command, Output, Stdio};
+use std::process::{Command, Output};
 
 use http::{Method, Request};
 use http_body_util::Full;
 use switchyard_tests::fake_engine::FakeEngine;
 use switchyard_tests::harness::{
-    config_for, listening_on, start_switchyard, switchyard_bin, KillOnDrop, TestClient,
+    config_for, listening_on, serve_command, start_switchyard, switchyard_bin, KillOnDrop,
+    TestClient,
 };
 
 /// `switchyard ARGS` with a clean environment: only `PATH`, and `HOME` at `home`.
@@ -116,12 +117,9 @@ async fn listen_overrides_the_file_and_an_address_in_use_is_named() {
         stderr(&out)
     );
     let mut child = KillOnDrop(
-        Command::new(switchyard_bin().unwrap())
-            .args(["serve", "--listen", "127.0.0.1:0", "--config"])
-            .arg(&path)
-            .env_remove("SWITCHYARD_LOG")
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
+        serve_command(&path)
+            .unwrap()
+            .args(["--listen", "127.0.0.1:0"])
             .spawn()
             .unwrap(),
     );

@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use serde_json::{json, Value};
 use switchyard_tests::fake_engine::FakeEngine;
 use switchyard_tests::harness::{
-    listening_on, start_switchyard, switchyard_bin, KillOnDrop, TestClient,
+    listening_on, serve_command, start_switchyard, KillOnDrop, TestClient,
 };
 
 /// `switchyard serve` on the configuration `text` (written to `dir`), with its log's lines
@@ -22,11 +22,8 @@ async fn serve(dir: &Path, text: &str) -> (KillOnDrop, String, mpsc::Receiver<St
     let path = dir.join("switchyard.toml");
     std::fs::write(&path, text).unwrap();
     let mut child = KillOnDrop(
-        Command::new(switchyard_bin().unwrap())
-            .args(["serve", "--config"])
-            .arg(&path)
-            .env_remove("SWITCHYARD_LOG")
-            .stdout(Stdio::piped())
+        serve_command(&path)
+            .unwrap()
             .stderr(Stdio::piped())
             .spawn()
             .unwrap(),

@@ -3,11 +3,9 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // a failed unwrap is a failed test
 
-use std::process::{Command, Stdio};
-
 use serde_json::json;
 use switchyard_tests::fake_engine::FakeEngine;
-use switchyard_tests::harness::{listening_on, switchyard_bin, KillOnDrop, TestClient};
+use switchyard_tests::harness::{listening_on, serve_command, KillOnDrop, TestClient};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn relative_paths_work_from_the_root_folder() {
@@ -46,13 +44,9 @@ primary = "fake"
     )
     .unwrap();
     let mut child = KillOnDrop(
-        Command::new(switchyard_bin().unwrap())
-            .args(["serve", "--config"])
-            .arg(folder.join("switchyard.toml"))
+        serve_command(&folder.join("switchyard.toml"))
+            .unwrap()
             .current_dir("/")
-            .env_remove("SWITCHYARD_LOG")
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
             .spawn()
             .unwrap(),
     );

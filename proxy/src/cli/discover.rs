@@ -43,11 +43,7 @@ pub(crate) fn config_path(given: Option<PathBuf>) -> Result<PathBuf, ConfigError
     if let Some(path) = given {
         return Ok(path);
     }
-    let places = default_places(
-        std::env::var_os("XDG_CONFIG_HOME").map(PathBuf::from),
-        std::env::var_os("HOME").map(PathBuf::from),
-        cfg!(target_os = "macos"),
-    );
+    let places = this_machines_places();
     if let Some(found) = places.iter().find(|p| p.is_file()) {
         return Ok(found.clone());
     }
@@ -65,13 +61,16 @@ pub(crate) fn config_path(given: Option<PathBuf>) -> Result<PathBuf, ConfigError
 
 /// Where `serve` looks first, and `init` writes by default.
 pub(super) fn default_place() -> Option<PathBuf> {
+    this_machines_places().into_iter().next()
+}
+
+/// [`default_places`] for this process's environment and platform.
+fn this_machines_places() -> Vec<PathBuf> {
     default_places(
         std::env::var_os("XDG_CONFIG_HOME").map(PathBuf::from),
         std::env::var_os("HOME").map(PathBuf::from),
         cfg!(target_os = "macos"),
     )
-    .into_iter()
-    .next()
 }
 
 /// Where a configuration is looked for, in order: `$XDG_CONFIG_HOME/switchyard/switchyard.toml`
