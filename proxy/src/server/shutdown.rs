@@ -21,6 +21,10 @@ const ANSWER_AT_DRAIN_END: Duration = Duration::from_millis(250);
 /// After a second signal, the most the ledger's last write may take.
 const HURRIED_FLUSH: Duration = Duration::from_secs(1);
 
+/// After a second signal, the most any other step may take: long enough for the connections
+/// just cut to write their requests' records before the ledger's last write, not for more.
+const HURRIED_STEP: Duration = Duration::from_millis(250);
+
 /// What is left of the shutdown's time, and whether a second signal asked for it to end now.
 struct Budget {
     deadline: Instant,
@@ -28,22 +32,26 @@ struct Budget {
 }
 
 impl Budget {
-    /// The time a step may take: `cap`, within what is left, and nothing once hurried.
+    /// The time a step may take: `cap`, within what is left, and at most [`HURRIED_STEP`]
+    /// once hurried.
     fn left(&self, cap: Duration) -> Duration {
-        if self.now.is_cancelled() {
-            return Duration::ZERO;
-        }
+        let cap = if self.now.is_cancelled() {
+            cap.min(HURRIED_STEP)
+        } else {
+            cap
+        };
         cap.min(self.deadline.saturating_duration_since(Instant::now()))
     }
 
-    /// Runs `step` for at most [`Budget::left`]`(cap)`, ended early by a second signal; true
-    /// when it finished.
+    /// Runs `step` for at most [`Budget::left`]`(cap)`; a second signal arriving meanwhile
+    /// ends the wait. True when it finished.
     async fn run(&self, cap: Duration, step: impl std::future::Future<Output = ()>) -> bool {
+        let hurried = self.now.is_cancelled();
         tokio::select! {
             biased;
             () = step => true,
             () = tokio::time::sleep(self.left(cap)) => false,
-            () = self.now.cancelled() => false,
+            () = self.now.cancelled(), if !hurried => false,
         }
     }
 }
@@ -149,7 +157,7 @@ mod tests {
     use super::*;
 
     #[tokio::test(start_paused = true)]
-    async fn a_step_gets_its_cap_within_what_is_left_and_nothing_once_hurried() {
+    async fn a_step_gets_its_cap_within_what_is_left_and_a_moment_once_hurried() {
         let budget = Budget {
             deadline: Instant::now() + Duration::from_secs(3),
             now: CancellationToken::new(),
@@ -167,8 +175,17 @@ mod tests {
             now: CancellationToken::new(),
         };
         hurried.now.cancel();
-        assert_eq!(hurried.left(Duration::from_secs(1)), Duration::ZERO);
-        assert!(hurried.run(Duration::from_secs(1), async {}).await);
+        assert_eq!(hurried.left(Duration::from_secs(1)), HURRIED_STEP);
+        assert_eq!(
+            hurried.left(Duration::from_millis(10)),
+            Duration::from_millis(10)
+        );
+        // What ends within the moment (a cut connection writing its record) is waited for.
+        assert!(
+            hurried
+                .run(Duration::from_secs(1), tokio::time::sleep(HURRIED_STEP / 2))
+                .await
+        );
         assert!(
             !hurried
                 .run(Duration::from_secs(1), std::future::pending())
