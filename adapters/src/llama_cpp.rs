@@ -10,7 +10,7 @@ use sha2::{Digest, Sha256};
 use switchyard_policy::EngineKind;
 
 use crate::identity::{EngineIdentity, EngineReport, Health, ProbeResult};
-use crate::{describe, first_model_id, Adapter};
+use crate::{describe, first_model_id, Adapter, Endpoint};
 
 const PROBES: &[&str] = &["/health", "/props", "/v1/models"];
 
@@ -23,6 +23,14 @@ pub struct LlamaCpp;
 impl Adapter for LlamaCpp {
     fn kind(&self) -> EngineKind {
         EngineKind::LlamaCpp
+    }
+
+    /// llama-server serves every proxied endpoint: OpenAI's chat and text completions,
+    /// embeddings and Responses, Anthropic's Messages and token counting, reranking (with
+    /// `--reranking` and a reranking model; otherwise it answers an error of its own) and
+    /// `/infill` (with a model that has fill-in-the-middle tokens).
+    fn serves(&self, _endpoint: Endpoint) -> bool {
+        true
     }
 
     fn probes(&self) -> &'static [&'static str] {

@@ -92,6 +92,10 @@ pub struct ServerConfig {
     /// default): `$XDG_STATE_HOME/switchyard`, else `~/.local/state/switchyard`
     /// (`~/Library/Application Support/switchyard` on macOS).
     pub state_dir: Option<PathBuf>,
+    /// The public model (or alias) a request without `model` is sent to, stamped
+    /// `x-switchyard-model-defaulted: true` and recorded as defaulted. None (the default): such
+    /// a request is refused (400 `missing_model`), so nothing is routed silently.
+    pub default_model: Option<String>,
 }
 
 impl Default for ServerConfig {
@@ -109,6 +113,7 @@ impl Default for ServerConfig {
             metrics_listen: None,
             workers: None,
             state_dir: None,
+            default_model: None,
         }
     }
 }

@@ -20,6 +20,8 @@ pub struct RequestRecord {
     pub path: String,
     pub received: Instant,
     pub model: Option<Arc<str>>,
+    /// The request named no `model` and was sent to `server.default_model`.
+    pub model_defaulted: bool,
     pub backend: Option<Arc<str>>,
     pub variant: &'static str,
     /// The workload and sampling fingerprints (`wl:`, `sp:`, the sampling's canonical JSON).
@@ -83,6 +85,7 @@ impl RequestRecord {
             path,
             received,
             model: None,
+            model_defaulted: false,
             backend: None,
             // Set when the request is routed to a backend; empty for one that never was.
             variant: "",

@@ -229,6 +229,10 @@ pub(super) const MIGRATIONS: &[&str] = &[
     r#"
     ALTER TABLE requests ADD COLUMN disconnect TEXT;
     "#,
+    // 10: the request named no `model` and was sent to `server.default_model`.
+    r#"
+    ALTER TABLE requests ADD COLUMN model_defaulted INTEGER NOT NULL DEFAULT 0;
+    "#,
 ];
 
 /// Opens (creating and migrating) the ledger database, for the writer.

@@ -142,6 +142,7 @@ fn every_column_is_written_as_recorded() {
         r.streamed = i % 3 == 0;
         r.client_disconnected = i % 5 == 0;
         r.disconnect = Some(["cancel", "drain", "drain_cut"][i as usize % 3]);
+        r.model_defaulted = i % 2 == 1;
         ledger.record(&r);
     }
     drop(ledger);
@@ -204,6 +205,7 @@ fn every_column_is_written_as_recorded() {
                 "disconnect",
                 T(["cancel", "drain", "drain_cut"][i as usize % 3].into()),
             ),
+            ("model_defaulted", I(i64::from(i % 2 == 1))),
         ];
         assert_eq!(names[0], "id");
         assert_eq!(row[0], I(k + 1), "row {i}: ids in order");

@@ -23,6 +23,7 @@ use std::time::{Instant, SystemTime};
 use http::header::{HeaderMap, HeaderValue};
 use http::{Method, Request, Response};
 use hyper::body::Incoming;
+use switchyard_adapters::{Dialect, Endpoint};
 use switchyard_record::between;
 use tower::ServiceBuilder;
 use tower_http::catch_panic::{CatchPanic, CatchPanicLayer};
@@ -33,8 +34,9 @@ use crate::route::Routing;
 use activity::{Activity, Counted};
 use local::method_not_allowed;
 
-const PROXIED: &[&str] = &["/v1/chat/completions", "/v1/completions", "/v1/embeddings"];
-const LOCAL: &[&str] = &["/healthz", "/readyz", "/v1/models", "/metrics"];
+/// The paths Switchyard answers itself (`GET`); `/models` is `/v1/models` without its prefix,
+/// as llama-server and LiteLLM accept it. Proxied paths are the endpoints' ([`Endpoint`]).
+const LOCAL: &[&str] = &["/healthz", "/readyz", "/v1/models", "/models", "/metrics"];
 
 /// The service every connection is served by.
 pub type Stack = CatchPanic<Counted<Router>, PanicResponder>;
@@ -104,12 +106,18 @@ impl tower::Service<Request<Incoming>> for Router {
 }
 
 impl Router {
-    /// Answers one request. Never fails: every error becomes an OpenAI-shaped response.
+    /// Answers one request. Never fails: every error becomes a response in the error shape of
+    /// the API asked for (OpenAI's, or Anthropic's on its Messages API).
     async fn handle(self, req: Request<Incoming>, received: Instant) -> Response<ProxyBody> {
         let id = request_id(req.headers());
         let path = req.uri().path();
-        let mut response = if req.method() == Method::POST && PROXIED.contains(&path) {
-            self.routing.proxy(req, received, &id).await
+        let endpoint = Endpoint::from_path(path);
+        let mut response = if let Some(endpoint) = endpoint {
+            if req.method() == Method::POST {
+                self.routing.proxy(req, endpoint, received, &id).await
+            } else {
+                method_not_allowed(req.method(), path, "POST", endpoint.dialect())
+            }
         } else if req.method() == Method::GET {
             match path {
                 "/healthz" => crate::http::json_response(
@@ -117,16 +125,18 @@ impl Router {
                     bytes::Bytes::from_static(br#"{"status":"ok"}"#),
                 ),
                 "/readyz" => self.readyz(),
-                "/v1/models" => self.models(),
+                "/v1/models" | "/models" => self.models(),
                 "/metrics" => self.metrics().await,
-                p if p.starts_with("/v1/models/") => self.model_object(&p["/v1/models/".len()..]),
-                p if PROXIED.contains(&p) => method_not_allowed(req.method(), p, "POST"),
-                p => ProxyError::NotFound(p.to_owned()).into_response(),
+                p => match p
+                    .strip_prefix("/v1/models/")
+                    .or_else(|| p.strip_prefix("/models/"))
+                {
+                    Some(name) => self.model_object(name),
+                    None => ProxyError::NotFound(p.to_owned()).into_response(),
+                },
             }
-        } else if PROXIED.contains(&path) {
-            method_not_allowed(req.method(), path, "POST")
         } else if LOCAL.contains(&path) {
-            method_not_allowed(req.method(), path, "GET")
+            method_not_allowed(req.method(), path, "GET", Dialect::OpenAi)
         } else {
             ProxyError::NotFound(path.to_owned()).into_response()
         };

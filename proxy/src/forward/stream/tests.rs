@@ -1,6 +1,7 @@
 use super::*;
 use crate::http::ProxyBody;
 use crate::recording::{Recorder, Recording};
+use http::HeaderMap;
 use http_body_util::{BodyExt, StreamBody};
 use proptest::prelude::*;
 use switchyard_record::RequestRecord;
