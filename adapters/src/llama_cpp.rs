@@ -45,9 +45,13 @@ impl Adapter for LlamaCpp {
 
     /// llama-server names its `model_alias` (the `/v1/models` id; the model's path unless
     /// `--alias` was given) in every generation's answer, streamed or not, whatever the
-    /// request's `model` said; its embeddings echo the request's `model`.
+    /// request's `model` said — in the Responses API's `response` and the Messages API's
+    /// `message` too (seen from the pinned build); its embeddings echo the request's `model`.
     fn answers_with_served_model(&self, path: &str) -> bool {
-        matches!(path, "/v1/chat/completions" | "/v1/completions")
+        matches!(
+            path,
+            "/v1/chat/completions" | "/v1/completions" | "/v1/responses" | "/v1/messages"
+        )
     }
 
     fn interpret(&self, results: &[ProbeResult]) -> EngineReport {
