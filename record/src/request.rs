@@ -72,8 +72,10 @@ pub struct ReleaseMark {
     pub id: std::sync::Arc<str>,
     /// `primary` or `candidate`.
     pub arm: &'static str,
-    /// Where the request's sticky key came from (`header`, `user`, `prompt`, `request`), or
-    /// `forced` when an operator chose the arm.
+    /// Where the request's sticky key came from (`header`, `user`, `prompt`, `request`),
+    /// `forced` when an operator chose the arm, or `endpoint` when the candidate's engine does
+    /// not serve the request's endpoint and the primary served a session of the candidate's
+    /// side.
     pub key: &'static str,
 }
 

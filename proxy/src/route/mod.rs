@@ -136,10 +136,22 @@ impl Routing {
         let split = match &release {
             Some(r) => match release::forced(&parts.headers, &snapshot.config, &route.model) {
                 Ok(Some(arm)) => Some((arm, "forced")),
-                Ok(None) => {
-                    let (arm, key) = r.split(&parts.headers, &parsed);
-                    Some((arm, key.as_str()))
-                }
+                Ok(None) => match r.split(&parts.headers, &parsed) {
+                    // A session on the candidate's side asking for an endpoint the candidate's
+                    // engine lacks (the Messages API of an MLX candidate) is served by the
+                    // primary this time, and recorded so: a canary never turns a working
+                    // endpoint into a 404.
+                    (Arm::Candidate, _)
+                        if !r.promoted
+                            && snapshot
+                                .backends
+                                .get(&r.candidate)
+                                .is_some_and(|b| !b.adapter.serves(ctx.endpoint)) =>
+                    {
+                        Some((Arm::Primary, "endpoint"))
+                    }
+                    (arm, key) => Some((arm, key.as_str())),
+                },
                 Err(error) => return Err(ctx.fail(error)),
             },
             None => None,
