@@ -551,7 +551,20 @@ async fn the_paths_without_v1_are_the_same_endpoints() {
         .unwrap();
     assert_eq!(r.status, 405);
     assert_eq!(r.header("allow"), "POST");
+    // Anthropic's SDKs add a query for beta features (`?beta=true`): the endpoint is its path.
+    let r = client
+        .post_json(
+            &format!("{base}/v1/messages?beta=true"),
+            &messages_body(false),
+        )
+        .await
+        .unwrap();
+    assert_eq!(r.status, 200);
+    assert_eq!(engine_saw(&mut engine).await.0, "/v1/messages");
     proxy.shutdown().await;
     let paths: Vec<_> = ledger_rows(&db).into_iter().map(|r| r.1).collect();
-    assert_eq!(paths, ["/v1/chat/completions", "/v1/completions"]);
+    assert_eq!(
+        paths,
+        ["/v1/chat/completions", "/v1/completions", "/v1/messages"]
+    );
 }

