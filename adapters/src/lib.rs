@@ -6,6 +6,7 @@
 //! shape unit-testable against the recorded transcripts.
 
 pub mod canonical;
+pub mod endpoint;
 pub mod fingerprint;
 pub mod identity;
 pub mod llama_cpp;
@@ -19,6 +20,7 @@ use std::fmt;
 use bytes::Bytes;
 use switchyard_policy::EngineKind;
 
+pub use endpoint::{Dialect, Endpoint, Wire};
 pub use identity::{EngineIdentity, EngineReport, Health, ProbeResult};
 pub use observe::{
     inspect_response, inspect_response_with, EngineTimings, EventKind, ResponseFacts,
@@ -28,6 +30,10 @@ pub use observe::{
 /// One engine kind's behaviour.
 pub trait Adapter: Send + Sync + fmt::Debug + 'static {
     fn kind(&self) -> EngineKind;
+
+    /// Whether the engine serves `endpoint`. A request for one it does not serve is refused
+    /// without being sent (404 `endpoint_not_supported`, naming the endpoint and the backend).
+    fn serves(&self, endpoint: Endpoint) -> bool;
 
     /// Paths to `GET`, in order, to learn health and identity.
     fn probes(&self) -> &'static [&'static str];

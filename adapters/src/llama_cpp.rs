@@ -10,7 +10,7 @@ use sha2::{Digest, Sha256};
 use switchyard_policy::EngineKind;
 
 use crate::identity::{EngineIdentity, EngineReport, Health, ProbeResult};
-use crate::{describe, first_model_id, Adapter};
+use crate::{describe, first_model_id, Adapter, Endpoint};
 
 const PROBES: &[&str] = &["/health", "/props", "/v1/models"];
 
@@ -25,6 +25,14 @@ impl Adapter for LlamaCpp {
         EngineKind::LlamaCpp
     }
 
+    /// llama-server serves every proxied endpoint: OpenAI's chat and text completions,
+    /// embeddings and Responses, Anthropic's Messages and token counting, reranking (with
+    /// `--reranking` and a reranking model; otherwise it answers an error of its own) and
+    /// `/infill` (with a model that has fill-in-the-middle tokens).
+    fn serves(&self, _endpoint: Endpoint) -> bool {
+        true
+    }
+
     fn probes(&self) -> &'static [&'static str] {
         PROBES
     }
@@ -37,9 +45,13 @@ impl Adapter for LlamaCpp {
 
     /// llama-server names its `model_alias` (the `/v1/models` id; the model's path unless
     /// `--alias` was given) in every generation's answer, streamed or not, whatever the
-    /// request's `model` said; its embeddings echo the request's `model`.
+    /// request's `model` said — in the Responses API's `response` and the Messages API's
+    /// `message` too (seen from the pinned build); its embeddings echo the request's `model`.
     fn answers_with_served_model(&self, path: &str) -> bool {
-        matches!(path, "/v1/chat/completions" | "/v1/completions")
+        matches!(
+            path,
+            "/v1/chat/completions" | "/v1/completions" | "/v1/responses" | "/v1/messages"
+        )
     }
 
     fn interpret(&self, results: &[ProbeResult]) -> EngineReport {

@@ -11,7 +11,7 @@ use serde_json::{json, Value};
 use switchyard_policy::EngineKind;
 
 use crate::identity::{EngineIdentity, EngineReport, Health, ProbeResult};
-use crate::{describe, first_model_id, Adapter};
+use crate::{describe, first_model_id, Adapter, Endpoint};
 
 const PROBES: &[&str] = &["/health", "/v1/models"];
 
@@ -21,6 +21,12 @@ pub struct Mlx;
 impl Adapter for Mlx {
     fn kind(&self) -> EngineKind {
         EngineKind::Mlx
+    }
+
+    /// mlx_lm.server answers `POST /v1/chat/completions` and `/v1/completions` (and
+    /// `/chat/completions`), nothing else: no embeddings, no Responses or Messages API.
+    fn serves(&self, endpoint: Endpoint) -> bool {
+        matches!(endpoint, Endpoint::ChatCompletions | Endpoint::Completions)
     }
 
     fn probes(&self) -> &'static [&'static str] {

@@ -6,7 +6,7 @@
 use switchyard_policy::EngineKind;
 
 use crate::identity::{EngineIdentity, EngineReport, Health, ProbeResult};
-use crate::{describe, first_model_id, Adapter};
+use crate::{describe, first_model_id, Adapter, Endpoint};
 
 const PROBES: &[&str] = &["/v1/models"];
 
@@ -16,6 +16,19 @@ pub struct OpenAiCompatible;
 impl Adapter for OpenAiCompatible {
     fn kind(&self) -> EngineKind {
         EngineKind::OpenAi
+    }
+
+    /// OpenAI's own endpoints (chat and text completions, embeddings, Responses); what a given
+    /// server lacks of them it answers with an error of its own, passed through. Anthropic's
+    /// Messages API, reranking and llama.cpp's `/infill` are no part of OpenAI's API.
+    fn serves(&self, endpoint: Endpoint) -> bool {
+        matches!(
+            endpoint,
+            Endpoint::ChatCompletions
+                | Endpoint::Completions
+                | Endpoint::Embeddings
+                | Endpoint::Responses
+        )
     }
 
     fn probes(&self) -> &'static [&'static str] {

@@ -154,6 +154,71 @@ impl<'de> Deserialize<'de> for F64 {
     }
 }
 
+/// A JSON boolean; absent when the value is anything else.
+#[derive(Debug, Default, Clone, Copy)]
+pub(crate) struct Bool(pub Option<bool>);
+
+impl<'de> Deserialize<'de> for Bool {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = Bool;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("any JSON value")
+            }
+            fn visit_bool<E: de::Error>(self, v: bool) -> Result<Self::Value, E> {
+                Ok(Bool(Some(v)))
+            }
+            fn visit_unit<E: de::Error>(self) -> Result<Self::Value, E> {
+                Ok(Bool(None))
+            }
+            fn visit_none<E: de::Error>(self) -> Result<Self::Value, E> {
+                Ok(Bool(None))
+            }
+            absent_otherwise!(numbers Bool(None));
+            absent_otherwise!(strings Bool(None));
+            absent_otherwise!(seq Bool(None));
+            absent_otherwise!(map Bool(None));
+        }
+        d.deserialize_any(V)
+    }
+}
+
+/// A stream event's `delta`, read only for whether it carries generated content: a non-empty
+/// string (the Responses API's `…delta` events), or an object with a non-empty `text`,
+/// `thinking` or `partial_json` (the Messages API's `content_block_delta`; its `message_delta`
+/// carries a stop reason, and a `signature_delta` a signature: neither is generated content).
+#[derive(Debug, Default, Clone, Copy)]
+pub(crate) struct Delta(pub bool);
+
+impl<'de> Deserialize<'de> for Delta {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = Delta;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("any JSON value")
+            }
+            fn visit_str<E: de::Error>(self, v: &str) -> Result<Self::Value, E> {
+                Ok(Delta(!v.is_empty()))
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+                let mut carries = false;
+                while let Some(key) = map.next_key::<Cow<'de, str>>()? {
+                    let value: Str<'de> = map.next_value()?;
+                    carries |= matches!(&*key, "text" | "thinking" | "partial_json")
+                        && value.get().is_some_and(|v| !v.is_empty());
+                }
+                Ok(Delta(carries))
+            }
+            absent_otherwise!(Delta(false));
+            absent_otherwise!(numbers Delta(false));
+            absent_otherwise!(seq Delta(false));
+        }
+        d.deserialize_any(V)
+    }
+}
+
 /// A JSON object read as `T`; absent when the value is not an object.
 #[derive(Debug)]
 pub(crate) struct Obj<T>(pub Option<T>);
@@ -242,16 +307,24 @@ pub(crate) struct ChunkView<'a> {
     pub choices: List<Obj<ChoiceView<'a>>>,
 }
 
-/// The token counts of an OpenAI `usage` object.
+/// The token counts of a `usage` object: OpenAI's (`prompt_tokens`, `completion_tokens`), the
+/// Responses API's (`input_tokens`, `output_tokens`, `input_tokens_details`) or Anthropic's
+/// (`input_tokens` without the cached part, `cache_read_input_tokens`,
+/// `cache_creation_input_tokens`, `output_tokens`).
 #[derive(Debug, Default, Deserialize)]
 #[serde(default)]
 pub(crate) struct UsageView {
     pub prompt_tokens: U64,
     pub completion_tokens: U64,
     pub prompt_tokens_details: Obj<UsageDetailsView>,
+    pub input_tokens: U64,
+    pub output_tokens: U64,
+    pub input_tokens_details: Obj<UsageDetailsView>,
+    pub cache_read_input_tokens: U64,
+    pub cache_creation_input_tokens: U64,
 }
 
-/// `usage.prompt_tokens_details`.
+/// `usage.prompt_tokens_details` (OpenAI), `usage.input_tokens_details` (Responses).
 #[derive(Debug, Default, Deserialize)]
 #[serde(default)]
 pub(crate) struct UsageDetailsView {

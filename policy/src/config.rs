@@ -107,6 +107,10 @@ pub struct ServerConfig {
     /// API from a browser; `["*"]` for any. Empty (the default): no CORS headers, and a
     /// preflight `OPTIONS` is refused as any other method. Read when a connection opens.
     pub cors_origins: Vec<String>,
+    /// The public model (or alias) a request without `model` is sent to, stamped
+    /// `x-switchyard-model-defaulted: true` and recorded as defaulted. None (the default): such
+    /// a request is refused (400 `missing_model`), so nothing is routed silently.
+    pub default_model: Option<String>,
 }
 
 impl Default for ServerConfig {
@@ -127,6 +131,7 @@ impl Default for ServerConfig {
             workers: None,
             state_dir: None,
             cors_origins: Vec::new(),
+            default_model: None,
         }
     }
 }

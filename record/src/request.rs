@@ -22,6 +22,8 @@ pub struct RequestRecord {
     /// The name of the client key the request was admitted with (`[auth]`); never the key.
     pub client_key: Option<Arc<str>>,
     pub model: Option<Arc<str>>,
+    /// The request named no `model` and was sent to `server.default_model`.
+    pub model_defaulted: bool,
     pub backend: Option<Arc<str>>,
     pub variant: &'static str,
     /// The workload and sampling fingerprints (`wl:`, `sp:`, the sampling's canonical JSON).
@@ -72,8 +74,10 @@ pub struct ReleaseMark {
     pub id: std::sync::Arc<str>,
     /// `primary` or `candidate`.
     pub arm: &'static str,
-    /// Where the request's sticky key came from (`header`, `user`, `prompt`, `request`), or
-    /// `forced` when an operator chose the arm.
+    /// Where the request's sticky key came from (`header`, `user`, `prompt`, `request`),
+    /// `forced` when an operator chose the arm, or `endpoint` when the candidate's engine does
+    /// not serve the request's endpoint and the primary served a session of the candidate's
+    /// side.
     pub key: &'static str,
 }
 
@@ -86,6 +90,7 @@ impl RequestRecord {
             received,
             client_key: None,
             model: None,
+            model_defaulted: false,
             backend: None,
             // Set when the request is routed to a backend; empty for one that never was.
             variant: "",

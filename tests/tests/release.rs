@@ -787,6 +787,77 @@ async fn an_admin_token_holder_may_force_an_arm_and_that_is_no_evidence() {
     assert_eq!((arm.as_str(), key.as_str()), ("candidate", "forced"));
 }
 
+/// A candidate whose engine lacks an endpoint (an MLX candidate has no Messages API): the
+/// sessions on its side are served by the primary for that endpoint, recorded as such, while
+/// their chat requests go to the candidate.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_candidate_without_an_endpoint_leaves_it_to_the_primary() {
+    let as_mlx = |config: String| {
+        config.replace(
+            "[backends.c]\nengine = \"llama.cpp\"",
+            "[backends.c]\nengine = \"mlx\"",
+        )
+    };
+    let (s, _p, _c) = Setup::start_with(|e| e, as_mlx).await;
+    // The MLX adapter learns the build from an answer: the release pins it.
+    wait_ready(&s.proxy, Duration::from_secs(5), |v| {
+        v["backends"]["c"]["engine"] == "mlx/b5000-cand"
+    })
+    .await
+    .unwrap();
+    let id = start_release(&s.admin, "mostly").await;
+    drive(&s.base, &s.admin, &id, false, |r| r["weight"] == 99).await;
+    let client = TestClient::new();
+    let mut chat_sides = Vec::new();
+    for n in 0..5 {
+        let session = format!("agent-{n}");
+        let r = client
+            .post_json_with(
+                &format!("{}/v1/messages", s.base),
+                &json!({"model": "smollm2", "max_tokens": 4,
+                        "messages": [{"role": "user", "content": format!("hello from {session}")}]}),
+                &[("x-session-id", &session)],
+            )
+            .await
+            .unwrap();
+        assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+        assert_eq!(
+            (
+                r.header("x-switchyard-backend"),
+                r.header("x-switchyard-variant")
+            ),
+            ("p", "primary")
+        );
+        chat_sides.push(
+            ask(&s.base, &session)
+                .await
+                .header("x-switchyard-backend")
+                .to_owned(),
+        );
+    }
+    // At 99 %, the same sessions' chat goes to the candidate (each session is on its side with
+    // a chance of 0.99; all five off it would be a one-in-ten-billion draw).
+    assert!(chat_sides.iter().any(|b| b == "c"), "{chat_sides:?}");
+    let Setup {
+        proxy, _dir: dir, ..
+    } = s;
+    proxy.shutdown().await;
+    let db = rusqlite::Connection::open(dir.path().join("ledger.db")).unwrap();
+    let keys: Vec<(String, String, String)> = db
+        .prepare("SELECT backend, arm, arm_key FROM requests WHERE path = '/v1/messages'")
+        .unwrap()
+        .query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
+        .unwrap()
+        .collect::<Result<_, _>>()
+        .unwrap();
+    assert_eq!(keys.len(), 5);
+    assert!(
+        keys.iter()
+            .all(|k| k == &("p".into(), "primary".into(), "endpoint".into())),
+        "{keys:?}"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn golden_probes_give_a_quiet_model_evidence_but_never_requests() {
     let suite = tempfile::tempdir().unwrap();

@@ -17,8 +17,10 @@ const SAMPLING_FIELDS: &[&str] = &[
     "seed",
     "max_tokens",
     "max_completion_tokens",
+    "max_output_tokens",
     "n_predict",
     "stop",
+    "stop_sequences",
     "presence_penalty",
     "frequency_penalty",
     "repeat_penalty",
@@ -35,7 +37,9 @@ fn is_sampling_field(key: &str) -> bool {
     SAMPLING_FIELDS.contains(&key) || SAMPLING_PREFIXES.iter().any(|p| key.starts_with(p))
 }
 
-/// Fields that define the work itself.
+/// Fields that define the work itself: OpenAI's, and those of the other APIs Switchyard passes
+/// through (Anthropic's top-level `system`, the Responses API's `instructions` and `text`
+/// format, reranking's query and documents, `/infill`'s prefix, suffix and extra context).
 const CONTENT_FIELDS: &[&str] = &[
     "messages",
     "prompt",
@@ -48,6 +52,15 @@ const CONTENT_FIELDS: &[&str] = &[
     "function_call",
     "grammar",
     "json_schema",
+    "system",
+    "instructions",
+    "text",
+    "query",
+    "documents",
+    "top_n",
+    "input_prefix",
+    "input_suffix",
+    "input_extra",
 ];
 
 /// The fingerprints of one request body.
@@ -307,6 +320,32 @@ mod tests {
         assert_ne!(base.workload, other_temp.workload);
         assert_ne!(base.sampling, other_temp.sampling);
         assert!(!other_temp.deterministic);
+        // The other APIs' prompts: Anthropic's system prompt, the Responses API's instructions.
+        for (a, b) in [
+            (
+                json!({"messages": [], "system": "Be brief."}),
+                json!({"messages": [], "system": "Be long."}),
+            ),
+            (
+                json!({"input": "x", "instructions": "a"}),
+                json!({"input": "x", "instructions": "b"}),
+            ),
+            (
+                json!({"query": "q", "documents": ["a"]}),
+                json!({"query": "q", "documents": ["b"]}),
+            ),
+            (
+                json!({"input_prefix": "def f(", "input_suffix": ")"}),
+                json!({"input_prefix": "def g(", "input_suffix": ")"}),
+            ),
+        ] {
+            assert_ne!(fp(a.clone()).workload, fp(b).workload, "{a}");
+        }
+        let limited = fp(json!({"input": "x", "max_output_tokens": 4, "stop_sequences": ["."]}));
+        assert_eq!(
+            limited.sampling_json,
+            r#"{"max_output_tokens":4,"stop_sequences":["."]}"#
+        );
         let seeded = fp(json!({"messages": [], "temperature": 0.7, "seed": 3, "mirostat": 2}));
         assert!(seeded.deterministic);
         assert_eq!(

@@ -6,14 +6,18 @@
 //! each kind of value has one conversion to SQLite's: counts saturate at `i64::MAX`, times are
 //! Unix milliseconds, a timing's source is `engine` or `measured`.
 
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::time::SystemTime;
 
-use rusqlite::types::{ToSqlOutput, ValueRef};
+use rusqlite::types::ValueRef;
 use switchyard_policy::compare::{Pair, Side, TokenTiming};
-use switchyard_record::{RequestRecord, Source, TokenPhase};
+use switchyard_record::{RequestRecord, TokenPhase};
 
+mod param;
 #[cfg(test)]
 mod tests;
+
+use param::source;
+pub(super) use param::{int, unix_ms, Param};
 
 /// A snapshot of one engine's identity, recorded when it changes.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -255,6 +259,7 @@ pub(super) struct Row {
     streamed: bool,
     client_disconnected: bool,
     disconnect: Option<&'static str>,
+    model_defaulted: bool,
     arm: Option<&'static str>,
     arm_key: Option<&'static str>,
 }
@@ -360,6 +365,7 @@ impl Row {
             streamed: r.streamed,
             client_disconnected: r.client_disconnected,
             disconnect: r.disconnect,
+            model_defaulted: r.model_defaulted,
             arm: r.release.as_ref().map(|m| m.arm),
             arm_key: r.release.as_ref().map(|m| m.key),
         }
@@ -412,6 +418,7 @@ impl Row {
             Param::text(self.arm_key),
             Param::text(self.disconnect),
             text(Text::ClientKey),
+            Param::Int(i64::from(self.model_defaulted)),
         ]
     }
 }
@@ -423,76 +430,10 @@ pub(super) const INSERT_REQUEST: &str =
         cached_tokens, completion_tokens, queue_ms, load_ms, ttfb_ms, ttft_ms, prefill_ms,
         prefill_tokens, prefill_source, decode_ms, decode_tokens, decode_source, total_ms, warm,
         streamed, client_disconnected, fallback_from, release_id, arm, arm_key, disconnect,
-        client_key)
+        client_key, model_defaulted)
      VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19,
         ?20, ?21, ?22, ?23, ?24, ?25, ?26, ?27, ?28, ?29, ?30, ?31, ?32, ?33, ?34, ?35, ?36, ?37, ?38,
-        ?39)";
+        ?39, ?40)";
 
 /// The request insert's parameter count.
-pub(super) const REQUEST_PARAMS: usize = 39;
-
-/// One parameter value of the request insert, borrowed from its row.
-#[derive(Debug, Clone, Copy)]
-pub(super) enum Param<'a> {
-    Null,
-    Int(i64),
-    Real(f64),
-    Text(&'a str),
-}
-
-/// Equal when binding one in place of the other would store the same value: reals compare bit
-/// for bit (`-0.0` is not `0.0` here).
-impl PartialEq for Param<'_> {
-    fn eq(&self, other: &Self) -> bool {
-        match (self, other) {
-            (Self::Null, Self::Null) => true,
-            (Self::Int(a), Self::Int(b)) => a == b,
-            (Self::Real(a), Self::Real(b)) => a.to_bits() == b.to_bits(),
-            (Self::Text(a), Self::Text(b)) => a == b,
-            _ => false,
-        }
-    }
-}
-
-impl<'a> Param<'a> {
-    fn text(value: Option<&'a str>) -> Self {
-        value.map_or(Self::Null, Self::Text)
-    }
-
-    fn real(value: Option<f64>) -> Self {
-        value.map_or(Self::Null, Self::Real)
-    }
-
-    /// A count: SQLite integers are signed 64-bit.
-    fn count(value: Option<u64>) -> Self {
-        int(value).map_or(Self::Null, Self::Int)
-    }
-}
-
-impl rusqlite::ToSql for Param<'_> {
-    fn to_sql(&self) -> rusqlite::Result<ToSqlOutput<'_>> {
-        Ok(ToSqlOutput::Borrowed(match *self {
-            Self::Null => ValueRef::Null,
-            Self::Int(n) => ValueRef::Integer(n),
-            Self::Real(x) => ValueRef::Real(x),
-            Self::Text(s) => ValueRef::Text(s.as_bytes()),
-        }))
-    }
-}
-
-/// SQLite integers are signed 64-bit.
-pub(super) fn int(v: Option<u64>) -> Option<i64> {
-    v.map(|n| i64::try_from(n).unwrap_or(i64::MAX))
-}
-
-pub(super) fn unix_ms(t: SystemTime) -> i64 {
-    t.duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as i64)
-}
-
-fn source(p: &Option<TokenPhase>) -> Option<&'static str> {
-    p.map(|p| match p.source {
-        Source::Engine => "engine",
-        Source::Measured => "measured",
-    })
-}
+pub(super) const REQUEST_PARAMS: usize = 40;

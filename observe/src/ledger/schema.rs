@@ -233,6 +233,10 @@ pub(super) const MIGRATIONS: &[&str] = &[
     r#"
     ALTER TABLE requests ADD COLUMN client_key TEXT;
     "#,
+    // 11: the request named no `model` and was sent to `server.default_model`.
+    r#"
+    ALTER TABLE requests ADD COLUMN model_defaulted INTEGER NOT NULL DEFAULT 0;
+    "#,
 ];
 
 /// Opens (creating and migrating) the ledger database, for the writer.

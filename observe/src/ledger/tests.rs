@@ -143,6 +143,7 @@ fn every_column_is_written_as_recorded() {
         r.client_disconnected = i % 5 == 0;
         r.disconnect = Some(["cancel", "drain", "drain_cut"][i as usize % 3]);
         r.client_key = Some(format!("key-{i}").into());
+        r.model_defaulted = i % 2 == 1;
         ledger.record(&r);
     }
     drop(ledger);
@@ -206,6 +207,7 @@ fn every_column_is_written_as_recorded() {
                 T(["cancel", "drain", "drain_cut"][i as usize % 3].into()),
             ),
             ("client_key", T(format!("key-{i}"))),
+            ("model_defaulted", I(i64::from(i % 2 == 1))),
         ];
         assert_eq!(names[0], "id");
         assert_eq!(row[0], I(k + 1), "row {i}: ids in order");

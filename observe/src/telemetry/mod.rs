@@ -256,11 +256,12 @@ impl Telemetry {
     }
 }
 
-/// `gen_ai.operation.name` of a proxied path.
+/// `gen_ai.operation.name` of a proxied path (its canonical one): a conversation turn of any
+/// API is `chat`, as the GenAI conventions name OpenAI's and Anthropic's.
 fn operation_name(path: &str) -> &'static str {
     match path {
-        "/v1/chat/completions" => "chat",
-        "/v1/completions" => "text_completion",
+        "/v1/chat/completions" | "/v1/responses" | "/v1/messages" => "chat",
+        "/v1/completions" | "/infill" => "text_completion",
         "/v1/embeddings" => "embeddings",
         _ => "http",
     }

@@ -379,6 +379,14 @@ pub fn validate(config: &Config) -> Vec<Problem> {
             }
         }
     }
+    if let Some(default) = &server.default_model {
+        if !owners.contains_key(default.as_str()) {
+            problems.push(Problem::new(
+                "server.default_model",
+                format!("no model or alias named \"{default}\" in [models]"),
+            ));
+        }
+    }
     problems
 }
 

@@ -469,3 +469,27 @@ fn a_backend_key_is_never_shown() {
     assert!(!toml.contains("sk-very-secret"), "{toml}");
     assert!(toml.contains("REMOTE_KEY"), "{toml}");
 }
+
+#[test]
+fn the_default_model_must_name_a_model_or_an_alias() {
+    let config = |default: &str| {
+        parse(&format!(
+            r#"
+            [server]
+            default_model = "{default}"
+            [backends.llama]
+            engine = "llama.cpp"
+            url = "http://127.0.0.1:8081"
+            [models.smollm2]
+            aliases = ["default"]
+            primary = "llama"
+        "#
+        ))
+    };
+    assert_eq!(validate(&config("smollm2")), vec![]);
+    assert_eq!(validate(&config("default")), vec![]);
+    let problems = validate(&config("gpt-4"));
+    assert_eq!(problems.len(), 1);
+    assert_eq!(problems[0].path, "server.default_model");
+    assert!(problems[0].message.contains("\"gpt-4\""), "{}", problems[0]);
+}

@@ -8,13 +8,14 @@ use std::time::Instant;
 
 use http::header::{HeaderMap, HeaderValue};
 use http::Response;
+use switchyard_adapters::Endpoint;
 use switchyard_engine::IdentityHeaders;
 use switchyard_record::between;
 
 use super::request::Outgoing;
 use crate::http::headers::{
-    header_value, SERVER_TIMING, X_ARTIFACT, X_BACKEND, X_ENGINE, X_FALLBACK_FROM, X_VARIANT,
-    X_WORKLOAD,
+    header_value, SERVER_TIMING, X_ARTIFACT, X_BACKEND, X_ENGINE, X_FALLBACK_FROM,
+    X_MODEL_DEFAULTED, X_VARIANT, X_WORKLOAD,
 };
 use crate::http::{ProxyBody, ProxyError};
 use crate::recording::Recording;
@@ -26,6 +27,8 @@ pub(crate) struct Stamp {
     pub(crate) variant: Option<&'static str>,
     pub(crate) workload: Option<HeaderValue>,
     pub(crate) fallback_from: Option<HeaderValue>,
+    /// The request named no `model` and went to `server.default_model`.
+    pub(crate) model_defaulted: bool,
 }
 
 impl Stamp {
@@ -44,24 +47,30 @@ impl Stamp {
         if let Some(from) = &self.fallback_from {
             headers.insert(X_FALLBACK_FROM, from.clone());
         }
+        if self.model_defaulted {
+            headers.insert(X_MODEL_DEFAULTED, HeaderValue::from_static("true"));
+        }
     }
 }
 
-/// What a request carries from stage to stage: its record, the stamp for its response, and its
-/// id as the engine receives it.
+/// What a request carries from stage to stage: its record, the stamp for its response, its id
+/// as the engine receives it, and the endpoint it asked for (whose API's error shape its errors
+/// are written in).
 #[derive(Debug)]
 pub(crate) struct Ctx {
     pub(crate) recording: Recording,
     pub(crate) stamp: Stamp,
     pub(crate) id: HeaderValue,
+    pub(crate) endpoint: Endpoint,
 }
 
 impl Ctx {
-    pub(crate) fn new(recording: Recording, id: HeaderValue) -> Self {
+    pub(crate) fn new(recording: Recording, id: HeaderValue, endpoint: Endpoint) -> Self {
         Self {
             recording,
             stamp: Stamp::default(),
             id,
+            endpoint,
         }
     }
 
@@ -120,13 +129,14 @@ pub(crate) struct Failed {
 }
 
 impl Failed {
-    /// The client's response: the error in OpenAI's shape, stamped with what is known, and the
-    /// request recorded.
+    /// The client's response: the error in the shape of the API the client speaks (OpenAI's,
+    /// or Anthropic's on its Messages API), stamped with what is known, and the request recorded.
     pub(crate) fn into_response(self) -> Response<ProxyBody> {
         let Self { error, ctx } = self;
         let Ctx {
             mut recording,
             stamp,
+            endpoint,
             ..
         } = ctx;
         let detail = error.to_string();
@@ -137,7 +147,7 @@ impl Failed {
             e if status.is_server_error() => tracing::warn!(error = %e, "request failed"),
             _ => {}
         }
-        let mut response = error.into_response();
+        let mut response = error.into_response_in(endpoint.dialect());
         stamp.apply(response.headers_mut());
         if client_gone {
             // Nobody is left to read an answer: recorded as a disconnect with no status, like a

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use futures_util::future::{self, Either};
-use switchyard_engine::{Backend, Verification};
+use switchyard_engine::{Backend, IdentityHeaders, Verification};
 
 use super::context::{Attempt, Failed};
 use crate::http::ProxyError;
@@ -58,17 +58,10 @@ where
 
     fn call(&mut self, mut attempt: Attempt) -> Self::Future {
         let backend = &self.backend;
-        let identity = backend.identity_headers();
-        let ctx = &mut attempt.ctx;
-        ctx.recording.backend = Some(backend.name.clone());
-        ctx.recording.variant = attempt.variant;
-        ctx.recording.engine = identity.engine_text.clone();
-        ctx.recording.artifact = identity.artifact_text.clone();
-        ctx.stamp.variant = Some(attempt.variant);
+        let identity = stamp_identity(backend, &mut attempt);
         let refused = backend.config.require_verified_identity
             && identity.verification != Verification::Verified;
         let why = refused.then(|| identity.verification.reason().to_owned());
-        ctx.stamp.identity = Some(identity);
         match why {
             Some(why) => Either::Left(future::ready(Err(attempt.fail(
                 ProxyError::IdentityUnverified {
@@ -79,4 +72,18 @@ where
             None => Either::Right(self.inner.call(attempt)),
         }
     }
+}
+
+/// Stamps `backend`'s identity as known now, and the attempt's variant, on its response and its
+/// record; returns the identity stamped.
+pub(crate) fn stamp_identity(backend: &Backend, attempt: &mut Attempt) -> Arc<IdentityHeaders> {
+    let identity = backend.identity_headers();
+    let ctx = &mut attempt.ctx;
+    ctx.recording.backend = Some(backend.name.clone());
+    ctx.recording.variant = attempt.variant;
+    ctx.recording.engine = identity.engine_text.clone();
+    ctx.recording.artifact = identity.artifact_text.clone();
+    ctx.stamp.variant = Some(attempt.variant);
+    ctx.stamp.identity = Some(identity.clone());
+    identity
 }

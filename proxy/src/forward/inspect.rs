@@ -2,7 +2,8 @@
 //! (`text/event-stream` with a success status) is passed on through an [`ObservedStream`], which
 //! watches it on its way past; any other answer is read whole (bounded), checked against the
 //! backend's probed identity, its timings and usage read, an engine's error normalised into
-//! OpenAI's shape, and forwarded with the identity stamp and `server-timing`.
+//! OpenAI's shape (Anthropic's, on its Messages API), and forwarded with the identity stamp and
+//! `server-timing`.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -16,7 +17,7 @@ use http::{Response, StatusCode};
 use http_body::Body;
 use http_body_util::combinators::Collect;
 use http_body_util::{BodyExt, Collected, LengthLimitError, Limited};
-use switchyard_adapters::inspect_response_with;
+use switchyard_adapters::{inspect_response_with, Dialect};
 use switchyard_engine::Backend;
 use switchyard_record::between;
 
@@ -26,6 +27,7 @@ use super::send::Sent;
 use super::stream::ObservedStream;
 use super::Held;
 use crate::http::body::BoxError;
+use crate::http::error::anthropic_from_engine;
 use crate::http::headers::{copy_response_headers, SERVER_TIMING, X_ENGINE};
 use crate::http::{ProxyBody, ProxyError};
 
@@ -240,6 +242,7 @@ where
             .insert(header::TRAILER, HeaderValue::from_static("server-timing"));
     }
     let mut stream = ObservedStream::new(body, record, backend.clone(), want_trailers)
+        .for_endpoint(ctx.endpoint)
         .holding(held)
         .within(limits.first_token, limits.total);
     if let Some(drain) = drain {
@@ -326,6 +329,13 @@ fn finish(
             status = StatusCode::from_u16(new_status).unwrap_or(StatusCode::BAD_GATEWAY);
             out_body = new_body;
             replaced_content_type = true;
+        }
+        if ctx.endpoint.dialect() == Dialect::Anthropic {
+            // An Anthropic client reads one error shape, whoever failed.
+            if let Some(rewritten) = anthropic_from_engine(status, &out_body) {
+                out_body = rewritten;
+                replaced_content_type = true;
+            }
         }
         record.error_class = Some(if status.is_server_error() {
             "upstream"

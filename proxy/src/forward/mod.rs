@@ -1,10 +1,10 @@
 //! The per-backend request path, as a stack of tower services built once per backend:
 //!
 //! ```text
-//! Launch → IdentityGate → Admission → Inspect → Send
+//! Serves → Launch → IdentityGate → Admission → Inspect → Send
 //! ```
 //!
-//! [`launch`] holds a managed engine for the request, starting it when it is not running (the
+//! [`serves`] refuses an endpoint the backend's engine does not have; [`launch`] holds a managed engine for the request, starting it when it is not running (the
 //! `load` phase); [`gate`] stamps the backend's identity and refuses an unverified one that must be verified;
 //! [`admission`] waits for one of the backend's slots (the `queue` phase), in a queue bounded in
 //! length and in wait; [`inspect`] turns the
@@ -25,6 +25,7 @@ pub(crate) mod inspect;
 pub(crate) mod launch;
 pub(crate) mod request;
 pub(crate) mod send;
+pub(crate) mod serves;
 pub(crate) mod stream;
 
 use std::sync::Arc;
@@ -51,8 +52,9 @@ pub(crate) struct Held {
 }
 
 /// One backend's stack of stages.
-pub(crate) type BackendStack =
-    launch::Launch<gate::IdentityGate<admission::Admission<inspect::Inspect<send::Send>>>>;
+pub(crate) type BackendStack = serves::Serves<
+    launch::Launch<gate::IdentityGate<admission::Admission<inspect::Inspect<send::Send>>>>,
+>;
 
 /// What every backend's stack shares.
 #[derive(Debug, Clone)]
@@ -73,6 +75,8 @@ pub(crate) fn stack(backend: &Arc<Backend>, shared: &Shared) -> BackendStack {
     // When the backend drains, what the engine is answering when its client leaves is drained.
     let drain = drain::Drain::of(backend, &shared.drains);
     tower::ServiceBuilder::new()
+        // Refuse an endpoint the engine does not have, before anything is started or sent.
+        .layer(serves::ServesLayer::new(backend.clone()))
         // A managed engine: hold it, starting it first when it is not running (the load phase).
         .layer(launch::LaunchLayer::new(backend.clone()))
         // Stamp the identity; refuse an unverified one that must be verified, sending nothing.

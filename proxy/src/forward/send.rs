@@ -20,7 +20,7 @@ use switchyard_record::between;
 
 use super::context::{Attempt, Ctx, Failed};
 use super::drain::Drain;
-use super::request::{splice_model, Head, Outgoing};
+use super::request::{splice_model, Outgoing};
 use super::Held;
 use crate::http::headers::{connection_options, is_client_credential, is_hop_by_hop, X_REQUEST_ID};
 use crate::http::ProxyError;
@@ -165,7 +165,7 @@ impl tower::Service<Attempt> for Send {
             drain: self.drain.clone(),
         };
         let mut request = match upstream_body(&backend, &outgoing)
-            .and_then(|body| upstream_request(&outgoing.head, body, &ctx.id))
+            .and_then(|body| upstream_request(&outgoing, body, &ctx.id))
         {
             Ok(request) => request,
             Err(error) => {
@@ -221,16 +221,21 @@ fn upstream_body(backend: &Backend, outgoing: &Outgoing) -> Result<Bytes, ProxyE
 }
 
 fn upstream_request(
-    head: &Head,
+    outgoing: &Outgoing,
     body: Bytes,
     id: &HeaderValue,
 ) -> Result<Request<Full<Bytes>>, ProxyError> {
-    // Origin form: the request line of an HTTP/1 request to the engine itself.
-    let path_and_query = head.uri.path_and_query().map_or("/", |pq| pq.as_str());
-    let uri = http::Uri::builder()
-        .path_and_query(path_and_query)
-        .build()
-        .map_err(|e| ProxyError::Internal(e.to_string()))?;
+    let head = &outgoing.head;
+    // Origin form: the request line of an HTTP/1 request to the engine itself. The endpoint's
+    // canonical path, whichever alias the client used (`/chat/completions`), with the client's
+    // query (`/v1/messages?beta=true`).
+    let path = outgoing.endpoint.path();
+    let uri = match head.uri.query() {
+        Some(query) => http::Uri::builder().path_and_query(format!("{path}?{query}")),
+        None => http::Uri::builder().path_and_query(path),
+    }
+    .build()
+    .map_err(|e| ProxyError::Internal(e.to_string()))?;
     let mut request = Request::new(Full::new(body));
     *request.method_mut() = head.method.clone();
     *request.uri_mut() = uri;

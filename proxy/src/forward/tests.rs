@@ -97,6 +97,7 @@ pub(crate) fn ctx(recorder: &Arc<Recorder>) -> Ctx {
     Ctx::new(
         Recording::new(recorder.clone(), record),
         HeaderValue::from_static("req-1"),
+        switchyard_adapters::Endpoint::ChatCompletions,
     )
 }
 

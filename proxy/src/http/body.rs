@@ -1,7 +1,7 @@
 //! The response body type: a complete buffer, or an engine stream watched on its way past.
 //!
 //! A panic while a stream is polled (in the observer, or anywhere below it) is caught here: the
-//! client gets an error event in OpenAI's shape and the end of the body, the stream's record is
+//! client gets an error event in the shape its API uses and the end of the body, the stream's record is
 //! written as failed inside Switchyard, and the connection and the server go on. (A panic while
 //! a response is being prepared is caught by the stack's outer layer; this covers the body,
 //! which is polled after that layer has returned.)
@@ -12,6 +12,7 @@ use std::task::{Context, Poll};
 
 use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
+use switchyard_adapters::Dialect;
 
 use super::error::{sse_event, ProxyError};
 
@@ -23,6 +24,11 @@ pub(crate) trait StreamBody: Body<Data = Bytes, Error = BoxError> + Send + Unpin
     /// The stream panicked while polled: write its record as failed inside Switchyard, with
     /// `why`. Nothing more is polled from it.
     fn fail_internal(&mut self, why: &str);
+
+    /// The error shape of the API its client speaks, for the error event that ends it.
+    fn dialect(&self) -> Dialect {
+        Dialect::OpenAi
+    }
 }
 
 /// Every response body Switchyard sends.
@@ -85,9 +91,16 @@ impl ProxyBody {
         self
     }
 
-    /// Replaces a stream that panicked by its last event, an error in OpenAI's shape.
+    /// Replaces a stream that panicked by its last event, an error in the shape its client
+    /// reads.
     fn after_panic(&mut self, panic: Box<dyn std::any::Any + Send>) -> Bytes {
         let why = panic_message(panic.as_ref());
+        let dialect = match &self.kind {
+            Kind::Stream(stream) => {
+                catch_unwind(AssertUnwindSafe(|| stream.dialect())).unwrap_or_default()
+            }
+            Kind::Full(_) => Dialect::OpenAi,
+        };
         tracing::error!(panic = %why, "a response stream panicked while polled; ended with an error event");
         let stream = std::mem::replace(&mut self.kind, Kind::Full(None));
         if let Kind::Stream(mut stream) = stream {
@@ -102,7 +115,7 @@ impl ProxyBody {
                 tracing::error!("dropping a stream that panicked panicked too");
             }
         }
-        sse_event(&ProxyError::Internal(why).body())
+        sse_event(dialect, &ProxyError::Internal(why).body_in(dialect))
     }
 }
 

@@ -17,6 +17,10 @@ pub(crate) const X_VARIANT: HeaderName = HeaderName::from_static("x-switchyard-v
 pub(crate) const X_WORKLOAD: HeaderName = HeaderName::from_static("x-switchyard-workload");
 pub(crate) const X_FALLBACK_FROM: HeaderName =
     HeaderName::from_static("x-switchyard-fallback-from");
+/// `true` on the answer to a request that named no `model` and was sent to
+/// `server.default_model`.
+pub(crate) const X_MODEL_DEFAULTED: HeaderName =
+    HeaderName::from_static("x-switchyard-model-defaulted");
 pub(crate) const SERVER_TIMING: HeaderName = HeaderName::from_static("server-timing");
 /// A request's chosen side of its model's release (`primary` or `candidate`), forced by an
 /// admin token's holder; consumed here, never forwarded.

@@ -186,6 +186,9 @@ impl Recorder {
                 line.shown("key", key);
             }
             line.text("model", r.model.as_deref().unwrap_or("-"));
+            if r.model_defaulted {
+                line.flag("model_defaulted", true);
+            }
             line.text("backend", r.backend.as_deref().unwrap_or("-"));
             line.text("variant", r.variant);
             line.text(

@@ -15,13 +15,14 @@ use std::time::{Duration, Instant};
 use http::header::{self, HeaderValue};
 use http::{Request, Response};
 use hyper::body::Incoming;
-use switchyard_adapters::Health;
+use switchyard_adapters::{Endpoint, Health};
 use switchyard_engine::Backend;
 use switchyard_record::RequestRecord;
 use tower::ServiceExt as _;
 
 use crate::forward::request::{
-    fingerprint_fields, is_json, parse_body, quoted_name, read_body, value_range, Head, Outgoing,
+    fingerprint_fields, insert_model, is_json, parse_body, quoted_name, read_body, value_range,
+    Head, Outgoing,
 };
 use crate::forward::{Attempt, Ctx, Failed};
 use crate::http::headers::header_value;
@@ -46,19 +47,21 @@ pub(crate) struct Routing {
 }
 
 impl Routing {
-    /// Answers one proxied request (a `POST` to a proxied path). Never fails: every error
-    /// becomes an OpenAI-shaped response, stamped and recorded. `received`: when the request
-    /// head arrived, the start of every phase.
+    /// Answers one proxied request (a `POST` to `endpoint`, by its path or an alias). Never
+    /// fails: every error becomes a response in the shape of the endpoint's API, stamped and
+    /// recorded under the endpoint's canonical path. `received`: when the request head arrived,
+    /// the start of every phase.
     pub(crate) async fn proxy(
         &self,
         mut req: Request<Incoming>,
+        endpoint: Endpoint,
         received: Instant,
         id: &HeaderValue,
     ) -> Response<ProxyBody> {
         let record = RequestRecord::new(
             id.to_str().unwrap_or("").to_owned(),
             req.method().clone(),
-            req.uri().path().to_owned(),
+            endpoint.path().to_owned(),
             received,
         );
         let mut recording = Recording::new(self.recorder.clone(), record);
@@ -67,13 +70,13 @@ impl Routing {
         recording.set_trace(
             self.telemetry
                 .as_ref()
-                .map(|t| t.start_request(req.headers(), req.uri().path(), received)),
+                .map(|t| t.start_request(req.headers(), endpoint.path(), received)),
         );
         let caller = req.extensions_mut().remove::<Caller>();
         if let Some(Caller(key)) = &caller {
             recording.client_key = Some(key.name.clone());
         }
-        let ctx = Ctx::new(recording, id.clone());
+        let ctx = Ctx::new(recording, id.clone(), endpoint);
         match self.route(req, ctx, caller).await {
             Ok(response) => response,
             Err(failed) => failed.into_response(),
@@ -118,9 +121,16 @@ impl Routing {
             Ok(parsed) => parsed,
             Err(error) => return Err(ctx.fail(error)),
         };
-        let (model, raw_model) = match parsed.model() {
-            Ok(model) => model,
-            Err(error) => return Err(ctx.fail(error)),
+        // A request without `model` goes to `server.default_model` when one is configured
+        // (stamped and recorded as defaulted), else it is refused: no silent routing.
+        let (model, raw_model) = match (parsed.model(), &server.default_model) {
+            (Ok((model, raw)), _) => (model, Some(raw)),
+            (Err(ProxyError::MissingModel), Some(default)) => {
+                ctx.stamp.model_defaulted = true;
+                ctx.recording.model_defaulted = true;
+                (default.clone(), None)
+            }
+            (Err(error), _) => return Err(ctx.fail(error)),
         };
         let Some(route) = snapshot.routes.resolve(&model).cloned() else {
             return Err(ctx.fail(unknown_model(&snapshot, &model, caller)));
@@ -140,10 +150,22 @@ impl Routing {
         let split = match &release {
             Some(r) => match release::forced(&parts.headers, &snapshot.config, &route.model) {
                 Ok(Some(arm)) => Some((arm, "forced")),
-                Ok(None) => {
-                    let (arm, key) = r.split(&parts.headers, &parsed);
-                    Some((arm, key.as_str()))
-                }
+                Ok(None) => match r.split(&parts.headers, &parsed) {
+                    // A session on the candidate's side asking for an endpoint the candidate's
+                    // engine lacks (the Messages API of an MLX candidate) is served by the
+                    // primary this time, and recorded so: a canary never turns a working
+                    // endpoint into a 404.
+                    (Arm::Candidate, _)
+                        if !r.promoted
+                            && snapshot
+                                .backends
+                                .get(&r.candidate)
+                                .is_some_and(|b| !b.adapter.serves(ctx.endpoint)) =>
+                    {
+                        Some((Arm::Primary, "endpoint"))
+                    }
+                    (arm, key) => Some((arm, key.as_str())),
+                },
                 Err(error) => return Err(ctx.fail(error)),
             },
             None => None,
@@ -156,12 +178,21 @@ impl Routing {
                     .any(|t| t.trim().eq_ignore_ascii_case("trailers"))
             })
         });
-        let model_range = match value_range(&body, raw_model) {
+        let model_at = match raw_model.map(|raw| value_range(&body, raw)).transpose() {
             Ok(range) => range,
             Err(error) => return Err(ctx.fail(error)),
         };
         drop(parsed);
+        // A defaulted request's body gets the model it is sent to, as a client would have named it.
+        let (body, model_range) = match model_at {
+            Some(range) => (body, range),
+            None => match insert_model(&body, &route.model) {
+                Ok(inserted) => inserted,
+                Err(error) => return Err(ctx.fail(error)),
+            },
+        };
         let outgoing = Arc::new(Outgoing {
+            endpoint: ctx.endpoint,
             head: Head {
                 method: parts.method,
                 uri: parts.uri,

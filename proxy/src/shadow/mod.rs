@@ -143,9 +143,10 @@ impl Shadowing {
             when: shadow.when,
             streamed,
         };
-        let skip = if outgoing.head.uri.path() == "/v1/embeddings" {
-            // Outputs are compared as generated text; vectors are not, so nothing is sent.
-            Some(Skip::Embeddings)
+        let skip = if !outgoing.endpoint.compared() {
+            // Outputs are compared as generated text in `choices`: vectors, rankings and the
+            // other APIs' answers are not, so nothing is sent.
+            Some(Skip::NotCompared(outgoing.endpoint))
         } else if self.stop.is_cancelled() {
             Some(Skip::ShuttingDown)
         } else if run::not_running(&plan.target.backend) {

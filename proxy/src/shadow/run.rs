@@ -8,6 +8,7 @@ use std::time::Instant;
 use http::HeaderValue;
 use http_body_util::BodyExt;
 use switchyard_adapters::fingerprint::WorkloadFingerprint;
+use switchyard_adapters::Endpoint;
 use switchyard_engine::Backend;
 use switchyard_policy::compare::{judge, Pair, Side, Verdict};
 use switchyard_policy::ShadowWhen;
@@ -96,8 +97,9 @@ pub(crate) enum Skip {
     /// request arrived (`concurrent`).
     PoolFull,
     ShuttingDown,
-    /// Embeddings are not compared (outputs are compared as generated text).
-    Embeddings,
+    /// The endpoint's answers are not compared: outputs are compared as generated text in
+    /// OpenAI's `choices` (chat and text completions) only.
+    NotCompared(Endpoint),
     /// The candidate is a managed engine that is not running: a shadow never starts (or, in a
     /// swap group, evicts) an engine.
     EngineNotRunning,
@@ -109,7 +111,15 @@ impl Skip {
         match self {
             Self::PoolFull => "pool full",
             Self::ShuttingDown => "shutting down",
-            Self::Embeddings => "embeddings are not compared",
+            Self::NotCompared(endpoint) => match endpoint {
+                Endpoint::Embeddings => "embeddings are not compared",
+                Endpoint::Responses => "/v1/responses answers are not compared",
+                Endpoint::Messages => "/v1/messages answers are not compared",
+                Endpoint::CountTokens => "/v1/messages/count_tokens answers are not compared",
+                Endpoint::Rerank => "/v1/rerank answers are not compared",
+                Endpoint::Infill => "/infill answers are not compared",
+                Endpoint::ChatCompletions | Endpoint::Completions => "not compared",
+            },
             Self::EngineNotRunning => {
                 "the candidate's engine is not running, and a shadow never starts one"
             }
@@ -347,7 +357,7 @@ pub(crate) async fn run_on(
     let mut record = RequestRecord::new(
         id,
         outgoing.head.method.clone(),
-        outgoing.head.uri.path().to_owned(),
+        outgoing.endpoint.path().to_owned(),
         Instant::now(),
     );
     record.describe(model, fingerprint.clone(), streamed);
@@ -358,7 +368,8 @@ pub(crate) async fn run_on(
     recording.set_hook(Box::new(move |record: &RequestRecord| {
         let _ = tx.send(record.side());
     }));
-    let attempt = Attempt::new(Ctx::new(recording, header_id), outgoing.clone(), variant);
+    let ctx = Ctx::new(recording, header_id, outgoing.endpoint);
+    let attempt = Attempt::new(ctx, outgoing.clone(), variant);
     match candidate.stack.clone().oneshot(attempt).await {
         Ok(response) => {
             // A streamed answer's record is written when its body ends; read it to the end.

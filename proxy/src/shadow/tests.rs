@@ -5,6 +5,7 @@ use std::time::SystemTime;
 
 use bytes::Bytes;
 use switchyard_adapters::fingerprint::WorkloadFingerprint;
+use switchyard_adapters::Endpoint;
 use switchyard_policy::Config;
 
 use super::{Shadowing, Skip, Ticket};
@@ -99,12 +100,21 @@ fn a_fraction_is_sampled_at_about_its_rate() {
 }
 
 #[test]
-fn embeddings_and_shutdown_are_planned_as_skips_with_their_reasons() {
+fn endpoints_not_compared_and_shutdown_are_planned_as_skips_with_their_reasons() {
     let planner = Planner::new(1.0, "after-primary");
     assert!(matches!(
         planner.plan("/v1/embeddings"),
-        Some(Ticket::Skipped(_, Skip::Embeddings))
+        Some(Ticket::Skipped(_, Skip::NotCompared(Endpoint::Embeddings)))
     ));
+    for path in ["/v1/responses", "/v1/messages", "/v1/rerank", "/infill"] {
+        assert!(
+            matches!(
+                planner.plan(path),
+                Some(Ticket::Skipped(_, Skip::NotCompared(e))) if e.path() == path
+            ),
+            "{path}"
+        );
+    }
     planner.shadowing.stop.cancel();
     assert!(matches!(
         planner.plan("/v1/chat/completions"),

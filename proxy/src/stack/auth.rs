@@ -4,7 +4,7 @@
 //!
 //! A request without a key, or with one `[auth]` does not hold, is answered 401; one whose key
 //! has its `concurrency` requests under way, or started its `rpm` this minute, 429 with
-//! `Retry-After`; a key limited to some models may not read `/readyz` or `/metrics`, which show
+//! `Retry-After`, each in the shape of the API the client speaks; a key limited to some models may not read `/readyz` or `/metrics`, which show
 //! every model (403). Each refusal is counted in `switchyard_auth_total` and logged with the
 //! key's name, never the key. An admitted request carries its key ([`Caller`]) in its
 //! extensions, for routing and `/v1/models` to show it only its models, and the key's
@@ -19,6 +19,7 @@ use std::task::{Context, Poll};
 use http::header::{self, HeaderMap};
 use http::{Request, Response};
 use hyper::body::Incoming;
+use switchyard_adapters::{Dialect, Endpoint};
 
 use crate::http::headers::X_REQUEST_ID;
 use crate::http::{ProxyBody, ProxyError};
@@ -79,7 +80,10 @@ where
                 code = error.code(),
                 "request refused at the door"
             );
-            let mut response = error.into_response();
+            // In the shape of the API the client speaks (Anthropic's on `/v1/messages`).
+            let dialect =
+                Endpoint::from_path(req.uri().path()).map_or(Dialect::OpenAi, |e| e.dialect());
+            let mut response = error.into_response_in(dialect);
             response.headers_mut().insert(X_REQUEST_ID, id);
             AuthFuture::Refused(Some(response))
         };

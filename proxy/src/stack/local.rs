@@ -1,11 +1,12 @@
 //! The endpoints Switchyard answers itself: `/healthz`, `/readyz` (every backend's state, and
-//! 503 while some model has no ready primary), `/v1/models` and `/v1/models/{id}`, and
-//! `/metrics`; and the answers for unknown paths and wrong methods.
+//! 503 while some model has no ready primary), `/v1/models` and `/v1/models/{id}` (also without
+//! the `/v1` prefix), and `/metrics`; and the answers for unknown paths and wrong methods.
 
 use bytes::Bytes;
 use http::header::{self, HeaderValue};
 use http::{Method, Response, StatusCode};
 use serde_json::{Map, Value};
+use switchyard_adapters::Dialect;
 use switchyard_engine::managed::{Managed, Phase};
 use switchyard_engine::{Backend, Verification};
 
@@ -39,7 +40,7 @@ impl Router {
     pub(crate) async fn metrics_only(&self, method: &Method, path: &str) -> Response<ProxyBody> {
         match (method, path) {
             (&Method::GET, "/metrics") => self.metrics().await,
-            (m, "/metrics") => method_not_allowed(m, "/metrics", "GET"),
+            (m, "/metrics") => method_not_allowed(m, "/metrics", "GET", Dialect::OpenAi),
             (_, p) => ProxyError::NotFound(p.to_owned()).into_response(),
         }
     }
@@ -191,16 +192,18 @@ pub(crate) fn managed_status(managed: &Managed, tail: bool) -> Value {
     value
 }
 
+/// 405 for `method` on `path`, which allows `allow`, in `dialect`'s error shape.
 pub(crate) fn method_not_allowed(
     method: &Method,
     path: &str,
     allow: &'static str,
+    dialect: Dialect,
 ) -> Response<ProxyBody> {
     let mut response = ProxyError::MethodNotAllowed {
         method: method.to_string(),
         path: path.to_owned(),
     }
-    .into_response();
+    .into_response_in(dialect);
     response
         .headers_mut()
         .insert(header::ALLOW, HeaderValue::from_static(allow));

@@ -29,6 +29,7 @@ use std::time::{Instant, SystemTime};
 use http::header::{HeaderMap, HeaderValue};
 use http::{Method, Request, Response};
 use hyper::body::Incoming;
+use switchyard_adapters::{Dialect, Endpoint};
 use switchyard_record::between;
 use tower::util::Either;
 use tower::ServiceBuilder;
@@ -43,8 +44,9 @@ use activity::{Activity, Counted};
 use auth::Authenticate;
 use local::method_not_allowed;
 
-const PROXIED: &[&str] = &["/v1/chat/completions", "/v1/completions", "/v1/embeddings"];
-const LOCAL: &[&str] = &["/healthz", "/readyz", "/v1/models", "/metrics"];
+/// The paths Switchyard answers itself (`GET`); `/models` is `/v1/models` without its prefix,
+/// as llama-server and LiteLLM accept it. Proxied paths are the endpoints' ([`Endpoint`]).
+const LOCAL: &[&str] = &["/healthz", "/readyz", "/v1/models", "/models", "/metrics"];
 
 /// The service every connection is served by.
 pub type Stack = CatchPanic<
@@ -147,19 +149,26 @@ impl tower::Service<Request<Incoming>> for Router {
 }
 
 impl Router {
-    /// Answers one request. Never fails: every error becomes an OpenAI-shaped response.
+    /// Answers one request. Never fails: every error becomes a response in the error shape of
+    /// the API asked for (OpenAI's, or Anthropic's on its Messages API).
     async fn handle(self, req: Request<Incoming>, received: Instant) -> Response<ProxyBody> {
         let id = request_id(req.headers());
         let path = req.uri().path();
+        let endpoint = Endpoint::from_path(path);
         let mut response = if let Some(coding) = unsupported_coding(req.headers()) {
             // RFC 9112, section 6.1: a coding the server does not understand is 501. hyper
             // refuses a last coding other than chunked (400), but decodes `gzip, chunked` as
             // chunked and would hand on a gzipped body as if it were plain.
             self.routing.recorder.metrics.rejected_request_head(501);
             tracing::info!(path, transfer_encoding = %coding, "request refused: a Transfer-Encoding Switchyard does not read");
-            ProxyError::UnsupportedTransferEncoding(coding).into_response()
-        } else if req.method() == Method::POST && PROXIED.contains(&path) {
-            self.routing.proxy(req, received, &id).await
+            let dialect = endpoint.map_or(Dialect::OpenAi, |e| e.dialect());
+            ProxyError::UnsupportedTransferEncoding(coding).into_response_in(dialect)
+        } else if let Some(endpoint) = endpoint {
+            if req.method() == Method::POST {
+                self.routing.proxy(req, endpoint, received, &id).await
+            } else {
+                method_not_allowed(req.method(), path, "POST", endpoint.dialect())
+            }
         } else if req.method() == Method::GET {
             match path {
                 "/healthz" => crate::http::json_response(
@@ -167,18 +176,18 @@ impl Router {
                     bytes::Bytes::from_static(br#"{"status":"ok"}"#),
                 ),
                 "/readyz" => self.readyz(),
-                "/v1/models" => self.models(caller(&req)),
+                "/v1/models" | "/models" => self.models(caller(&req)),
                 "/metrics" => self.metrics().await,
-                p if p.starts_with("/v1/models/") => {
-                    self.model_object(&p["/v1/models/".len()..], caller(&req))
-                }
-                p if PROXIED.contains(&p) => method_not_allowed(req.method(), p, "POST"),
-                p => ProxyError::NotFound(p.to_owned()).into_response(),
+                p => match p
+                    .strip_prefix("/v1/models/")
+                    .or_else(|| p.strip_prefix("/models/"))
+                {
+                    Some(name) => self.model_object(name, caller(&req)),
+                    None => ProxyError::NotFound(p.to_owned()).into_response(),
+                },
             }
-        } else if PROXIED.contains(&path) {
-            method_not_allowed(req.method(), path, "POST")
         } else if LOCAL.contains(&path) {
-            method_not_allowed(req.method(), path, "GET")
+            method_not_allowed(req.method(), path, "GET", Dialect::OpenAi)
         } else {
             ProxyError::NotFound(path.to_owned()).into_response()
         };

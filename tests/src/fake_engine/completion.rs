@@ -39,7 +39,7 @@ impl Body for ChannelBody {
     }
 }
 /// Sleeps for `d`; a zero delay returns at once (tokio's timer would round it up to a tick).
-async fn pause(d: Duration) {
+pub(super) async fn pause(d: Duration) {
     if !d.is_zero() {
         tokio::time::sleep(d).await;
     }

@@ -2,7 +2,8 @@
 //!
 //! It speaks llama-server's shapes (see `shared/engine-transcripts/llama.cpp/`): `/health` (503
 //! "Loading model" for a configurable period), `/props`, `/v1/models`, chat and text completions,
-//! streaming and not, with `timings`, `usage` and `system_fingerprint`. Its text is derived
+//! streaming and not, with `timings`, `usage` and `system_fingerprint`; and the endpoints agents
+//! use besides (`agents`: the Responses and Messages APIs, token counting, reranking, `/infill`). Its text is derived
 //! deterministically from the prompt. Every request, stream chunk and abort is reported as an
 //! [`Event`] with the instant it happened, so tests can compare clocks instead of sleeping.
 //!
@@ -10,8 +11,9 @@
 //!
 //! This module holds the public face: faults, events, the builder and the running engine's handle.
 //! Serving HTTP (accepting, routing, the probes) is in `server`; answering a completion, in JSON or
-//! as a stream, is in `completion`.
+//! as a stream, is in `completion`; the other endpoints, in `agents`.
 
+mod agents;
 mod completion;
 mod server;
 #[cfg(test)]

@@ -1,5 +1,6 @@
 //! The fake engine's HTTP side: the state its connections share, the accept loop, and the routes
-//! llama-server answers (`/health`, `/props`, `/v1/models`, completions), with the response helpers
+//! llama-server answers (`/health`, `/props`, `/v1/models`, completions, the agents' endpoints),
+//! with the response helpers
 //! and the guard that reports a client leaving early.
 
 use std::convert::Infallible;
@@ -19,6 +20,7 @@ use tokio::sync::{mpsc, Mutex};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+use super::agents::{answer, PATHS};
 use super::completion::{complete, ChannelBody};
 use super::{Event, FakeEngineConfig, Fault};
 
@@ -181,7 +183,9 @@ async fn route(shared: Arc<Shared>, req: Request<Incoming>) -> Response<FakeBody
             json!({"object": "list", "data": [{"id": shared.serving().0, "object": "model", "created": now_secs(), "owned_by": "llamacpp",
                    "meta": {"n_ctx_train": 8192, "n_params": 134515008, "size": 96576768}}]}),
         ),
-        ("POST", "/v1/chat/completions" | "/v1/completions") => {
+        ("POST", p)
+            if matches!(p, "/v1/chat/completions" | "/v1/completions") || PATHS.contains(&p) =>
+        {
             let guard = AbortGuard {
                 events: shared.events.clone(),
                 done: false,
@@ -229,6 +233,9 @@ async fn route(shared: Arc<Shared>, req: Request<Incoming>) -> Response<FakeBody
                         StatusCode::INTERNAL_SERVER_ERROR,
                         json!({"error": {"code": 500, "message": "fake engine failure", "type": "server_error"}}),
                     )
+                }
+                _ if PATHS.contains(&path.as_str()) => {
+                    answer(shared.clone(), &path, body, guard).await
                 }
                 _ => complete(shared.clone(), &path, body, guard).await,
             }

@@ -318,3 +318,67 @@ async fn a_listener_off_loopback_needs_keys_or_the_flag() {
     );
     assert!(proxy.state().config().auth.is_some());
 }
+
+/// `POST /v1/messages` for `model` with `headers`.
+async fn messages(
+    base: &str,
+    model: &str,
+    headers: &[(&str, &str)],
+) -> switchyard_tests::harness::TestResponse {
+    let body = json!({"model": model, "max_tokens": 8,
+        "messages": [{"role": "user", "content": "hi"}]});
+    TestClient::new()
+        .post_json_with(&format!("{base}/v1/messages"), &body, headers)
+        .await
+        .unwrap()
+}
+
+/// The `error` object of an answer, checked to have Anthropic's shape.
+fn anthropic_error(response: &switchyard_tests::harness::TestResponse) -> Value {
+    let body = response.json();
+    assert_eq!(body["type"], "error", "{body}");
+    for field in ["type", "message"] {
+        assert!(body["error"].get(field).is_some(), "no {field}: {body}");
+    }
+    body["error"].clone()
+}
+
+#[tokio::test]
+async fn the_messages_api_is_refused_in_anthropics_shape() {
+    let (s, keys) = Setup::start(
+        FakeEngine::llama_cpp().tokens(2),
+        "",
+        "",
+        &[("agent", &["--models", "alpha"])],
+    )
+    .await;
+
+    let none = messages(&s.base, "alpha", &[]).await;
+    assert_eq!(none.status, 401);
+    let error = anthropic_error(&none);
+    assert_eq!(error["type"], "authentication_error");
+    assert_eq!(error["code"], "missing_api_key");
+
+    let other = messages(&s.base, "beta", &[("x-api-key", &keys[0])]).await;
+    assert_eq!(
+        other.status, 404,
+        "a model the key may not use does not exist for it"
+    );
+    let error = anthropic_error(&other);
+    assert_eq!(error["type"], "not_found_error");
+    assert_eq!(error["code"], "model_not_found");
+
+    let allowed = messages(&s.base, "alpha", &[("x-api-key", &keys[0])]).await;
+    assert_eq!(
+        allowed.status,
+        200,
+        "{}",
+        String::from_utf8_lossy(&allowed.body)
+    );
+    assert_eq!(allowed.json()["type"], "message");
+    assert_eq!(
+        s.engine.requests_seen(),
+        1,
+        "only the admitted request reached the engine"
+    );
+}

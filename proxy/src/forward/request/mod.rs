@@ -22,6 +22,7 @@ use serde_json::value::RawValue;
 use serde_json::Value;
 use switchyard_adapters::canonical::Key;
 use switchyard_adapters::fingerprint::{fingerprint_raw, WorkloadFingerprint};
+use switchyard_adapters::Endpoint;
 
 use crate::http::ProxyError;
 
@@ -158,6 +159,37 @@ pub(crate) fn splice_model(
     Ok(out.freeze())
 }
 
+/// The request body with `"model":<name>` inserted as its first member (for a request that
+/// named no model and goes to `server.default_model`), every other byte untouched, and where the
+/// inserted value lies: the engine receives the model as it does when a client names it, and
+/// [`splice_model`] can replace it as for any other request. `body` parsed as a JSON object.
+pub(crate) fn insert_model(body: &Bytes, name: &str) -> Result<(Bytes, Range<usize>), ProxyError> {
+    let not_an_object = || ProxyError::Internal("a parsed body has no opening brace".to_owned());
+    let open = body
+        .iter()
+        .position(|b| !b.is_ascii_whitespace())
+        .filter(|&at| body[at] == b'{')
+        .ok_or_else(not_an_object)?;
+    let after = open + 1;
+    let empty = body[after..]
+        .iter()
+        .find(|b| !b.is_ascii_whitespace())
+        .is_some_and(|&b| b == b'}');
+    let quoted = serde_json::to_string(name).map_err(|e| ProxyError::Internal(e.to_string()))?;
+    let member = b"\"model\":";
+    let mut out = BytesMut::with_capacity(body.len() + member.len() + quoted.len() + 1);
+    out.extend_from_slice(&body[..after]);
+    out.extend_from_slice(member);
+    let start = out.len();
+    out.extend_from_slice(quoted.as_bytes());
+    let range = start..out.len();
+    if !empty {
+        out.extend_from_slice(b",");
+    }
+    out.extend_from_slice(&body[after..]);
+    Ok((out.freeze(), range))
+}
+
 pub(crate) fn is_json(headers: &HeaderMap) -> Result<(), ProxyError> {
     // A compressed body would be read as JSON here and passed on still compressed, with its
     // `Content-Encoding`, to an engine that does not decode request bodies.
@@ -209,10 +241,13 @@ pub(crate) struct Head {
     pub headers: HeaderMap,
 }
 
-/// What is sent to a backend, whichever it is: the client's head and body, with where `model`'s
-/// value lies in the body (for backends that need another name spliced in).
+/// What is sent to a backend, whichever it is: the endpoint, the client's head and body, with
+/// where `model`'s value lies in the body (for backends that need another name spliced in).
 #[derive(Debug, Clone)]
 pub(crate) struct Outgoing {
+    /// The endpoint asked for; the engine receives its canonical path, whichever alias the
+    /// client used.
+    pub endpoint: Endpoint,
     pub head: Head,
     pub body: Bytes,
     pub model_range: Range<usize>,
@@ -243,8 +278,11 @@ impl Outgoing {
                 HeaderValue::from_static("text/event-stream"),
             );
         }
+        let endpoint = Endpoint::from_path(path)
+            .ok_or_else(|| ProxyError::Internal(format!("{path} is no proxied endpoint")))?;
         let uri = http::Uri::try_from(path).map_err(|e| ProxyError::Internal(e.to_string()))?;
         let outgoing = Self {
+            endpoint,
             head: Head {
                 method: Method::POST,
                 uri,

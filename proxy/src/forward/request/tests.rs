@@ -67,3 +67,44 @@ fn keys_read_as_decoded_whether_borrowed_or_escaped() {
         Some(Cow::Borrowed("messages"))
     ));
 }
+
+#[test]
+fn a_default_model_is_inserted_first_and_the_rest_kept_byte_for_byte() {
+    for (body, expected) in [
+        (
+            r#"  { "prompt" : "x", "n": 1e400 }"#,
+            r#"  {"model":"smollm2", "prompt" : "x", "n": 1e400 }"#,
+        ),
+        (r#"{}"#, r#"{"model":"smollm2"}"#),
+        ("{ \n }", "{\"model\":\"smollm2\" \n }"),
+    ] {
+        let (out, range) = insert_model(&Bytes::from(body), "smollm2").unwrap();
+        assert_eq!(std::str::from_utf8(&out).unwrap(), expected);
+        assert_eq!(&out[range.clone()], br#""smollm2""#);
+        // The inserted value splices like a model the client named.
+        let spliced = splice_model(&out, range, "/models/x.gguf").unwrap();
+        let parsed = parse_body(&spliced).unwrap();
+        assert_eq!(parsed.model().unwrap().0, "/models/x.gguf");
+    }
+}
+
+proptest::proptest! {
+    /// For any object without `model`, the inserted one is its only new member.
+    #[test]
+    fn inserting_a_model_keeps_every_field(
+        fields in proptest::collection::btree_map("[a-z_]{1,8}", proptest::prelude::any::<i64>(), 0..6),
+        name in "\\PC{0,20}",
+    ) {
+        let mut object = serde_json::Map::new();
+        for (k, v) in &fields {
+            if k != "model" {
+                object.insert(k.clone(), Value::from(*v));
+            }
+        }
+        let body = Bytes::from(Value::Object(object.clone()).to_string());
+        let (out, _) = insert_model(&body, &name).unwrap();
+        let mut expected = object;
+        expected.insert("model".into(), Value::String(name));
+        proptest::prop_assert_eq!(serde_json::from_slice::<Value>(&out).unwrap(), Value::Object(expected));
+    }
+}

@@ -3,10 +3,13 @@
 //!
 //! Each chunk is forwarded as soon as it arrives, up to its last complete line; only an
 //! incomplete trailing line is held until its end arrives (an SSE client cannot act on half a
-//! line, so holding it delays nothing a client could use). While passing, each `data:` line is
-//! read for the first generated token (`ttft`), usage and the engine's timings. Right before
-//! `data: [DONE]` the proxy inserts one SSE comment, `: switchyard {...}`, with the phases, usage
-//! and output hash; clients that sent `TE: trailers` also get `server-timing` as an HTTP trailer.
+//! line, so holding it delays nothing a client could use). While passing, each `data:` line (with
+//! the `event:` name before it, for the APIs that name their events) is read for the first
+//! generated token (`ttft`), usage and the engine's timings. Right before `data: [DONE]` — or,
+//! in the streams that have none (the Responses and Messages APIs, llama.cpp's `/infill`), right
+//! after the event that ends them — the proxy inserts one SSE comment, `: switchyard {...}`, with
+//! the phases, usage and output hash; clients that sent `TE: trailers` also get `server-timing`
+//! as an HTTP trailer. The end of the stream is in [`end`].
 //!
 //! Dropping this body (the client left) writes the request record as client-disconnected and
 //! drops the engine's response body with it, which closes the engine connection at once; or,
@@ -20,21 +23,20 @@ use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use bytes::{Bytes, BytesMut};
-
 use http_body::{Body, Frame};
-use serde_json::{json, Value};
 use switchyard_adapters::observe::is_done;
-use switchyard_adapters::{EventKind, StreamFixState, StreamObserver};
+use switchyard_adapters::{Dialect, Endpoint, EventKind, StreamFixState, StreamObserver, Wire};
 use switchyard_engine::{Backend, IdentityHeaders, UpstreamBody};
-use switchyard_record::{between, Source, TokenPhase};
+use switchyard_record::between;
 
 use super::drain::{Drain, Handoff};
 use super::Held;
 use crate::http::body::BoxError;
-use crate::http::error::sse_event;
-use crate::http::ProxyError;
 use crate::recording::Recording;
 use deadline::Deadline;
+
+mod deadline;
+mod end;
 
 /// Longest line held while waiting for its end; a longer one is forwarded as it is.
 const MAX_HELD_LINE: usize = 1 << 20;
@@ -73,6 +75,13 @@ pub(crate) struct ObservedStream<B = UpstreamBody> {
     /// Where the engine's stream goes when the client leaves before its end, when the backend
     /// drains.
     drain: Option<Handoff<B>>,
+    /// The endpoint streamed: how its events are read, and its errors written.
+    endpoint: Endpoint,
+    /// The `event:` name of the event being read (streams that name their events).
+    event: Option<Bytes>,
+    /// The event that ends a stream without `[DONE]` was read: the comment follows the blank
+    /// line that closes it.
+    ended: bool,
     /// When the engine must have sent its first token, and its end.
     deadline: Option<Deadline>,
     /// The error code of the event that ends a failed stream.
@@ -105,6 +114,9 @@ impl<B> ObservedStream<B> {
             observed_unchanged: None,
             identity_checked: false,
             contradicted: None,
+            endpoint: Endpoint::ChatCompletions,
+            event: None,
+            ended: false,
             deadline: None,
             failure_code: "upstream_broken",
         }
@@ -115,6 +127,18 @@ impl<B> ObservedStream<B> {
     pub(crate) fn within(mut self, first_token: Duration, total: Duration) -> Self {
         self.deadline = Some(Deadline::new(first_token, total));
         self
+    }
+
+    /// Reads the stream as `endpoint`'s (OpenAI's chat chunks unless told otherwise).
+    pub(crate) fn for_endpoint(mut self, endpoint: Endpoint) -> Self {
+        self.endpoint = endpoint;
+        self.observer = StreamObserver::for_wire(endpoint.wire());
+        self
+    }
+
+    /// The error shape of the API the client speaks.
+    fn dialect(&self) -> Dialect {
+        self.endpoint.dialect()
     }
 
     /// Keeps the admission slot and the in-flight mark until the stream is over.
@@ -173,14 +197,20 @@ impl<B> ObservedStream<B> {
         let mut start = 0;
         for end in memchr::memchr_iter(b'\n', &chunk) {
             let line = trim_cr(&chunk[start..end]);
-            if let Some(payload) = line.strip_prefix(b"data:") {
-                let (kind, rewritten) = match self.rewrite(payload) {
-                    Some((kind, rewritten)) => (kind, Some(rewritten)),
-                    None => match self.observed_unchanged.take() {
-                        Some(kind) => (kind, None),
-                        None => (self.observer.observe(payload), None),
-                    },
-                };
+            if line.is_empty() {
+                // The blank line that closes an event.
+                self.event = None;
+                if self.ended && !self.comment_sent {
+                    self.out
+                        .push_back(Frame::data(chunk.slice(emit_from..end + 1)));
+                    let comment = self.comment();
+                    self.out.push_back(Frame::data(comment));
+                    emit_from = end + 1;
+                }
+            } else if let Some(name) = line.strip_prefix(b"event:") {
+                self.event = Some(chunk.slice_ref(name));
+            } else if let Some(payload) = line.strip_prefix(b"data:") {
+                let (kind, rewritten) = self.observe(payload);
                 if !self.identity_checked && self.check_identity() {
                     // Nothing from this line on reaches the client: it is the answer of an
                     // engine other than the one verified.
@@ -215,6 +245,7 @@ impl<B> ObservedStream<B> {
                         self.out.push_back(Frame::data(comment));
                         emit_from = start;
                     }
+                    EventKind::End => self.ended = true,
                     EventKind::Error => {
                         let text = String::from_utf8_lossy(payload).trim().to_owned();
                         self.upstream_error =
@@ -227,6 +258,22 @@ impl<B> ObservedStream<B> {
         }
         if chunk.len() > emit_from {
             self.out.push_back(Frame::data(chunk.slice(emit_from..)));
+        }
+    }
+
+    /// Observes one `data:` payload: what it was, and the line that replaces it when the
+    /// adapter rewrote it (OpenAI chunks only).
+    fn observe(&mut self, payload: &[u8]) -> (EventKind, Option<Bytes>) {
+        if self.observer.wire() != Wire::Choices {
+            let event = self.event.as_deref();
+            return (self.observer.observe_event(event, payload), None);
+        }
+        match self.rewrite(payload) {
+            Some((kind, rewritten)) => (kind, Some(rewritten)),
+            None => match self.observed_unchanged.take() {
+                Some(kind) => (kind, None),
+                None => (self.observer.observe(payload), None),
+            },
         }
     }
 
@@ -269,79 +316,6 @@ impl<B> ObservedStream<B> {
         }
         self.contradicted = Some(unverified);
         self.backend.config.require_verified_identity
-    }
-
-    /// Ends the stream with an error event instead of the rest of the engine's answer, which
-    /// is dropped (closing its connection, so the engine stops generating).
-    fn refuse(&mut self) {
-        let error = ProxyError::IdentityUnverified {
-            backend: self.backend.name.to_string(),
-            why: self
-                .contradicted
-                .as_ref()
-                .map_or("", |i| i.verification.reason())
-                .to_owned(),
-        };
-        tracing::warn!(backend = %self.backend.name, error = %error, "stream refused");
-        self.state = State::Ended;
-        self.inner = None;
-        self.holding = None;
-        self.held.clear();
-        self.out.push_back(Frame::data(sse_event(&error.body())));
-        let comment = self.comment();
-        self.out.push_back(Frame::data(comment));
-        let trailers = self.want_trailers;
-        self.finish_record(Some(error.to_string()), trailers);
-    }
-
-    /// The end-of-stream comment. Fixes the phases at this instant (the last bytes follow at once).
-    fn comment(&mut self) -> Bytes {
-        self.comment_sent = true;
-        let now = Instant::now();
-        if !self.identity_checked {
-            // Too late to hold anything back; what the answer named is still recorded.
-            self.check_identity();
-        }
-        let keep_text = self.record.as_ref().is_some_and(|r| r.keeps_text());
-        let facts = self.observer.facts_with(keep_text);
-        let Some(record) = self.record.as_deref_mut() else {
-            return Bytes::new();
-        };
-        let phases = &mut record.phases;
-        if let Some(first) = self.first_token {
-            phases.ttft = Some(between(record.received, first));
-        }
-        match &facts.timings {
-            Some(t) => phases.apply_engine_timings(t),
-            None => {
-                if let (Some(first), Some(last)) = (self.first_token, self.last_token) {
-                    // No engine timings: decode measured from the stream, first to last token.
-                    phases.decode = Some(TokenPhase {
-                        ms: between(first, last),
-                        tokens: Some(self.observer.token_events.saturating_sub(1)),
-                        source: Source::Measured,
-                    });
-                }
-            }
-        }
-        phases.total = Some(between(record.received, now));
-        let mut body = json!({
-            "server_timing": phases.to_json(),
-            // Re-serialized: one line, whatever the engine's spacing.
-            "usage": facts
-                .usage_raw
-                .as_deref()
-                .and_then(|raw| serde_json::from_str::<Value>(raw.get()).ok())
-                .unwrap_or(Value::Null),
-            "output": facts.output.clone(),
-        });
-        if let Some(identity) = &self.contradicted {
-            // The headers went out with the probed identity; the answer contradicted it.
-            body["artifact"] = json!(identity.artifact_text.as_deref());
-            body["identity_note"] = json!(identity.verification.reason());
-        }
-        record.facts = Some(facts);
-        Bytes::from(format!(": switchyard {body}\n\n"))
     }
 }
 
@@ -430,7 +404,5 @@ where
     }
 }
 
-mod deadline;
-mod end;
 #[cfg(test)]
 mod tests;

@@ -1,4 +1,4 @@
-//! Unit tests of the errors' statuses, shapes and retry advice.
+//! Statuses, shapes and retry advice of the errors Switchyard writes.
 
 use super::*;
 
@@ -137,4 +137,132 @@ fn a_coding_switchyard_cannot_read_is_not_implemented() {
     assert_eq!(err.code(), "unsupported_transfer_encoding");
     assert!(!err.should_retry());
     assert!(err.to_string().contains("gzip, chunked"));
+}
+
+#[test]
+fn the_same_error_in_anthropics_shape() {
+    for (error, status, kind, code) in [
+        (
+            ProxyError::MissingModel,
+            400,
+            "invalid_request_error",
+            "missing_model",
+        ),
+        (
+            ProxyError::EndpointNotSupported {
+                backend: "mlx".into(),
+                engine: "mlx",
+                endpoint: Endpoint::Messages,
+            },
+            404,
+            "not_found_error",
+            "endpoint_not_supported",
+        ),
+        (
+            ProxyError::QueueFull {
+                backend: "llama".into(),
+                max_queue: 1,
+                retry_after: 2,
+            },
+            429,
+            "rate_limit_error",
+            "queue_full",
+        ),
+        (
+            ProxyError::QueueTimeout {
+                backend: "llama".into(),
+                ms: 10,
+                retry_after: 1,
+            },
+            503,
+            "overloaded_error",
+            "queue_timeout",
+        ),
+        (
+            ProxyError::FirstByteTimeout {
+                backend: "llama".into(),
+                ms: 10,
+            },
+            504,
+            "api_error",
+            "upstream_timeout",
+        ),
+        (
+            ProxyError::Internal("secret".into()),
+            500,
+            "api_error",
+            "internal_error",
+        ),
+    ] {
+        let message = match &error {
+            ProxyError::Internal(_) => "Internal error in Switchyard; see its log.".to_owned(),
+            e => e.to_string(),
+        };
+        let should_retry = error.should_retry();
+        let response = error.into_response_in(Dialect::Anthropic);
+        assert_eq!(response.status().as_u16(), status);
+        assert_eq!(
+            response.headers()["x-should-retry"],
+            if should_retry { "true" } else { "false" }
+        );
+        let body = futures_util::FutureExt::now_or_never(http_body_util::BodyExt::collect(
+            response.into_body(),
+        ))
+        .unwrap()
+        .unwrap()
+        .to_bytes();
+        let v: serde_json::Value = serde_json::from_slice(&body).unwrap();
+        assert_eq!(
+            v,
+            serde_json::json!({"type": "error", "error": {"type": kind, "message": message, "code": code}})
+        );
+    }
+}
+
+#[test]
+fn the_endpoint_refusal_names_the_endpoint_and_the_backend() {
+    let error = ProxyError::EndpointNotSupported {
+        backend: "mlx".into(),
+        engine: "mlx",
+        endpoint: Endpoint::Messages,
+    };
+    assert_eq!(error.status(), StatusCode::NOT_FOUND);
+    assert_eq!(error.class(), "client");
+    assert!(!error.nothing_sent(), "another backend is not tried for it");
+    assert!(!error.should_retry());
+    let v: serde_json::Value = serde_json::from_slice(&error.body()).unwrap();
+    assert_eq!(v["error"]["code"], "endpoint_not_supported");
+    assert_eq!(
+        v["error"]["message"],
+        "Backend `mlx` (mlx) does not serve /v1/messages."
+    );
+}
+
+#[test]
+fn an_engines_openai_shaped_error_is_brought_into_anthropics() {
+    let llama = br#"{"error":{"code":400,"message":"messages is required","type":"invalid_request_error"}}"#;
+    let out = anthropic_from_engine(StatusCode::BAD_REQUEST, llama).unwrap();
+    let v: serde_json::Value = serde_json::from_slice(&out).unwrap();
+    assert_eq!(
+        v,
+        serde_json::json!({"type": "error", "error": {"type": "invalid_request_error", "message": "messages is required", "code": 400}})
+    );
+    let mlx = br#"{"error": "not found"}"#;
+    let v: serde_json::Value =
+        serde_json::from_slice(&anthropic_from_engine(StatusCode::NOT_FOUND, mlx).unwrap())
+            .unwrap();
+    assert_eq!(v["error"]["type"], "not_found_error");
+    // Already Anthropic's, or nothing readable: passed through as sent.
+    let anthropic = br#"{"type":"error","error":{"type":"overloaded_error","message":"x"}}"#;
+    assert!(anthropic_from_engine(StatusCode::SERVICE_UNAVAILABLE, anthropic).is_none());
+    assert!(anthropic_from_engine(StatusCode::BAD_GATEWAY, b"Bad Gateway").is_none());
+}
+
+#[test]
+fn error_events_are_named_in_anthropic_streams_only() {
+    assert_eq!(&sse_event(Dialect::OpenAi, b"{}")[..], b"data: {}\n\n");
+    assert_eq!(
+        &sse_event(Dialect::Anthropic, b"{}")[..],
+        b"event: error\ndata: {}\n\n"
+    );
 }

@@ -1,20 +1,27 @@
 //! The proxy's errors and the one place they become HTTP responses.
 //!
-//! Every error a client sees is in OpenAI's shape `{"error":{"message","type","param","code"}}`
-//! with a status that names its source: the client (4xx), the engine (502/504, or the engine's own
-//! status, passed through elsewhere), or Switchyard itself (500). Internal details go to the log,
-//! never into the message.
+//! Every error a client sees is in OpenAI's shape `{"error":{"message","type","param","code"}}`,
+//! or, for clients of Anthropic's Messages API, the same error in Anthropic's shape
+//! ([`dialect`]), with a status that names its source: the client (4xx), the engine (502/504, or
+//! the engine's own status, passed through elsewhere), or Switchyard itself (500). Internal
+//! details go to the log, never into the message.
+
+mod dialect;
+#[cfg(test)]
+mod tests;
 
 use bytes::Bytes;
 use http::{header, HeaderValue, StatusCode};
 use serde_json::json;
+use switchyard_adapters::{Dialect, Endpoint};
 
 use super::body::ProxyBody;
+pub(crate) use dialect::{anthropic_from_engine, sse_event};
 
 /// Why a request was not served.
 #[derive(Debug, thiserror::Error)]
 pub enum ProxyError {
-    #[error("Unknown path {0}. Switchyard serves /v1/chat/completions, /v1/completions, /v1/embeddings, /v1/models, /healthz and /readyz.")]
+    #[error("Unknown path {0}. Switchyard serves /v1/chat/completions, /v1/completions, /v1/embeddings, /v1/responses, /v1/messages, /v1/messages/count_tokens, /v1/rerank, /infill, /v1/models, /healthz and /readyz.")]
     NotFound(String),
     #[error("Method {method} is not allowed on {path}.")]
     MethodNotAllowed { method: String, path: String },
@@ -41,6 +48,13 @@ pub enum ProxyError {
     ModelNotString,
     #[error("The model `{model}` does not exist. Available models: {available}.")]
     UnknownModel { model: String, available: String },
+    /// The backend's engine does not have the endpoint (its adapter says so); nothing was sent.
+    #[error("Backend `{backend}` ({engine}) does not serve {endpoint}.")]
+    EndpointNotSupported {
+        backend: String,
+        engine: &'static str,
+        endpoint: Endpoint,
+    },
     #[error("Backend `{backend}` does not serve a verified artifact: {why}. Requests to it are refused because it requires a verified identity.")]
     IdentityUnverified { backend: String, why: String },
     #[error("Backend `{backend}` could not be reached: {why}")]
@@ -112,7 +126,9 @@ pub enum ProxyError {
 impl ProxyError {
     pub fn status(&self) -> StatusCode {
         match self {
-            Self::NotFound(_) | Self::UnknownModel { .. } => StatusCode::NOT_FOUND,
+            Self::NotFound(_) | Self::UnknownModel { .. } | Self::EndpointNotSupported { .. } => {
+                StatusCode::NOT_FOUND
+            }
             Self::MethodNotAllowed { .. } => StatusCode::METHOD_NOT_ALLOWED,
             Self::UnsupportedMediaType(_) => StatusCode::UNSUPPORTED_MEDIA_TYPE,
             Self::BodyTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
@@ -162,7 +178,8 @@ impl ProxyError {
             | Self::UnknownModel { .. }
             | Self::MissingApiKey
             | Self::InvalidApiKey
-            | Self::UnsupportedTransferEncoding(_) => "invalid_request_error",
+            | Self::UnsupportedTransferEncoding(_)
+            | Self::EndpointNotSupported { .. } => "invalid_request_error",
             // OpenAI's type for a request rate limit.
             Self::KeyRateLimited { .. } | Self::KeyConcurrencyLimited { .. } => "requests",
             Self::ArmNotForced { .. } | Self::KeyNotPermitted { .. } => "permission_error",
@@ -195,6 +212,7 @@ impl ProxyError {
             Self::MissingModel => "missing_model",
             Self::ModelNotString => "invalid_model",
             Self::UnknownModel { .. } => "model_not_found",
+            Self::EndpointNotSupported { .. } => "endpoint_not_supported",
             Self::IdentityUnverified { .. } => "identity_unverified",
             Self::UpstreamUnreachable { .. } => "upstream_unreachable",
             Self::ConnectTimeout { .. } => "upstream_connect_timeout",
@@ -307,19 +325,36 @@ impl ProxyError {
         )
     }
 
-    /// The JSON error body.
+    /// The JSON error body, in OpenAI's shape.
     pub fn body(&self) -> Bytes {
+        self.body_in(Dialect::OpenAi)
+    }
+
+    /// The JSON error body in `dialect`'s shape.
+    pub fn body_in(&self, dialect: Dialect) -> Bytes {
         let message = match self {
             // Internals never reach clients; the detail is logged by the caller.
             Self::Internal(_) => "Internal error in Switchyard; see its log.".to_owned(),
             other => other.to_string(),
         };
-        error_body(&message, self.error_type(), self.param(), self.code())
+        error_body_in(
+            dialect,
+            &message,
+            (self.error_type(), self.param(), self.code()),
+            self.status(),
+        )
     }
 
-    /// The response for this error. Identity headers are added by the caller, who knows them.
+    /// The response for this error, in OpenAI's shape. Identity headers are added by the
+    /// caller, who knows them.
     pub fn into_response(self) -> http::Response<ProxyBody> {
-        let mut response = http::Response::new(ProxyBody::full(self.body()));
+        self.into_response_in(Dialect::OpenAi)
+    }
+
+    /// The response for this error, in the error shape of `dialect` (the API the client
+    /// speaks); status and headers are the same in either.
+    pub fn into_response_in(self, dialect: Dialect) -> http::Response<ProxyBody> {
+        let mut response = http::Response::new(ProxyBody::full(self.body_in(dialect)));
         *response.status_mut() = self.status();
         response.headers_mut().insert(
             header::CONTENT_TYPE,
@@ -345,16 +380,6 @@ impl ProxyError {
     }
 }
 
-/// `body` as one server-sent event (`data: …` and the blank line that ends it): how an error
-/// reaches a client whose stream has already begun.
-pub(crate) fn sse_event(body: &[u8]) -> Bytes {
-    let mut bytes = bytes::BytesMut::with_capacity(body.len() + 8);
-    bytes.extend_from_slice(b"data: ");
-    bytes.extend_from_slice(body);
-    bytes.extend_from_slice(b"\n\n");
-    bytes.freeze()
-}
-
 /// An OpenAI-shaped error body.
 pub fn error_body(message: &str, kind: &str, param: Option<&str>, code: &str) -> Bytes {
     Bytes::from(
@@ -363,5 +388,16 @@ pub fn error_body(message: &str, kind: &str, param: Option<&str>, code: &str) ->
     )
 }
 
-#[cfg(test)]
-mod tests;
+/// An error body in `dialect`'s shape: OpenAI's with its `(type, param, code)`, or Anthropic's,
+/// whose type follows `status`, with the same code.
+pub(crate) fn error_body_in(
+    dialect: Dialect,
+    message: &str,
+    (kind, param, code): (&str, Option<&str>, &str),
+    status: StatusCode,
+) -> Bytes {
+    match dialect {
+        Dialect::OpenAi => error_body(message, kind, param, code),
+        Dialect::Anthropic => dialect::anthropic_body(message, status, code),
+    }
+}

@@ -2,14 +2,21 @@
 //! generated token, the output hash.
 //!
 //! The shapes are OpenAI's, plus llama.cpp's `timings` object; quirks of one engine are handled
-//! by its adapter before or after these functions.
+//! by its adapter before or after these functions. Streams of the Responses and Messages APIs
+//! and llama.cpp's native chunks are read in [`events`].
+
+mod events;
+#[cfg(test)]
+mod tests;
 
 use serde::Deserialize;
 use serde_json::value::RawValue;
 use serde_json::Value;
 
+use crate::endpoint::Wire;
 use crate::fingerprint::OutputHasher;
-use crate::view::{ChunkView, Obj, Str, UsageView};
+use crate::view::{ChunkView, Obj, Str, TimingsView, UsageView};
+use events::EventState;
 
 /// Phase timings an engine reported for one response (llama.cpp's `timings`).
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -26,6 +33,18 @@ pub struct EngineTimings {
     pub predicted_ms: Option<f64>,
 }
 
+impl EngineTimings {
+    fn from_view(t: &TimingsView) -> Self {
+        Self {
+            prompt_n: t.prompt_n.0,
+            prompt_ms: t.prompt_ms.0,
+            cache_n: t.cache_n.0,
+            predicted_n: t.predicted_n.0,
+            predicted_ms: t.predicted_ms.0,
+        }
+    }
+}
+
 /// Token counts from the response's `usage`.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Usage {
@@ -35,16 +54,35 @@ pub struct Usage {
 }
 
 impl Usage {
-    /// The counts in a `usage` value; `None` unless it is an object.
-    fn from_raw(raw: &RawValue) -> Option<Self> {
-        let usage = serde_json::from_str::<Obj<UsageView>>(raw.get()).ok()?.0?;
+    /// The counts in a `usage` value, in OpenAI's terms whichever API's names it uses (the
+    /// prompt counts the cached tokens in, as OpenAI's does); `None` unless it is an object.
+    pub(crate) fn from_raw(raw: &RawValue) -> Option<Self> {
+        let u = serde_json::from_str::<Obj<UsageView>>(raw.get()).ok()?.0?;
+        if u.prompt_tokens.0.is_some() || u.input_tokens.0.is_none() {
+            return Some(Self {
+                prompt_tokens: u.prompt_tokens.0,
+                completion_tokens: u.completion_tokens.0.or(u.output_tokens.0),
+                cached_tokens: u.prompt_tokens_details.0.and_then(|d| d.cached_tokens.0),
+            });
+        }
+        let (read, created) = (u.cache_read_input_tokens.0, u.cache_creation_input_tokens.0);
+        let prompt = if read.is_some() || created.is_some() {
+            // Anthropic's input_tokens are those after the last cache breakpoint only.
+            u.input_tokens.0.map(|n| {
+                n.saturating_add(read.unwrap_or(0))
+                    .saturating_add(created.unwrap_or(0))
+            })
+        } else {
+            u.input_tokens.0
+        };
         Some(Self {
-            prompt_tokens: usage.prompt_tokens.0,
-            completion_tokens: usage.completion_tokens.0,
-            cached_tokens: usage
-                .prompt_tokens_details
+            prompt_tokens: prompt,
+            completion_tokens: u.output_tokens.0.or(u.completion_tokens.0),
+            cached_tokens: u
+                .input_tokens_details
                 .0
-                .and_then(|d| d.cached_tokens.0),
+                .and_then(|d| d.cached_tokens.0)
+                .or(read),
         })
     }
 }
@@ -94,13 +132,7 @@ impl ResponseFacts {
             }
         }
         if let Some(t) = &v.timings.0 {
-            self.timings = Some(EngineTimings {
-                prompt_n: t.prompt_n.0,
-                prompt_ms: t.prompt_ms.0,
-                cache_n: t.cache_n.0,
-                predicted_n: t.predicted_n.0,
-                predicted_ms: t.predicted_ms.0,
-            });
+            self.timings = Some(EngineTimings::from_view(t));
         }
         if let Some(fp) = v.system_fingerprint.get() {
             if self.system_fingerprint.as_deref() != Some(fp) {
@@ -155,6 +187,9 @@ pub enum EventKind {
     Other,
     /// `data: [DONE]`.
     Done,
+    /// The event that ends a stream that has no `[DONE]` (the Responses API's
+    /// `response.completed`, the Messages API's `message_stop`, llama.cpp's native last chunk).
+    End,
     /// A data payload that is not JSON; passed through untouched.
     Unparsed,
     /// An error object sent inside the stream.
@@ -162,17 +197,61 @@ pub enum EventKind {
 }
 
 /// Watches a stream's `data:` payloads one at a time.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct StreamObserver {
+    wire: Wire,
     facts: ResponseFacts,
     output: OutputHasher,
+    events: EventState,
     /// Chunks that carried generated content.
     pub token_events: u64,
 }
 
+impl Default for StreamObserver {
+    fn default() -> Self {
+        Self::for_wire(Wire::Choices)
+    }
+}
+
 impl StreamObserver {
+    /// An observer of OpenAI chunks (chat and text completions).
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// An observer of a stream shaped as `wire`.
+    pub fn for_wire(wire: Wire) -> Self {
+        Self {
+            wire,
+            facts: ResponseFacts::default(),
+            output: OutputHasher::new(),
+            events: EventState::default(),
+            token_events: 0,
+        }
+    }
+
+    /// The shape of the stream observed.
+    pub fn wire(&self) -> Wire {
+        self.wire
+    }
+
+    /// Observes one event: its SSE `event:` name when it had one, and its data. Streams of
+    /// OpenAI chunks are read by [`Self::observe`]; the others' answers have no output hash (they
+    /// are not compared).
+    pub fn observe_event(&mut self, event: Option<&[u8]>, data: &[u8]) -> EventKind {
+        if self.wire == Wire::Choices {
+            return self.observe(data);
+        }
+        let data = trim_ascii(data);
+        if data.is_empty() {
+            return EventKind::Other;
+        }
+        let event = event.and_then(|e| std::str::from_utf8(trim_ascii(e)).ok());
+        let kind = self.events.observe(self.wire, event, data, &mut self.facts);
+        if kind == EventKind::Token {
+            self.token_events += 1;
+        }
+        kind
     }
 
     /// Observes one event's data (the text after `data: `, without the line ending).
@@ -286,114 +365,4 @@ fn trim_ascii(mut s: &[u8]) -> &[u8] {
         }
     }
     s
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn llama_cpp_response_timings_and_usage() {
-        let body = br#"{"choices":[{"finish_reason":"stop","index":0,"message":{"role":"assistant","content":"The capital of France is Paris."}}],"created":1795989553,"model":"/models/SmolLM2-135M-Instruct.Q4_1.gguf","system_fingerprint":"b0-unknown","object":"chat.completion","usage":{"completion_tokens":8,"prompt_tokens":42,"total_tokens":50,"prompt_tokens_details":{"cached_tokens":0}},"id":"chatcmpl-x","timings":{"cache_n":0,"prompt_n":42,"prompt_ms":179.475,"prompt_per_token_ms":4.27,"prompt_per_second":234.0,"predicted_n":8,"predicted_ms":68.023,"predicted_per_token_ms":9.7,"predicted_per_second":102.9}}"#;
-        let facts = inspect_response(body);
-        let t = facts.timings.unwrap();
-        assert_eq!(t.prompt_ms, Some(179.475));
-        assert_eq!(t.predicted_n, Some(8));
-        assert_eq!(facts.usage.prompt_tokens, Some(42));
-        assert_eq!(facts.usage.cached_tokens, Some(0));
-        assert_eq!(facts.system_fingerprint.as_deref(), Some("b0-unknown"));
-        assert!(facts.output.is_some());
-    }
-
-    #[test]
-    fn a_body_not_utf8_throughout_reads_as_it_did_from_bytes() {
-        // Bytes that are not UTF-8 in a field the view skips: parsed from bytes, the rest reads.
-        let body = b"{\"id\":\"x\xff\",\"usage\":{\"prompt_tokens\":3},\"choices\":[{\"index\":0,\"message\":{\"content\":\"hi\"}}]}";
-        let facts = inspect_response(body);
-        assert_eq!(facts.usage.prompt_tokens, Some(3));
-        assert_eq!(
-            facts.output,
-            inspect_response(br#"{"choices":[{"index":0,"message":{"content":"hi"}}]}"#).output
-        );
-        // In a field it reads: the body does not parse, so no facts.
-        let facts =
-            inspect_response(b"{\"choices\":[{\"index\":0,\"message\":{\"content\":\"h\xff\"}}]}");
-        assert!(facts.output.is_none());
-    }
-
-    #[test]
-    fn stream_events_are_classified() {
-        let mut obs = StreamObserver::new();
-        assert_eq!(
-            obs.observe(
-                br#"{"choices":[{"index":0,"delta":{"role":"assistant","content":null}}]}"#
-            ),
-            EventKind::Other
-        );
-        assert_eq!(
-            obs.observe(br#"{"choices":[{"index":0,"delta":{"content":"The"}}]}"#),
-            EventKind::Token
-        );
-        assert_eq!(
-            obs.observe(br#"{"choices":[],"usage":{"completion_tokens":1,"prompt_tokens":4},"timings":{"prompt_ms":1.5,"predicted_ms":2.0}}"#),
-            EventKind::Other
-        );
-        assert_eq!(obs.observe(b" [DONE]"), EventKind::Done);
-        assert_eq!(obs.observe(b"not json"), EventKind::Unparsed);
-        assert_eq!(
-            obs.observe(br#"{"error":{"message":"x"}}"#),
-            EventKind::Error
-        );
-        let facts = obs.facts();
-        assert_eq!(facts.usage.completion_tokens, Some(1));
-        assert_eq!(facts.timings.unwrap().prompt_ms, Some(1.5));
-        assert_eq!(obs.content(0), Some("The"));
-        assert_eq!(obs.token_events, 1);
-    }
-
-    #[test]
-    fn usage_is_kept_as_sent_and_read_leniently() {
-        let body = br#"{"choices":[],"usage":{"prompt_tokens":4, "completion_tokens":2.5,"prompt_tokens_details":{"cached_tokens":3},"extra":[1]}}"#;
-        let facts = inspect_response(body);
-        assert_eq!(
-            facts.usage,
-            Usage {
-                prompt_tokens: Some(4),
-                completion_tokens: None,
-                cached_tokens: Some(3)
-            }
-        );
-        assert_eq!(
-            facts.usage_raw.as_deref().map(RawValue::get),
-            Some(
-                r#"{"prompt_tokens":4, "completion_tokens":2.5,"prompt_tokens_details":{"cached_tokens":3},"extra":[1]}"#
-            )
-        );
-        // Not an object: no usage at all, so the engine's timings may stand in.
-        let facts = inspect_response(
-            br#"{"choices":[],"usage":[1],"timings":{"prompt_n":5,"predicted_n":2}}"#,
-        );
-        assert!(facts.usage_raw.is_none());
-        assert_eq!(facts.usage.prompt_tokens, Some(5));
-    }
-
-    #[test]
-    fn without_usage_the_engine_timings_give_the_token_counts() {
-        let mut obs = StreamObserver::new();
-        obs.observe(br#"{"choices":[{"index":0,"delta":{"content":"Hi"}}]}"#);
-        obs.observe(br#"{"choices":[{"index":0,"delta":{},"finish_reason":"stop"}],"timings":{"cache_n":3,"prompt_n":5,"prompt_ms":1.0,"predicted_n":2,"predicted_ms":2.0}}"#);
-        let facts = obs.facts();
-        assert!(
-            facts.usage_raw.is_none(),
-            "the comment's usage stays what the engine sent"
-        );
-        assert_eq!(
-            facts.usage,
-            Usage {
-                prompt_tokens: Some(8),
-                completion_tokens: Some(2),
-                cached_tokens: Some(3)
-            }
-        );
-    }
 }

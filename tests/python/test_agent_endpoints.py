@@ -1,0 +1,267 @@
+"""The endpoints agents use besides chat, through Switchyard to the REAL llama-server: OpenAI's
+Responses API with the official openai SDK (`client.responses.create`, streamed and not) and
+Anthropic's Messages API with the official anthropic SDK, each stamped like chat (engine and
+artifact identity verified) with its phases; the 404 where the engine (mlx_lm.server) lacks the
+endpoint, as the Anthropic SDK reads it; the paths without `/v1`; `server.default_model`.
+
+The engines and the proxy are the fixtures of test_real_engines.py (one llama-server and one
+mlx_lm.server per module, Switchyard in front with `require_verified_identity` on both).
+
+A stream's phases travel in its end-of-stream comment (`: switchyard {...}`), which SDKs skip:
+the SDKs here read through a transport that keeps a copy of every byte, so the test reads the
+comment the SDK passed over.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import anthropic
+import httpx
+import httpx2
+import openai
+import pytest
+
+from test_real_engines import (  # noqa: F401 - the fixtures are used by name
+    MAX_TOKENS,
+    PROMPT,
+    REQUEST_TIMEOUT_S,
+    Engines,
+    Proxy,
+    base_config,
+    engines,
+    identities_known,
+    proxy,
+    server_timing,
+    sha256_file,
+    start_switchyard,
+)
+
+QUESTION = PROMPT[0]["content"]
+
+
+def tee_transport(http_module):  # noqa: ANN001, ANN201
+    """A transport of `http_module` (httpx for openai, httpx2 for anthropic) that keeps each
+    response's headers and every byte of its body as the SDK reads it."""
+
+    class Tee(http_module.BaseTransport):
+        def __init__(self) -> None:
+            self.inner = http_module.HTTPTransport()
+            self.seen: list[tuple[dict, list[bytes]]] = []
+
+        def handle_request(self, request):  # noqa: ANN001, ANN201
+            response = self.inner.handle_request(request)
+            chunks: list[bytes] = []
+            self.seen.append((dict(response.headers), chunks))
+            upstream = response.stream
+
+            class Recorded(http_module.SyncByteStream):
+                def __iter__(self):  # noqa: ANN204
+                    for chunk in upstream:
+                        chunks.append(chunk)
+                        yield chunk
+
+                def close(self) -> None:
+                    upstream.close()
+
+            return http_module.Response(
+                status_code=response.status_code,
+                headers=response.headers,
+                stream=Recorded(),
+                extensions=response.extensions,
+            )
+
+        def close(self) -> None:
+            self.inner.close()
+
+        def last(self) -> tuple[dict, str]:
+            headers, chunks = self.seen[-1]
+            return headers, b"".join(chunks).decode()
+
+    return Tee()
+
+
+def openai_client(proxy: Proxy, tee=None, base: str = "/v1") -> openai.OpenAI:  # noqa: ANN001
+    return openai.OpenAI(
+        base_url=f"{proxy.url}{base}",
+        api_key="unused",
+        max_retries=0,
+        timeout=REQUEST_TIMEOUT_S,
+        http_client=openai.DefaultHttpxClient(transport=tee or httpx.HTTPTransport(), trust_env=False),
+    )
+
+
+def anthropic_client(proxy: Proxy, tee=None) -> anthropic.Anthropic:  # noqa: ANN001
+    return anthropic.Anthropic(
+        base_url=proxy.url,
+        api_key="unused",
+        max_retries=0,
+        timeout=REQUEST_TIMEOUT_S,
+        http_client=anthropic.DefaultHttpxClient(transport=tee or httpx2.HTTPTransport(), trust_env=False),
+    )
+
+
+def assert_llama_identity(engines: Engines, headers) -> None:  # noqa: ANN001
+    """Stamped like chat: the llama backend, its binary's or build's identity, the GGUF's digest."""
+    assert headers["x-switchyard-backend"] == "llama"
+    assert headers["x-switchyard-variant"] == "primary"
+    assert headers["x-switchyard-artifact"] == "sha256:" + sha256_file(engines.gguf)
+    build = httpx.get(f"{engines.llama_url}/props", trust_env=False).json()["build_info"]
+    if build == "b0-unknown":
+        assert headers["x-switchyard-engine"] == "llama.cpp/sha256:" + sha256_file(engines.llama_bin)
+    else:
+        assert headers["x-switchyard-engine"] == "llama.cpp/" + build
+    assert headers["x-switchyard-workload"].startswith("wl:")
+
+
+def comment_of(text: str) -> tuple[dict, list[str]]:
+    """The end-of-stream comment's JSON, and the SSE blocks of the stream in order."""
+    blocks = [b for b in text.split("\n\n") if b]
+    comment = next(b for b in blocks if b.startswith(": switchyard "))
+    return json.loads(comment[len(": switchyard "):]), blocks
+
+
+def test_responses_whole_with_the_openai_sdk(engines: Engines, proxy: Proxy) -> None:
+    raw = openai_client(proxy).responses.with_raw_response.create(
+        model="smollm2", input=QUESTION, temperature=0, max_output_tokens=MAX_TOKENS
+    )
+    response = raw.parse()
+    assert response.output_text.strip(), "the engine answered nothing"
+    assert response.usage.input_tokens > 0 and response.usage.output_tokens > 0
+    assert_llama_identity(engines, raw.headers)
+    st = server_timing(raw.headers["server-timing"])
+    assert 0 < st["ttfb"] <= st["total"]
+    # llama-server reports no timings on a whole Responses answer: none is invented.
+    assert "prefill" not in st and "decode" not in st
+    direct = openai.OpenAI(base_url=f"{engines.llama_url}/v1", api_key="unused", max_retries=0, timeout=REQUEST_TIMEOUT_S)
+    expected = direct.responses.create(model="anything", input=QUESTION, temperature=0, max_output_tokens=MAX_TOKENS)
+    assert response.output_text == expected.output_text
+
+
+def test_responses_streamed_with_the_openai_sdk(engines: Engines, proxy: Proxy) -> None:
+    tee = tee_transport(httpx)
+    stream = openai_client(proxy, tee).responses.create(
+        model="smollm2", input=QUESTION, temperature=0, max_output_tokens=MAX_TOKENS, stream=True
+    )
+    deltas, completed = [], None
+    for event in stream:
+        if event.type == "response.output_text.delta":
+            deltas.append(event.delta)
+        elif event.type == "response.completed":
+            completed = event.response
+    assert "".join(deltas).strip(), "no text streamed"
+    assert completed is not None and completed.usage.output_tokens > 0
+    headers, text = tee.last()
+    assert_llama_identity(engines, headers)
+    comment, blocks = comment_of(text)
+    # The comment comes right after response.completed, which carries llama-server's timings.
+    at = next(i for i, b in enumerate(blocks) if b.startswith(": switchyard "))
+    assert blocks[at - 1].startswith("event: response.completed")
+    timings = json.loads(blocks[at - 1].split("data: ", 1)[1])["timings"]
+    st = comment["server_timing"]
+    assert st["prefill"] == round(timings["prompt_ms"], 3)
+    assert st["decode"] == round(timings["predicted_ms"], 3)
+    assert 0 < st["ttft"] <= st["total"]
+    assert comment["usage"]["output_tokens"] == completed.usage.output_tokens
+    assert "[DONE]" not in text
+
+
+def test_messages_whole_with_the_anthropic_sdk(engines: Engines, proxy: Proxy) -> None:
+    raw = anthropic_client(proxy).messages.with_raw_response.create(
+        model="smollm2", max_tokens=MAX_TOKENS, messages=PROMPT, extra_body={"temperature": 0}
+    )
+    message = raw.parse()
+    assert message.content[0].type == "text" and message.content[0].text.strip()
+    assert message.usage.output_tokens > 0
+    assert_llama_identity(engines, raw.headers)
+    st = server_timing(raw.headers["server-timing"])
+    assert 0 < st["ttfb"] <= st["total"]
+
+
+def test_messages_streamed_with_the_anthropic_sdk(engines: Engines, proxy: Proxy) -> None:
+    tee = tee_transport(httpx2)
+    with anthropic_client(proxy, tee).messages.stream(
+        model="smollm2", max_tokens=MAX_TOKENS, messages=PROMPT, extra_body={"temperature": 0}
+    ) as stream:
+        text = "".join(stream.text_stream)
+        final = stream.get_final_message()
+    assert text.strip(), "no text streamed"
+    assert final.usage.output_tokens > 0
+    headers, raw = tee.last()
+    assert_llama_identity(engines, headers)
+    comment, blocks = comment_of(raw)
+    at = next(i for i, b in enumerate(blocks) if b.startswith(": switchyard "))
+    assert blocks[at - 1].startswith("event: message_stop")
+    st = comment["server_timing"]
+    # llama-server sends no timings on the Messages API: decode is measured, prefill absent.
+    assert st.get("measured") is True
+    assert "prefill" not in st
+    assert 0 < st["ttft"] <= st["total"] and st["decode"] >= 0
+    # The usage the SDK assembled is the one the comment carries.
+    assert comment["usage"]["output_tokens"] == final.usage.output_tokens
+    assert comment["usage"]["input_tokens"] == final.usage.input_tokens
+
+
+def test_count_tokens_with_the_anthropic_sdk(engines: Engines, proxy: Proxy) -> None:
+    raw = anthropic_client(proxy).messages.with_raw_response.count_tokens(model="smollm2", messages=PROMPT)
+    assert raw.parse().input_tokens > 0
+    assert_llama_identity(engines, raw.headers)
+
+
+def test_the_anthropic_sdk_reads_switchyards_errors(proxy: Proxy) -> None:
+    client = anthropic_client(proxy)
+    with pytest.raises(anthropic.NotFoundError) as err:
+        client.messages.create(model="gpt-4", max_tokens=4, messages=PROMPT)
+    assert err.value.body["type"] == "error"
+    assert err.value.body["error"]["type"] == "not_found_error"
+    assert err.value.body["error"]["code"] == "model_not_found"
+    # mlx_lm.server has no Messages API: refused before anything reaches it.
+    with pytest.raises(anthropic.NotFoundError) as err:
+        client.messages.create(model="smollm2-mlx", max_tokens=4, messages=PROMPT)
+    assert err.value.body["error"]["code"] == "endpoint_not_supported"
+    assert err.value.body["error"]["message"] == "Backend `mlx` (mlx) does not serve /v1/messages."
+    assert err.value.response.headers["x-switchyard-backend"] == "mlx"
+    with pytest.raises(openai.NotFoundError) as err:
+        openai_client(proxy).responses.create(model="smollm2-mlx", input=QUESTION, max_output_tokens=4)
+    assert err.value.body["code"] == "endpoint_not_supported"
+
+
+def test_rerank_and_infill_reach_llama_server(proxy: Proxy) -> None:
+    """Passed through and stamped; this llama-server runs without `--reranking` and SmolLM2 has
+    no fill-in-the-middle tokens, so the engine's own refusal (501) is what comes back."""
+    with httpx.Client(base_url=proxy.url, timeout=REQUEST_TIMEOUT_S, trust_env=False) as http:
+        for path, body in [
+            ("/v1/rerank", {"model": "smollm2", "query": "capital of France", "documents": ["Paris", "Lyon"]}),
+            ("/infill", {"model": "smollm2", "input_prefix": "def add(a, b):\n", "input_suffix": "\n"}),
+        ]:
+            r = http.post(path, json=body)
+            assert r.status_code == 501, (path, r.text)
+            assert r.json()["error"]["type"] == "not_supported_error"
+            assert r.headers["x-switchyard-backend"] == "llama"
+
+
+def test_the_paths_without_v1_with_the_openai_sdk(engines: Engines, proxy: Proxy) -> None:
+    client = openai_client(proxy, base="")
+    raw = client.chat.completions.with_raw_response.create(model="smollm2", messages=PROMPT, temperature=0, max_tokens=4)
+    assert raw.parse().choices[0].message.content
+    assert_llama_identity(engines, raw.headers)
+    assert {m.id for m in client.models.list()} == {"smollm2", "smollm2-mlx"}
+
+
+def test_a_request_without_model_goes_to_the_default(engines: Engines, tmp_path: Path) -> None:
+    config = base_config(engines).replace("[server]\n", '[server]\ndefault_model = "smollm2"\n', 1)
+    with start_switchyard(tmp_path, config, identities_known) as p:
+        with httpx.Client(base_url=p.url, timeout=REQUEST_TIMEOUT_S, trust_env=False) as http:
+            r = http.post("/v1/chat/completions", json={"messages": PROMPT, "temperature": 0, "max_tokens": 4})
+            assert r.status_code == 200, r.text
+            assert r.headers["x-switchyard-model-defaulted"] == "true"
+            assert_llama_identity(engines, r.headers)
+            r = http.post("/v1/messages", json={"messages": PROMPT, "max_tokens": 4})
+            assert r.status_code == 200, r.text
+            assert r.headers["x-switchyard-model-defaulted"] == "true"
+    with start_switchyard(tmp_path, base_config(engines), identities_known) as p:
+        r = httpx.post(f"{p.url}/v1/chat/completions", json={"messages": PROMPT, "max_tokens": 4}, trust_env=False)
+        assert r.status_code == 400
+        assert r.json()["error"]["code"] == "missing_model"
+        assert "x-switchyard-model-defaulted" not in r.headers
