@@ -5,6 +5,8 @@
 //!
 //! - [`cli`]: the command line (`serve`, `check`, `admin`, …);
 //! - [`offline`]: `switchyard compare` and `switchyard report`;
+//! - `fuzzing`: the entry points of the fuzz targets (`tests/fuzz`), each a parser that reads
+//!   what clients and engines send, with what must hold of its answer;
 //! - [`server`]: listeners, accepting connections, draining;
 //! - `admin`: the admin API on a listener of its own (tokens, reload, events);
 //! - [`app`]: the application's shared state and background probes;
@@ -26,6 +28,8 @@ pub mod app;
 pub mod cli;
 pub mod config;
 pub(crate) mod forward;
+#[doc(hidden)]
+pub mod fuzzing;
 pub mod http;
 pub mod offline;
 pub mod recording;

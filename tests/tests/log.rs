@@ -63,10 +63,15 @@ async fn serve_and_log(format: &str, filter: &str, requests: usize) -> String {
     std::fs::read_to_string(&log).unwrap()
 }
 
+/// The request lines, in the order of their request ids: a line is written when its answer's
+/// body is done with, which can come after the client has read it and sent the next request.
 fn request_lines(log: &str) -> Vec<&str> {
-    log.lines()
+    let mut lines: Vec<&str> = log
+        .lines()
         .filter(|l| l.contains("switchyard::request"))
-        .collect()
+        .collect();
+    lines.sort_by_key(|l| l.split_once("log-test-").map(|(_, rest)| rest));
+    lines
 }
 
 #[tokio::test]

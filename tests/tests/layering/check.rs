@@ -26,6 +26,7 @@ use syn::visit::{self, Visit};
 pub(crate) const PROXY_LAYERS: &[&str] = &[
     "cli",
     "offline",
+    "fuzzing",
     "server",
     "admin",
     "app",
