@@ -274,3 +274,36 @@ async fn an_idle_keep_alive_connection_is_closed_by_the_idle_timeout_and_frees_i
     drop(idle_connection(proxy.addr()).await);
     assert_eq!(metrics.overloads("connections"), 0);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reload_changes_the_connection_limit_for_the_next_connection() {
+    let engine = FakeEngine::llama_cpp().spawn().await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("switchyard.toml");
+    let config = |max: usize| {
+        config_for(&engine.url(), "")
+            .replace("[server]\n", &format!("[server]\nmax_connections = {max}\n"))
+    };
+    std::fs::write(&path, config(1)).unwrap();
+    let proxy = switchyard_tests::harness::start_switchyard_file(&path)
+        .await
+        .unwrap();
+    wait_ready(&proxy, PATIENCE, |v| v["ready"] == true)
+        .await
+        .unwrap();
+    let metrics = proxy.state().recorder.metrics.clone();
+    until(PATIENCE, "without connections", || {
+        metrics.client_connections_now() == 0
+    })
+    .await
+    .unwrap();
+    let _held = idle_connection(proxy.addr()).await;
+    assert_refused(&exchange(proxy.addr(), b"").await, "too_many_connections");
+
+    std::fs::write(&path, config(2)).unwrap();
+    let reload = proxy.state().reload("test").await;
+    assert_eq!(reload.outcome.as_str(), "applied", "{reload:?}");
+    let _second = idle_connection(proxy.addr()).await;
+    assert_eq!(metrics.client_connections_now(), 2);
+    assert_eq!(metrics.overloads("connections"), 1);
+}
