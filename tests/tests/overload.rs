@@ -281,8 +281,10 @@ async fn a_reload_changes_the_connection_limit_for_the_next_connection() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("switchyard.toml");
     let config = |max: usize| {
-        config_for(&engine.url(), "")
-            .replace("[server]\n", &format!("[server]\nmax_connections = {max}\n"))
+        config_for(&engine.url(), "").replace(
+            "[server]\n",
+            &format!("[server]\nmax_connections = {max}\n"),
+        )
     };
     std::fs::write(&path, config(1)).unwrap();
     let proxy = switchyard_tests::harness::start_switchyard_file(&path)
