@@ -88,6 +88,15 @@ pub struct ServerConfig {
     /// next part of a request body. A silent client is disconnected (a stalled body gets 408):
     /// otherwise each one would hold a socket and a file descriptor for good.
     pub client_idle_timeout_ms: u64,
+    /// Connections the client listener keeps open at once. One more is accepted, answered 503
+    /// (`too_many_connections`, `Retry-After: 1`) and closed, rather than left in the kernel's
+    /// backlog where its client could not tell a busy server from a dead one.
+    pub max_connections: usize,
+    /// Proxied requests under way at once, across every backend, from their head's arrival to
+    /// their answer's end. One more is answered 503 (`too_many_requests_in_flight`) before its
+    /// body is read: this bounds the request bodies held in memory to this many times
+    /// `max_body_bytes`. The local endpoints (`/healthz`, `/readyz`, `/metrics`) are not counted.
+    pub max_in_flight: usize,
     /// Log format: `text` for people, `json` for collectors.
     pub log_format: LogFormat,
     /// A second listener that serves only `GET /metrics` (Prometheus), e.g. on another port or
@@ -126,6 +135,8 @@ impl Default for ServerConfig {
             drain_timeout_ms: 10_000,
             shutdown_timeout_ms: 15_000,
             client_idle_timeout_ms: 30_000,
+            max_connections: 4096,
+            max_in_flight: 1024,
             log_format: LogFormat::Text,
             metrics_listen: None,
             workers: None,

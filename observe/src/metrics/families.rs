@@ -85,6 +85,12 @@ pub(super) struct HeadLabels {
     pub(super) status: u16,
 }
 
+/// `switchyard_overload_total`: the overload limit that refused (`connections`, `in_flight`).
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+pub(super) struct LimitLabels {
+    pub(super) limit: &'static str,
+}
+
 /// `switchyard_auth_total`: a client key's name (`""` when none was presented or it is
 /// unknown) and what became of its request at the door.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
@@ -163,6 +169,8 @@ pub(super) struct Families {
     pub(super) skipped: Family<ShadowLabels, Counter>,
     pub(super) idle_closed: Counter,
     pub(super) rejected_heads: Family<HeadLabels, Counter>,
+    pub(super) client_connections: Gauge,
+    pub(super) overload: Family<LimitLabels, Counter>,
     pub(super) auth: Family<AuthLabels, Counter>,
     pub(super) reloads: Family<ReloadLabels, Counter>,
     pub(super) reload_ok: Gauge,
@@ -196,6 +204,8 @@ impl Families {
             skipped: Family::default(),
             idle_closed: Counter::default(),
             rejected_heads: Family::default(),
+            client_connections: Gauge::default(),
+            overload: Family::default(),
             auth: Family::default(),
             reloads: Family::default(),
             reload_ok: Gauge::default(),
@@ -240,7 +250,7 @@ impl Families {
         );
         registry.register(
             "switchyard_request_errors",
-            "Finished requests that failed, by who failed (client, upstream, internal, shutdown, queue); a stream that breaks after its 200 head counts here too",
+            "Finished requests that failed, by who failed (client, upstream, internal, shutdown, queue, overload); a stream that breaks after its 200 head counts here too",
             f.errors.clone(),
         );
         registry.register(
@@ -287,6 +297,16 @@ impl Families {
             "switchyard_rejected_request_heads",
             "Request heads that could not be parsed (a malformed request line or header, a URI or head too large), answered before routing",
             f.rejected_heads.clone(),
+        );
+        registry.register(
+            "switchyard_client_connections",
+            "Connections open on the client listener, counted against server.max_connections (those refused at the limit are not)",
+            f.client_connections.clone(),
+        );
+        registry.register(
+            "switchyard_overload",
+            "Refusals for overload: limit=connections, a connection over server.max_connections (answered 503 and closed), limit=in_flight, a request over server.max_in_flight (503, never sent)",
+            f.overload.clone(),
         );
         registry.register(
             "switchyard_auth",

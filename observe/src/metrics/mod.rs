@@ -26,6 +26,8 @@
 //! | `switchyard_ledger_records_dropped_total` | counter | none |
 //! | `switchyard_idle_connections_closed_total` | counter | none |
 //! | `switchyard_rejected_request_heads_total` | counter | `status` (`400`, `414`, `431`, `501`) |
+//! | `switchyard_client_connections` | gauge | none |
+//! | `switchyard_overload_total` | counter | `limit` (see [`OVERLOAD_LIMITS`]) |
 //! | `switchyard_auth_total` | counter | `key`, `outcome` (see [`AUTH_OUTCOMES`]) |
 //! | `switchyard_shadow_comparisons_total` | counter | `model`, `candidate`, `verdict` |
 //! | `switchyard_shadow_skipped_total` | counter | `model`, `candidate` |
@@ -91,6 +93,10 @@ pub const AUTH_OUTCOMES: [&str; 7] = [
     "model_denied",
 ];
 
+/// The `limit` values of `switchyard_overload_total`, in the order of its counters:
+/// `connections` (`server.max_connections`) and `in_flight` (`server.max_in_flight`).
+pub const OVERLOAD_LIMITS: [&str; 2] = ["connections", "in_flight"];
+
 /// Upper bounds, in seconds, of the latency histograms: from a queue wait of a millisecond to a
 /// two-minute generation on a CPU.
 pub const LATENCY_BUCKETS: &[f64] = &[
@@ -113,6 +119,8 @@ pub struct Metrics {
     /// The children of `switchyard_rejected_request_heads_total`, in the order of
     /// [`REJECTED_HEAD_STATUSES`].
     rejected_heads: [Counter; REJECTED_HEAD_STATUSES.len()],
+    /// The children of `switchyard_overload_total`, in the order of [`OVERLOAD_LIMITS`].
+    overloads: [Counter; OVERLOAD_LIMITS.len()],
     /// Records the run ledger wrote; set from the ledger's own count before each scrape (the
     /// proxy's `Recorder::render_metrics`). Written as
     /// `switchyard_ledger_records_written_total`.
@@ -212,6 +220,11 @@ impl Metrics {
                 .rejected_heads
                 .get_or_create_owned(&HeadLabels { status })
         });
+        let overloads = OVERLOAD_LIMITS.map(|limit| {
+            families
+                .overload
+                .get_or_create_owned(&families::LimitLabels { limit })
+        });
         // Every result is exposed from the start (at 0), and no reload has failed yet.
         for result in ["applied", "unchanged", "rejected"] {
             drop(
@@ -228,6 +241,7 @@ impl Metrics {
             backends: ArcSwap::default(),
             shadows: ArcSwap::default(),
             rejected_heads,
+            overloads,
             ledger_written,
             ledger_dropped,
         }
@@ -395,6 +409,32 @@ impl Metrics {
     /// Counts a connection closed because its client sent nothing within the idle timeout.
     pub fn idle_connection_closed(&self) {
         self.families.idle_closed.inc();
+    }
+
+    /// Counts one connection open on the client listener, until the guard is dropped.
+    pub fn client_connection(&self) -> GaugeGuard {
+        GaugeGuard::raise(&self.families.client_connections)
+    }
+
+    /// Connections open on the client listener right now.
+    pub fn client_connections_now(&self) -> u64 {
+        self.families.client_connections.get().max(0).unsigned_abs()
+    }
+
+    /// Counts one refusal for overload by `limit`, one of [`OVERLOAD_LIMITS`]; any other is not
+    /// counted.
+    pub fn overloaded(&self, limit: &str) {
+        if let Some(i) = OVERLOAD_LIMITS.iter().position(|l| *l == limit) {
+            self.overloads[i].inc();
+        }
+    }
+
+    /// The refusals for overload by `limit` so far (0 for a limit not in [`OVERLOAD_LIMITS`]).
+    pub fn overloads(&self, limit: &str) -> u64 {
+        OVERLOAD_LIMITS
+            .iter()
+            .position(|l| *l == limit)
+            .map_or(0, |i| self.overloads[i].get())
     }
 
     /// The counter of `switchyard_auth_total{key,outcome}`, created (at 0) when new: the proxy

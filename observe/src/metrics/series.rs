@@ -27,8 +27,10 @@ use switchyard_record::Source;
 pub(super) const STATUS_CLASSES: [&str; 6] = ["none", "1xx", "2xx", "3xx", "4xx", "5xx"];
 
 /// `error_class` values: who failed (the client, the engine, Switchyard, a shutdown that cut
-/// the request, or the backend's admission queue that refused it).
-pub(super) const ERROR_CLASSES: [&str; 5] = ["client", "upstream", "internal", "shutdown", "queue"];
+/// the request, the backend's admission queue that refused it, or `server.max_in_flight`).
+pub(super) const ERROR_CLASSES: [&str; 6] = [
+    "client", "upstream", "internal", "shutdown", "queue", "overload",
+];
 
 /// `reason` values of `switchyard_admission_rejected_total`, in the order of a backend's
 /// counters.

@@ -458,6 +458,8 @@ const DOCUMENTED: &[(&str, &str, &[&str])] = &[
         "counter",
         &["status"],
     ),
+    ("switchyard_client_connections", "gauge", &[]),
+    ("switchyard_overload_total", "counter", &["limit"]),
     ("switchyard_auth_total", "counter", &["key", "outcome"]),
     ("switchyard_config_reloads_total", "counter", &["result"]),
     ("switchyard_config_last_reload_successful", "gauge", &[]),
@@ -511,6 +513,9 @@ fn every_family_is_written_as_documented() {
     m.rejected_request_head(431);
     m.rejected_request_head(501);
     m.rejected_request_head(999);
+    let connection = m.client_connection();
+    m.overloaded("connections");
+    m.overloaded("elsewhere");
     let accepted = m.auth_counter("agent", "accepted");
     accepted.inc();
     drop(m.auth_counter("", "missing"));
@@ -547,6 +552,15 @@ fn every_family_is_written_as_documented() {
     assert!(text.contains("switchyard_rejected_request_heads_total{status=\"431\"} 1\n"));
     assert!(text.contains("switchyard_rejected_request_heads_total{status=\"400\"} 0\n"));
     assert!(text.contains("switchyard_rejected_request_heads_total{status=\"501\"} 1\n"));
+    assert!(text.contains("switchyard_client_connections 1\n"));
+    drop(connection);
+    assert_eq!(m.client_connections_now(), 0);
+    assert!(text.contains("switchyard_overload_total{limit=\"connections\"} 1\n"));
+    assert!(text.contains("switchyard_overload_total{limit=\"in_flight\"} 0\n"));
+    assert_eq!(
+        (m.overloads("connections"), m.overloads("elsewhere")),
+        (1, 0)
+    );
     assert!(text.contains("switchyard_auth_total{key=\"agent\",outcome=\"accepted\"} 1\n"));
     assert!(text.contains("switchyard_auth_total{key=\"\",outcome=\"missing\"} 0\n"));
     // The handle kept by the proxy and the family's series are one counter.

@@ -110,6 +110,14 @@ pub fn validate(config: &Config) -> Vec<Problem> {
     if server.workers == Some(0) {
         problems.push(Problem::new("server.workers", "must be at least 1"));
     }
+    for (key, value) in [
+        ("server.max_connections", server.max_connections),
+        ("server.max_in_flight", server.max_in_flight),
+    ] {
+        if value == 0 {
+            problems.push(Problem::new(key, "must be at least 1"));
+        }
+    }
     if server.max_response_bytes == 0 {
         problems.push(Problem::new(
             "server.max_response_bytes",

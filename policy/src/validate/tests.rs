@@ -118,6 +118,8 @@ fn every_problem_is_reported_with_its_path() {
         [server]
         connect_timeout_ms = 0
         workers = 0
+        max_connections = 0
+        max_in_flight = 0
         [backends.llama]
         engine = "llama.cpp"
         url = "127.0.0.1:8081"
@@ -136,6 +138,8 @@ fn every_problem_is_reported_with_its_path() {
         paths,
         vec![
             "server.workers",
+            "server.max_connections",
+            "server.max_in_flight",
             "server.connect_timeout_ms",
             "backends.llama.url",
             "backends.llama.max_concurrency",

@@ -41,6 +41,8 @@ pub struct AppState {
     /// What every backend's stack shares: the engine client, and the token cancelled when
     /// shutdown's drain timeout runs out ([`AppState::end_drain`]).
     pub(crate) shared: forward::Shared,
+    /// The proxied requests under way on the client listener (`server.max_in_flight`).
+    in_flight: Arc<crate::http::gate::Gate>,
     digests: DigestCache,
     started: SystemTime,
     /// Bumped whenever a backend's health or identity changes.
@@ -190,6 +192,12 @@ impl AppState {
         self.live.load().config.clone()
     }
 
+    /// Proxied requests under way on the client listener now, counted against
+    /// `server.max_in_flight`.
+    pub fn requests_in_flight(&self) -> usize {
+        self.in_flight.held()
+    }
+
     /// A receiver that wakes when any backend's health or identity changes (e.g. for tests
     /// waiting on readiness without polling).
     pub fn state_changes(&self) -> tokio::sync::watch::Receiver<u64> {
@@ -300,6 +308,7 @@ impl AppState {
             recorder: self.recorder.clone(),
             telemetry: self.telemetry.clone(),
             shadowing: self.shadowing.clone(),
+            in_flight: self.in_flight.clone(),
         }
     }
 
@@ -386,6 +395,7 @@ impl App {
                 telemetry,
                 shadowing,
                 shared,
+                in_flight: Arc::default(),
                 digests: DigestCache::new(),
                 started,
                 revision,

@@ -79,6 +79,7 @@ pub(super) async fn serve(
     log: &str,
 ) -> anyhow::Result<i32> {
     init_logging(config.server.log_format, log);
+    crate::server::files::raise_open_files(config.server.max_connections);
     if args.insecure_no_auth {
         match &config.auth {
             None => tracing::warn!(

@@ -144,6 +144,8 @@ impl Failed {
         let client_gone = matches!(error, ProxyError::ClientGone);
         match &error {
             ProxyError::Internal(internal) => tracing::error!(error = %internal, "internal error"),
+            // Logged where refused, at most once a second: one line each would add to the load.
+            ProxyError::TooManyInFlight { .. } => {}
             e if status.is_server_error() => tracing::warn!(error = %e, "request failed"),
             _ => {}
         }

@@ -1,9 +1,10 @@
 //! What every stage shares about HTTP: the error type and the one place errors become responses
-//! ([`error`]), the response body ([`body`]), and header names with the forwarding rules
-//! ([`headers`]).
+//! ([`error`]), the response body ([`body`]), header names with the forwarding rules
+//! ([`headers`]), and the count the overload limits keep ([`gate`]).
 
 pub(crate) mod body;
 pub(crate) mod error;
+pub(crate) mod gate;
 pub(crate) mod headers;
 
 use bytes::Bytes;

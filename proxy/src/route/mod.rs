@@ -25,6 +25,7 @@ use crate::forward::request::{
     Head, Outgoing,
 };
 use crate::forward::{Attempt, Ctx, Failed};
+use crate::http::gate::Gate;
 use crate::http::headers::header_value;
 use crate::http::{ProxyBody, ProxyError};
 use crate::recording::{Recorder, Recording};
@@ -44,6 +45,8 @@ pub(crate) struct Routing {
     pub(crate) recorder: Arc<Recorder>,
     pub(crate) telemetry: Option<Arc<Telemetry>>,
     pub(crate) shadowing: Arc<Shadowing>,
+    /// The proxied requests under way, bounded by `server.max_in_flight`.
+    pub(crate) in_flight: Arc<Gate>,
 }
 
 impl Routing {
@@ -77,10 +80,34 @@ impl Routing {
             recording.client_key = Some(key.name.clone());
         }
         let ctx = Ctx::new(recording, id.clone(), endpoint);
-        match self.route(req, ctx, caller).await {
+        // A count tried without waiting rather than tower's `ConcurrencyLimit` (which waits) or
+        // `LoadShed` (whose refusal is an error, not an answer): the refusal is answered and
+        // recorded like any other failed request, and the limit follows a reload.
+        let max = self.live.max_in_flight();
+        let Some(pass) = self.in_flight.try_enter(max) else {
+            return self.refuse_in_flight(ctx, max);
+        };
+        let response = match self.route(req, ctx, caller).await {
             Ok(response) => response,
             Err(failed) => failed.into_response(),
+        };
+        // Under way until its answer is done with: a stream at its end.
+        response.map(|body| body.holding(pass))
+    }
+
+    /// The answer to a request over `server.max_in_flight` (`max`): 503, recorded, counted, and
+    /// logged at most once a second.
+    fn refuse_in_flight(&self, ctx: Ctx, max: usize) -> Response<ProxyBody> {
+        self.recorder.metrics.overloaded("in_flight");
+        if let Some(refused) = self.in_flight.refused() {
+            tracing::warn!(
+                max_in_flight = max,
+                refused,
+                "requests refused: server.max_in_flight requests are under way (503 too_many_requests_in_flight; this line at most once a second)"
+            );
         }
+        ctx.fail(ProxyError::TooManyInFlight { max })
+            .into_response()
     }
 
     async fn route(

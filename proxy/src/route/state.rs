@@ -212,6 +212,17 @@ impl Live {
         self.current.load().keys.clone()
     }
 
+    /// `server.max_in_flight` in force, without taking a reference to the whole snapshot (a
+    /// look on every proxied request).
+    pub(crate) fn max_in_flight(&self) -> usize {
+        self.current.load().config.server.max_in_flight
+    }
+
+    /// `server.max_connections` in force (a look at every accepted connection).
+    pub(crate) fn max_connections(&self) -> usize {
+        self.current.load().config.server.max_connections
+    }
+
     /// Makes `next` what new requests see; requests under way keep the snapshot they loaded.
     /// Returns the one replaced. The configuration reload (`app::reload`) is its caller.
     pub(crate) fn swap(&self, next: Snapshot) -> Arc<Snapshot> {

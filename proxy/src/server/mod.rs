@@ -20,7 +20,9 @@ use crate::stack::activity::Activity;
 use head_errors::HeadErrors;
 
 pub mod budget;
+pub mod files;
 pub(crate) mod head_errors;
+mod overload;
 mod shutdown;
 
 /// A Switchyard serving on a bound socket.
@@ -180,13 +182,24 @@ async fn serve(
         .http1()
         .timer(TokioTimer::new())
         .header_read_timeout(idle);
+    // Connections counted against `server.max_connections` (read at each accept, so a reload
+    // applies to the next connection); one over it is answered 503 and closed.
+    let limit = overload::Limit::default();
     while let Some((stream, peer)) = accept(&listener, &stop, "main listener").await {
+        let max = app.state().live.max_connections();
+        let Some(pass) = limit.open.try_enter(max) else {
+            limit.refuse(stream, max, &connections, &app.state().recorder.metrics);
+            continue;
+        };
+        let counted = (pass, app.state().recorder.metrics.client_connection());
         let _ = stream.set_nodelay(true);
         let builder = builder.clone();
         let stop = stop.clone();
         let cut = cut.clone();
         let app = app.clone();
         connections.spawn(async move {
+            // Counted until this task ends, however the connection does.
+            let _counted = counted;
             let state = app.state();
             // hyper's protocol detection (HTTP/1 or HTTP/2) waits for the first bytes with no
             // timer, and the head's timeout starts only after it: a client that connects and

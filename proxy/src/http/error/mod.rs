@@ -92,6 +92,14 @@ pub enum ProxyError {
         ms: u64,
         retry_after: u64,
     },
+    /// The client listener has `server.max_connections` connections open: one more is answered
+    /// this, written on its socket before anything of it is read, and closed.
+    #[error("Switchyard has {max} client connections open, its limit (server.max_connections), so this connection is closed without reading a request. Retry in a moment.")]
+    TooManyConnections { max: usize },
+    /// `server.max_in_flight` proxied requests are under way: answered before the body is read,
+    /// never sent.
+    #[error("Switchyard has {max} requests under way, its limit (server.max_in_flight), so this request was not read or sent to any engine. Retry in a moment.")]
+    TooManyInFlight { max: usize },
     /// `[auth]` is configured and the request carries no key (`Authorization: Bearer` or
     /// `x-api-key`).
     #[error("You didn't provide an API key. Send it in an Authorization header using Bearer auth (Authorization: Bearer YOUR_KEY), or in an x-api-key header.")]
@@ -149,6 +157,8 @@ impl ProxyError {
             Self::IdentityUnverified { .. }
             | Self::ShuttingDown { .. }
             | Self::QueueTimeout { .. }
+            | Self::TooManyConnections { .. }
+            | Self::TooManyInFlight { .. }
             | Self::EngineUnavailable { .. } => StatusCode::SERVICE_UNAVAILABLE,
             Self::UpstreamUnreachable { .. }
             | Self::UpstreamBroken { .. }
@@ -187,7 +197,9 @@ impl ProxyError {
             | Self::ShuttingDown { .. }
             | Self::EngineUnavailable { .. }
             | Self::QueueFull { .. }
-            | Self::QueueTimeout { .. } => "unavailable_error",
+            | Self::QueueTimeout { .. }
+            | Self::TooManyConnections { .. }
+            | Self::TooManyInFlight { .. } => "unavailable_error",
             Self::UpstreamUnreachable { .. }
             | Self::ConnectTimeout { .. }
             | Self::FirstByteTimeout { .. }
@@ -223,6 +235,8 @@ impl ProxyError {
             Self::EngineUnavailable { code, .. } => code,
             Self::QueueFull { .. } => "queue_full",
             Self::QueueTimeout { .. } => "queue_timeout",
+            Self::TooManyConnections { .. } => "too_many_connections",
+            Self::TooManyInFlight { .. } => "too_many_requests_in_flight",
             Self::ArmNotForced { .. } => "arm_not_forced",
             Self::MissingApiKey => "missing_api_key",
             Self::InvalidApiKey => "invalid_api_key",
@@ -243,12 +257,14 @@ impl ProxyError {
     }
 
     /// The class recorded with the request: `client`, `upstream`, `internal`, `shutdown` (as
-    /// for a request cut at shutdown), or `queue` (refused by its backend's admission queue:
-    /// neither the client nor the engine failed).
+    /// for a request cut at shutdown), `queue` (refused by its backend's admission queue:
+    /// neither the client nor the engine failed), or `overload` (refused by
+    /// `server.max_in_flight`, before any backend was chosen).
     pub fn class(&self) -> &'static str {
         match self {
             Self::ShuttingDown { .. } => return "shutdown",
             Self::QueueFull { .. } | Self::QueueTimeout { .. } => return "queue",
+            Self::TooManyConnections { .. } | Self::TooManyInFlight { .. } => return "overload",
             _ => {}
         }
         match self.status().as_u16() {
@@ -278,7 +294,9 @@ impl ProxyError {
             | Self::QueueTimeout { retry_after, .. }
             | Self::KeyRateLimited { retry_after, .. } => Some(*retry_after),
             // A request under way may end any moment; the SDKs back off further on their own.
-            Self::KeyConcurrencyLimited { .. } => Some(1),
+            Self::KeyConcurrencyLimited { .. }
+            | Self::TooManyConnections { .. }
+            | Self::TooManyInFlight { .. } => Some(1),
             // Another Switchyard (or this one restarted) may be up by then; an engine that
             // failed to start is started again after its backoff; a removed engine's
             // replacement is starting.
@@ -304,6 +322,8 @@ impl ProxyError {
             | Self::KeyConcurrencyLimited { .. }
             | Self::QueueFull { .. }
             | Self::QueueTimeout { .. }
+            | Self::TooManyConnections { .. }
+            | Self::TooManyInFlight { .. }
             | Self::ShuttingDown { .. }
             | Self::UpstreamUnreachable { .. }
             | Self::ConnectTimeout { .. }

@@ -76,6 +76,29 @@ fn a_refusal_by_the_queue_says_when_to_retry() {
 }
 
 #[test]
+fn a_refusal_for_overload_is_503_with_retry_after_and_retried() {
+    for (err, code) in [
+        (
+            ProxyError::TooManyConnections { max: 4096 },
+            "too_many_connections",
+        ),
+        (
+            ProxyError::TooManyInFlight { max: 1024 },
+            "too_many_requests_in_flight",
+        ),
+    ] {
+        assert_eq!(err.class(), "overload");
+        let v: serde_json::Value = serde_json::from_slice(&err.body()).unwrap();
+        assert_eq!(v["error"]["code"], code);
+        assert_eq!(v["error"]["type"], "unavailable_error");
+        let response = err.into_response();
+        assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(response.headers()[header::RETRY_AFTER], "1");
+        assert_eq!(response.headers()["x-should-retry"], "true");
+    }
+}
+
+#[test]
 fn internals_do_not_leak() {
     let err = ProxyError::Internal("secret path /etc/x".into());
     let text = String::from_utf8(err.body().to_vec()).unwrap();
