@@ -330,8 +330,20 @@ impl TestClient {
     }
 
     pub async fn get(&self, url: &str) -> anyhow::Result<TestResponse> {
-        let req = Request::get(url).body(Full::new(Bytes::new()))?;
-        self.send(req).await
+        self.get_with(url, &[]).await
+    }
+
+    /// `get` with extra request headers.
+    pub async fn get_with(
+        &self,
+        url: &str,
+        headers: &[(&str, &str)],
+    ) -> anyhow::Result<TestResponse> {
+        let mut builder = Request::get(url);
+        for (k, v) in headers {
+            builder = builder.header(*k, *v);
+        }
+        self.send(builder.body(Full::new(Bytes::new()))?).await
     }
 
     pub async fn post_json(&self, url: &str, body: &Value) -> anyhow::Result<TestResponse> {
