@@ -264,7 +264,7 @@
 
   document.body.append(h("dialog", { id: "reason-dialog" },
     h("form", { method: "dialog", onsubmit: act },
-      h("p", { class: "what" }), h("label", {}, "reason", h("textarea", { rows: 3, required: true })),
+      h("p", { class: "what" }), h("label", {}, "reason", h("textarea", { rows: 3 })),
       h("p", { class: "error" }),
       h("menu", {}, h("button", { value: "cancel", type: "button", onclick: () => document.getElementById("reason-dialog").close() }, "cancel"),
         h("button", { type: "submit", class: "confirm" }, "confirm")))));
