@@ -282,7 +282,7 @@
     return h("tr", { class: failed(r) ? "failed" : "", "data-request": r.request_id },
       h("td", {}, time(r.ts_ms)), h("td", {}, h("code", {}, r.request_id)), h("td", {}, r.model ?? "–"), h("td", {}, r.backend ?? "–"),
       h("td", {}, r.variant), h("td", { class: "status" }, r.status, r.error_class ? " " + r.error_class : ""),
-      h("td", {}, r.engine ?? "–"), h("td", { title: r.artifact || "" }, short(r.artifact)),
+      h("td", { title: r.engine || "" }, short(r.engine)), h("td", { title: r.artifact || "" }, short(r.artifact)),
       h("td", {}, r.warm === null ? "–" : r.warm ? "warm" : "cold"),
       h("td", {}, ms(r.queue_ms)), h("td", {}, ms(r.ttft_ms ?? r.ttfb_ms)),
       h("td", {}, r.decode_ms && r.decode_tokens ? `${num(r.decode_tokens * 1000 / r.decode_ms)} (${r.decode_source})` : "–"),

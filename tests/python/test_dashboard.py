@@ -1,6 +1,7 @@
 """The dashboard in a browser against the fake engine: a running release is aborted from the
 page, which asks for a reason, then shows weight 0 and the decision with its reason; the ledger
-records the abort with the admin token's name.
+records the abort with the admin token's name. A shadow that answers otherwise shows as a
+mismatch, the two outputs side by side and no speed ratio.
 
 The real engines' part (both backends, the phase chart, shadow verdicts) is in
 test_real_engines.py, which reuses that file's engines.
@@ -19,6 +20,7 @@ from test_real_engines import free_port, poll
 from ui_check import console_problems, run_check
 
 REASON = "candidate answers look wrong in the tail"
+WRONG = "Lyon is the capital."
 
 
 def admin_token(tokens: Path) -> str:
@@ -39,8 +41,9 @@ def test_aborting_a_release_from_the_page(tmp_path: Path) -> None:
     procs: list[Proc] = []
     try:
         urls = []
-        for name, build in (("p", "b100-main"), ("c", "b200-cand")):
-            proc = Proc(f"fake-{name}", [engine_bin, "--listen", "127.0.0.1:0", "--tokens", "6", "--model-path", str(artifact), "--build-info", build], tmp_path / f"fake-{name}.log")
+        for name, build, extra in (("p", "b100-main", []), ("c", "b200-cand", []), ("w", "b300-wrong", ["--fixed-text", WRONG])):
+            argv = [engine_bin, "--listen", "127.0.0.1:0", "--tokens", "6", "--model-path", str(artifact), "--build-info", build, *extra]
+            proc = Proc(f"fake-{name}", argv, tmp_path / f"fake-{name}.log")
             procs.append(proc)
             urls.append(proc.wait_for_line(r"fake-engine listening on " + ADDRESS).group(1))
         tokens = tmp_path / "admin-tokens"
@@ -70,8 +73,17 @@ engine = "llama.cpp"
 url = "{urls[1]}"
 artifact = {json.dumps(str(artifact))}
 
+[backends.w]
+engine = "llama.cpp"
+url = "{urls[2]}"
+artifact = {json.dumps(str(artifact))}
+
 [models.smollm2]
 primary = "p"
+
+[models.shadowed]
+primary = "p"
+shadow = {{ backend = "w" }}
 
 [plans.quarter]
 evaluate_every_ms = 100
@@ -87,6 +99,16 @@ steps = [{{ step = "live", weight = 25, min_requests = 100000 }}]
             assert started.status_code == 201, started.text
             release = started.json()
             assert release["weight"] == 25 and release["state"] == "running", release
+            for _ in range(2):
+                answer = http.post(f"{client}/v1/chat/completions", json={"model": "shadowed", "temperature": 0, "messages": [{"role": "user", "content": "The capital of France is"}]})
+                assert answer.status_code == 200, answer.text
+
+            def pairs() -> bool:
+                groups = http.get(f"{admin}/admin/comparisons", headers=auth).json()["groups"]
+                return sum(g["counts"]["pairs"] for g in groups) >= 2
+
+            # The ledger's writer commits in batches: the page reads what it has committed.
+            poll("comparisons in the ledger", pairs, switchyard, timeout=20)
 
             result = run_check("release", {"mode": "release", "admin": admin, "client": client, "token": token, "release": release["id"], "reason": REASON})
             assert result["page_status"] == 200
@@ -95,6 +117,11 @@ steps = [{{ step = "live", weight = 25, min_requests = 100000 }}]
             assert "reason" in result["empty_reason_message"], result
             assert result["after"]["state"] == "aborted" and result["after"]["weight"] == "0%", result
             assert any("ops" in line and REASON in line and "aborted" in line for line in result["after"]["log"]), result["after"]
+            mismatched = [g for g in result["comparisons"] if any(v.startswith("mismatch") for v in g["verdicts"])]
+            assert mismatched, result["comparisons"]
+            for g in mismatched:
+                assert g["status"] == "correctness-failed" and not g["ratios"], g
+                assert len(g["side_by_side"]) == 2 and g["side_by_side"][1] == WRONG and g["side_by_side"][0] != WRONG, g
             assert console_problems(result) == [], console_problems(result)
             assert all(not e for e in result["view_errors"].values()), result["view_errors"]
 

@@ -75,6 +75,20 @@ async function login(browser) {
   return out;
 }
 
+// Shadow: the comparator's groups, their verdicts, and a mismatch's two outputs.
+async function shadow(page) {
+  const error = await view(page, "shadow");
+  result.comparisons = await page.$$eval("article.comparison", (els) => els.map((el) => ({
+    status: el.dataset.status,
+    title: el.querySelector("h3").textContent,
+    verdicts: [...el.querySelectorAll(".verdict")].map((v) => v.textContent),
+    side_by_side: [...el.querySelectorAll(".side-by-side pre")].map((pre) => pre.textContent),
+    ratios: !!el.querySelector(".ratios"),
+  })));
+  await shot(page, "shadow");
+  return error;
+}
+
 async function real(page) {
   const errors = {};
   // Engines: each backend with its build, artifact digest and verification.
@@ -99,16 +113,7 @@ async function real(page) {
   result.charts = await page.$$eval("figure.dist canvas", (c) => c.length);
   await shot(page, "time");
 
-  // Shadow: the comparator's groups and their verdicts.
-  errors.shadow = await view(page, "shadow");
-  result.comparisons = await page.$$eval("article.comparison", (els) => els.map((el) => ({
-    status: el.dataset.status,
-    title: el.querySelector("h3").textContent,
-    verdicts: [...el.querySelectorAll(".verdict")].map((v) => v.textContent),
-    side_by_side: el.querySelectorAll(".side-by-side pre").length,
-    ratios: !!el.querySelector(".ratios"),
-  })));
-  await shot(page, "shadow");
+  errors.shadow = await shadow(page);
 
   // Live tail: the latest requests, then one more arriving through the event stream.
   errors.live = await view(page, "live");
@@ -153,6 +158,7 @@ async function release(page) {
     log: await page.$$eval(`${card} .log li.event`, (lis) => lis.map((li) => li.textContent)),
   };
   await shot(page, "release-aborted");
+  errors.shadow = await shadow(page);
   result.view_errors = errors;
 }
 
