@@ -1,8 +1,8 @@
 // The dashboard in a real browser: Debian's chromium driven by playwright-core (installed by
 // tests/run into $UI_NODE_MODULES). Run by tests/python/test_dashboard.py and
-// test_real_engines.py, which start Switchyard and the engines:
+// test_real_engines.py, which start Switchyard and the engines, and by tests/bench/dashboard:
 //
-//   node tests/ui/check.mjs '{"mode": "real" | "release", "admin": URL, "client": URL,
+//   node tests/ui/check.mjs '{"mode": "real" | "release" | "measure", "admin": URL, "client": URL,
 //                             "token": TOKEN, "out": DIR, "release": ID?, "reason": TEXT?}'
 //
 // It reads what the page shows and prints one JSON object on stdout, for the Python test to
@@ -162,6 +162,19 @@ async function release(page) {
   result.view_errors = errors;
 }
 
+// How long each view takes to draw, the window set to config.window (tests/bench/dashboard).
+async function measure(page) {
+  result.views = {};
+  await page.selectOption("#window", config.window);
+  for (const v of ["time", "shadow", "releases", "live", "engines"]) {
+    const started = Date.now();
+    const error = await view(page, v);
+    result.views[v] = { ms: Date.now() - started, error };
+  }
+  result.tail_rows = await page.$$eval("#tail-rows tr", (rows) => rows.length).catch(() => null);
+  result.bars = await page.$$eval(".bar-row", (rows) => rows.length).catch(() => null);
+}
+
 const browser = await chromium.launch({ executablePath, args: ["--no-sandbox"] });
 let failed = null;
 try {
@@ -179,6 +192,7 @@ try {
   await page.waitForSelector("#view-engines[data-loaded]", { timeout: WAIT_MS });
   result.first_view_ms = Date.now() - started;
   if (config.mode === "real") await real(page);
+  else if (config.mode === "measure") await measure(page);
   else await release(page);
   await context.close();
 } catch (err) {
