@@ -210,7 +210,7 @@ pub fn request_json(r: &RequestRecord) -> Value {
 }
 
 /// Backend `backend`'s identity snapshots (taken when its health or identity changed) since
-/// `from_ms`, newest first, at most `limit`.
+/// `from_ms`, newest first (two in one millisecond in the order written), at most `limit`.
 pub fn identity_history(
     conn: &Connection,
     backend: &str,
@@ -219,7 +219,7 @@ pub fn identity_history(
 ) -> rusqlite::Result<Vec<Value>> {
     let mut statement = conn.prepare(
         "SELECT ts_ms, health, engine, artifact, verification, served_model, slots, note
-         FROM identities WHERE backend = ?1 AND ts_ms >= ?2 ORDER BY ts_ms DESC LIMIT ?3",
+         FROM identities WHERE backend = ?1 AND ts_ms >= ?2 ORDER BY ts_ms DESC, id DESC LIMIT ?3",
     )?;
     let rows = statement.query_map(rusqlite::params![backend, from_ms, limit], |row| {
         Ok(serde_json::json!({

@@ -224,9 +224,10 @@ fn identity_history_is_newest_first_and_bounded() {
         .iter()
         .map(|h| h["health"].as_str().unwrap())
         .collect();
-    assert_eq!(health.len(), 2);
-    // Both may land in one millisecond; the newest-first order is by time only then.
-    assert!(health.contains(&"ready") && health.contains(&"down"));
-    assert_eq!(identity_history(&conn, "llama", 0, 1).unwrap().len(), 1);
+    assert_eq!(health, ["ready", "down"]);
+    let newest = identity_history(&conn, "llama", 0, 1).unwrap();
+    assert_eq!(newest.len(), 1);
+    assert_eq!(newest[0]["verification"], "verified");
+    assert_eq!(newest[0]["slots"], 4);
     assert!(identity_history(&conn, "mlx", 0, 10).unwrap().is_empty());
 }
