@@ -967,3 +967,69 @@ def test_init_writes_a_config_that_serves_both_engines(engines: Engines, tmp_pat
             assert backends == {"llama", "mlx"}
     finally:
         proxy.stop()
+
+
+def test_the_dashboard_shows_both_engines_their_phases_and_the_shadow_verdicts(engines: Engines, tmp_path: Path) -> None:
+    """The dashboard (/ui) in chromium, after real traffic to llama-server with every request
+    shadowed to mlx_lm.server: both backends with the identities the admin API gives, the phase
+    chart with bars drawn, the comparator's verdicts (a mismatch side by side and without a
+    ratio), and the live tail updated from the event stream. No console error."""
+    from ui_check import console_problems, run_check
+
+    db = tmp_path / "ledger.db"
+    tokens = tmp_path / "admin-tokens"
+    token = run_switchyard("admin", "token", "add", "ops", "--tokens", str(tokens)).strip()
+    admin = f"http://127.0.0.1:{free_port()}"
+    config = shadow_config(engines, db, "mlx") + f'\n[admin]\nlisten = "{admin.removeprefix("http://")}"\ntokens = "{tokens}"\n'
+    auth = {"authorization": f"Bearer {token}"}
+    with start_switchyard(tmp_path, config, identities_known) as p:
+        sent = shadowed_requests(p, ["What is the capital of France? Answer in one sentence."], 2, 8)
+        p.client().chat.completions.create(model="smollm2-mlx", messages=PROMPT, temperature=0, max_tokens=8)
+        with httpx.Client(timeout=10.0, trust_env=False) as http:
+            # /metrics counts a comparison before the ledger's writer commits it: the page reads
+            # the ledger, so wait until the admin API's answer has every pair.
+            def pairs() -> bool:
+                groups = http.get(f"{admin}/admin/comparisons", headers=auth).json()["groups"]
+                return sum(g["counts"]["pairs"] for g in groups) >= sent
+
+            poll("comparisons in the ledger", pairs, p.proc, timeout=30)
+            backends = http.get(f"{admin}/admin/backends", headers=auth).json()["backends"]
+            comparisons = http.get(f"{admin}/admin/comparisons", headers=auth).json()["groups"]
+            result = run_check("real-engines", {"mode": "real", "admin": admin, "client": p.url, "token": token, "model": "smollm2"})
+
+    assert result["page_status"] == 200
+    assert result["login"]["status"] == 401 and result["login"]["opened"], result["login"]
+    assert result["login"]["stored"] == {"session": True, "local": 0}
+    assert console_problems(result) == [], console_problems(result)
+    assert all(not e for e in result["view_errors"].values()), result["view_errors"]
+
+    # Both backends, with the engine build and artifact digest the admin API gives, verified.
+    shown = {e["backend"]: e for e in result["engines"]}
+    assert set(shown) == {"llama", "mlx"}, shown
+    for name, e in shown.items():
+        assert e["engine"].startswith(backends[name]["engine"]), (e, backends[name])
+        assert e["artifact"] == backends[name]["artifact"] and e["artifact"].startswith("sha256:"), e
+        assert "verified" in e["shown"] and e["state"] == "ready", e
+
+    # The phase chart: bars drawn for both engines, each segment its phase's mean in ms.
+    drawn = {b["group"]: b["segments"] for b in result["bars"]}
+    for backend in ("llama", "mlx"):
+        segments = [s for group, segs in drawn.items() if f" · {backend} · " in group for s in segs]
+        assert segments and all(s["ms"] > 0 and s["width"] > 0 for s in segments), (backend, drawn)
+        assert {"ttfb", "decode"} <= {s["phase"] for s in segments}, (backend, drawn)
+    assert result["charts"] > 0
+
+    # The shadow verdicts, as the comparator grouped them; a mismatch is shown side by side,
+    # never with a ratio.
+    assert len(result["comparisons"]) == len(comparisons) > 0, result["comparisons"]
+    for page_group, api_group in zip(result["comparisons"], comparisons):
+        assert page_group["status"] == api_group["status"]
+        counts = {k: v for k, v in api_group["counts"].items() if k != "pairs" and v}
+        assert sorted(page_group["verdicts"]) == sorted(f"{k.replace('_', '-')} {v}" for k, v in counts.items())
+        if api_group["counts"]["mismatch"]:
+            assert len(page_group["side_by_side"]) == 2 and not page_group["ratios"], page_group
+
+    # The live tail: a request sent while the page was open appeared from the event stream.
+    assert result["live_status"] == 200 and result["tail_rows"] > 0
+    assert "llama" in result["live_row"] and "smollm2" in result["live_row"], result["live_row"]
+    assert result["filtered_variants"] == ["shadow"], result["filtered_variants"]

@@ -11,7 +11,9 @@
 //! Here: the request path's handle ([`Ledger`]), its counters and errors. Beside it:
 //! `schema` (tables, migrations, opening for writing), `rows` (a record, comparison or identity
 //! as the values its insert binds), `skips` (skipped shadows counted by kind), `writer` (the
-//! writer thread and its batches) and `read` (what `switchyard report` reads back).
+//! writer thread and its batches), `read` (what `switchyard report` reads back), and for the
+//! admin API's dashboard `views` (latest requests, identity history), `phases` (where the time
+//! goes) and `window` (the time windows reads cover).
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -23,20 +25,26 @@ use switchyard_policy::LedgerConfig;
 use switchyard_record::RequestRecord;
 use tokio::sync::mpsc;
 
+mod phases;
 mod read;
 mod releases;
 mod rows;
 mod schema;
 mod skips;
+mod views;
+mod window;
 mod writer;
 
 #[cfg(test)]
 mod tests;
 
+pub use phases::{phase_stats, PhaseFilter, BAR_PHASES};
 pub use read::{open_read_only, read_comparisons};
 pub use releases::{ArmCounts, Evaluation, Release, ReleaseEvent, ReleaseStore, Rows};
 pub use rows::{ConfigChange, IdentitySnapshot};
 pub use skips::SkipKind;
+pub use views::{identity_history, latest_requests, request_json, RequestFilter, StatusFilter};
+pub use window::{now_ms, parse_window, window_start, MAX_WINDOW_SECS};
 
 use rows::{unix_ms, ComparisonRow, Row};
 use schema::open;

@@ -30,7 +30,8 @@ pub struct GroupKey {
 }
 
 impl GroupKey {
-    fn of(pair: &Pair) -> Self {
+    /// The group `pair` belongs to.
+    pub fn of(pair: &Pair) -> Self {
         let c = pair.candidate.as_ref();
         let or_dash = |v: Option<&str>| v.unwrap_or("-").to_owned();
         Self {

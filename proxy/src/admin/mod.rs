@@ -3,15 +3,20 @@
 //!
 //! - `GET /admin/backends`, `GET /admin/models`, `GET /admin/config`: what is in force;
 //! - `POST /admin/reload`: re-read the configuration file and apply it (or refuse it whole);
-//! - `GET /admin/events`: state changes as server-sent events.
+//! - `GET /admin/events`: state changes and finished requests as server-sent events;
+//! - `GET /admin/requests`, `/admin/stats/phases`, `/admin/comparisons`, `/admin/identities`:
+//!   the ledger read back ([`dashboard`]);
+//! - `GET /ui`: the dashboard, drawn from those answers ([`ui`]).
 //!
 //! With `admin.tokens` set, every call needs `Authorization: Bearer TOKEN` with a token of that
 //! file ([`crate::config::tokens`]); without, the listener is on loopback (validation refuses anything else)
 //! and answers anyone who reaches it, as `local`. Every call is logged with the token's name.
 
 mod api;
+mod dashboard;
 mod releases;
 mod sse;
+mod ui;
 
 use std::convert::Infallible;
 use std::sync::Arc;
@@ -40,6 +45,11 @@ const PATHS: &[(&str, Method)] = &[
     ("/admin/events", Method::GET),
     ("/admin/releases", Method::GET),
     ("/admin/backends/{name}/restart", Method::POST),
+    ("/admin/requests", Method::GET),
+    ("/admin/stats/phases", Method::GET),
+    ("/admin/comparisons", Method::GET),
+    ("/admin/identities", Method::GET),
+    ("/ui", Method::GET),
 ];
 
 /// Serves the admin API on `listener` (HTTP/1) until `stop` is cancelled. Connections are
@@ -103,14 +113,21 @@ async fn handle(
 ) -> Response<ProxyBody> {
     let method = req.method().clone();
     let path = req.uri().path().to_owned();
+    let query = req.uri().query().map(str::to_owned);
+    let call = Call {
+        method: &method,
+        path: &path,
+        query: query.as_deref(),
+    };
     let (response, actor) = match authorize(state, req.headers()).await {
         Ok(actor) => match read_body(req.into_body()).await {
-            Ok(body) => (
-                route(state, stop, &method, &path, &body, &actor).await,
-                actor,
-            ),
+            Ok(body) => (route(state, stop, &call, &body, &actor).await, actor),
             Err(refused) => (refused, actor),
         },
+        // The dashboard's shell, with its login form, is all a browser without a token gets.
+        Err(refused) if method == Method::GET && (path == "/ui" || path == "/ui/") => {
+            (ui::login(refused), "-".to_owned())
+        }
         Err(refused) => (refused, "-".to_owned()),
     };
     tracing::info!(
@@ -140,16 +157,37 @@ async fn read_body(body: Incoming) -> Result<Bytes, Response<ProxyBody>> {
     }
 }
 
+/// What an admin call asks for.
+struct Call<'a> {
+    method: &'a Method,
+    path: &'a str,
+    query: Option<&'a str>,
+}
+
 async fn route(
     state: &Arc<AppState>,
     stop: &CancellationToken,
-    method: &Method,
-    path: &str,
+    call: &Call<'_>,
     body: &[u8],
     actor: &str,
 ) -> Response<ProxyBody> {
+    let (method, path) = (call.method, call.path);
     if let Some(response) = releases::route(state, method, path, body, actor).await {
         return response;
+    }
+    if method == Method::GET {
+        if let Some(response) = dashboard::route(state, path, call.query).await {
+            return response;
+        }
+        if ui::is_ui(path) {
+            return ui::file(path).unwrap_or_else(|| {
+                error(
+                    StatusCode::NOT_FOUND,
+                    &format!("no dashboard file at {path}"),
+                    "not_found",
+                )
+            });
+        }
     }
     let json =
         |value: serde_json::Value| json_response(StatusCode::OK, Bytes::from(value.to_string()));
@@ -206,7 +244,10 @@ async fn route(
             headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
             response
         }
-        (method, path) => match PATHS.iter().find(|(p, _)| *p == path) {
+        (method, path) => match PATHS
+            .iter()
+            .find(|(p, _)| *p == path || (*p == "/ui" && ui::is_ui(path)))
+        {
             Some((_, allowed)) => {
                 let mut response = error(
                     StatusCode::METHOD_NOT_ALLOWED,

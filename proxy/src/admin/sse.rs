@@ -1,7 +1,8 @@
 //! `GET /admin/events`: the application's events as a server-sent event stream.
 //!
 //! The stream opens with one `backend` event per configured backend (its state now), then
-//! carries every event as it is published. A comment line every [`KEEP_ALIVE`] keeps idle
+//! carries every event as it is published, and every finished request (`request`, the JSON of
+//! its ledger row; see [`crate::recording::tail`]). A comment line every [`KEEP_ALIVE`] keeps idle
 //! connections (and proxies between) from timing out. A listener that falls too far behind gets
 //! a `lagged` event with the number of events it missed. The stream ends when the server stops.
 
@@ -31,6 +32,9 @@ struct EventStream {
     /// Sent first: the backends' current states.
     opening: VecDeque<Bytes>,
     events: BroadcastStream<Arc<Event>>,
+    /// Finished requests (`event: request`), and the guard that has them built while we listen.
+    requests: BroadcastStream<Arc<serde_json::Value>>,
+    _listening: crate::recording::tail::Listener,
     keep_alive: tokio::time::Interval,
 }
 
@@ -39,6 +43,7 @@ pub(super) fn stream(state: &AppState, stop: &tokio_util::sync::CancellationToke
     // Subscribed before the opening states are read: a change in between is sent twice rather
     // than not at all.
     let events = BroadcastStream::new(state.events.subscribe());
+    let (requests, listening) = state.recorder.tail.subscribe();
     let opening = state
         .live
         .load()
@@ -54,6 +59,8 @@ pub(super) fn stream(state: &AppState, stop: &tokio_util::sync::CancellationToke
         stopped: Box::pin(stop.clone().cancelled_owned()),
         opening,
         events,
+        requests: BroadcastStream::new(requests),
+        _listening: listening,
         keep_alive,
     })
 }
@@ -84,9 +91,25 @@ impl Body for EventStream {
             }
             // The application is gone: so is the stream.
             Poll::Ready(None) => return Poll::Ready(None),
-            Poll::Pending => match self.keep_alive.poll_tick(cx) {
-                Poll::Ready(_) => Bytes::from_static(b": keep-alive\n\n"),
-                Poll::Pending => return Poll::Pending,
+            Poll::Pending => match Pin::new(&mut self.requests).poll_next(cx) {
+                Poll::Ready(Some(Ok(request))) => {
+                    Bytes::from(format!("event: request\ndata: {request}\n\n"))
+                }
+                Poll::Ready(Some(Err(BroadcastStreamRecvError::Lagged(missed)))) => {
+                    tracing::warn!(
+                        missed,
+                        "an admin event listener fell behind and missed requests"
+                    );
+                    let event = Event::new(
+                        "lagged",
+                        serde_json::json!({ "missed": missed, "of": "request" }),
+                    );
+                    Bytes::from(event.to_sse())
+                }
+                Poll::Ready(None) | Poll::Pending => match self.keep_alive.poll_tick(cx) {
+                    Poll::Ready(_) => Bytes::from_static(b": keep-alive\n\n"),
+                    Poll::Pending => return Poll::Pending,
+                },
             },
         };
         Poll::Ready(Some(Ok(Frame::data(data))))

@@ -8,7 +8,7 @@
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::path::Path;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use rusqlite::Connection;
 use serde_json::{json, Value};
@@ -70,51 +70,8 @@ fn stats(values: &mut [f64]) -> Value {
     })
 }
 
-/// Parses `90s`, `30m`, `24h`, `7d`.
-/// The longest `--since` window: 1,000 years.
-const MAX_WINDOW_SECS: u64 = 1_000 * 365 * 86_400;
-
-/// Now, in Unix milliseconds.
-fn now_ms() -> i64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as i64)
-}
-
-/// The first millisecond (Unix time) of a window reaching back `since` from now.
-fn window_start(since: Duration) -> i64 {
-    now_ms().saturating_sub(i64::try_from(since.as_millis()).unwrap_or(i64::MAX))
-}
-
-pub fn parse_window(text: &str) -> Result<Duration, String> {
-    let (number, unit) = text.split_at(
-        text.find(|c: char| !c.is_ascii_digit())
-            .unwrap_or(text.len()),
-    );
-    let n: u64 = number
-        .parse()
-        .map_err(|_| format!("`{text}`: expected a whole number and a unit (s, m, h, d)"))?;
-    let unit_secs = match unit {
-        "s" => 1,
-        "m" => 60,
-        "h" => 3600,
-        "d" => 86_400,
-        _ => {
-            return Err(format!(
-                "`{text}`: expected a whole number and a unit (s, m, h, d)"
-            ))
-        }
-    };
-    // A window reaching back past 1970 is the whole ledger; one that overflowed would wrap into
-    // a short window, silently.
-    match n.checked_mul(unit_secs) {
-        Some(secs) if secs <= MAX_WINDOW_SECS => Ok(Duration::from_secs(secs)),
-        _ => Err(format!(
-            "`{text}`: longer than any ledger (at most {} days)",
-            MAX_WINDOW_SECS / 86_400
-        )),
-    }
-}
+pub use switchyard_observe::ledger::parse_window;
+use switchyard_observe::ledger::{now_ms, window_start};
 
 /// The report as JSON (the other formats are rendered from it).
 /// The comparisons recorded in the ledger at `path` within the window.
@@ -379,6 +336,7 @@ pub fn render(report: &Value, format: Format) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use switchyard_observe::ledger::MAX_WINDOW_SECS;
 
     #[test]
     fn nearest_rank_percentiles() {

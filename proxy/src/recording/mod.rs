@@ -1,5 +1,5 @@
 //! Recording: every request's record is written exactly once, to every sink — the counters, the
-//! metrics, the ledger, the trace and the log line ([`Recorder`]).
+//! metrics, the ledger, the trace, the log line and the admin live tail ([`Recorder`], [`tail`]).
 //!
 //! A record is created as soon as the request is understood and travels with it, inside a
 //! [`Recording`] guard: in the request's context through the stages, then inside the streaming
@@ -22,6 +22,7 @@ use tokio::sync::RwLock;
 use switchyard_observe::log::sink::Access;
 
 mod guard;
+pub mod tail;
 
 pub(crate) use guard::{Hook, Recording};
 
@@ -59,6 +60,8 @@ pub struct Recorder {
     /// Set when shutdown cuts the requests still running at the end of the drain: a record
     /// written unfinished from then on was cut by the server, not left by its client.
     cutting: std::sync::atomic::AtomicBool,
+    /// Finished requests for the admin event streams open now (the dashboard's live tail).
+    pub tail: tail::Tail,
 }
 
 impl Recorder {
@@ -157,6 +160,7 @@ impl Recorder {
             ledger.record(r);
         }
         self.metrics.observe(r);
+        self.tail.send(r);
         if let Some(trace) = trace {
             trace.finish(r);
         }

@@ -1,0 +1,136 @@
+"""The dashboard in a browser against the fake engine: a running release is aborted from the
+page, which asks for a reason, then shows weight 0 and the decision with its reason; the ledger
+records the abort with the admin token's name. A shadow that answers otherwise shows as a
+mismatch, the two outputs side by side and no speed ratio.
+
+The real engines' part (both backends, the phase chart, shadow verdicts) is in
+test_real_engines.py, which reuses that file's engines.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from pathlib import Path
+
+import httpx
+
+from conftest import ADDRESS, Proc, binary, child_env
+from test_real_engines import free_port, poll
+from ui_check import console_problems, run_check
+
+REASON = "candidate answers look wrong in the tail"
+WRONG = "Lyon is the capital."
+
+
+def admin_token(tokens: Path) -> str:
+    import subprocess
+
+    done = subprocess.run(
+        [str(binary("SWITCHYARD_BIN", "switchyard")), "admin", "token", "add", "ops", "--tokens", str(tokens)],
+        capture_output=True, text=True, timeout=30, env=child_env(), stdin=subprocess.DEVNULL,
+    )
+    assert done.returncode == 0, done.stderr
+    return done.stdout.strip()
+
+
+def test_aborting_a_release_from_the_page(tmp_path: Path) -> None:
+    engine_bin = str(binary("FAKE_ENGINE_BIN", "fake-engine"))
+    artifact = tmp_path / "model.gguf"
+    artifact.write_bytes(b"GGUF dashboard release test")
+    procs: list[Proc] = []
+    try:
+        urls = []
+        for name, build, extra in (("p", "b100-main", []), ("c", "b200-cand", []), ("w", "b300-wrong", ["--fixed-text", WRONG])):
+            argv = [engine_bin, "--listen", "127.0.0.1:0", "--tokens", "6", "--model-path", str(artifact), "--build-info", build, *extra]
+            proc = Proc(f"fake-{name}", argv, tmp_path / f"fake-{name}.log")
+            procs.append(proc)
+            urls.append(proc.wait_for_line(r"fake-engine listening on " + ADDRESS).group(1))
+        tokens = tmp_path / "admin-tokens"
+        token = admin_token(tokens)
+        ledger = tmp_path / "ledger.db"
+        admin = f"http://127.0.0.1:{free_port()}"
+        config = tmp_path / "switchyard.toml"
+        config.write_text(f"""
+[server]
+listen = "127.0.0.1:0"
+probe_interval_ms = 100
+
+[admin]
+listen = "{admin.removeprefix("http://")}"
+tokens = {json.dumps(str(tokens))}
+
+[ledger]
+path = {json.dumps(str(ledger))}
+
+[backends.p]
+engine = "llama.cpp"
+url = "{urls[0]}"
+artifact = {json.dumps(str(artifact))}
+
+[backends.c]
+engine = "llama.cpp"
+url = "{urls[1]}"
+artifact = {json.dumps(str(artifact))}
+
+[backends.w]
+engine = "llama.cpp"
+url = "{urls[2]}"
+artifact = {json.dumps(str(artifact))}
+
+[models.smollm2]
+primary = "p"
+
+[models.shadowed]
+primary = "p"
+shadow = {{ backend = "w" }}
+
+[plans.quarter]
+evaluate_every_ms = 100
+steps = [{{ step = "live", weight = 25, min_requests = 100000 }}]
+""")
+        switchyard = Proc("switchyard", [str(binary("SWITCHYARD_BIN", "switchyard")), "serve", "--config", str(config)], tmp_path / "switchyard.log")
+        procs.append(switchyard)
+        client = switchyard.wait_for_line(r"switchyard listening on " + ADDRESS).group(1)
+        auth = {"authorization": f"Bearer {token}"}
+        with httpx.Client(timeout=10.0, trust_env=False) as http:
+            poll("switchyard", lambda: all(b.get("identity") == "verified" for b in http.get(f"{client}/readyz").json()["backends"].values()), switchyard, timeout=20)
+            started = http.post(f"{admin}/admin/releases", headers=auth, json={"model": "smollm2", "candidate": "c", "plan": "quarter"})
+            assert started.status_code == 201, started.text
+            release = started.json()
+            assert release["weight"] == 25 and release["state"] == "running", release
+            for _ in range(2):
+                answer = http.post(f"{client}/v1/chat/completions", json={"model": "shadowed", "temperature": 0, "messages": [{"role": "user", "content": "The capital of France is"}]})
+                assert answer.status_code == 200, answer.text
+
+            def pairs() -> bool:
+                groups = http.get(f"{admin}/admin/comparisons", headers=auth).json()["groups"]
+                return sum(g["counts"]["pairs"] for g in groups) >= 2
+
+            # The ledger's writer commits in batches: the page reads what it has committed.
+            poll("comparisons in the ledger", pairs, switchyard, timeout=20)
+
+            result = run_check("release", {"mode": "release", "admin": admin, "client": client, "token": token, "release": release["id"], "reason": REASON})
+            assert result["page_status"] == 200
+            assert result["login"]["status"] == 401 and result["login"]["opened"], result["login"]
+            assert result["before"] == {"state": "running", "weight": "25%"}, result
+            assert "reason" in result["empty_reason_message"], result
+            assert result["after"]["state"] == "aborted" and result["after"]["weight"] == "0%", result
+            assert any("ops" in line and REASON in line and "aborted" in line for line in result["after"]["log"]), result["after"]
+            mismatched = [g for g in result["comparisons"] if any(v.startswith("mismatch") for v in g["verdicts"])]
+            assert mismatched, result["comparisons"]
+            for g in mismatched:
+                assert g["status"] == "correctness-failed" and not g["ratios"], g
+                assert len(g["side_by_side"]) == 2 and g["side_by_side"][1] == WRONG and g["side_by_side"][0] != WRONG, g
+            assert console_problems(result) == [], console_problems(result)
+            assert all(not e for e in result["view_errors"].values()), result["view_errors"]
+
+            after = http.get(f"{admin}/admin/releases/{release['id']}", headers=auth).json()
+            assert after["release"]["weight"] == 0 and after["release"]["state"] == "aborted", after
+        rows = sqlite3.connect(ledger).execute(
+            "SELECT actor, to_state, reason FROM release_events WHERE release_id = ? ORDER BY id", (release["id"],)
+        ).fetchall()
+        assert rows[-1] == ("ops", "aborted", REASON), rows
+    finally:
+        for p in reversed(procs):
+            p.stop()
