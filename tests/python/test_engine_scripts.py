@@ -38,6 +38,8 @@ SCRIPTS = [
     REPO / "deploy" / "quickstart",
     REPO / "tests" / "run",
     REPO / ".ci" / "run",
+    REPO / "tests" / "fuzz" / "run",
+    REPO / "tests" / "soak",
 ]
 TIMEOUT_S = 60
 
