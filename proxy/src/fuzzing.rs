@@ -1,6 +1,7 @@
-//! Entry points for the fuzz targets in `tests/fuzz` (built only with the `fuzzing` feature):
-//! each runs one parser that reads what a client sends on an arbitrary input and checks what
-//! must hold of its answer, panicking when it does not, so the fuzzer records the input.
+//! Entry points for the fuzz targets in `tests/fuzz`, and for the replay of their corpus in
+//! `tests/tests/fuzz_corpus.rs`: each runs a parser that reads what a client or an engine sends
+//! on an arbitrary input and checks what must hold of its answer, panicking when it does not,
+//! so the fuzzer records the input. Not part of the API (hidden from the docs).
 
 // A broken property is reported by panicking: that is what the fuzzer records.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
