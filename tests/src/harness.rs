@@ -81,6 +81,38 @@ pub fn serve_command(config: &std::path::Path) -> anyhow::Result<std::process::C
     Ok(command)
 }
 
+/// `switchyard serve` on the configuration `text` (written to `dir/switchyard.toml`) with `env`,
+/// once it says where it listens: the process, that base URL, and its log's lines on a channel
+/// (read by a thread of their own, so a quiet reader never blocks the process).
+pub async fn serve_logged(
+    dir: &std::path::Path,
+    text: &str,
+    env: &[(&str, &str)],
+) -> anyhow::Result<(KillOnDrop, String, std::sync::mpsc::Receiver<String>)> {
+    use std::io::{BufRead, BufReader};
+    let path = dir.join("switchyard.toml");
+    std::fs::write(&path, text)?;
+    let mut command = serve_command(&path)?;
+    command
+        .envs(env.iter().copied())
+        .stderr(std::process::Stdio::piped());
+    let mut child = KillOnDrop(command.spawn()?);
+    let stderr = child
+        .stderr
+        .take()
+        .ok_or_else(|| anyhow::anyhow!("no stderr"))?;
+    let (lines, log) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            if lines.send(line).is_err() {
+                return;
+            }
+        }
+    });
+    let base = listening_on(&mut child).await?;
+    Ok((child, base, log))
+}
+
 /// Waits until the `switchyard serve` process `child` (its stdout piped) prints where it
 /// listens, and returns that base URL.
 pub async fn listening_on(child: &mut std::process::Child) -> anyhow::Result<String> {

@@ -4,41 +4,19 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // a failed unwrap is a failed test
 
-use std::io::{BufRead, BufReader};
 use std::path::Path;
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 use switchyard_tests::fake_engine::FakeEngine;
-use switchyard_tests::harness::{
-    listening_on, serve_command, start_switchyard, KillOnDrop, TestClient,
-};
+use switchyard_tests::harness::{serve_logged, start_switchyard, KillOnDrop, TestClient};
 
 /// `switchyard serve` on the configuration `text` (written to `dir`), with its log's lines
 /// sent to the returned channel.
 async fn serve(dir: &Path, text: &str) -> (KillOnDrop, String, mpsc::Receiver<String>) {
-    let path = dir.join("switchyard.toml");
-    std::fs::write(&path, text).unwrap();
-    let mut child = KillOnDrop(
-        serve_command(&path)
-            .unwrap()
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap(),
-    );
-    let stderr = child.stderr.take().unwrap();
-    let (lines, log) = mpsc::channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-            if lines.send(line).is_err() {
-                return;
-            }
-        }
-    });
-    let base = listening_on(&mut child).await.unwrap();
-    (child, base, log)
+    serve_logged(dir, text, &[]).await.unwrap()
 }
 
 /// Waits for a log line containing `text`.

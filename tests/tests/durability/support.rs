@@ -2,14 +2,13 @@
 //! channel, its `/metrics` counters, and the ledger read back with a connection of the test's own.
 
 use std::collections::HashSet;
-use std::io::{BufRead, BufReader};
 use std::path::Path;
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use serde_json::json;
-use switchyard_tests::harness::{listening_on, serve_command, KillOnDrop, TestClient};
+use switchyard_tests::harness::{serve_logged, KillOnDrop, TestClient};
 
 /// A `switchyard serve` process, its base URL and its log's lines.
 pub(crate) struct Served {
@@ -20,26 +19,9 @@ pub(crate) struct Served {
 
 /// `switchyard serve` on the configuration `text` (written to `dir`), once `/readyz` says ready.
 pub(crate) async fn serve(dir: &Path, text: &str) -> Served {
-    let path = dir.join("switchyard.toml");
-    std::fs::write(&path, text).unwrap();
-    let mut child = KillOnDrop(
-        serve_command(&path)
-            .unwrap()
-            .env("SWITCHYARD_LOG", "info")
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap(),
-    );
-    let stderr = child.stderr.take().unwrap();
-    let (lines, log) = mpsc::channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-            if lines.send(line).is_err() {
-                return;
-            }
-        }
-    });
-    let base = listening_on(&mut child).await.unwrap();
+    let (child, base, log) = serve_logged(dir, text, &[("SWITCHYARD_LOG", "info")])
+        .await
+        .unwrap();
     let client = TestClient::new();
     let deadline = Instant::now() + Duration::from_secs(20);
     while client.get(&format!("{base}/readyz")).await.unwrap().status != 200 {
