@@ -113,6 +113,23 @@ pub async fn serve_logged(
     Ok((child, base, log))
 }
 
+/// Waits (up to 20 s) until `base`'s `/readyz` answers 200: readiness is a state Switchyard
+/// only reports when asked, so it is polled.
+pub async fn until_ready(client: &TestClient, base: &str) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    loop {
+        let status = match client.get(&format!("{base}/readyz")).await {
+            Ok(r) => r.status,
+            Err(e) => panic!("/readyz: {e}"),
+        };
+        if status == 200 {
+            return;
+        }
+        assert!(std::time::Instant::now() < deadline, "never ready");
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+}
+
 /// Waits until the `switchyard serve` process `child` (its stdout piped) prints where it
 /// listens, and returns that base URL.
 pub async fn listening_on(child: &mut std::process::Child) -> anyhow::Result<String> {

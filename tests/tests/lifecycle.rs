@@ -11,7 +11,9 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 use switchyard_tests::fake_engine::FakeEngine;
-use switchyard_tests::harness::{serve_logged, start_switchyard, KillOnDrop, TestClient};
+use switchyard_tests::harness::{
+    serve_logged, start_switchyard, until_ready, KillOnDrop, TestClient,
+};
 
 /// `switchyard serve` on the configuration `text` (written to `dir`), with its log's lines
 /// sent to the returned channel.
@@ -68,14 +70,6 @@ fn rows(db: &Path) -> Vec<Value> {
     .unwrap()
     .map(Result::unwrap)
     .collect()
-}
-
-async fn until_ready(client: &TestClient, base: &str) {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while client.get(&format!("{base}/readyz")).await.unwrap().status != 200 {
-        assert!(Instant::now() < deadline, "never ready");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
 }
 
 /// Sends a streamed chat request with `id` and reads it to its end; whether it ended whole.

@@ -8,7 +8,7 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use serde_json::json;
-use switchyard_tests::harness::{serve_logged, KillOnDrop, TestClient};
+use switchyard_tests::harness::{serve_logged, until_ready, KillOnDrop, TestClient};
 
 /// A `switchyard serve` process, its base URL and its log's lines.
 pub(crate) struct Served {
@@ -22,12 +22,7 @@ pub(crate) async fn serve(dir: &Path, text: &str) -> Served {
     let (child, base, log) = serve_logged(dir, text, &[("SWITCHYARD_LOG", "info")])
         .await
         .unwrap();
-    let client = TestClient::new();
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while client.get(&format!("{base}/readyz")).await.unwrap().status != 200 {
-        assert!(Instant::now() < deadline, "never ready");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    until_ready(&TestClient::new(), &base).await;
     Served { child, base, log }
 }
 
