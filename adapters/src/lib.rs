@@ -89,6 +89,13 @@ pub trait Adapter: Send + Sync + fmt::Debug + 'static {
         false
     }
 
+    /// Whether the engine closes its side of a kept-alive connection right after a streamed
+    /// answer, whatever its `Keep-Alive` header says. Such a connection is not reused: the next
+    /// request sent on it would race the engine's close.
+    fn closes_after_stream(&self) -> bool {
+        false
+    }
+
     /// Rewrites an engine error that is not in OpenAI's shape into it, with a fitting status.
     /// `None` passes the engine's status and body through untouched.
     fn normalize_error(&self, _status: u16, _body: &[u8]) -> Option<(u16, Bytes)> {

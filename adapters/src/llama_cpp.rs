@@ -37,6 +37,13 @@ impl Adapter for LlamaCpp {
         PROBES
     }
 
+    /// llama-server (cpp-httplib) ends a streamed answer by having its content provider report
+    /// that it is done, which httplib treats as the end of the connection: the last chunk is
+    /// followed by a close, though the head said `Keep-Alive: timeout=5`.
+    fn closes_after_stream(&self) -> bool {
+        true
+    }
+
     /// `system_fingerprint` is the same `build_info` that `/props` reports.
     fn build_from_fingerprint<'a>(&self, system_fingerprint: &'a str) -> Option<&'a str> {
         (!system_fingerprint.is_empty() && system_fingerprint != UNKNOWN_BUILD)

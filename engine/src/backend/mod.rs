@@ -58,6 +58,9 @@ pub struct Backend {
     admission: ArcSwapOption<Semaphore>,
     /// Bumped on every state change, for whoever waits for one (see [`Backend::with_revision`]).
     revision: Option<Arc<tokio::sync::watch::Sender<u64>>>,
+    /// Bumped on every change of this backend's state, for requests waiting for it to settle
+    /// (see [`Backend::changes`]).
+    changes: tokio::sync::watch::Sender<u64>,
     /// Requests forwarded since the engine last became ready; the first one meets cold caches.
     served: std::sync::atomic::AtomicU64,
     /// Kept-alive connections to the engine, waiting for the next request.
@@ -147,6 +150,7 @@ impl Backend {
             headers: ArcSwap::from_pointee(headers),
             admission: ArcSwapOption::new(admission),
             revision: None,
+            changes: tokio::sync::watch::Sender::new(0),
             served: std::sync::atomic::AtomicU64::new(0),
             connections: Arc::default(),
             reprobe: tokio::sync::Notify::new(),
@@ -257,9 +261,32 @@ impl Backend {
             self.adapter.as_ref(),
             &state,
         )));
+        self.changes.send_modify(|n| *n += 1);
         if let Some(revision) = &self.revision {
             revision.send_modify(|n| *n += 1);
         }
+    }
+
+    /// A receiver that sees every change of this backend's state.
+    pub fn changes(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.changes.subscribe()
+    }
+
+    /// Why a request should wait before it is sent, when what the backend is about to be is
+    /// still being found out: its first probe has not finished, its engine says it is loading,
+    /// or (when it must serve a verified identity) its files are still being hashed. `None`:
+    /// nothing is under way, and a request goes as the backend stands (ready, or down).
+    pub fn settling(&self) -> Option<String> {
+        let state = self.state.load();
+        match state.report.as_ref().map(|r| &r.health) {
+            None => return Some("its first probe has not finished".to_owned()),
+            Some(Health::Loading(why)) => return Some(format!("its engine is loading ({why})")),
+            Some(_) => {}
+        }
+        let hashing =
+            matches!(state.artifact, Digest::Hashing) || matches!(state.binary, Digest::Hashing);
+        (hashing && self.config.require_verified_identity)
+            .then(|| "its artifact and binary are still being hashed for its identity".to_owned())
     }
 
     /// Records a probe round; returns the previous health when it changed.

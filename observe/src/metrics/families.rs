@@ -57,7 +57,8 @@ pub(super) struct BackendLabels {
 }
 
 /// `switchyard_admission_rejected_total`: a backend and why its queue refused a request
-/// (`queue_full`, `queue_timeout`).
+/// (`queue_full`, `queue_timeout`); `switchyard_engine_retries_total`: a backend and why a
+/// request was sent to it again (`unsent`, `closed`).
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
 pub(super) struct RejectedLabels {
     pub(super) backend: Arc<str>,
@@ -165,6 +166,7 @@ pub(super) struct Families {
     pub(super) in_flight: Family<BackendLabels, Gauge>,
     pub(super) waiting: Family<BackendLabels, Gauge>,
     pub(super) rejected: Family<RejectedLabels, Counter>,
+    pub(super) retries: Family<RejectedLabels, Counter>,
     pub(super) comparisons: Family<VerdictLabels, Counter>,
     pub(super) skipped: Family<ShadowLabels, Counter>,
     pub(super) idle_closed: Counter,
@@ -200,6 +202,7 @@ impl Families {
             in_flight: Family::default(),
             waiting: Family::default(),
             rejected: Family::default(),
+            retries: Family::default(),
             comparisons: Family::default(),
             skipped: Family::default(),
             idle_closed: Counter::default(),
@@ -272,6 +275,11 @@ impl Families {
             "switchyard_waiting_requests",
             "Requests waiting for a free slot at a backend (its max_concurrency) before they are forwarded",
             f.waiting.clone(),
+        );
+        registry.register(
+            "switchyard_engine_retries",
+            "Requests sent to an engine again, once, on a new connection, because the kept-alive connection they were sent on was closed before any byte of the answer arrived: unsent (closed before the request was written) or closed (written, then closed or reset before the answer)",
+            f.retries.clone(),
         );
         registry.register(
             "switchyard_admission_rejected",

@@ -22,6 +22,7 @@
 //! | `switchyard_in_flight_requests` | gauge | `backend` |
 //! | `switchyard_waiting_requests` | gauge | `backend` |
 //! | `switchyard_admission_rejected_total` | counter | `backend`, `reason` (`queue_full`, `queue_timeout`) |
+//! | `switchyard_engine_retries_total` | counter | `backend`, `reason` (`unsent`, `closed`) |
 //! | `switchyard_ledger_records_written_total` | counter | none |
 //! | `switchyard_ledger_records_dropped_total` | counter | none |
 //! | `switchyard_idle_connections_closed_total` | counter | none |
@@ -59,10 +60,10 @@ use prometheus_client::registry::Registry;
 use switchyard_policy::compare::Verdict;
 
 use self::families::{Families, HeadLabels, SeriesLabels};
-pub use self::series::REJECTED_REASONS;
 use self::series::{
     get_or_insert, AsKey, BackendHandles, SeriesHandles, SeriesKey, ShadowHandles, ShadowKey,
 };
+pub use self::series::{REJECTED_REASONS, RETRY_REASONS};
 use crate::NameMap;
 use switchyard_record::RequestRecord;
 
@@ -269,6 +270,14 @@ impl Metrics {
     pub fn admission_rejected(&self, backend: &str, reason: &str) {
         if let Some(i) = REJECTED_REASONS.iter().position(|r| *r == reason) {
             self.backend(backend).rejected[i].inc();
+        }
+    }
+
+    /// Counts a request sent to `backend` again for `reason`, one of [`RETRY_REASONS`]; any
+    /// other reason is not counted.
+    pub fn engine_retry(&self, backend: &str, reason: &str) {
+        if let Some(i) = RETRY_REASONS.iter().position(|r| *r == reason) {
+            self.backend(backend).retries[i].inc();
         }
     }
 

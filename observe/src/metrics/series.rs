@@ -36,6 +36,11 @@ pub(super) const ERROR_CLASSES: [&str; 6] = [
 /// counters.
 pub const REJECTED_REASONS: [&str; 2] = ["queue_full", "queue_timeout"];
 
+/// The `reason` label values of `switchyard_engine_retries_total`, as the engine client names
+/// them (`switchyard_engine::client::Retry`): the kept-alive connection was closed before the
+/// request was written (`unsent`), or after, before any byte of the answer (`closed`).
+pub const RETRY_REASONS: [&str; 2] = ["unsent", "closed"];
+
 /// `source` values, indexed by [`source_index`].
 const SOURCES: [&str; 2] = ["engine", "measured"];
 
@@ -275,6 +280,8 @@ pub(super) struct BackendHandles {
     pub(super) waiting: Gauge,
     /// Requests its admission queue refused, by [`REJECTED_REASONS`].
     pub(super) rejected: [Counter; REJECTED_REASONS.len()],
+    /// Requests sent again on a new connection, by [`RETRY_REASONS`].
+    pub(super) retries: [Counter; RETRY_REASONS.len()],
 }
 
 impl BackendHandles {
@@ -286,6 +293,12 @@ impl BackendHandles {
                 reason,
             })
         });
+        let retries = RETRY_REASONS.map(|reason| {
+            f.retries.get_or_create_owned(&RejectedLabels {
+                backend: backend.clone(),
+                reason,
+            })
+        });
         let labels = BackendLabels { backend };
         drop(f.disconnects.get_or_create(&labels));
         drop(f.contradictions.get_or_create(&labels));
@@ -293,6 +306,7 @@ impl BackendHandles {
             in_flight: f.in_flight.get_or_create_owned(&labels),
             waiting: f.waiting.get_or_create_owned(&labels),
             rejected,
+            retries,
         }
     }
 }

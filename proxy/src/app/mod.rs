@@ -358,7 +358,11 @@ impl App {
             upstream: Upstream::new(
                 Duration::from_millis(config.server.connect_timeout_ms),
                 Duration::from_millis(config.server.first_byte_timeout_ms),
-            ),
+            )
+            .on_retry({
+                let recorder = recorder.clone();
+                Arc::new(move |backend, why| recorder.metrics.engine_retry(backend, why.as_str()))
+            }),
             recorder: recorder.clone(),
             drain_over: CancellationToken::new(),
             limits: forward::inspect::Limits {

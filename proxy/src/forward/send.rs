@@ -208,9 +208,15 @@ fn upstream_body(backend: &Backend, outgoing: &Outgoing) -> Result<Bytes, ProxyE
         .and_then(|r| r.identity.served_model.clone());
     let name = match (&backend.config.upstream_model, backend.adapter.requires_served_model_id()) {
         (Some(name), _) => Some(name.clone()),
-        (None, true) => Some(served.ok_or_else(|| ProxyError::UpstreamUnreachable {
+        // Nothing is sent without it: refused as not ready (the identity gate waited for a
+        // probe that would have named it), never as an engine that was tried.
+        (None, true) => Some(served.ok_or_else(|| ProxyError::EngineUnavailable {
             backend: backend.name.to_string(),
-            why: "the engine has not reported its served model id yet, and it must receive exactly that id".to_owned(),
+            why: format!(
+                "the engine has not reported its served model id ({}), and it must receive exactly that id; nothing was sent",
+                backend.state().health().reason().unwrap_or("no probe has named it")
+            ),
+            code: "backend_not_ready",
         })?),
         (None, false) => None,
     };

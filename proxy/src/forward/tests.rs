@@ -122,6 +122,7 @@ async fn the_gate_refuses_an_unverified_backend_that_requires_verification_witho
         "strict",
         serde_json::json!({"require_verified_identity": true}),
     );
+    probed(&strict, Health::Ready);
     let (inner, mut handle) = mocked::<()>();
     let mut gate = IdentityGate::new(strict, inner);
     let result = gate
@@ -150,6 +151,7 @@ async fn the_gate_refuses_an_unverified_backend_that_requires_verification_witho
 async fn the_gate_stamps_identity_and_passes_the_request_on() {
     let recorder = Arc::new(Recorder::default());
     let lenient = backend("lenient", serde_json::json!({}));
+    probed(&lenient, Health::Ready);
     let (inner, mut handle) = mocked::<()>();
     let mut gate = IdentityGate::new(lenient, inner);
     let call = gate
@@ -168,6 +170,93 @@ async fn the_gate_stamps_identity_and_passes_the_request_on() {
     };
     let (result, ()) = tokio::join!(call, answer);
     result.unwrap();
+}
+
+#[tokio::test]
+async fn the_gate_waits_for_a_first_probe_and_then_passes_the_request_on() {
+    let recorder = Arc::new(Recorder::default());
+    let fresh = backend("fresh", serde_json::json!({}));
+    let (inner, mut handle) = mocked::<()>();
+    let mut gate = IdentityGate::new(fresh.clone(), inner);
+    let mut call = gate
+        .ready()
+        .await
+        .unwrap()
+        .call(attempt(&recorder, "primary"));
+    assert!(
+        (&mut call).now_or_never().is_none(),
+        "it waits for the probe"
+    );
+    assert!(
+        handle.next_request().now_or_never().is_none(),
+        "nothing sent yet"
+    );
+    // Still loading is still waiting.
+    probed(&fresh, Health::Loading("Loading model".to_owned()));
+    assert!((&mut call).now_or_never().is_none());
+    probed(&fresh, Health::Ready);
+    let answer = async {
+        let (seen, reply) = handle.next_request().await.unwrap();
+        assert!(
+            seen.ctx.recording.phases.load.is_some(),
+            "the wait is its load phase"
+        );
+        assert_eq!(seen.ctx.recording.backend.as_deref(), Some("fresh"));
+        reply.send_response(());
+    };
+    let (result, ()) = tokio::join!(call, answer);
+    result.unwrap();
+}
+
+#[tokio::test]
+async fn the_gate_sends_to_a_backend_its_probes_found_down() {
+    // Down is known, not under way: the request is tried, and its error is the engine's.
+    let recorder = Arc::new(Recorder::default());
+    let down = backend("down", serde_json::json!({}));
+    probed(&down, Health::Down("connection refused".to_owned()));
+    let (inner, mut handle) = mocked::<()>();
+    let mut gate = IdentityGate::new(down, inner);
+    let call = gate
+        .ready()
+        .await
+        .unwrap()
+        .call(attempt(&recorder, "primary"));
+    let answer = async {
+        let (seen, reply) = handle.next_request().await.unwrap();
+        assert!(seen.ctx.recording.phases.load.is_none());
+        reply.send_response(());
+    };
+    let (result, ()) = tokio::join!(call, answer);
+    result.unwrap();
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_gate_refuses_503_once_its_bound_passes_without_sending() {
+    let recorder = Arc::new(Recorder::default());
+    let slow = backend("slow", serde_json::json!({"queue_timeout_ms": 250}));
+    let (inner, mut handle) = mocked::<()>();
+    let mut gate = IdentityGate::new(slow, inner);
+    let failed = gate
+        .ready()
+        .await
+        .unwrap()
+        .call(attempt(&recorder, "primary"))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&failed.error, ProxyError::EngineUnavailable { code: "backend_not_ready", why, .. } if why.contains("first probe") && why.contains("250 ms")),
+        "{}",
+        failed.error
+    );
+    assert!(failed.error.nothing_sent(), "another backend may be tried");
+    assert!(
+        handle.next_request().now_or_never().is_none(),
+        "nothing was sent on"
+    );
+    assert_eq!(failed.ctx.recording.backend.as_deref(), Some("slow"));
+    // The wait is its load phase (measured on the wall clock, which a paused runtime does
+    // not move).
+    assert!(failed.ctx.recording.phases.load.is_some());
 }
 
 #[tokio::test]

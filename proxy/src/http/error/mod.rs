@@ -301,8 +301,15 @@ impl ProxyError {
             // failed to start is started again after its backoff; a removed engine's
             // replacement is starting.
             Self::ShuttingDown { .. } => Some(1),
+            // A backend whose start or first probe is still under way may be ready by then.
             Self::EngineUnavailable { code, .. }
-                if matches!(*code, "engine_start_failed" | "engine_removed") =>
+                if matches!(
+                    *code,
+                    "engine_start_failed"
+                        | "engine_removed"
+                        | "engine_load_timeout"
+                        | "backend_not_ready"
+                ) =>
             {
                 Some(1)
             }
@@ -328,11 +335,23 @@ impl ProxyError {
             | Self::UpstreamUnreachable { .. }
             | Self::ConnectTimeout { .. }
             | Self::UpstreamBroken { .. } => true,
-            Self::EngineUnavailable { code, .. } => {
-                matches!(*code, "engine_start_failed" | "engine_removed")
-            }
+            // A load that ran out of time is not sent again at once: each try would wait as
+            // long again. A backend whose first probe is slow is likely ready at the next.
+            Self::EngineUnavailable { code, .. } => matches!(
+                *code,
+                "engine_start_failed" | "engine_removed" | "backend_not_ready"
+            ),
             _ => false,
         }
+    }
+
+    /// Whether the engine was tried and nothing of the request reached it: its connection
+    /// was refused or timed out.
+    pub fn engine_unreached(&self) -> bool {
+        matches!(
+            self,
+            Self::UpstreamUnreachable { .. } | Self::ConnectTimeout { .. }
+        )
     }
 
     /// Whether nothing of the request reached the engine, so another backend may be tried.

@@ -289,3 +289,28 @@ fn error_events_are_named_in_anthropic_streams_only() {
         b"event: error\ndata: {}\n\n"
     );
 }
+
+#[test]
+fn a_backend_not_ready_is_503_with_retry_after_and_another_may_be_tried() {
+    let error = ProxyError::EngineUnavailable {
+        backend: "mlx".into(),
+        why: "its first probe has not finished, still after 30000 ms; nothing was sent".into(),
+        code: "backend_not_ready",
+    };
+    assert!(error.nothing_sent(), "another backend may be tried");
+    assert!(error.should_retry());
+    let response = error.into_response();
+    assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(response.headers()[http::header::RETRY_AFTER], "1");
+    // A load past its bound says when to come back, but is not sent again at once.
+    let load = ProxyError::EngineUnavailable {
+        backend: "llama".into(),
+        why: "the engine was not ready within 1000 ms".into(),
+        code: "engine_load_timeout",
+    };
+    assert!(!load.should_retry());
+    assert_eq!(
+        load.into_response().headers()[http::header::RETRY_AFTER],
+        "1"
+    );
+}

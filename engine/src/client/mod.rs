@@ -8,137 +8,81 @@
 //! HTTP/1 client), as a pooled client would; what is left out is the general-purpose pool's
 //! per-request bookkeeping (keying by scheme and authority, a checkout future, a task per
 //! request to return the connection).
-
+//!
+//! Connection reuse never costs a request. A connection the engine is known to close is not
+//! kept: its answer said `Connection: close` (or was HTTP/1.0 without keep-alive), its
+//! `Keep-Alive: timeout` is about to run out, or it carried a stream from an engine that closes
+//! after streams ([`Adapter::closes_after_stream`]). And a request sent on a kept-alive
+//! connection that turns out closed before any byte of the answer arrived is sent again, once,
+//! on a new connection ([`Retry`]), as nginx's `proxy_next_upstream error`, Envoy's
+//! reset-before-request retry and hyper's retry of canceled requests do. Whether a byte
+//! arrived is counted on the socket itself ([`Counted`]), so nothing the engine may have
+//! started answering is ever sent twice: that stays an honest [`Error::Broken`].
+//!
+//! [`Adapter::closes_after_stream`]: switchyard_adapters::Adapter::closes_after_stream
 use std::io;
-use std::pin::Pin;
-use std::sync::{Arc, Mutex};
-use std::task::{Context, Poll};
-use std::time::{Duration, Instant};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
 
 use bytes::Bytes;
-use http_body::{Body, Frame, SizeHint};
 use http_body_util::{BodyExt, Full, Limited};
-use hyper::body::Incoming;
-use hyper::client::conn::http1::{self, SendRequest};
+use hyper::client::conn::http1;
 use hyper_util::rt::TokioIo;
 use switchyard_adapters::ProbeResult;
 use tokio::net::TcpStream;
 
 use crate::backend::Backend;
 
-/// How long a connection may wait idle before it is closed rather than reused: below
-/// llama-server's own keep-alive of 5 s, so a reused connection is never one the engine is
-/// about to close.
-const IDLE_TIMEOUT: Duration = Duration::from_secs(4);
-/// Idle connections kept per engine.
-const MAX_IDLE: usize = 64;
+mod conn;
+
+use conn::{reuse_for, Back, Conn, Counted, Replay};
+pub use conn::{Connections, UpstreamBody};
+
 /// TCP keep-alive on engine connections (a long generation may leave one silent for minutes).
 const TCP_KEEPALIVE: Duration = Duration::from_secs(30);
 
-/// The client to every engine: timeouts; the connections themselves live with each backend.
-#[derive(Debug, Clone)]
+/// Why a request was sent again, on a new connection, after a kept-alive one failed it. Counted
+/// by the proxy (`switchyard_engine_retries_total{backend,reason}`) through [`Upstream::on_retry`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Retry {
+    /// The connection was closed when the request was handed to it: nothing was written.
+    Unsent,
+    /// The request was written, and the connection was closed or reset before any byte of the
+    /// answer arrived: the engine had closed it before it could read the request.
+    Closed,
+}
+
+impl Retry {
+    pub const ALL: [Retry; 2] = [Self::Unsent, Self::Closed];
+
+    /// The `reason` label.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Unsent => "unsent",
+            Self::Closed => "closed",
+        }
+    }
+}
+
+/// Told of every retry: the backend's name and why.
+pub type RetryObserver = Arc<dyn Fn(&str, Retry) + Send + Sync>;
+
+/// The client to every engine: timeouts, and who is told of retries; the connections themselves
+/// live with each backend.
+#[derive(Clone)]
 pub struct Upstream {
     connect_timeout: Duration,
     first_byte_timeout: Duration,
+    on_retry: Option<RetryObserver>,
 }
 
-/// One engine's idle connections, most recently used last.
-#[derive(Debug, Default)]
-pub struct Connections {
-    idle: Mutex<Vec<Idle>>,
-}
-
-#[derive(Debug)]
-struct Idle {
-    sender: SendRequest<Full<Bytes>>,
-    since: Instant,
-}
-
-impl Connections {
-    /// The most recently used idle connection that is still open and not expired.
-    fn checkout(&self) -> Option<SendRequest<Full<Bytes>>> {
-        let mut idle = self.idle.lock().unwrap_or_else(|e| e.into_inner());
-        while let Some(conn) = idle.pop() {
-            // A closed or expired one is dropped here: its task ends and closes the socket.
-            if !conn.sender.is_closed() && conn.since.elapsed() < IDLE_TIMEOUT {
-                return Some(conn.sender);
-            }
-        }
-        None
-    }
-
-    /// Takes back a connection whose response was read to its end.
-    fn checkin(&self, sender: SendRequest<Full<Bytes>>) {
-        if sender.is_closed() {
-            return;
-        }
-        let mut idle = self.idle.lock().unwrap_or_else(|e| e.into_inner());
-        // The oldest wait at the front: drop one that expired, so that a burst's connections
-        // do not stay open long after it.
-        if idle
-            .first()
-            .is_some_and(|c| c.since.elapsed() >= IDLE_TIMEOUT)
-        {
-            idle.remove(0);
-        }
-        if idle.len() < MAX_IDLE {
-            idle.push(Idle {
-                sender,
-                since: Instant::now(),
-            });
-        }
-    }
-}
-
-/// An engine's response body. Read to its end, it hands its connection back for reuse; dropped
-/// before, it closes it.
-#[derive(Debug)]
-pub struct UpstreamBody {
-    inner: Incoming,
-    back: Option<(SendRequest<Full<Bytes>>, Arc<Connections>)>,
-}
-
-impl UpstreamBody {
-    fn give_back(&mut self) {
-        if let Some((sender, connections)) = self.back.take() {
-            connections.checkin(sender);
-        }
-    }
-}
-
-impl Body for UpstreamBody {
-    type Data = Bytes;
-    type Error = hyper::Error;
-
-    fn poll_frame(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
-        let this = self.as_mut().get_mut();
-        let polled = Pin::new(&mut this.inner).poll_frame(cx);
-        match &polled {
-            Poll::Ready(None) => this.give_back(),
-            Poll::Ready(Some(Err(_))) => this.back = None,
-            _ => {}
-        }
-        polled
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.inner.is_end_stream()
-    }
-
-    fn size_hint(&self) -> SizeHint {
-        self.inner.size_hint()
-    }
-}
-
-impl Drop for UpstreamBody {
-    fn drop(&mut self) {
-        // An empty body, or one whose last frame was read without polling past it.
-        if self.inner.is_end_stream() {
-            self.give_back();
-        }
+impl std::fmt::Debug for Upstream {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Upstream")
+            .field("connect_timeout", &self.connect_timeout)
+            .field("first_byte_timeout", &self.first_byte_timeout)
+            .finish_non_exhaustive()
     }
 }
 
@@ -147,6 +91,20 @@ impl Upstream {
         Self {
             connect_timeout,
             first_byte_timeout,
+            on_retry: None,
+        }
+    }
+
+    /// Tells `observer` of every request sent again after a kept-alive connection failed it.
+    pub fn on_retry(mut self, observer: RetryObserver) -> Self {
+        self.on_retry = Some(observer);
+        self
+    }
+
+    fn retried(&self, backend: &Backend, why: Retry) {
+        tracing::debug!(backend = %backend.name, reason = why.as_str(), "request sent again on a new connection: the kept-alive one was closed before any byte of the answer");
+        if let Some(observer) = &self.on_retry {
+            observer(&backend.name, why);
         }
     }
 
@@ -165,9 +123,9 @@ impl Upstream {
         }
     }
 
-    /// Sends `request` on a kept-alive connection, or on a new one. A request that a reused
-    /// connection could not take (the engine had closed it) is sent again on another: it never
-    /// reached the engine.
+    /// Sends `request` on a kept-alive connection, or on a new one. A kept-alive connection that
+    /// fails the request before any byte of the answer arrived (the engine had closed it) costs
+    /// nothing: the request is sent again, once, on a new connection.
     async fn exchange(
         &self,
         backend: &Backend,
@@ -185,37 +143,73 @@ impl Upstream {
                 .headers_mut()
                 .insert(http::header::AUTHORIZATION, authorization.clone());
         }
+        // After one retry, only a new connection: every idle one may be as stale as the last.
+        let mut retried = false;
         loop {
-            let (mut sender, reused) = match backend.connections.checkout() {
-                Some(sender) => (sender, true),
+            let pooled = if retried {
+                None
+            } else {
+                backend.connections.checkout()
+            };
+            let (mut conn, reused) = match pooled {
+                Some(conn) => (conn, true),
                 None => (self.connect(backend).await?, false),
             };
-            // A reused connection may still be finishing its previous response.
-            if let Err(e) = sender.ready().await {
+            // A reused connection may still be finishing its previous response, or be found
+            // closed here: then nothing was handed to it, and the next one is taken.
+            if let Err(e) = conn.sender.ready().await {
                 if reused {
                     continue;
                 }
                 return Err(Failure::Broken(describe_chain(&e)));
             }
-            match sender.try_send_request(request).await {
+            let replay = reused.then(|| Replay::of(&request));
+            let read_before = conn.read.load(Ordering::Relaxed);
+            match conn.sender.try_send_request(request).await {
                 Ok(response) => {
+                    let keep = reuse_for(
+                        response.version(),
+                        response.headers(),
+                        backend.adapter.closes_after_stream(),
+                    );
                     let (parts, inner) = response.into_parts();
-                    let body = UpstreamBody {
-                        inner,
-                        back: Some((sender, backend.connections.clone())),
-                    };
+                    let back = keep.map(|keep| Back {
+                        conn,
+                        connections: backend.connections.clone(),
+                        keep,
+                    });
+                    let body = UpstreamBody { inner, back };
                     return Ok(http::Response::from_parts(parts, body));
                 }
-                Err(mut e) => match e.take_message() {
-                    Some(unsent) if reused => request = unsent,
-                    _ => return Err(Failure::Broken(describe_chain(e.error()))),
-                },
+                Err(mut e) => {
+                    let answered = conn.read.load(Ordering::Relaxed) != read_before;
+                    match (e.take_message(), replay) {
+                        (Some(unsent), Some(_)) if !retried => {
+                            self.retried(backend, Retry::Unsent);
+                            request = unsent;
+                        }
+                        (None, Some(replay)) if !retried && !answered => {
+                            self.retried(backend, Retry::Closed);
+                            request = replay.into_request();
+                        }
+                        // Handed back unwritten by a new connection: nothing reached the
+                        // engine, which closed the connection as soon as it accepted it.
+                        (Some(_), _) => {
+                            return Err(Failure::Connect(format!(
+                                "the engine closed the connection before the request was sent: {}",
+                                describe_chain(e.error())
+                            )))
+                        }
+                        _ => return Err(Failure::Broken(describe_chain(e.error()))),
+                    }
+                    retried = true;
+                }
             }
         }
     }
 
     /// Opens a connection to `backend` and starts the task that drives it.
-    async fn connect(&self, backend: &Backend) -> Result<SendRequest<Full<Bytes>>, Failure> {
+    async fn connect(&self, backend: &Backend) -> Result<Conn, Failure> {
         let (host, port) = host_and_port(&backend.authority);
         let stream = match tokio::time::timeout(
             self.connect_timeout,
@@ -234,7 +228,12 @@ impl Upstream {
         let _ = stream.set_nodelay(true);
         let _ = socket2::SockRef::from(&stream)
             .set_tcp_keepalive(&socket2::TcpKeepalive::new().with_time(TCP_KEEPALIVE));
-        let (sender, connection) = http1::handshake(TokioIo::new(stream))
+        let read = Arc::new(AtomicU64::new(0));
+        let counted = Counted {
+            stream,
+            read: read.clone(),
+        };
+        let (sender, connection) = http1::handshake(TokioIo::new(counted))
             .await
             .map_err(|e| Failure::Connect(describe_chain(&e)))?;
         let name = backend.name.clone();
@@ -244,7 +243,7 @@ impl Upstream {
                 tracing::debug!(backend = %name, error = %describe_chain(&e), "engine connection ended");
             }
         });
-        Ok(sender)
+        Ok(Conn { sender, read })
     }
 
     /// `GET path` on the engine, for probes: status and body (at most 1 MiB), or why not.
@@ -383,26 +382,4 @@ pub fn describe_chain(error: &(dyn std::error::Error + 'static)) -> String {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn engine_addresses_connect_as_written() {
-        let at = |a: &str| {
-            let authority: http::uri::Authority = a.parse().unwrap();
-            let (host, port) = host_and_port(&authority);
-            (host.to_owned(), port)
-        };
-        assert_eq!(at("127.0.0.1:8081"), ("127.0.0.1".to_owned(), 8081));
-        assert_eq!(at("[::1]:8081"), ("::1".to_owned(), 8081));
-        assert_eq!(at("engine.local"), ("engine.local".to_owned(), 80));
-    }
-
-    #[test]
-    fn chain_is_described_once_each() {
-        let inner = io::Error::new(io::ErrorKind::ConnectionRefused, "Connection refused");
-        let outer = io::Error::other(inner);
-        let text = describe_chain(&outer);
-        assert!(text.contains("Connection refused"));
-    }
-}
+mod tests;
