@@ -80,11 +80,14 @@ impl Ticket {
                     outgoing,
                 };
                 tasks.spawn(async move {
-                    let _permit = permit;
                     let candidate = tokio::select! {
                         ran = job.run_candidate() => Some(ran),
                         _ = stop.cancelled() => None,
                     };
+                    // The pool bounds the copies under way on the candidate: this one's place is
+                    // free before its pair is recorded, so that whoever waits for the record
+                    // (the next sampled request of a client that waited for it) finds it free.
+                    drop(permit);
                     job.comparison.settle(primary, candidate);
                 });
             }

@@ -248,11 +248,11 @@ impl Fallen {
             .expect("recorded in time")
             .unwrap();
         let ledger = self.recorder.ledger.as_ref().unwrap();
-        assert!(tokio::task::block_in_place(|| ledger.flush(
-            Duration::from_secs(5)
-        )));
-        let conn = switchyard_observe::ledger::open_read_only(&self.dir.path().join("ledger.db"))
-            .unwrap();
+        assert!(tokio::task::block_in_place(
+            || ledger.flush(Duration::from_secs(5))
+        ));
+        let conn =
+            switchyard_observe::ledger::open_read_only(&self.dir.path().join("ledger.db")).unwrap();
         switchyard_observe::ledger::read_comparisons(&conn, None).unwrap()
     }
 
@@ -304,7 +304,11 @@ async fn in_concurrent_mode_a_copy_to_the_backend_that_served_is_recorded_as_a_s
     let rows = fallen.comparisons(1).await;
     assert_eq!(rows.len(), 1, "{rows:#?}");
     assert_eq!(
-        (rows[0].verdict, rows[0].reason.as_deref(), rows[0].candidate.as_ref()),
+        (
+            rows[0].verdict,
+            rows[0].reason.as_deref(),
+            rows[0].candidate.as_ref()
+        ),
         (Verdict::Incomparable, Some(SELF), None)
     );
     // The same copy against a primary `main` served is the candidate's error: the skip above
@@ -360,7 +364,11 @@ async fn a_copy_refused_unsent_for_want_of_readiness_is_a_skip_never_a_candidate
 #[test]
 fn not_ready_is_any_engine_unavailable_and_the_unnamed_served_model_id() {
     let backend = "cand".to_owned();
-    for code in ["backend_not_ready", "engine_not_running", "engine_load_timeout"] {
+    for code in [
+        "backend_not_ready",
+        "engine_not_running",
+        "engine_load_timeout",
+    ] {
         let error = ProxyError::EngineUnavailable {
             backend: backend.clone(),
             why: "starting".to_owned(),

@@ -18,7 +18,11 @@ fn request(arm: &'static str, backend: &str, status: u16) -> RequestRecord {
         Instant::now(),
     );
     r.backend = Some(backend.into());
-    r.variant = if arm == "candidate" { "canary" } else { "primary" };
+    r.variant = if arm == "candidate" {
+        "canary"
+    } else {
+        "primary"
+    };
     r.engine = Some(format!("llama.cpp/{backend}").into());
     r.artifact = Some("sha256:weights".into());
     r.status = status;
@@ -75,15 +79,7 @@ fn a_request_that_fell_back_counts_for_neither_arm_and_is_counted_apart() {
     assert_eq!(rows.requests, 8);
     let counts = |arm: &str, engine: &str| {
         store
-            .arm_counts(
-                "rel",
-                arm,
-                0,
-                i64::MAX,
-                rows,
-                engine,
-                "sha256:weights",
-            )
+            .arm_counts("rel", arm, 0, i64::MAX, rows, engine, "sha256:weights")
             .unwrap()
     };
     assert_eq!(
