@@ -55,7 +55,7 @@ struct Stack {
 }
 
 /// Starts both engines (the same artifact file, different builds) and Switchyard, and waits
-/// until both identities are verified (or, for a candidate that is down, until the primary is).
+/// until both have been probed: each identity verified, or the engine found down.
 async fn stack(main: FakeEngine, cand: FakeEngine, shadow: &str) -> Stack {
     stack_with(main, cand, shadow, |config| config).await
 }
@@ -95,8 +95,10 @@ async fn stack_with(
     .unwrap();
     let base = format!("http://{}", proxy.addr());
     wait_ready(&proxy, Duration::from_secs(5), |v| {
-        let verified = |b: &str| v["backends"][b]["identity"] == "verified";
-        verified("main") && (verified("cand") || v["backends"]["cand"]["state"] == "down")
+        let probed = |b: &str| {
+            v["backends"][b]["identity"] == "verified" || v["backends"][b]["state"] == "down"
+        };
+        probed("main") && probed("cand")
     })
     .await
     .unwrap();
@@ -471,6 +473,63 @@ async fn a_candidate_that_is_down_changes_nothing_for_the_client() {
         .starts_with("primary failed"));
     assert_eq!(rows[2]["candidate_ran"], false);
     drop(plain_engine);
+}
+
+/// The primary is down and the shadow's backend is also the model's fallback: it serves every
+/// request, and its copies would compare it with itself. None is sent; each is a skip that
+/// says why.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_that_fell_back_to_the_shadows_backend_is_never_compared_with_itself() {
+    let s = stack_with(
+        FakeEngine::llama_cpp().fault(Fault::Refuse),
+        FakeEngine::llama_cpp(),
+        r#"{ backend = "cand", sample = 1.0 }"#,
+        |config| {
+            config.replace(
+                "primary = \"main\"\n",
+                "primary = \"main\"\nfallback = [\"cand\"]\n",
+            )
+        },
+    )
+    .await;
+    for n in 1..=3 {
+        let r = s.chat(&format!("Request {n}"), json!({})).await;
+        assert_eq!(
+            (
+                r.status.as_u16(),
+                r.header("x-switchyard-backend"),
+                r.header("x-switchyard-variant"),
+                r.header("x-switchyard-fallback-from")
+            ),
+            (200, "cand", "fallback", "main; code=backend_down")
+        );
+        s.settle(n).await;
+    }
+    let rows = s.comparisons();
+    assert!(!rows.is_empty());
+    for row in &rows {
+        assert_eq!(
+            (
+                row["verdict"].as_str(),
+                row["reason"].as_str(),
+                row["candidate_ran"].as_bool(),
+                row["primary_backend"].as_str(),
+                row["candidate_backend"].as_str()
+            ),
+            (
+                Some("incomparable"),
+                Some("shadow skipped: the request was served by cand, the copy's own target (a fallback); an engine is never compared with itself"),
+                Some(false),
+                Some("cand"),
+                None
+            ),
+            "{rows:#?}"
+        );
+    }
+    let skipped: i64 = rows.iter().map(|r| r["count"].as_i64().unwrap()).sum();
+    assert_eq!(skipped, 3, "{rows:#?}");
+    // The candidate answered the three requests and nothing else: no copy reached it.
+    assert_eq!(s.cand.requests_seen(), 3);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -16,6 +16,9 @@ use switchyard_policy::compare::Pair;
 use super::rows::unix_ms;
 use super::LedgerError;
 
+#[cfg(test)]
+mod tests;
+
 /// A release as its row has it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Release {
@@ -101,16 +104,19 @@ pub struct Evaluation {
     pub evidence_json: String,
 }
 
-/// What the requests of one arm of a release did in a window.
+/// What the requests of one arm of a release did in a window. A request of the arm that its
+/// backend never took (passed over as down, unreachable or not ready) and another backend
+/// served is evidence for neither side: it is counted in `fallbacks` alone.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct ArmCounts {
-    /// Requests of this arm not forced by an operator.
+    /// Requests of this arm not forced by an operator, served by the arm's own backend.
     pub requests: u64,
-    /// Of those, answered 5xx, or passed to a fallback because this arm's backend failed.
+    /// Of those, answered 5xx.
     pub errors: u64,
-    /// Of those, a stream that broke after its head (the engine failed mid-answer), or a request
-    /// this arm's backend could not take at all (refused or timed out: the engine is down).
+    /// Of those, a stream that broke after its head (the engine failed mid-answer).
     pub broken: u64,
+    /// Requests of this arm not forced by an operator that fell back to another backend.
+    pub fallbacks: u64,
     /// A stamp other than the pinned identity on one of them, if any: `engine … artifact …`.
     pub foreign_identity: Option<String>,
 }
@@ -321,16 +327,17 @@ impl ReleaseStore {
         artifact: &str,
     ) -> Result<ArmCounts, LedgerError> {
         self.with(|conn| {
-            let (requests, errors, broken): (i64, i64, i64) = conn.query_row(
-                "SELECT count(*),
-                        coalesce(sum(status >= 500 OR fallback_from IS NOT NULL), 0),
-                        coalesce(sum((status = 200 AND error_class = 'upstream')
-                                     OR fallback_from IS NOT NULL), 0)
+            let (requests, errors, broken, fallbacks): (i64, i64, i64, i64) = conn.query_row(
+                "SELECT coalesce(sum(fallback_from IS NULL), 0),
+                        coalesce(sum(fallback_from IS NULL AND status >= 500), 0),
+                        coalesce(sum(fallback_from IS NULL
+                                     AND status = 200 AND error_class = 'upstream'), 0),
+                        coalesce(sum(fallback_from IS NOT NULL), 0)
                  FROM requests
                  WHERE release_id = ?1 AND arm = ?2 AND arm_key != 'forced'
                    AND ts_ms >= ?3 AND ts_ms < ?4 AND variant != 'shadow' AND id <= ?5",
                 params![release, arm, since_ms, until_ms, rows.requests],
-                |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
+                |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)),
             )?;
             let foreign: Option<(String, String)> = conn
                 .query_row(
@@ -356,6 +363,7 @@ impl ReleaseStore {
                 requests: requests.max(0) as u64,
                 errors: errors.max(0) as u64,
                 broken: broken.max(0) as u64,
+                fallbacks: fallbacks.max(0) as u64,
                 foreign_identity: foreign.map(|(e, a)| format!("engine {e}, artifact {a}")),
             })
         })

@@ -37,6 +37,11 @@ pub struct Evidence {
     /// The primary's live requests and failures in the same window.
     pub primary_requests: u64,
     pub primary_errors: u64,
+    /// Requests of each side that its backend never took (passed over as down, unreachable or
+    /// not ready) and another backend served: evidence for neither side, so counted in none of
+    /// the above, only here.
+    pub candidate_fallbacks: u64,
+    pub primary_fallbacks: u64,
     /// The worst warm ratio of the candidate's speed to the primary's (above 1 is slower),
     /// with what it measures; none until a group has enough repetitions.
     pub worst_ratio: Option<(f64, String)>,
@@ -210,6 +215,15 @@ fn enough(step: &Step, ev: &Evidence) -> Decision {
             "needs {} more of its minimum duration",
             duration((min_duration - ev.elapsed_s) as f64)
         ));
+    }
+    if !missing.is_empty() {
+        let fell_back = |n: u64, side: &str| {
+            (n > 0).then(|| {
+                format!("{n} of the {side}'s requests fell back to another backend and count for neither side")
+            })
+        };
+        missing.extend(fell_back(ev.candidate_fallbacks, "candidate"));
+        missing.extend(fell_back(ev.primary_fallbacks, "primary"));
     }
     if missing.is_empty() {
         Decision::Advance

@@ -344,3 +344,37 @@ fn a_tolerance_accepts_a_few_differing_pairs_until_the_evidence_says_there_are_t
     };
     assert_eq!(bad.problems()[0].0, "tolerance.max_mismatch_share");
 }
+
+#[test]
+fn fallbacks_count_for_neither_side_and_the_hold_says_how_many_there_were() {
+    let plan = Plan::standard();
+    // The candidate's side fell back to the primary for every request since the candidate
+    // served its few: neither an error of the candidate's nor a request it served.
+    let ev = Evidence {
+        elapsed_s: 60,
+        candidate_requests: 3,
+        primary_requests: 40,
+        candidate_fallbacks: 12,
+        primary_fallbacks: 1,
+        ..Evidence::default()
+    };
+    let Decision::Hold { waiting_for } = decide(&plan, &live(25, 10), &ev) else {
+        panic!("held: {:?}", decide(&plan, &live(25, 10), &ev))
+    };
+    assert!(
+        waiting_for.starts_with("needs 7 more requests served by the candidate"),
+        "{waiting_for}"
+    );
+    assert!(
+        waiting_for.ends_with(
+            "; 12 of the candidate's requests fell back to another backend and count for neither side; 1 of the primary's requests fell back to another backend and count for neither side"
+        ),
+        "{waiting_for}"
+    );
+    // Enough served by the candidate: fallbacks hold nothing back.
+    let enough = Evidence {
+        candidate_requests: 10,
+        ..ev
+    };
+    assert_eq!(decide(&plan, &live(25, 10), &enough), Decision::Advance);
+}

@@ -27,10 +27,12 @@ use crate::forward::Outgoing;
 use crate::recording::Recorder;
 
 mod run;
+mod skip;
 pub mod suite;
 
-pub(crate) use run::{run_on, Candidate, Skip, Target, Ticket};
+pub(crate) use run::{run_on, Candidate, Target, Ticket};
 use run::{Planned, PlannedJob, ShadowJob};
+pub(crate) use skip::Skip;
 
 /// The shadows' tasks and what they share. The pools (one per shadowed model) belong to the
 /// live snapshot, which keeps a model's pool across reloads for as long as its size stays.
@@ -188,16 +190,17 @@ impl Shadowing {
         self.tasks.spawn(async move {
             let _permit = permit;
             let candidate = tokio::select! {
-                side = job.run_candidate() => Some(side),
+                ran = job.run_candidate() => Some(ran),
                 _ = stop.cancelled() => None,
             };
             let c = &job.comparison;
-            match (candidate, rx.await) {
-                (Some(candidate), Ok(primary)) => c.finish(primary, Some(candidate), None),
-                (None, Ok(primary)) => c.finish(primary, None, Some(Skip::ShuttingDown)),
+            match rx.await {
+                // A primary that fell back to this copy's own target is recorded as a skip here:
+                // the copy was already under way when the request was routed.
+                Ok(primary) => c.settle(primary, candidate),
                 // The primary's record is always written, so its outcome always arrives; if the
                 // process is going down first, nothing remains to compare against.
-                (_, Err(_)) => tracing::warn!(
+                Err(_) => tracing::warn!(
                     model = %c.plan.model,
                     candidate = %c.plan.candidate,
                     "shadow comparison lost: the primary's outcome never arrived"

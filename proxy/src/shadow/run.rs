@@ -8,7 +8,6 @@ use std::time::Instant;
 use http::HeaderValue;
 use http_body_util::BodyExt;
 use switchyard_adapters::fingerprint::WorkloadFingerprint;
-use switchyard_adapters::Endpoint;
 use switchyard_engine::Backend;
 use switchyard_policy::compare::{judge, Pair, Side, Verdict};
 use switchyard_policy::ShadowWhen;
@@ -18,8 +17,8 @@ use tower::ServiceExt as _;
 
 use crate::forward::{Attempt, BackendStack, Ctx, Outgoing};
 use crate::recording::{Hook, Recorder, Recording};
-use switchyard_observe::ledger::SkipKind;
 
+use super::skip::{not_ready, Skip};
 use super::{Pool, Shadowing};
 
 /// A sampled request's shadow, by mode.
@@ -53,6 +52,9 @@ impl Ticket {
                 let Some(fingerprint) = record.fingerprint.as_ref() else {
                     return plan.lost("the primary's record has no fingerprint");
                 };
+                if plan.served_by_target(record.backend.as_deref()) {
+                    return plan.skipped(record, Skip::ServedByTarget);
+                }
                 if record.failed() {
                     // Nothing to compare against: recorded as such, without loading the candidate.
                     plan.comparison(fingerprint.clone())
@@ -78,50 +80,16 @@ impl Ticket {
                     outgoing,
                 };
                 tasks.spawn(async move {
-                    let _permit = permit;
-                    let c = &job.comparison;
-                    tokio::select! {
-                        candidate = job.run_candidate() => c.finish(primary, Some(candidate), None),
-                        _ = stop.cancelled() => c.finish(primary, None, Some(Skip::ShuttingDown)),
-                    }
+                    let candidate = tokio::select! {
+                        ran = job.run_candidate() => Some(ran),
+                        _ = stop.cancelled() => None,
+                    };
+                    // The pool bounds the copies under way on the candidate: this one's place is
+                    // free before its pair is recorded, so that whoever waits for the record
+                    // (the next sampled request of a client that waited for it) finds it free.
+                    drop(permit);
+                    job.comparison.settle(primary, candidate);
                 });
-            }
-        }
-    }
-}
-
-/// Why a sampled request was not shadowed.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Skip {
-    /// The model's pool had no room: when the primary finished (`after-primary`), or when the
-    /// request arrived (`concurrent`).
-    PoolFull,
-    ShuttingDown,
-    /// The endpoint's answers are not compared: outputs are compared as generated text in
-    /// OpenAI's `choices` (chat and text completions) only.
-    NotCompared(Endpoint),
-    /// The candidate is a managed engine that is not running: a shadow never starts (or, in a
-    /// swap group, evicts) an engine.
-    EngineNotRunning,
-}
-
-impl Skip {
-    /// Why, after `shadow skipped: `.
-    fn why(self) -> &'static str {
-        match self {
-            Self::PoolFull => "pool full",
-            Self::ShuttingDown => "shutting down",
-            Self::NotCompared(endpoint) => match endpoint {
-                Endpoint::Embeddings => "embeddings are not compared",
-                Endpoint::Responses => "/v1/responses answers are not compared",
-                Endpoint::Messages => "/v1/messages answers are not compared",
-                Endpoint::CountTokens => "/v1/messages/count_tokens answers are not compared",
-                Endpoint::Rerank => "/v1/rerank answers are not compared",
-                Endpoint::Infill => "/infill answers are not compared",
-                Endpoint::ChatCompletions | Endpoint::Completions => "not compared",
-            },
-            Self::EngineNotRunning => {
-                "the candidate's engine is not running, and a shadow never starts one"
             }
         }
     }
@@ -190,58 +158,10 @@ impl Planned {
         );
     }
 
-    /// Records a sampled request whose shadow never ran: counted, and in the ledger by kind.
-    /// Skips for a full pool come in bursts as long as the candidate is slower than the traffic:
-    /// the log gets the first and then every power of two, with the count so far.
-    pub(super) fn skipped(self, primary: &RequestRecord, skip: Skip) {
-        let Some(fingerprint) = primary.fingerprint.as_ref() else {
-            return self.lost("the primary's record has no fingerprint");
-        };
-        let shadowing = &self.shadowing;
-        let reason: Arc<str> = match skip {
-            Skip::PoolFull => self.pool.full.clone(),
-            _ => format!("shadow skipped: {}", skip.why()).into(),
-        };
-        // Skips for want of room (a full pool, a candidate engine not running) are counted in
-        // switchyard_shadow_skipped_total.
-        let pool_full = matches!(skip, Skip::PoolFull | Skip::EngineNotRunning);
-        let recorder = &shadowing.recorder;
-        let skipped_so_far = recorder.metrics.observe_comparison(
-            &self.model,
-            &self.candidate,
-            Verdict::Incomparable,
-            pool_full,
-        );
-        if !pool_full || skipped_so_far.is_power_of_two() {
-            tracing::info!(
-                target: "switchyard::comparison",
-                source = "shadow",
-                model = %self.model,
-                candidate = %self.candidate,
-                primary_request_id = %primary.id,
-                skipped = pool_full.then_some(skipped_so_far),
-                "{reason}{}",
-                if pool_full {
-                    " (each skip is in the ledger and in switchyard_shadow_skipped_total)"
-                } else {
-                    ""
-                },
-            );
-        }
-        recorder.skipped(SkipKind {
-            model: &self.model,
-            mode: self.when.as_str(),
-            workload: &fingerprint.workload,
-            sampling: &fingerprint.sampling,
-            sampling_json: &fingerprint.sampling_json,
-            streamed: self.streamed,
-            reason: &reason,
-            primary_backend: primary.backend.as_ref(),
-            primary_engine: primary.engine.as_deref(),
-            primary_artifact: primary.artifact.as_deref(),
-            primary_warm: primary.warm,
-        });
-        shadowing.recorded.send_modify(|n| *n += 1);
+    /// Whether the request was served by (fell back to) the copy's own target, by the name
+    /// of the backend that served it.
+    pub(super) fn served_by_target(&self, served_by: Option<&str>) -> bool {
+        served_by == Some(&*self.target.backend.name)
     }
 }
 
@@ -262,7 +182,7 @@ pub(super) struct ShadowJob {
 
 impl ShadowJob {
     /// Sends the copy to the candidate and reads its answer to the end.
-    pub(super) async fn run_candidate(&self) -> Side {
+    pub(super) async fn run_candidate(&self) -> Ran {
         let c = &self.comparison;
         run_on(
             &c.plan.shadowing.recorder,
@@ -289,6 +209,24 @@ impl Comparison {
         )
     }
 
+    /// Records a shadow that started, once both sides are done (`candidate`: None when it was
+    /// cancelled at shutdown). A primary served by the copy's own target (it fell back to it) and
+    /// a copy the candidate refused unsent for want of readiness are skips: neither is a pair,
+    /// nor the candidate's error. Anything else is judged.
+    pub(super) fn settle(&self, primary: Side, candidate: Option<Ran>) {
+        if self.plan.served_by_target(Some(&primary.backend)) {
+            return self.skipped(&primary, Skip::ServedByTarget);
+        }
+        match candidate {
+            None => self.finish(primary, None, Some(Skip::ShuttingDown)),
+            Some(Ran {
+                not_ready: Some(code),
+                ..
+            }) => self.skipped(&primary, Skip::NotReady(code)),
+            Some(ran) => self.finish(primary, Some(ran.side), None),
+        }
+    }
+
     /// Judges and records a comparison whose candidate ran (or was cancelled at shutdown).
     pub(super) fn finish(
         &self,
@@ -300,11 +238,12 @@ impl Comparison {
         if let Some(c) = candidate.as_mut() {
             c.in_flight = self.in_flight.1;
         }
+        let skipped = skip.map(|s| s.why(&self.plan.candidate));
         let (verdict, reason) = judge(
             &primary,
             candidate.as_ref(),
             self.fingerprint.deterministic,
-            skip.map(Skip::why),
+            skipped.as_deref(),
         );
         // The answers' texts are kept only where they differ, and only so many times.
         let keep = verdict == Verdict::Mismatch && self.plan.shadowing.keep_texts();
@@ -339,8 +278,17 @@ impl Comparison {
     }
 }
 
+/// A request [`run_on`] ran: its side, as its record has it, and, when the backend refused it
+/// before anything was sent because it was not ready for it, the refusal's code
+/// ([`super::skip::not_ready`]).
+pub(crate) struct Ran {
+    pub(crate) side: Side,
+    pub(crate) not_ready: Option<&'static str>,
+}
+
 /// Runs one request on `candidate` as its own recorded request (variant `variant`), reads the
-/// answer to its end, and returns the outcome. Used by shadows and by `switchyard compare`.
+/// answer to its end, and returns the outcome. Used by shadows, golden probes and
+/// `switchyard compare`.
 #[allow(clippy::too_many_arguments)]
 pub(crate) async fn run_on(
     recorder: &Arc<Recorder>,
@@ -351,7 +299,7 @@ pub(crate) async fn run_on(
     fingerprint: &WorkloadFingerprint,
     streamed: bool,
     warm: Option<bool>,
-) -> Side {
+) -> Ran {
     let id = ulid::Ulid::new().to_string();
     let header_id = HeaderValue::from_str(&id).unwrap_or(HeaderValue::from_static("shadow"));
     let mut record = RequestRecord::new(
@@ -370,6 +318,7 @@ pub(crate) async fn run_on(
     }));
     let ctx = Ctx::new(recording, header_id, outgoing.endpoint);
     let attempt = Attempt::new(ctx, outgoing.clone(), variant);
+    let mut refused = None;
     match candidate.stack.clone().oneshot(attempt).await {
         Ok(response) => {
             // A streamed answer's record is written when its body ends; read it to the end.
@@ -381,12 +330,17 @@ pub(crate) async fn run_on(
             }
         }
         Err(failed) => {
+            refused = not_ready(&failed.error);
             let _ = failed.into_response();
         }
     }
-    rx.await.unwrap_or_else(|_| Side {
+    let side = rx.await.unwrap_or_else(|_| Side {
         backend: candidate.backend.name.to_string(),
         error: Some("the request's record was not written".to_owned()),
         ..Side::default()
-    })
+    });
+    Ran {
+        side,
+        not_ready: refused,
+    }
 }

@@ -9,7 +9,7 @@ use bytes::Bytes;
 use serde_json::Value;
 use switchyard_policy::compare::{judge, Pair, Side, Verdict};
 
-use super::{run_on, Candidate};
+use super::{run_on, Candidate, Skip};
 use crate::forward::Outgoing;
 use crate::recording::Recorder;
 
@@ -93,12 +93,13 @@ pub(crate) async fn run_pair(
     let model: Arc<str> = Arc::from(model.as_str());
     let outgoing = Arc::new(outgoing);
     let mut sides: Vec<Side> = Vec::with_capacity(2);
-    for backend in [primary, candidate] {
+    let mut skipped = None;
+    for (backend, is_candidate) in [(primary, false), (candidate, true)] {
         if sides.first().is_some_and(|p| p.failure().is_some()) {
             // Nothing to compare against: the pair is judged `primary failed`.
             break;
         }
-        let side = run_on(
+        let ran = run_on(
             recorder,
             backend,
             source,
@@ -109,7 +110,12 @@ pub(crate) async fn run_pair(
             warm,
         )
         .await;
-        sides.push(side);
+        // A candidate not ready for the request was sent nothing: no answer, and no error of
+        // its own (the primary's refusal stays its failure: nothing to compare against).
+        match ran.not_ready.filter(|_| is_candidate) {
+            Some(code) => skipped = Some(Skip::NotReady(code).why(&backend.backend.name)),
+            None => sides.push(ran.side),
+        }
     }
     let candidate_side = if sides.len() == 2 { sides.pop() } else { None };
     let Some(primary_side) = sides.pop() else {
@@ -119,7 +125,7 @@ pub(crate) async fn run_pair(
         &primary_side,
         candidate_side.as_ref(),
         fingerprint.deterministic,
-        None,
+        skipped.as_deref(),
     );
     // The answers' texts are kept only where they differ.
     let (mut primary_side, mut candidate_side) = (primary_side, candidate_side);

@@ -194,6 +194,8 @@ pub(crate) fn evidence_json(e: &Evidence, observed: &Observed) -> String {
         "candidate_down": e.candidate_down,
         "primary_requests": e.primary_requests,
         "primary_errors": e.primary_errors,
+        "candidate_fallbacks": e.candidate_fallbacks,
+        "primary_fallbacks": e.primary_fallbacks,
         "worst_ratio": e.worst_ratio,
         "promote_requested": e.promote_requested,
     })
@@ -299,6 +301,8 @@ pub(crate) fn count(
         candidate_broken: candidate.broken,
         primary_requests: primary.requests,
         primary_errors: primary.errors,
+        candidate_fallbacks: candidate.fallbacks,
+        primary_fallbacks: primary.fallbacks,
         promote_requested: release.promote_requested,
         candidate_down: observed.candidate_down.clone(),
         ..Evidence::default()
