@@ -86,11 +86,6 @@ impl Skip {
 pub(crate) fn not_ready(error: &ProxyError) -> Option<&'static str> {
     match error {
         ProxyError::EngineUnavailable { code, .. } => Some(*code),
-        ProxyError::UpstreamUnreachable { why, .. }
-            if why.contains("has not reported its served model id yet") =>
-        {
-            Some("backend_not_ready")
-        }
         _ => None,
     }
 }

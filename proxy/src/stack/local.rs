@@ -73,10 +73,13 @@ impl Router {
         }
     }
 
-    /// `/readyz`: every backend's state, and 503 when some model has no ready primary. A
-    /// primary is ready once it was probed ready and its identity is settled (artifact and
-    /// binary hashed), so that no answer after the first 200 is stamped `unknown` for want of
-    /// a digest.
+    /// `/readyz`: every backend's state, each model's backends by role (primary, fallback,
+    /// shadow, release candidate), and 503 while some model has no ready primary or some
+    /// backend a model uses has not been probed yet. A primary is ready once it was probed
+    /// ready and its identity is settled (artifact and binary hashed), so that no answer after
+    /// the first 200 is stamped `unknown` for want of a digest. A shadow or candidate found
+    /// down does not make Switchyard unready (clients never depend on it); one not yet probed
+    /// does, so that nothing is copied to a backend Switchyard knows nothing of yet.
     pub(crate) fn readyz(&self) -> Response<ProxyBody> {
         let state = self.routing.live.load();
         let mut backends = Map::new();
@@ -99,13 +102,33 @@ impl Router {
                             matches!(m.status().phase, Phase::Stopped | Phase::Starting)
                         }))
             });
+            let release = state.releases.get(name);
+            let uses = std::iter::once(("primary", &route.primary))
+                .chain(route.fallback.iter().map(|b| ("fallback", b)))
+                .chain(route.shadow.as_ref().map(|s| ("shadow", &s.backend)))
+                .chain(release.map(|r| ("candidate", &r.candidate)));
+            let mut used = Vec::new();
+            for (role, backend) in uses {
+                let Some(b) = state.backends.get(backend) else {
+                    continue;
+                };
+                let probed = b.state().report.is_some() || b.managed.is_some();
+                ready &= probed;
+                used.push(serde_json::json!({
+                    "backend": &**backend,
+                    "role": role,
+                    "state": b.state().health().state(),
+                    "probed": probed,
+                }));
+            }
             ready &= primary_ready;
             models.insert(
                 name.to_string(),
                 serde_json::json!({
                     "primary": &*route.primary,
                     "ready": primary_ready,
-                    "release": state.releases.get(name).map(|r| serde_json::json!({
+                    "backends": used,
+                    "release": release.map(|r| serde_json::json!({
                         "id": &*r.id,
                         "candidate": &*r.candidate,
                         "weight": r.weight,

@@ -58,6 +58,10 @@ pub enum Fault {
     HeadThenNothing,
     /// Streams never end: a token every `token_ms` (at least every 10 ms), for ever.
     Endless,
+    /// A connection answers only its first request: the next one sent on it is read, and the
+    /// connection closed without a byte of answer (as an engine that had closed a kept-alive
+    /// connection before the request reached it).
+    CloseOnReuse,
 }
 
 /// Something the fake engine did, with when it did it.

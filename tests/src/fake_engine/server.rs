@@ -3,7 +3,6 @@
 //! with the response helpers
 //! and the guard that reports a client leaving early.
 
-use std::convert::Infallible;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
@@ -78,9 +77,17 @@ pub(super) async fn accept_loop(
         let shared = shared.clone();
         let stop = stop.clone();
         tasks.spawn(async move {
+            let requests = Arc::new(AtomicU64::new(0));
             let service = service_fn(move |req| {
                 let shared = shared.clone();
-                async move { Ok::<_, Infallible>(route(shared, req).await) }
+                let before = requests.fetch_add(1, Ordering::Relaxed);
+                async move {
+                    if before > 0 && shared.fault() == Fault::CloseOnReuse {
+                        // An error from the service ends the connection without an answer.
+                        return Err(std::io::Error::other("closed on reuse"));
+                    }
+                    Ok(route(shared, req).await)
+                }
             });
             let builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
             let conn = builder.serve_connection(TokioIo::new(stream), service);
