@@ -281,12 +281,12 @@ async fn a_connection_is_reused_until_the_server_says_it_closes_it() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_connection_idle_past_the_deadline_is_not_reused() {
     let (base, seen) = server(Behaviour::KeepOpen("")).await;
-    let client = Client::new(Config::idle(Duration::from_millis(50)));
+    let client = Client::new(Config::idle(Duration::from_millis(200)));
     assert_eq!(post(&client, &base, "first").await.unwrap().0, 200);
     assert_eq!(post(&client, &base, "at once").await.unwrap().0, 200);
     assert_eq!(seen.counts().0, 1);
     // Waiting out a deadline, not waiting for an event.
-    tokio::time::sleep(Duration::from_millis(80)).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
     assert_eq!(
         post(&client, &base, "after the deadline").await.unwrap().0,
         200
