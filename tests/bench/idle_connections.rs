@@ -18,7 +18,8 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
 use clap::Parser;
-use switchyard_tests::bench::{client, launch, metric, metrics_text, percentile, vm_rss_kib};
+use switchyard_tests::bench::{launch, metric, metrics_text, percentile, vm_rss_kib};
+use switchyard_tests::client::{Client, Config};
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 use tokio::net::TcpStream;
 
@@ -87,7 +88,12 @@ async fn main() -> anyhow::Result<()> {
     let (switchyard, base) = launch(c, "switchyard")?;
     let pid = switchyard.pid();
     let addr = base.trim_start_matches("http://").to_owned();
-    let scrape = client(1);
+    // The scrapes' own connection waits idle while the connections under test do, and Switchyard
+    // closes it on the same timeout: it is reused only well within that timeout.
+    let scrape = Client::new(Config {
+        idle: Duration::from_millis(args.idle_ms) / 2,
+        max_idle: 1,
+    });
 
     // Warm: a few requests served, and their connections closed, before the first reading.
     for _ in 0..100 {
@@ -182,5 +188,6 @@ async fn main() -> anyhow::Result<()> {
         after_answer.last().copied().unwrap_or(f64::NAN),
         all_closed_in.as_secs_f64()
     )?;
+    writeln!(out, "metrics scrapes: {}", scrape.retries())?;
     Ok(())
 }

@@ -254,11 +254,14 @@ async fn main() -> anyhow::Result<()> {
             }
         )?;
     }
+    let retries = client.retries();
+    writeln!(out, "\nload generator: {retries}")?;
     if let Some(path) = args.json {
         std::fs::write(
             path,
             serde_json::to_string_pretty(&json!({"rows": rows, "summary": summary,
-                "ledger": {"written": written, "dropped": dropped}}))?,
+                "ledger": {"written": written, "dropped": dropped},
+                "client_retries": {"unsent": retries.unsent, "closed": retries.closed}}))?,
         )?;
     }
     Ok(())

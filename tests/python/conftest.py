@@ -41,6 +41,8 @@ STOP_TIMEOUT_S = 10.0
 READY_POLL_S = 0.05
 #: Timeout for every client request in the suite.
 REQUEST_TIMEOUT_S = 15.0
+#: How long a raw HTTP client (http_client) keeps an idle connection before closing it.
+KEEPALIVE_EXPIRY_S = 1.0
 
 BACKEND = "fake"
 MODEL = "smollm2"
@@ -192,6 +194,22 @@ class Proc:
 ADDRESS = r"(http://127\.0\.0\.1:\d+)"
 
 
+def http_client(**kwargs) -> httpx.Client:  # noqa: ANN003
+    """An httpx client for the tests' loopback servers, without HTTP(S)_PROXY from the
+    environment, that closes a connection idle for KEEPALIVE_EXPIRY_S rather than reuse it.
+
+    httpx never sends a request again once it was written, so a request sent on a connection
+    the server closes at that moment fails. Switchyard's engine client and the Rust tests'
+    client (tests/src/client) send such a request again; here the connection is never that old:
+    1 s is below every idle timeout the tests meet (Switchyard's client_idle_timeout_ms, 30 s by
+    default; llama-server's keep-alive, 5 s, which is also httpx's default expiry, so a
+    connection idle for just under 5 s could be reused as llama-server closes it; mlx_lm.server
+    answers HTTP/1.0 and closes every connection itself). The SDK clients send max_retries=0
+    (test_retries.py counts the SDK's own), so no retry hides a failure either.
+    """
+    return httpx.Client(limits=httpx.Limits(keepalive_expiry=KEEPALIVE_EXPIRY_S), trust_env=False, **kwargs)
+
+
 @dataclass
 class Stack:
     """A running fake engine with a Switchyard in front of it."""
@@ -215,7 +233,7 @@ class Stack:
         )
 
     def http(self) -> httpx.Client:
-        return httpx.Client(base_url=self.url, timeout=REQUEST_TIMEOUT_S, trust_env=False)
+        return http_client(base_url=self.url, timeout=REQUEST_TIMEOUT_S)
 
 
 def write_config(path: Path, engine_url: str, artifact: Path) -> None:
@@ -245,7 +263,7 @@ def wait_ready(stack_url: str, proc: Proc, timeout: float = READY_TIMEOUT_S) -> 
     """Polls `/readyz` until Switchyard is ready and the backend's identity is verified."""
     deadline = time.monotonic() + timeout
     last = "no answer yet"
-    with httpx.Client(base_url=stack_url, timeout=2.0, trust_env=False) as http:
+    with http_client(base_url=stack_url, timeout=2.0) as http:
         while time.monotonic() < deadline:
             if proc.popen.poll() is not None:
                 raise StartupError("switchyard exited while waiting for /readyz; " + proc.describe())

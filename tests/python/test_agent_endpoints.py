@@ -23,6 +23,7 @@ import httpx2
 import openai
 import pytest
 
+from conftest import http_client
 from test_real_engines import (  # noqa: F401 - the fixtures are used by name
     MAX_TOKENS,
     PROMPT,
@@ -230,7 +231,7 @@ def test_the_anthropic_sdk_reads_switchyards_errors(proxy: Proxy) -> None:
 def test_rerank_and_infill_reach_llama_server(proxy: Proxy) -> None:
     """Passed through and stamped; this llama-server runs without `--reranking` and SmolLM2 has
     no fill-in-the-middle tokens, so the engine's own refusal (501) is what comes back."""
-    with httpx.Client(base_url=proxy.url, timeout=REQUEST_TIMEOUT_S, trust_env=False) as http:
+    with http_client(base_url=proxy.url, timeout=REQUEST_TIMEOUT_S) as http:
         for path, body in [
             ("/v1/rerank", {"model": "smollm2", "query": "capital of France", "documents": ["Paris", "Lyon"]}),
             ("/infill", {"model": "smollm2", "input_prefix": "def add(a, b):\n", "input_suffix": "\n"}),
@@ -252,7 +253,7 @@ def test_the_paths_without_v1_with_the_openai_sdk(engines: Engines, proxy: Proxy
 def test_a_request_without_model_goes_to_the_default(engines: Engines, tmp_path: Path) -> None:
     config = base_config(engines).replace("[server]\n", '[server]\ndefault_model = "smollm2"\n', 1)
     with start_switchyard(tmp_path, config, identities_known) as p:
-        with httpx.Client(base_url=p.url, timeout=REQUEST_TIMEOUT_S, trust_env=False) as http:
+        with http_client(base_url=p.url, timeout=REQUEST_TIMEOUT_S) as http:
             r = http.post("/v1/chat/completions", json={"messages": PROMPT, "temperature": 0, "max_tokens": 4})
             assert r.status_code == 200, r.text
             assert r.headers["x-switchyard-model-defaulted"] == "true"

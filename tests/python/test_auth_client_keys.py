@@ -14,7 +14,7 @@ import httpx
 import openai
 import pytest
 
-from conftest import ADDRESS, MODEL, READY_POLL_S, READY_TIMEOUT_S, REQUEST_TIMEOUT_S, Proc, binary, child_env
+from conftest import ADDRESS, MODEL, READY_POLL_S, READY_TIMEOUT_S, REQUEST_TIMEOUT_S, Proc, binary, child_env, http_client
 
 
 @contextlib.contextmanager
@@ -59,7 +59,7 @@ primary = "fake"
         cleanup.callback(proxy.stop)
         url = proxy.wait_for_line(r"switchyard listening on " + ADDRESS).group(1)
         deadline = time.monotonic() + READY_TIMEOUT_S
-        with httpx.Client(base_url=url, timeout=2.0, trust_env=False) as http:
+        with http_client(base_url=url, timeout=2.0) as http:
             while http.get("/readyz", headers={"authorization": f"Bearer {key}"}).json().get("ready") is not True:
                 assert time.monotonic() < deadline, "not ready: " + proxy.describe()
                 time.sleep(READY_POLL_S)

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import httpx
 
-from conftest import ADDRESS, Proc, binary, child_env
+from conftest import ADDRESS, Proc, binary, child_env, http_client
 from test_real_engines import free_port, poll
 from ui_check import console_problems, run_check
 
@@ -93,7 +93,7 @@ steps = [{{ step = "live", weight = 25, min_requests = 100000 }}]
         procs.append(switchyard)
         client = switchyard.wait_for_line(r"switchyard listening on " + ADDRESS).group(1)
         auth = {"authorization": f"Bearer {token}"}
-        with httpx.Client(timeout=10.0, trust_env=False) as http:
+        with http_client(timeout=10.0) as http:
             poll("switchyard", lambda: all(b.get("identity") == "verified" for b in http.get(f"{client}/readyz").json()["backends"].values()), switchyard, timeout=20)
             started = http.post(f"{admin}/admin/releases", headers=auth, json={"model": "smollm2", "candidate": "c", "plan": "quarter"})
             assert started.status_code == 201, started.text

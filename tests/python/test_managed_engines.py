@@ -21,7 +21,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from conftest import Proc, StartupError, binary
+from conftest import Proc, StartupError, binary, http_client
 from test_real_engines import REQUEST_TIMEOUT_S, free_port, required_path, sha256_file
 
 #: A start of llama-server on SmolLM2-135M takes about a second here; MLX several.
@@ -120,7 +120,7 @@ primary = "{primary}"
     proc = Proc("switchyard", [str(binary("SWITCHYARD_BIN", "switchyard")), "serve", "--config", str(path)], workdir / "switchyard.log")
     try:
         url = proc.wait_for_line(r"switchyard listening on (http://127\.0\.0\.1:\d+)").group(1)
-        with httpx.Client(timeout=REQUEST_TIMEOUT_S, trust_env=False) as http:
+        with http_client(timeout=REQUEST_TIMEOUT_S) as http:
             yield Managed(url, f"http://{admin}", proc, http)
     finally:
         proc.stop()
@@ -301,7 +301,7 @@ def test_two_engines_in_one_swap_group_never_run_together(tmp_path: Path) -> Non
 
         def client(n: int) -> list[int]:
             codes = []
-            with httpx.Client(timeout=REQUEST_TIMEOUT_S, trust_env=False) as http:
+            with http_client(timeout=REQUEST_TIMEOUT_S) as http:
                 for i in range(n, 50, 4):
                     model = "smollm2" if i % 2 == 0 else "model-b"
                     r = http.post(f"{s.url}/v1/chat/completions", json={**CHAT, "model": model, "max_tokens": 4})

@@ -24,7 +24,7 @@ import httpx
 import openai
 import pytest
 
-from conftest import Proc, StartupError, binary
+from conftest import Proc, StartupError, binary, http_client
 
 #: Loading a model on these CPUs takes seconds; MLX converts nothing at start but is slower.
 ENGINE_READY_TIMEOUT_S = 120.0
@@ -130,7 +130,7 @@ def start_engines(workdir: Path) -> Iterator[Engines]:
         procs.append(mlx)
         llama_url = f"http://127.0.0.1:{llama_port}"
         mlx_url = f"http://127.0.0.1:{mlx_port}"
-        with httpx.Client(timeout=5.0) as http:
+        with http_client(timeout=5.0) as http:
             poll("llama-server", lambda: http.get(f"{llama_url}/health").status_code == 200, llama)
 
             def mlx_models():  # noqa: ANN202
@@ -166,7 +166,7 @@ def start_switchyard(workdir: Path, config: str, until) -> Iterator[Proxy]:  # n
     proc = Proc("switchyard", [str(binary("SWITCHYARD_BIN", "switchyard")), "serve", "--config", str(path)], workdir / "switchyard.log")
     try:
         url = proc.wait_for_line(r"switchyard listening on (http://127\.0\.0\.1:\d+)").group(1)
-        with httpx.Client(timeout=5.0) as http:
+        with http_client(timeout=5.0) as http:
             poll("switchyard", lambda: until(http.get(f"{url}/readyz").json()), proc)
         yield Proxy(url, proc)
     finally:
@@ -267,7 +267,7 @@ def test_mlx_identity_is_real_and_verified(engines: Engines, proxy: Proxy) -> No
 
 
 def test_llama_cpp_phases_are_its_timings(proxy: Proxy) -> None:
-    with httpx.Client(timeout=REQUEST_TIMEOUT_S) as http:
+    with http_client(timeout=REQUEST_TIMEOUT_S) as http:
         r = http.post(f"{proxy.url}/v1/chat/completions", json={"model": "smollm2", "messages": PROMPT, "temperature": 0, "max_tokens": MAX_TOKENS})
         assert r.status_code == 200
         timings = r.json()["timings"]
@@ -287,7 +287,7 @@ def test_llama_cpp_phases_are_its_timings(proxy: Proxy) -> None:
 
 
 def test_mlx_phases_are_measured_and_consistent(proxy: Proxy) -> None:
-    with httpx.Client(timeout=REQUEST_TIMEOUT_S) as http:
+    with http_client(timeout=REQUEST_TIMEOUT_S) as http:
         r = http.post(
             f"{proxy.url}/v1/chat/completions",
             json={"model": "smollm2-mlx", "messages": PROMPT, "temperature": 0, "max_tokens": MAX_TOKENS, "stream": True, "stream_options": {"include_usage": True}},
@@ -358,7 +358,7 @@ primary = "lenient"
         return all(v.get("backends", {}).get(n, {}).get("identity") == "unverified" for n in ("strict", "lenient"))
 
     with start_switchyard(tmp_path, config, hashed) as p:
-        with httpx.Client(timeout=REQUEST_TIMEOUT_S) as http:
+        with http_client(timeout=REQUEST_TIMEOUT_S) as http:
             readyz = http.get(f"{p.url}/readyz").json()
             assert str(engines.gguf.name) in readyz["backends"]["strict"]["identity_note"]
             body = {"messages": PROMPT, "temperature": 0, "max_tokens": 4}
@@ -391,7 +391,7 @@ def test_the_ledger_records_what_the_responses_carried(engines: Engines, tmp_pat
     config = base_config(engines) + f'\n[ledger]\npath = "{db}"\n'
     seen: dict[str, dict] = {}
     with start_switchyard(tmp_path, config, identities_known) as p:
-        with httpx.Client(timeout=REQUEST_TIMEOUT_S) as http:
+        with http_client(timeout=REQUEST_TIMEOUT_S) as http:
             for model in ("smollm2", "smollm2-mlx"):
                 for stream in (False, True):
                     body = {"model": model, "messages": PROMPT, "temperature": 0, "max_tokens": 6, "stream": stream}
@@ -463,7 +463,7 @@ def test_a_llama_server_restarted_on_another_model_between_probes_is_caught_by_i
 
     def llama(name: str, *extra: str) -> Proc:
         proc = Proc(name, [str(engines.llama_bin), "-m", str(engines.gguf), "-c", "2048", "--host", "127.0.0.1", "--port", str(port), *extra], tmp_path / f"{name}.log")
-        with httpx.Client(timeout=5.0) as http:
+        with http_client(timeout=5.0) as http:
             poll(name, lambda: http.get(f"{url}/health").status_code == 200, proc)
         return proc
 
@@ -523,7 +523,7 @@ path = "{db}"
                 error = refused.value.response.json()["error"]
                 assert error["code"] == "identity_unverified"
                 assert "answered as model `smollm2-restarted`" in error["message"], error
-                with httpx.Client(timeout=5.0) as http:
+                with http_client(timeout=5.0) as http:
                     metrics = http.get(f"{p.url}/metrics").text
                 for backend in ("lenient", "strict"):
                     assert f'switchyard_identity_contradictions_total{{backend="{backend}"}} 1\n' in metrics
@@ -533,7 +533,7 @@ path = "{db}"
                         v["backends"][n].get("served_model") == "smollm2-restarted" for n in ("lenient", "strict")
                     )
 
-                with httpx.Client(timeout=5.0) as http:
+                with http_client(timeout=5.0) as http:
                     poll("the probe asked for", lambda: reprobed(http.get(f"{p.url}/readyz").json()), p.proc)
                 assert ask("strict", "after-probe").headers["x-switchyard-artifact"] == digest
             finally:
@@ -559,7 +559,7 @@ def test_admin_events_show_a_llama_server_going_down_and_up_again(engines: Engin
 
     def llama(name: str) -> Proc:
         proc = Proc(name, [str(engines.llama_bin), "-m", str(engines.gguf), "-c", "2048", "--host", "127.0.0.1", "--port", str(port)], tmp_path / f"{name}.log")
-        with httpx.Client(timeout=5.0) as http:
+        with http_client(timeout=5.0) as http:
             poll(name, lambda: http.get(f"{url}/health").status_code == 200, proc)
         return proc
 
@@ -623,7 +623,7 @@ def second_llama_server(e: Engines, workdir: Path, *extra: str) -> Iterator[str]
     )
     try:
         url = f"http://127.0.0.1:{port}"
-        with httpx.Client(timeout=5.0) as http:
+        with http_client(timeout=5.0) as http:
             poll("llama-server-2", lambda: http.get(f"{url}/health").status_code == 200, proc)
         yield url
     finally:
@@ -650,7 +650,7 @@ binary = "{e.llama_bin}"
 def wait_comparisons(proxy: Proxy, n: int) -> None:
     """Polls /metrics (no signal crosses the process boundary) until `n` comparisons are recorded."""
     def recorded() -> bool:
-        with httpx.Client(timeout=5.0) as http:
+        with http_client(timeout=5.0) as http:
             text = http.get(f"{proxy.url}/metrics").text
         total = sum(
             float(line.rsplit(" ", 1)[1])
@@ -797,7 +797,7 @@ evaluate_every_ms = 200
 steps = [{{ step = "shadow", min_pairs = 4 }}, {{ step = "gate" }}]
 """
     prompts = ["What is the capital of France? Answer in one sentence.", "Name three primary colors."]
-    with start_switchyard(tmp_path, config, identities_known) as p, httpx.Client(timeout=10.0) as http:
+    with start_switchyard(tmp_path, config, identities_known) as p, http_client(timeout=10.0) as http:
         started = http.post(f"http://{admin}/admin/releases", json={"model": "smollm2", "candidate": "mlx", "plan": "real"})
         assert started.status_code == 201, started.text
         rid = started.json()["id"]
@@ -917,7 +917,7 @@ primary = "llama"
             seen.append(http.get(f"{url}/readyz").status_code)
             return seen[-1] == 200
 
-        with httpx.Client(timeout=5.0) as http:
+        with http_client(timeout=5.0) as http:
             poll("switchyard's readiness", ready, proxy)
         assert 503 in seen, "ready before the engine could have loaded"
 
@@ -953,7 +953,7 @@ def test_init_writes_a_config_that_serves_both_engines(engines: Engines, tmp_pat
     proxy = Proc("switchyard", [str(binary("SWITCHYARD_BIN", "switchyard")), "serve", "--config", str(out), "--listen", "127.0.0.1:0"], tmp_path / "switchyard.log")
     try:
         url = proxy.wait_for_line(r"switchyard listening on (http://127\.0\.0\.1:\d+)").group(1)
-        with httpx.Client(timeout=REQUEST_TIMEOUT_S) as http:
+        with http_client(timeout=REQUEST_TIMEOUT_S) as http:
             poll("switchyard", lambda: http.get(f"{url}/readyz").status_code == 200, proxy)
             models = [m["id"] for m in http.get(f"{url}/v1/models").json()["data"]]
             assert len(models) == 2, models
@@ -985,7 +985,7 @@ def test_the_dashboard_shows_both_engines_their_phases_and_the_shadow_verdicts(e
     with start_switchyard(tmp_path, config, identities_known) as p:
         sent = shadowed_requests(p, ["What is the capital of France? Answer in one sentence."], 2, 8)
         p.client().chat.completions.create(model="smollm2-mlx", messages=PROMPT, temperature=0, max_tokens=8)
-        with httpx.Client(timeout=10.0, trust_env=False) as http:
+        with http_client(timeout=10.0) as http:
             # /metrics counts a comparison before the ledger's writer commits it: the page reads
             # the ledger, so wait until the admin API's answer has every pair.
             def pairs() -> bool:

@@ -2,7 +2,9 @@
 //! bench) and `switchyard-perf` (the side-by-side bench against nginx and LiteLLM).
 //!
 //! Servers run as separate processes on loopback; the load generator is one HTTP/1 client with
-//! keep-alive and `TCP_NODELAY`, like an agent's SDK. Latencies are client-side, in microseconds.
+//! keep-alive and `TCP_NODELAY`, like an agent's SDK, that sends a request again only when a
+//! reused connection failed it before any byte of the answer ([`crate::client`]); a benchmark
+//! prints how many it sent again. Latencies are client-side, in microseconds.
 
 use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
@@ -14,24 +16,21 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use anyhow::Context as _;
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
-use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::client::legacy::Client;
-use hyper_util::rt::TokioExecutor;
 
-/// The load generator's client.
-pub type BenchClient = Client<HttpConnector, Full<Bytes>>;
+use crate::client::{Client, Config};
+
+/// The load generator's client: the project's shared client and its rule for reusing
+/// connections ([`crate::client`]).
+pub type BenchClient = Client;
 
 /// A pooled keep-alive client keeping up to `max_idle` idle connections per host, each for at
 /// most 2 s: less than any target's keep-alive timeout (uvicorn's, under LiteLLM, is 5 s), so a
 /// round never sends on a connection its server is closing while the other targets ran.
 pub fn client(max_idle: usize) -> BenchClient {
-    let mut connector = HttpConnector::new();
-    connector.set_nodelay(true);
-    Client::builder(TokioExecutor::new())
-        .pool_max_idle_per_host(max_idle)
-        .pool_idle_timeout(std::time::Duration::from_secs(2))
-        .pool_timer(hyper_util::rt::TokioTimer::new())
-        .build(connector)
+    Client::new(Config {
+        idle: Duration::from_secs(2),
+        max_idle,
+    })
 }
 
 /// A child process, stopped when dropped: SIGTERM first (so a master process such as nginx's

@@ -1,16 +1,15 @@
-//! Running Switchyard in-process for tests, and a small HTTP client that records when each
-//! chunk arrived.
+//! Running Switchyard in-process or as a process for tests, and waiting for it; the HTTP client
+//! the tests use lives in [`crate::client`] and is re-exported here.
 
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use http::{HeaderMap, Request, StatusCode};
+use http::Request;
 use http_body_util::{BodyExt, Full};
-use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::client::legacy::Client;
-use hyper_util::rt::TokioExecutor;
 use serde_json::Value;
 use switchyard::{App, Running};
+
+pub use crate::client::{read_timed, TestClient, TestResponse, TimedChunk};
 
 /// The `switchyard` binary cargo built beside the running test (`target/<profile>/switchyard`).
 pub fn switchyard_bin() -> anyhow::Result<std::path::PathBuf> {
@@ -206,7 +205,7 @@ pub async fn start_switchyard_file(path: &std::path::Path) -> anyhow::Result<Run
 /// A reader of the admin API's event stream (`GET /admin/events`).
 #[derive(Debug)]
 pub struct AdminEvents {
-    body: hyper::body::Incoming,
+    body: crate::client::ClientBody,
     buffer: String,
 }
 
@@ -217,8 +216,7 @@ impl AdminEvents {
         if let Some(token) = token {
             request = request.header("authorization", format!("Bearer {token}"));
         }
-        let response = TestClient::new()
-            .client
+        let response = crate::client::Client::default()
             .request(request.body(Full::new(Bytes::new()))?)
             .await?;
         anyhow::ensure!(response.status() == 200, "events: {}", response.status());
@@ -326,156 +324,6 @@ pub async fn until(
         tokio::time::sleep(Duration::from_millis(1)).await;
     }
     Ok(())
-}
-
-/// A complete response.
-#[derive(Debug)]
-pub struct TestResponse {
-    pub status: StatusCode,
-    pub headers: HeaderMap,
-    pub body: Bytes,
-    pub trailers: Option<HeaderMap>,
-}
-
-impl TestResponse {
-    pub fn json(&self) -> Value {
-        serde_json::from_slice(&self.body).unwrap_or(Value::Null)
-    }
-
-    pub fn header(&self, name: &str) -> &str {
-        self.headers
-            .get(name)
-            .and_then(|v| v.to_str().ok())
-            .unwrap_or("")
-    }
-}
-
-/// A chunk of a streamed body and when it arrived.
-#[derive(Debug, Clone)]
-pub struct TimedChunk {
-    pub at: Instant,
-    pub bytes: Bytes,
-}
-
-/// A plain HTTP/1 client.
-#[derive(Debug, Clone)]
-pub struct TestClient {
-    client: Client<HttpConnector, Full<Bytes>>,
-}
-
-impl Default for TestClient {
-    fn default() -> Self {
-        Self::new()
-    }
-}
-
-impl TestClient {
-    pub fn new() -> Self {
-        let mut connector = HttpConnector::new();
-        connector.set_nodelay(true);
-        Self {
-            client: Client::builder(TokioExecutor::new()).build(connector),
-        }
-    }
-
-    pub async fn get(&self, url: &str) -> anyhow::Result<TestResponse> {
-        self.get_with(url, &[]).await
-    }
-
-    /// `get` with extra request headers.
-    pub async fn get_with(
-        &self,
-        url: &str,
-        headers: &[(&str, &str)],
-    ) -> anyhow::Result<TestResponse> {
-        let mut builder = Request::get(url);
-        for (k, v) in headers {
-            builder = builder.header(*k, *v);
-        }
-        self.send(builder.body(Full::new(Bytes::new()))?).await
-    }
-
-    pub async fn post_json(&self, url: &str, body: &Value) -> anyhow::Result<TestResponse> {
-        self.post_json_with(url, body, &[]).await
-    }
-
-    /// `post_json` with extra request headers.
-    pub async fn post_json_with(
-        &self,
-        url: &str,
-        body: &Value,
-        headers: &[(&str, &str)],
-    ) -> anyhow::Result<TestResponse> {
-        self.post_raw(
-            url,
-            "application/json",
-            body.to_string().into_bytes(),
-            headers,
-        )
-        .await
-    }
-
-    pub async fn post_raw(
-        &self,
-        url: &str,
-        content_type: &str,
-        body: Vec<u8>,
-        headers: &[(&str, &str)],
-    ) -> anyhow::Result<TestResponse> {
-        let mut builder = Request::post(url).header("content-type", content_type);
-        for (k, v) in headers {
-            builder = builder.header(*k, *v);
-        }
-        self.send(builder.body(Full::new(Bytes::from(body)))?).await
-    }
-
-    pub async fn send(&self, req: Request<Full<Bytes>>) -> anyhow::Result<TestResponse> {
-        let response = self.client.request(req).await?;
-        let (parts, body) = response.into_parts();
-        let collected = body.collect().await?;
-        let trailers = collected.trailers().cloned();
-        Ok(TestResponse {
-            status: parts.status,
-            headers: parts.headers,
-            body: collected.to_bytes(),
-            trailers,
-        })
-    }
-
-    /// Posts and returns the response head and its body, to be read chunk by chunk.
-    pub async fn post_stream(
-        &self,
-        url: &str,
-        body: &Value,
-        headers: &[(&str, &str)],
-    ) -> anyhow::Result<http::Response<hyper::body::Incoming>> {
-        let mut builder = Request::post(url).header("content-type", "application/json");
-        for (k, v) in headers {
-            builder = builder.header(*k, *v);
-        }
-        Ok(self
-            .client
-            .request(builder.body(Full::new(Bytes::from(body.to_string())))?)
-            .await?)
-    }
-}
-
-/// Reads a body to its end, stamping each data chunk with its arrival time; returns the chunks
-/// and the trailers, if any.
-pub async fn read_timed(
-    mut body: hyper::body::Incoming,
-) -> anyhow::Result<(Vec<TimedChunk>, Option<HeaderMap>)> {
-    let mut chunks = Vec::new();
-    let mut trailers = None;
-    while let Some(frame) = body.frame().await {
-        let frame = frame?;
-        let at = Instant::now();
-        match frame.into_data() {
-            Ok(bytes) => chunks.push(TimedChunk { at, bytes }),
-            Err(frame) => trailers = frame.into_trailers().ok(),
-        }
-    }
-    Ok((chunks, trailers))
 }
 
 /// The `dur` of a named metric in a `server-timing` value.

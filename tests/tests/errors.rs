@@ -6,6 +6,7 @@
 use std::time::Duration;
 
 use serde_json::{json, Value};
+use switchyard_tests::client::Config;
 use switchyard_tests::fake_engine::{FakeEngine, FakeEngineHandle, Fault};
 use switchyard_tests::harness::{start_switchyard, wait_ready, TestClient, TestResponse};
 
@@ -59,7 +60,8 @@ primary = "bad"
         _bad: bad,
         _proxy: proxy,
         base,
-        client: TestClient::new(),
+        // Idle connections kept below the 300 ms `client_idle_timeout_ms` some tests here set.
+        client: TestClient::with(Config::idle(Duration::from_millis(100))),
     }
 }
 

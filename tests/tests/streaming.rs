@@ -50,7 +50,7 @@ fn stream_request() -> serde_json::Value {
 
 /// Opens the stream of [`stream_request`] through the proxy at `base`: its `200` head read, the
 /// body to be read chunk by chunk.
-async fn open_stream(base: &str) -> hyper::body::Incoming {
+async fn open_stream(base: &str) -> switchyard_tests::client::ClientBody {
     let response = TestClient::new()
         .post_stream(
             &format!("{base}/v1/chat/completions"),

@@ -129,7 +129,11 @@ pub(super) async fn send(
         }
         None => Full::new(Bytes::new()),
     };
-    let client = Client::builder(TokioExecutor::new()).build_http();
+    // A connection per call, never kept for another: a command makes a handful of calls, and a
+    // connection kept between them could meet the server's idle timeout as the next goes out.
+    let client = Client::builder(TokioExecutor::new())
+        .pool_max_idle_per_host(0)
+        .build_http();
     match client.request(request.body(body)?).await {
         Ok(response) => Ok(Ok(response)),
         Err(e) => {

@@ -127,7 +127,11 @@ pub(super) async fn run(args: InitArgs) -> anyhow::Result<i32> {
 
 /// A GET with a short timeout: the status, the `Server` header and the body.
 async fn get(url: &str) -> Result<(u16, String, Bytes), String> {
-    let client = Client::builder(TokioExecutor::new()).build_http::<Empty<Bytes>>();
+    // A connection per GET, never kept for another: `init` asks each engine a few questions,
+    // and a connection kept between them could be closed by the engine as the next goes out.
+    let client = Client::builder(TokioExecutor::new())
+        .pool_max_idle_per_host(0)
+        .build_http::<Empty<Bytes>>();
     let uri: http::Uri = url.parse().map_err(|e| format!("{e}"))?;
     let asked = async {
         let response = client

@@ -245,10 +245,10 @@ async fn main() -> anyhow::Result<()> {
     let label = format!("Switchyard RSS, {} open streams MiB", args.open_streams);
     // A failure here is reported in the table rather than losing every other measure.
     match rss_with_open_streams(switchyard, switchyard_pid, args.open_streams).await {
-        Ok((rss_open, took)) => {
+        Ok((rss_open, took, retries)) => {
             report.memory(&label, rss_open);
             note(&format!(
-                "{} streams opened in {took:.2?}",
+                "{} streams opened in {took:.2?}; {retries}",
                 args.open_streams
             ));
         }
@@ -268,6 +268,7 @@ async fn main() -> anyhow::Result<()> {
         ),
         Err(e) => report.pending("Switchyard ledger records", &format!("failed: {e:#}")),
     }
+    report.text("Load generator", &client.retries().to_string());
 
     finish(&args, &report)?;
     for t in &mut targets {

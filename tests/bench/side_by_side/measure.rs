@@ -9,6 +9,7 @@ use bytes::Bytes;
 use http_body_util::BodyExt;
 use serde_json::json;
 use switchyard_tests::bench::{client, stream_once, vm_rss_kib, BenchClient, Sample};
+use switchyard_tests::client::Retries;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
@@ -102,12 +103,13 @@ pub(crate) async fn streams(
 }
 
 /// Opens `n` streams through Switchyard at once, waits until each has delivered its first chunk,
-/// reads Switchyard's resident set, then lets them all go.
+/// reads Switchyard's resident set, then lets them all go. Also says how many requests its client
+/// sent again on a new connection.
 pub(crate) async fn rss_with_open_streams(
     target: &Target,
     pid: u32,
     n: usize,
-) -> anyhow::Result<(u64, Duration)> {
+) -> anyhow::Result<(u64, Duration, Retries)> {
     let client = client(n);
     let url = target.chat_url(Engine::Hold);
     let release = CancellationToken::new();
@@ -173,7 +175,7 @@ pub(crate) async fn rss_with_open_streams(
     let rss = vm_rss_kib(pid)?;
     release.cancel();
     tasks.wait().await;
-    Ok((rss, took))
+    Ok((rss, took, client.retries()))
 }
 /// Waits until Switchyard's `/readyz` says every model is ready (an external process: polled).
 pub(crate) async fn wait_ready(client: &BenchClient, base: &str) -> anyhow::Result<()> {

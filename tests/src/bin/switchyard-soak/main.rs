@@ -253,6 +253,7 @@ async fn main() -> anyhow::Result<()> {
         say!("  - {kind:?}, {how}: {n}");
     }
     say!("- ended otherwise: {}", tally.unexpected.len());
+    say!("- load client: {}", client.retries());
     for what in tally.unexpected.iter().take(10) {
         say!("  - {what}");
     }
