@@ -37,9 +37,9 @@ impl Adapter for LlamaCpp {
         PROBES
     }
 
-    /// llama-server (cpp-httplib) ends a streamed answer by having its content provider report
-    /// that it is done, which httplib treats as the end of the connection: the last chunk is
-    /// followed by a close, though the head said `Keep-Alive: timeout=5`.
+    /// llama-server closes the connection right after a streamed answer's last chunk (the
+    /// chunk and the close arrive together), though the head said `Keep-Alive: timeout=5`;
+    /// after a whole answer it keeps the connection open as announced.
     fn closes_after_stream(&self) -> bool {
         true
     }
