@@ -72,7 +72,12 @@ async fn requests_on_connections_the_engine_closed_are_all_answered_and_counted(
     let n = 40;
     for i in 0..n {
         let response = client.post_json(&url, &chat(i % 4 == 3)).await.unwrap();
-        assert_eq!(response.status, 200, "request {i}: {}", String::from_utf8_lossy(&response.body));
+        assert_eq!(
+            response.status,
+            200,
+            "request {i}: {}",
+            String::from_utf8_lossy(&response.body)
+        );
         assert_eq!(response.header("x-switchyard-backend"), "b");
     }
     let unstreamed_after_unstreamed = (1..n).filter(|i| i % 4 != 3 && (i - 1) % 4 != 3).count();
@@ -101,7 +106,12 @@ async fn a_request_before_the_first_probe_waits_for_it() {
         .post_json(&format!("{base}/v1/chat/completions"), &chat(false))
         .await
         .unwrap();
-    assert_eq!(response.status, 200, "{}", String::from_utf8_lossy(&response.body));
+    assert_eq!(
+        response.status,
+        200,
+        "{}",
+        String::from_utf8_lossy(&response.body)
+    );
     let load = timing(response.header("server-timing"), "load").expect("a load phase");
     assert!(load > 0.0, "{load}");
 }
@@ -122,7 +132,12 @@ async fn a_request_while_the_engine_loads_waits_for_it() {
         .post_json(&format!("{base}/v1/chat/completions"), &chat(true))
         .await
         .unwrap();
-    assert_eq!(response.status, 200, "{}", String::from_utf8_lossy(&response.body));
+    assert_eq!(
+        response.status,
+        200,
+        "{}",
+        String::from_utf8_lossy(&response.body)
+    );
     assert!(timing(response.header("server-timing"), "load").is_some());
 }
 
@@ -145,7 +160,12 @@ async fn a_wait_past_its_bound_is_503_with_retry_after_and_nothing_sent() {
         .post_json(&format!("{base}/v1/chat/completions"), &chat(false))
         .await
         .unwrap();
-    assert_eq!(response.status, 503, "{}", String::from_utf8_lossy(&response.body));
+    assert_eq!(
+        response.status,
+        503,
+        "{}",
+        String::from_utf8_lossy(&response.body)
+    );
     assert_eq!(response.json()["error"]["code"], "backend_not_ready");
     assert_eq!(response.header("retry-after"), "1");
     assert_eq!(response.header("x-switchyard-backend"), "b");
@@ -178,7 +198,12 @@ primary = "b"
     let client = TestClient::new();
     let url = format!("http://{}/v1/chat/completions", proxy.addr());
     let first = client.post_json(&url, &chat(false)).await.unwrap();
-    assert_eq!(first.status, 200, "{}", String::from_utf8_lossy(&first.body));
+    assert_eq!(
+        first.status,
+        200,
+        "{}",
+        String::from_utf8_lossy(&first.body)
+    );
     let managed = proxy.state().backend("b").unwrap().managed.clone().unwrap();
     for round in 0..3 {
         let pid = managed.status().pid.expect("the engine runs");
@@ -199,4 +224,10 @@ primary = "b"
         assert!(timing(response.header("server-timing"), "load").is_some());
         assert_ne!(managed.status().pid, Some(pid), "a new process served it");
     }
+}
+
+#[test]
+fn every_retry_the_engine_client_reports_has_its_metric_series() {
+    let named = switchyard_engine::client::Retry::ALL.map(|r| r.as_str());
+    assert_eq!(named, switchyard_observe::metrics::RETRY_REASONS);
 }

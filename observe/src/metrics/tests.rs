@@ -440,6 +440,11 @@ const DOCUMENTED: &[(&str, &str, &[&str])] = &[
         "counter",
         &["backend", "reason"],
     ),
+    (
+        "switchyard_engine_retries_total",
+        "counter",
+        &["backend", "reason"],
+    ),
     ("switchyard_ledger_records_written_total", "counter", &[]),
     ("switchyard_ledger_records_dropped_total", "counter", &[]),
     (
@@ -520,6 +525,8 @@ fn every_family_is_written_as_documented() {
     accepted.inc();
     drop(m.auth_counter("", "missing"));
     m.ledger_written.inc_by(3);
+    m.engine_retry("llama", "closed");
+    m.engine_retry("llama", "elsewhere");
     let text = m.render_with(Some(SpanCounts::default()));
 
     let declared = families(&text);
@@ -532,6 +539,12 @@ fn every_family_is_written_as_documented() {
         .collect();
     assert_eq!(declared, documented);
     assert!(text.contains("switchyard_ledger_records_written_total 3\n"));
+    assert!(
+        text.contains("switchyard_engine_retries_total{backend=\"llama\",reason=\"closed\"} 1\n")
+    );
+    assert!(
+        text.contains("switchyard_engine_retries_total{backend=\"llama\",reason=\"unsent\"} 0\n")
+    );
     assert!(text.contains("switchyard_release_weight{model=\"smollm2\"} 25\n"));
     assert!(text.contains("switchyard_release_state{model=\"smollm2\",state=\"running\"} 1\n"));
     assert!(text.contains("switchyard_release_state{model=\"smollm2\",state=\"aborted\"} 0\n"));
