@@ -1,3 +1,5 @@
+#![allow(clippy::disallowed_methods)] // tokio::spawn: the scripted engine's own tasks, not the request path
+
 use super::*;
 use std::time::Duration;
 
