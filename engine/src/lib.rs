@@ -10,4 +10,4 @@ pub mod client;
 pub mod managed;
 
 pub use backend::{header_value, Backend, BackendState, Digest, IdentityHeaders, Verification};
-pub use client::{describe_chain, Error, Upstream, UpstreamBody};
+pub use client::{describe_chain, Again, Error, Upstream, UpstreamBody};

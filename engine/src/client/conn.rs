@@ -94,17 +94,15 @@ pub(super) fn reuse_for(
     headers: &http::HeaderMap,
     closes_after_stream: bool,
 ) -> Option<Duration> {
-    let tokens = |name| {
-        headers
-            .get_all(name)
-            .iter()
-            .filter_map(|v| v.to_str().ok())
-            .flat_map(|v| v.split(','))
-            .map(str::trim)
-    };
-    let says =
-        |token: &str| tokens(http::header::CONNECTION).any(|t| t.eq_ignore_ascii_case(token));
-    if says("close") || (version == http::Version::HTTP_10 && !says("keep-alive")) {
+    let (mut close, mut keep_alive) = (false, false);
+    for value in headers.get_all(http::header::CONNECTION) {
+        for token in value.as_bytes().split(|&b| b == b',') {
+            let token = token.trim_ascii();
+            close |= token.eq_ignore_ascii_case(b"close");
+            keep_alive |= token.eq_ignore_ascii_case(b"keep-alive");
+        }
+    }
+    if close || (version == http::Version::HTTP_10 && !keep_alive) {
         return None;
     }
     if closes_after_stream
@@ -114,18 +112,31 @@ pub(super) fn reuse_for(
     {
         return None;
     }
-    let announced = tokens(http::HeaderName::from_static("keep-alive")).find_map(|t| {
-        let (key, value) = t.split_once('=')?;
-        key.trim()
-            .eq_ignore_ascii_case("timeout")
-            .then(|| value.trim().parse::<u64>().ok())
-            .flatten()
-    });
+    let announced = headers
+        .get(KEEP_ALIVE)
+        .and_then(|v| keep_alive_timeout(v.as_bytes()));
     match announced.map(|s| Duration::from_secs(s).saturating_sub(KEEP_ALIVE_MARGIN)) {
         Some(left) if left.is_zero() => None,
         Some(left) => Some(left.min(IDLE_TIMEOUT)),
         None => Some(IDLE_TIMEOUT),
     }
+}
+
+/// The `Keep-Alive` response header (RFC 2068, section 19.7.1): `timeout=5, max=100`.
+const KEEP_ALIVE: http::HeaderName = http::HeaderName::from_static("keep-alive");
+
+/// The seconds of a `Keep-Alive` header's `timeout` parameter, when it has a valid one.
+fn keep_alive_timeout(value: &[u8]) -> Option<u64> {
+    value.split(|&b| b == b',').find_map(|parameter| {
+        let (key, seconds) = parameter.split_at(parameter.iter().position(|&b| b == b'=')?);
+        if !key.trim_ascii().eq_ignore_ascii_case(b"timeout") {
+            return None;
+        }
+        std::str::from_utf8(seconds[1..].trim_ascii())
+            .ok()?
+            .parse()
+            .ok()
+    })
 }
 
 /// An engine connection's socket, counting the bytes read from it: whether any byte of an
@@ -239,36 +250,5 @@ impl Drop for UpstreamBody {
         if self.inner.is_end_stream() {
             self.give_back();
         }
-    }
-}
-
-/// A request as it can be sent again: its head and body, taken before it is handed to a
-/// kept-alive connection (the body's bytes are shared, not copied).
-pub(super) struct Replay {
-    method: http::Method,
-    uri: http::Uri,
-    version: http::Version,
-    headers: http::HeaderMap,
-    body: Full<Bytes>,
-}
-
-impl Replay {
-    pub(super) fn of(request: &http::Request<Full<Bytes>>) -> Self {
-        Self {
-            method: request.method().clone(),
-            uri: request.uri().clone(),
-            version: request.version(),
-            headers: request.headers().clone(),
-            body: request.body().clone(),
-        }
-    }
-
-    pub(super) fn into_request(self) -> http::Request<Full<Bytes>> {
-        let mut request = http::Request::new(self.body);
-        *request.method_mut() = self.method;
-        *request.uri_mut() = self.uri;
-        *request.version_mut() = self.version;
-        *request.headers_mut() = self.headers;
-        request
     }
 }

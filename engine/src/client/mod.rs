@@ -36,7 +36,7 @@ use crate::backend::Backend;
 
 mod conn;
 
-use conn::{reuse_for, Back, Conn, Counted, Replay};
+use conn::{reuse_for, Back, Conn, Counted};
 pub use conn::{Connections, UpstreamBody};
 
 /// TCP keep-alive on engine connections (a long generation may leave one silent for minutes).
@@ -67,6 +67,25 @@ impl Retry {
 
 /// Told of every retry: the backend's name and why.
 pub type RetryObserver = Arc<dyn Fn(&str, Retry) + Send + Sync>;
+
+/// Makes a request again, for its retry on a new connection; `None` when it cannot be.
+pub type Again<'a> = &'a (dyn Fn() -> Option<http::Request<Full<Bytes>>> + Send + Sync);
+
+/// Addresses `request` to `backend`: its `Host`, and the engine's own key, on every request and
+/// probe alike (whatever credentials a client sent stay with Switchyard: see the proxy's
+/// forwarding rules).
+fn address(backend: &Backend, request: &mut http::Request<Full<Bytes>>) {
+    if !request.headers().contains_key(http::header::HOST) {
+        if let Ok(host) = http::HeaderValue::from_str(backend.authority.as_str()) {
+            request.headers_mut().insert(http::header::HOST, host);
+        }
+    }
+    if let Some(authorization) = &backend.authorization {
+        request
+            .headers_mut()
+            .insert(http::header::AUTHORIZATION, authorization.clone());
+    }
+}
 
 /// The client to every engine: timeouts, and who is told of retries; the connections themselves
 /// live with each backend.
@@ -109,13 +128,21 @@ impl Upstream {
     }
 
     /// Sends `request` (origin-form URI) and waits for the response head, within the
-    /// configured timeouts.
+    /// configured timeouts. `again` makes the same request anew, for the one retry a kept-alive
+    /// connection closed before the answer is allowed (asked only then: a request's head is
+    /// not copied on the way of every request for a retry that is rare).
     pub async fn send(
         &self,
         backend: &Backend,
         request: http::Request<Full<Bytes>>,
+        again: Again<'_>,
     ) -> Result<http::Response<UpstreamBody>, Error> {
-        match tokio::time::timeout(self.first_byte_timeout, self.exchange(backend, request)).await {
+        match tokio::time::timeout(
+            self.first_byte_timeout,
+            self.exchange(backend, request, again),
+        )
+        .await
+        {
             Ok(result) => result.map_err(|e| e.into_error(self.connect_timeout)),
             Err(_) => Err(Error::FirstByteTimeout {
                 ms: self.first_byte_timeout.as_millis() as u64,
@@ -130,19 +157,9 @@ impl Upstream {
         &self,
         backend: &Backend,
         mut request: http::Request<Full<Bytes>>,
+        again: Again<'_>,
     ) -> Result<http::Response<UpstreamBody>, Failure> {
-        if !request.headers().contains_key(http::header::HOST) {
-            if let Ok(host) = http::HeaderValue::from_str(backend.authority.as_str()) {
-                request.headers_mut().insert(http::header::HOST, host);
-            }
-        }
-        // The engine's own key, on every request and probe alike; whatever credentials a
-        // client sent stay with Switchyard (see the proxy's forwarding rules).
-        if let Some(authorization) = &backend.authorization {
-            request
-                .headers_mut()
-                .insert(http::header::AUTHORIZATION, authorization.clone());
-        }
+        address(backend, &mut request);
         // After one retry, only a new connection: every idle one may be as stale as the last.
         let mut retried = false;
         loop {
@@ -163,7 +180,6 @@ impl Upstream {
                 }
                 return Err(Failure::Broken(describe_chain(&e)));
             }
-            let replay = reused.then(|| Replay::of(&request));
             let read_before = conn.read.load(Ordering::Relaxed);
             match conn.sender.try_send_request(request).await {
                 Ok(response) => {
@@ -183,24 +199,29 @@ impl Upstream {
                 }
                 Err(mut e) => {
                     let answered = conn.read.load(Ordering::Relaxed) != read_before;
-                    match (e.take_message(), replay) {
-                        (Some(unsent), Some(_)) if !retried => {
+                    let retry = reused && !retried;
+                    match e.take_message() {
+                        Some(unsent) if retry => {
                             self.retried(backend, Retry::Unsent);
                             request = unsent;
                         }
-                        (None, Some(replay)) if !retried && !answered => {
+                        None if retry && !answered => {
+                            let Some(mut anew) = again() else {
+                                return Err(Failure::Broken(describe_chain(e.error())));
+                            };
+                            address(backend, &mut anew);
                             self.retried(backend, Retry::Closed);
-                            request = replay.into_request();
+                            request = anew;
                         }
                         // Handed back unwritten by a new connection: nothing reached the
                         // engine, which closed the connection as soon as it accepted it.
-                        (Some(_), _) => {
+                        Some(_) => {
                             return Err(Failure::Connect(format!(
                                 "the engine closed the connection before the request was sent: {}",
                                 describe_chain(e.error())
                             )))
                         }
-                        _ => return Err(Failure::Broken(describe_chain(e.error()))),
+                        None => return Err(Failure::Broken(describe_chain(e.error()))),
                     }
                     retried = true;
                 }
@@ -273,9 +294,18 @@ impl Upstream {
             Ok(r) => r,
             Err(e) => return ProbeResult::Failed(e.to_string()),
         };
+        let (head, body) = (request.headers().clone(), request.body().clone());
+        let (method, uri) = (request.method().clone(), request.uri().clone());
+        let again = move || {
+            let mut anew = http::Request::new(body.clone());
+            *anew.method_mut() = method.clone();
+            *anew.uri_mut() = uri.clone();
+            *anew.headers_mut() = head.clone();
+            Some(anew)
+        };
         let fetch = async {
             let response = self
-                .exchange(backend, request)
+                .exchange(backend, request, &again)
                 .await
                 .map_err(|e| e.describe(self.connect_timeout))?;
             let status = response.status().as_u16();

@@ -128,10 +128,14 @@ fn upstream() -> (Upstream, Arc<std::sync::Mutex<Vec<Retry>>>) {
 
 /// Sends one `GET /` and reads its answer to the end.
 async fn get(upstream: &Upstream, backend: &Backend) -> Result<Bytes, Error> {
-    let request = http::Request::get("/")
-        .body(Full::new(Bytes::new()))
-        .unwrap();
-    let response = upstream.send(backend, request).await?;
+    let make = || {
+        Some(
+            http::Request::get("/")
+                .body(Full::new(Bytes::new()))
+                .unwrap(),
+        )
+    };
+    let response = upstream.send(backend, make().unwrap(), &make).await?;
     Ok(response.into_body().collect().await.unwrap().to_bytes())
 }
 

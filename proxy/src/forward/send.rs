@@ -164,10 +164,12 @@ impl tower::Service<Attempt> for Send {
             want_trailers: outgoing.want_trailers,
             drain: self.drain.clone(),
         };
-        let mut request = match upstream_body(&backend, &outgoing)
-            .and_then(|body| upstream_request(&outgoing, body, &ctx.id))
-        {
-            Ok(request) => request,
+        let built = upstream_body(&backend, &outgoing).and_then(|body| {
+            let request = upstream_request(&outgoing, body.clone(), &ctx.id)?;
+            Ok((request, body))
+        });
+        let (mut request, body) = match built {
+            Ok(built) => built,
             Err(error) => {
                 exchange.failed = Some(ctx.fail(error));
                 return exchange;
@@ -177,9 +179,12 @@ impl tower::Service<Attempt> for Send {
         let recording = &mut ctx.recording;
         let warm = backend.mark_served();
         recording.warm = Some(recording.warm_override.unwrap_or(warm));
+        let mut context = None;
         if let Some(trace) = recording.trace_mut() {
             // The engine continues this request's trace (the client's context is replaced).
             trace.forwarding(forwarded, request.headers_mut());
+            let headers = request.headers();
+            context = Some(TRACE_CONTEXT.map(|name| headers.get(name).cloned()));
         }
         // In flight from here until the engine's answer is complete (or the client leaves): the
         // mark travels with the admission slot, into the stream for streamed answers.
@@ -189,15 +194,32 @@ impl tower::Service<Attempt> for Send {
             in_flight: self.recorder.metrics.in_flight(&backend.name),
         };
         let upstream = self.upstream.clone();
-        exchange.head = Some(Box::pin(
-            async move { upstream.send(&backend, request).await },
-        ));
+        let id = ctx.id.clone();
+        exchange.head = Some(Box::pin(async move {
+            // The same request anew, for a retry on a new connection: built again only then.
+            let again = || {
+                let mut anew = upstream_request(&outgoing, body.clone(), &id).ok()?;
+                for (name, value) in TRACE_CONTEXT.iter().zip(context.iter().flatten()) {
+                    if let Some(value) = value {
+                        anew.headers_mut().insert(name, value.clone());
+                    }
+                }
+                Some(anew)
+            };
+            upstream.send(&backend, request, &again).await
+        }));
         exchange.forwarded = forwarded;
         exchange.ctx = Some(ctx);
         exchange.held = Some(held);
         exchange
     }
 }
+
+/// The trace context headers a forwarded request carries (W3C Trace Context).
+const TRACE_CONTEXT: [http::HeaderName; 2] = [
+    http::HeaderName::from_static("traceparent"),
+    http::HeaderName::from_static("tracestate"),
+];
 
 /// The body the engine receives: the client's, with `model` replaced only when needed.
 fn upstream_body(backend: &Backend, outgoing: &Outgoing) -> Result<Bytes, ProxyError> {
