@@ -8,6 +8,7 @@ The engines come from `deploy/engines/` (tests/run installs them and passes thei
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import dataclasses
 import hashlib
@@ -381,6 +382,49 @@ def server_timing(value: str) -> dict[str, float]:
             if p.startswith("dur="):
                 out[name] = float(p[4:])
     return out
+
+
+def test_requests_sent_as_switchyard_starts_listening_are_served_never_502(engines: Engines, tmp_path: Path) -> None:
+    """Issue 43: requests that arrive the moment Switchyard listens, before any probe has named
+    what the engines serve (for mlx_lm.server that takes a one-token generation), wait for the
+    first probe and are served; none is called unreachable. Each engine gets one streamed and
+    one unstreamed request, all four at once."""
+    path = tmp_path / "switchyard.toml"
+    path.write_text(base_config(engines))
+    proc = Proc("switchyard", [str(binary("SWITCHYARD_BIN", "switchyard")), "serve", "--config", str(path)], tmp_path / "switchyard.log")
+    try:
+        url = proc.wait_for_line(r"switchyard listening on (http://127\.0\.0\.1:\d+)").group(1)
+
+        def ask(model: str, stream: bool) -> httpx.Response:
+            body = {"model": model, "stream": stream, "max_tokens": 4, "temperature": 0, "messages": PROMPT}
+            with http_client(timeout=REQUEST_TIMEOUT_S) as http:
+                response = http.post(f"{url}/v1/chat/completions", json=body)
+                response.read()
+                return response
+
+        asked = [(model, stream) for model in ("smollm2", "smollm2-mlx") for stream in (False, True)]
+        with concurrent.futures.ThreadPoolExecutor(len(asked)) as pool:
+            answers = list(pool.map(lambda a: ask(*a), asked))
+        for (model, stream), response in zip(asked, answers):
+            what = f"{model} stream={stream}: {response.status_code} {response.text[:300]}"
+            assert response.status_code in (200, 503), what
+            if response.status_code == 503:
+                # Only once the wait's bound passed, and then the client is told when to retry.
+                assert response.json()["error"]["code"] == "backend_not_ready", what
+                assert response.headers["retry-after"], what
+                continue
+            if model == "smollm2-mlx":
+                # mlx_lm.server's first probe takes a one-token generation (seconds here): the
+                # request waited for it, and the wait is its load phase.
+                assert "load" in server_timing(response.headers["server-timing"]), what
+            assert response.headers["x-switchyard-backend"] == ("llama" if model == "smollm2" else "mlx")
+            if stream:
+                assert response.text.rstrip().endswith("data: [DONE]"), what
+            else:
+                assert response.json()["choices"][0]["message"]["content"], what
+        assert any(r.status_code == 200 for r in answers), [r.status_code for r in answers]
+    finally:
+        proc.stop()
 
 
 def test_the_ledger_records_what_the_responses_carried(engines: Engines, tmp_path: Path) -> None:
