@@ -194,6 +194,21 @@ def test_a_managed_engine_killed_mid_stream_fails_that_stream_and_comes_back(tmp
         assert after.status_code == 200, after.text
 
 
+def test_a_request_right_after_a_managed_engine_is_killed_is_served_by_its_restart(tmp_path: Path) -> None:
+    """Issue 43: a request sent the moment a managed llama-server is killed (before or after
+    Switchyard saw the exit) waits for the restart and is served; it is never answered 502."""
+    with managed_switchyard(tmp_path, llama_backend(), "llama") as s:
+        assert s.chat().status_code == 200
+        for crash in (1, 2):
+            pid = s.backend("llama")["managed"]["pid"]
+            os.kill(pid, signal.SIGKILL)
+            response = s.chat()
+            assert response.status_code == 200, f"after kill {crash}: {response.status_code} {response.text}"
+            assert timing(response, "load") is not None, response.headers["server-timing"]
+            managed = s.backend("llama")["managed"]
+            assert managed["crashes"] == crash and managed["pid"] != pid, managed
+
+
 def test_an_engine_that_cannot_start_is_quarantined_with_its_output(tmp_path: Path) -> None:
     broken = """
 [backends.broken]

@@ -226,6 +226,50 @@ primary = "b"
     }
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_whose_engine_dies_before_answering_is_served_by_its_restart() {
+    // The engine takes the request, then the process ends without a byte of answer: what a
+    // `kill -9` that lands as the request arrives looks like (the connection accepted, then
+    // closed or reset). The engine's owner sees the exit, and the request waits for the
+    // restart instead of being answered 502.
+    let dir = tempfile::tempdir().unwrap();
+    let marker = dir.path().join("died");
+    let proxy = start_switchyard(&format!(
+        r#"
+[server]
+listen = "127.0.0.1:0"
+probe_interval_ms = 100
+state_dir = "{dir}"
+
+[backends.b]
+engine = "llama.cpp"
+[backends.b.launch]
+command = ["{bin}", "--listen", "127.0.0.1:${{port}}", "--tokens", "2", "--exit-once", "{marker}"]
+
+[models.smollm2]
+primary = "b"
+"#,
+        dir = dir.path().display(),
+        bin = env!("CARGO_BIN_EXE_fake-engine"),
+        marker = marker.display(),
+    ))
+    .await
+    .unwrap();
+    let client = TestClient::new();
+    let url = format!("http://{}/v1/chat/completions", proxy.addr());
+    let response = client.post_json(&url, &chat(true)).await.unwrap();
+    assert_eq!(
+        response.status,
+        200,
+        "{}",
+        String::from_utf8_lossy(&response.body)
+    );
+    assert!(marker.exists(), "the first engine died with the request");
+    let managed = proxy.state().backend("b").unwrap().managed.clone().unwrap();
+    assert_eq!(managed.status().crashes, 1, "{:?}", managed.status());
+    assert!(timing(response.header("server-timing"), "load").is_some());
+}
+
 #[test]
 fn every_retry_the_engine_client_reports_has_its_metric_series() {
     let named = switchyard_engine::client::Retry::ALL.map(|r| r.as_str());

@@ -178,7 +178,7 @@ impl Upstream {
                 if reused {
                     continue;
                 }
-                return Err(Failure::Broken(describe_chain(&e)));
+                return Err(Failure::Unanswered(describe_chain(&e)));
             }
             let read_before = conn.read.load(Ordering::Relaxed);
             match conn.sender.try_send_request(request).await {
@@ -207,7 +207,7 @@ impl Upstream {
                         }
                         None if retry && !answered => {
                             let Some(mut anew) = again() else {
-                                return Err(Failure::Broken(describe_chain(e.error())));
+                                return Err(Failure::Unanswered(describe_chain(e.error())));
                             };
                             address(backend, &mut anew);
                             self.retried(backend, Retry::Closed);
@@ -221,7 +221,8 @@ impl Upstream {
                                 describe_chain(e.error())
                             )))
                         }
-                        None => return Err(Failure::Broken(describe_chain(e.error()))),
+                        None if answered => return Err(Failure::Broken(describe_chain(e.error()))),
+                        None => return Err(Failure::Unanswered(describe_chain(e.error()))),
                     }
                     retried = true;
                 }
@@ -344,8 +345,10 @@ enum Failure {
     ConnectTimeout,
     /// No connection (refused, unreachable, no such host): nothing reached the engine.
     Connect(String),
-    /// The connection failed while sending or waiting for the answer.
+    /// The connection failed after part of the answer arrived.
     Broken(String),
+    /// The connection failed, or was found closed, before any byte of the answer arrived.
+    Unanswered(String),
 }
 
 /// Why an exchange with an engine failed, as the request path sees it.
@@ -360,9 +363,15 @@ pub enum Error {
     /// No response head within the first-byte timeout.
     #[error("sent no response within {ms} ms")]
     FirstByteTimeout { ms: u64 },
-    /// The connection failed while sending or waiting for the answer.
+    /// The connection failed after part of the answer arrived.
     #[error("failed while answering: {0}")]
     Broken(String),
+    /// The connection failed (closed, reset) before any byte of the answer arrived, where
+    /// sending again was not allowed: a new connection, or the one retry. The engine may have
+    /// read the request, so it is not sent elsewhere; an engine that exited is a different
+    /// matter ([`Error::unanswered`]).
+    #[error("closed the connection before answering: {0}")]
+    Unanswered(String),
 }
 
 impl Error {
@@ -370,6 +379,16 @@ impl Error {
     /// (the connection was never made).
     pub fn nothing_sent(&self) -> bool {
         matches!(self, Self::ConnectTimeout { .. } | Self::Unreachable(_))
+    }
+
+    /// Whether no byte of an answer arrived: nothing reached the engine, or the connection
+    /// ended before it answered. A request so failed by an engine that is seen to have exited
+    /// was never served.
+    pub fn unanswered(&self) -> bool {
+        matches!(
+            self,
+            Self::ConnectTimeout { .. } | Self::Unreachable(_) | Self::Unanswered(_)
+        )
     }
 }
 
@@ -381,6 +400,7 @@ impl Failure {
             },
             Self::Connect(why) => Error::Unreachable(why),
             Self::Broken(why) => Error::Broken(why),
+            Self::Unanswered(why) => Error::Unanswered(why),
         }
     }
 
@@ -390,7 +410,7 @@ impl Failure {
             Self::ConnectTimeout => {
                 format!("connect timed out after {} ms", connect_timeout.as_millis())
             }
-            Self::Connect(why) | Self::Broken(why) => why,
+            Self::Connect(why) | Self::Broken(why) | Self::Unanswered(why) => why,
         }
     }
 }

@@ -181,7 +181,7 @@ async fn a_new_connection_that_fails_is_not_sent_again() {
     let backend = engine.backend("openai");
     let (upstream, retries) = upstream();
     let error = get(&upstream, &backend).await.unwrap_err();
-    assert!(matches!(error, Error::Broken(_)), "{error:?}");
+    assert!(matches!(error, Error::Unanswered(_)), "{error:?}");
     assert_eq!(engine.connections(), [1]);
     assert!(retries.lock().unwrap().is_empty());
 }
@@ -194,7 +194,7 @@ async fn a_second_failure_is_the_engines() {
     let (upstream, retries) = upstream();
     get(&upstream, &backend).await.unwrap();
     let error = get(&upstream, &backend).await.unwrap_err();
-    assert!(matches!(error, Error::Broken(_)), "{error:?}");
+    assert!(matches!(error, Error::Unanswered(_)), "{error:?}");
     assert_eq!(engine.connections(), [1, 1, 2]);
     assert_eq!(*retries.lock().unwrap(), [Retry::Closed]);
 }

@@ -2,9 +2,10 @@
 //! engine, and when the engine is not running it waits for the start it asks for — its `load`
 //! phase. The lease is held until the engine's answer is complete, so the engine is never
 //! unloaded under a request. A client that leaves while waiting drops its wait; a start whose
-//! every waiting client left is cancelled by the engine's owner. A request whose connection the
-//! engine refused because it had just exited (killed, crashed) before its owner saw it waits
-//! for the restart, once, as if it had come a moment later. Backends Switchyard does not run
+//! every waiting client left is cancelled by the engine's owner. A request the engine gave no
+//! byte of an answer (its connection refused, or reset before the answer) because it had just
+//! exited (killed, crashed) before its owner saw it waits for the restart, once, as if it had
+//! come a moment later. Backends Switchyard does not run
 //! pass straight through.
 
 use std::future::Future;
@@ -90,11 +91,13 @@ where
             let (outgoing, variant) = (attempt.outgoing.clone(), attempt.variant);
             let attempt = leased(&managed, &backend, attempt).await?;
             let (error, ctx) = match inner.call(attempt).await {
-                Err(Failed { error, ctx }) if error.engine_unreached() => (error, ctx),
+                Err(Failed { error, ctx }) if error.engine_unanswered() => (error, ctx),
                 answered => return answered,
             };
-            // Refused by an engine that has just exited (killed, crashed) before its owner saw
-            // it: the request waits for the restart like one that came a moment later.
+            // Unanswered by an engine that has just exited (killed, crashed) before its owner
+            // saw it: the request waits for the restart like one that came a moment later. A
+            // connection to a killed engine can be accepted and then reset, or refused,
+            // depending on when the kernel closes its socket.
             if !exited(&managed).await {
                 return Err(ctx.fail(error));
             }
@@ -113,8 +116,8 @@ where
     }
 }
 
-/// How long an engine that refused a connection has to be seen exiting by its owner (which
-/// reaps it at once) for the refusal to count as its exit rather than its answer.
+/// How long an engine that gave no answer has to be seen exiting by its owner (which reaps it
+/// at once) for the failure to count as its exit rather than its answer.
 const EXIT_NOTICE: Duration = Duration::from_secs(1);
 
 /// Takes a lease on `managed` for `attempt`, waiting for a start when it is not running (the

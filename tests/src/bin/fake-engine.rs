@@ -37,6 +37,10 @@ struct Args {
     /// its chunk was handed to the connection.
     #[arg(long)]
     stamp_chunks: bool,
+    /// The first completion request that finds this file missing creates it and ends the
+    /// process, unanswered (a `kill -9` arriving with the request).
+    #[arg(long)]
+    exit_once: Option<std::path::PathBuf>,
 }
 
 #[tokio::main]
@@ -56,6 +60,7 @@ async fn main() -> anyhow::Result<()> {
         stamp_chunks: a.stamp_chunks,
         deterministic: false,
         api_key: None,
+        exit_once: a.exit_once,
     };
     let mut engine = FakeEngine::with_config(config).spawn_on(a.listen).await?;
     // Nobody reads this process's events.

@@ -109,6 +109,11 @@ pub struct FakeEngineConfig {
     /// answered 401 as a hosted OpenAI-compatible server would (and counted: see
     /// [`FakeEngineHandle::unauthorized`]).
     pub api_key: Option<String>,
+    /// A standalone engine (the `fake-engine` process) whose first completion request finds
+    /// this file missing creates it and ends the process at once, the request unanswered: a
+    /// `kill -9` that arrives with the request, deterministically. The engine started next
+    /// finds the file and serves.
+    pub exit_once: Option<std::path::PathBuf>,
 }
 
 impl Default for FakeEngineConfig {
@@ -127,6 +132,7 @@ impl Default for FakeEngineConfig {
             stamp_chunks: false,
             deterministic: false,
             api_key: None,
+            exit_once: None,
         }
     }
 }

@@ -193,6 +193,16 @@ async fn route(shared: Arc<Shared>, req: Request<Incoming>) -> Response<FakeBody
         ("POST", p)
             if matches!(p, "/v1/chat/completions" | "/v1/completions") || PATHS.contains(&p) =>
         {
+            if let Some(marker) = &config.exit_once {
+                if std::fs::OpenOptions::new()
+                    .write(true)
+                    .create_new(true)
+                    .open(marker)
+                    .is_ok()
+                {
+                    std::process::exit(137);
+                }
+            }
             let guard = AbortGuard {
                 events: shared.events.clone(),
                 done: false,

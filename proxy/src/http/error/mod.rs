@@ -65,6 +65,11 @@ pub enum ProxyError {
     FirstByteTimeout { backend: String, ms: u64 },
     #[error("Backend `{backend}` failed while answering: {why}")]
     UpstreamBroken { backend: String, why: String },
+    /// The engine's connection ended before any byte of its answer (reset, closed) and sending
+    /// again was not allowed. The same `upstream_broken` to a client; [`ProxyError::engine_unanswered`]
+    /// tells it apart.
+    #[error("Backend `{backend}` closed the connection before answering: {why}")]
+    UpstreamClosed { backend: String, why: String },
     #[error("Backend `{backend}` sent a response larger than the limit of {limit} bytes.")]
     UpstreamTooLarge { backend: String, limit: u64 },
     /// Shutdown's drain timeout ran out while the request still waited for a slot.
@@ -162,6 +167,7 @@ impl ProxyError {
             | Self::EngineUnavailable { .. } => StatusCode::SERVICE_UNAVAILABLE,
             Self::UpstreamUnreachable { .. }
             | Self::UpstreamBroken { .. }
+            | Self::UpstreamClosed { .. }
             | Self::UpstreamTooLarge { .. } => StatusCode::BAD_GATEWAY,
             Self::ConnectTimeout { .. } | Self::FirstByteTimeout { .. } => {
                 StatusCode::GATEWAY_TIMEOUT
@@ -204,6 +210,7 @@ impl ProxyError {
             | Self::ConnectTimeout { .. }
             | Self::FirstByteTimeout { .. }
             | Self::UpstreamBroken { .. }
+            | Self::UpstreamClosed { .. }
             | Self::UpstreamTooLarge { .. } => "upstream_error",
             Self::Internal(_) => "internal_error",
         }
@@ -229,7 +236,7 @@ impl ProxyError {
             Self::UpstreamUnreachable { .. } => "upstream_unreachable",
             Self::ConnectTimeout { .. } => "upstream_connect_timeout",
             Self::FirstByteTimeout { .. } => "upstream_timeout",
-            Self::UpstreamBroken { .. } => "upstream_broken",
+            Self::UpstreamBroken { .. } | Self::UpstreamClosed { .. } => "upstream_broken",
             Self::UpstreamTooLarge { .. } => "upstream_response_too_large",
             Self::ShuttingDown { .. } => "shutting_down",
             Self::EngineUnavailable { code, .. } => code,
@@ -283,6 +290,7 @@ impl ProxyError {
             E::Unreachable(why) => Self::UpstreamUnreachable { backend, why },
             E::FirstByteTimeout { ms } => Self::FirstByteTimeout { backend, ms },
             E::Broken(why) => Self::UpstreamBroken { backend, why },
+            E::Unanswered(why) => Self::UpstreamClosed { backend, why },
         }
     }
 
@@ -334,7 +342,8 @@ impl ProxyError {
             | Self::ShuttingDown { .. }
             | Self::UpstreamUnreachable { .. }
             | Self::ConnectTimeout { .. }
-            | Self::UpstreamBroken { .. } => true,
+            | Self::UpstreamBroken { .. }
+            | Self::UpstreamClosed { .. } => true,
             // A load that ran out of time is not sent again at once: each try would wait as
             // long again. A backend whose first probe is slow is likely ready at the next.
             Self::EngineUnavailable { code, .. } => matches!(
@@ -345,12 +354,15 @@ impl ProxyError {
         }
     }
 
-    /// Whether the engine was tried and nothing of the request reached it: its connection
-    /// was refused or timed out.
-    pub fn engine_unreached(&self) -> bool {
+    /// Whether the engine was tried and gave no byte of an answer: its connection was
+    /// refused or timed out, or ended (reset, closed) before it answered. From an engine that
+    /// is then seen to have exited, such a request was never served.
+    pub fn engine_unanswered(&self) -> bool {
         matches!(
             self,
-            Self::UpstreamUnreachable { .. } | Self::ConnectTimeout { .. }
+            Self::UpstreamUnreachable { .. }
+                | Self::ConnectTimeout { .. }
+                | Self::UpstreamClosed { .. }
         )
     }
 
