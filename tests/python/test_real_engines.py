@@ -785,6 +785,38 @@ def test_shadowing_mlx_records_whatever_is_true(engines: Engines, tmp_path: Path
             assert s["ratios"] is None
 
 
+def test_a_seeded_request_between_llama_and_mlx_is_incomparable_with_its_reason(engines: Engines, tmp_path: Path) -> None:
+    """Issue 44: llama.cpp's and MLX's samplers draw differently from the same seed, so a seeded
+    sampled pair between them differs by construction. It is recorded incomparable, with the
+    reason and both engine builds, never as a mismatch that would count against the candidate."""
+    import sqlite3
+
+    db = tmp_path / "ledger.db"
+    with start_switchyard(tmp_path, shadow_config(engines, db, "mlx"), identities_known) as p:
+        client = p.client()
+        messages = [{"role": "user", "content": "Name three primary colors."}]
+        for sent, stream in enumerate((False, True), start=1):
+            raw = client.chat.completions.with_raw_response.create(
+                model="smollm2", messages=messages, temperature=0.8, seed=42, max_tokens=8, stream=stream
+            )
+            assert raw.headers["x-switchyard-backend"] == "llama"
+            parsed = raw.parse()
+            if stream:
+                "".join(c.choices[0].delta.content or "" for c in parsed if c.choices)
+            wait_comparisons(p, sent)
+    rows = sqlite3.connect(db).execute(
+        "SELECT verdict, reason, primary_engine, candidate_engine, candidate_output FROM comparisons"
+    ).fetchall()
+    assert len(rows) == 2, rows
+    for verdict, reason, primary_engine, candidate_engine, candidate_output in rows:
+        assert verdict == "incomparable", rows
+        assert reason.startswith("sampling not deterministic across engines"), reason
+        assert primary_engine.startswith("llama.cpp/") and candidate_engine.startswith("mlx/"), rows
+        assert f"primary {primary_engine}, candidate {candidate_engine}" in reason, reason
+        # Both sides ran: the pair is incomparable for its sampling, not for want of an answer.
+        assert candidate_output.startswith("sha256:"), rows
+
+
 def test_compare_runs_the_suite_on_both_engines_cold_and_warm_apart(engines: Engines, tmp_path: Path) -> None:
     config = tmp_path / "switchyard.toml"
     config.write_text(base_config(engines) + f'\n[ledger]\npath = "{tmp_path / "ledger.db"}"\n')

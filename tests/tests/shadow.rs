@@ -245,6 +245,37 @@ fn stable_body(body: &[u8]) -> Value {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_seed_is_not_comparable_across_engine_builds_and_greedy_is() {
+    // The stack's two engines run different builds (b100-main, b200-cand); the fake engine
+    // answers the same text whatever the sampling, so only the rule decides. Within one build a
+    // seed stays comparable (the comparator's unit tests).
+    let s = stack(
+        FakeEngine::llama_cpp(),
+        FakeEngine::llama_cpp(),
+        r#"{ backend = "cand", sample = 1.0, max_in_flight = 1 }"#,
+    )
+    .await;
+    assert_eq!(
+        s.chat("Hello", json!({"temperature": 0.8, "seed": 7}))
+            .await
+            .status,
+        200
+    );
+    assert_eq!(s.chat("Hello", json!({})).await.status, 200);
+    s.settle(2).await;
+    let rows = s.comparisons();
+    assert_eq!(rows[0]["verdict"], "incomparable", "{rows:#?}");
+    assert_eq!(rows[0]["candidate_ran"], true);
+    let reason = rows[0]["reason"].as_str().unwrap();
+    assert_eq!(
+        reason,
+        "sampling not deterministic across engines: a seed fixes the output only within one \
+         engine build (primary llama.cpp/b100-main, candidate llama.cpp/b200-cand)"
+    );
+    assert_eq!(rows[1]["verdict"], "match", "{rows:#?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_identical_candidate_matches_and_gets_ratios_with_spread() {
     let s = stack(
         FakeEngine::llama_cpp().token_ms(2),

@@ -5,6 +5,7 @@ use sha2::{Digest, Sha256};
 
 use super::artifact::prefixed_hex;
 use crate::canonical::{write_canonical_raw, write_json};
+use switchyard_policy::compare::Determinism;
 
 /// Fields that decide how tokens are picked. Any field not listed that an engine treats as
 /// sampling (e.g. llama.cpp's `mirostat`, `dry_*`, `xtc_*`) is added by [`is_sampling_field`].
@@ -72,8 +73,8 @@ pub struct WorkloadFingerprint {
     pub sampling: String,
     /// The canonical JSON of the sampling identity, kept for records and comparisons.
     pub sampling_json: String,
-    /// Whether sampling is deterministic: temperature 0, or a fixed seed.
-    pub deterministic: bool,
+    /// What fixes the output: greedy (temperature 0), a seed, or nothing.
+    pub determinism: Determinism,
 }
 
 /// The fingerprints of the canonical content and sampling texts, and of the fingerprinted
@@ -90,7 +91,7 @@ fn digests(
     content: Vec<u8>,
     sampling_json: Vec<u8>,
     unparsed: &[(&str, &str)],
-    deterministic: bool,
+    determinism: Determinism,
 ) -> WorkloadFingerprint {
     let mut hasher = Sha256::new();
     hasher.update(&content);
@@ -110,7 +111,7 @@ fn digests(
         sampling,
         // serde_json writes UTF-8.
         sampling_json: String::from_utf8(sampling_json).unwrap_or_default(),
-        deterministic,
+        determinism,
     }
 }
 
@@ -124,7 +125,7 @@ pub fn fingerprint_raw<'a>(
     model: &str,
     fields: impl IntoIterator<Item = (&'a str, &'a str)>,
 ) -> WorkloadFingerprint {
-    let mut greedy = false;
+    let mut temperature = None;
     let mut seeded = false;
     let mut sampling_json = Vec::with_capacity(64);
     sampling_json.push(b'{');
@@ -164,7 +165,7 @@ pub fn fingerprint_raw<'a>(
         }
         match key {
             "temperature" => {
-                greedy = serde_json::from_str::<f64>(raw).is_ok_and(|t| t == 0.0);
+                temperature = serde_json::from_str::<f64>(raw).ok();
             }
             "seed" => seeded = raw.trim() != "null",
             _ => {}
@@ -177,7 +178,12 @@ pub fn fingerprint_raw<'a>(
         write_member(&mut content, "model", model);
     }
     content.push(b'}');
-    digests(content, sampling_json, &unparsed, greedy || seeded)
+    digests(
+        content,
+        sampling_json,
+        &unparsed,
+        Determinism::of(temperature, seeded),
+    )
 }
 
 /// Appends `"key":value` (the value already canonical).
@@ -202,7 +208,7 @@ mod tests {
         mut body: Map<String, Value>,
         unparsed: &[(&str, &str)],
     ) -> WorkloadFingerprint {
-        let deterministic = is_deterministic(&body);
+        let determinism = determinism_of(&body);
         body.values_mut().for_each(canonicalize);
 
         let mut sampling_json = Vec::with_capacity(64);
@@ -238,7 +244,7 @@ mod tests {
         }
         content.push(b'}');
 
-        digests(content, sampling_json, unparsed, deterministic)
+        digests(content, sampling_json, unparsed, determinism)
     }
 
     /// Whether the fingerprint reads field `key` of a request body (a sampling or a content field).
@@ -246,14 +252,11 @@ mod tests {
         is_sampling_field(key) || CONTENT_FIELDS.contains(&key)
     }
 
-    /// Temperature 0 or a seed (both sampling fields) in the request `body`.
-    fn is_deterministic(body: &Map<String, Value>) -> bool {
-        let greedy = body
-            .get("temperature")
-            .and_then(Value::as_f64)
-            .is_some_and(|t| t == 0.0);
+    /// Temperature 0, a seed (both sampling fields) or neither in the request `body`.
+    fn determinism_of(body: &Map<String, Value>) -> Determinism {
+        let temperature = body.get("temperature").and_then(Value::as_f64);
         let seeded = body.get("seed").is_some_and(|s| !s.is_null());
-        greedy || seeded
+        Determinism::of(temperature, seeded)
     }
 
     /// The request path's fingerprint of `v`'s fields.
@@ -271,7 +274,7 @@ mod tests {
         );
         assert_eq!(a, b);
         assert!(a.workload.starts_with("wl:") && a.workload.len() == 35);
-        assert!(a.deterministic);
+        assert_eq!(a.determinism, Determinism::Greedy);
     }
 
     /// The values were computed outside this code (Python's hashlib over the canonical text
@@ -305,7 +308,11 @@ mod tests {
             f.sampling_json,
             r#"{"max_tokens":5,"seed":7,"stop":["\n"],"temperature":0}"#
         );
-        assert!(f.deterministic);
+        assert_eq!(
+            f.determinism,
+            Determinism::Greedy,
+            "a seed changes nothing at temperature 0"
+        );
     }
 
     #[test]
@@ -319,7 +326,7 @@ mod tests {
         assert_eq!(base.sampling, other_text.sampling);
         assert_ne!(base.workload, other_temp.workload);
         assert_ne!(base.sampling, other_temp.sampling);
-        assert!(!other_temp.deterministic);
+        assert_eq!(other_temp.determinism, Determinism::Random);
         // The other APIs' prompts: Anthropic's system prompt, the Responses API's instructions.
         for (a, b) in [
             (
@@ -347,7 +354,7 @@ mod tests {
             r#"{"max_output_tokens":4,"stop_sequences":["."]}"#
         );
         let seeded = fp(json!({"messages": [], "temperature": 0.7, "seed": 3, "mirostat": 2}));
-        assert!(seeded.deterministic);
+        assert_eq!(seeded.determinism, Determinism::Seeded);
         assert_eq!(
             seeded.sampling_json,
             r#"{"mirostat":2,"seed":3,"temperature":0.7}"#

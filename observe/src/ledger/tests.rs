@@ -103,7 +103,7 @@ fn every_column_is_written_as_recorded() {
             workload: format!("workload-{i}"),
             sampling: format!("sampling-{i}"),
             sampling_json: format!("{{\"seed\":{i}}}"),
-            deterministic: true,
+            determinism: switchyard_policy::compare::Determinism::Greedy,
         });
         r.status = 200 + i as u16;
         r.error_class = Some("upstream");

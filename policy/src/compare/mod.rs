@@ -2,8 +2,8 @@
 //!
 //! One piece of code serves both live shadow traffic (`switchyard report --comparisons`) and the
 //! offline harness (`switchyard compare`). Eligibility comes before arithmetic: a pair is judged
-//! first ([`judge`]: did both sides answer, is sampling deterministic, is each identity complete,
-//! do the normalized outputs match), and a group of pairs gets performance ratios only when every
+//! first ([`judge`]: did both sides answer, does sampling fix the output on both engines
+//! ([`Determinism`]), is each identity complete, do the normalized outputs match), and a group of pairs gets performance ratios only when every
 //! judged pair in it matched with complete identity. A faster wrong answer is not an improvement,
 //! so a group with any mismatch carries no performance numbers at all.
 //!
@@ -20,6 +20,9 @@ use serde::{Deserialize, Serialize};
 
 pub use ratios::{Ratio, Ratios};
 pub use summary::{compare, Comparison, Counts, Group, GroupKey, Status, Summary};
+
+/// How the reason of a seeded pair between two engine builds begins.
+pub const SEEDED_ACROSS_ENGINES: &str = "sampling not deterministic across engines";
 
 /// Fewest accepted repetitions that give a group ratios.
 pub const MIN_REPETITIONS: usize = 3;
@@ -56,6 +59,40 @@ impl Verdict {
             "incomparable" => Self::Incomparable,
             _ => return None,
         })
+    }
+}
+
+/// What fixes a request's output, from its sampling fields.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Determinism {
+    /// `temperature: 0`: each side picks its most likely token, whatever its sampler. Comparable
+    /// between any two engines.
+    Greedy,
+    /// Sampled with a fixed `seed`: the same output from the same sampler on the same numbers,
+    /// that is within one engine build. llama.cpp's and MLX's samplers draw differently from
+    /// the same seed, so across builds the outputs differ by construction.
+    Seeded,
+    /// Sampled without a seed (a `temperature` above 0, or none: engines default to sampling).
+    Random,
+}
+
+impl Determinism {
+    /// From a request's `temperature` (`None`: absent, or not a number) and whether it carries
+    /// a seed. Greedy wins over a seed: a seed changes nothing at temperature 0.
+    pub fn of(temperature: Option<f64>, seeded: bool) -> Self {
+        if temperature == Some(0.0) {
+            Self::Greedy
+        } else if seeded {
+            Self::Seeded
+        } else {
+            Self::Random
+        }
+    }
+
+    /// Whether the output is fixed at all (within one engine build, for a seed).
+    pub fn deterministic(self) -> bool {
+        self != Self::Random
     }
 }
 
@@ -159,11 +196,12 @@ impl Side {
 }
 
 /// Judges one pair. `skipped` is set when the candidate never ran (pool full, shutdown);
-/// `deterministic` is whether the request's sampling fixes its output (temperature 0 or a seed).
+/// `determinism` is what fixes the request's output: greedy compares between any engines, a
+/// seed only between two sides of the same engine build, unseeded sampling nowhere.
 pub fn judge(
     primary: &Side,
     candidate: Option<&Side>,
-    deterministic: bool,
+    determinism: Determinism,
     skipped: Option<&str>,
 ) -> (Verdict, Option<String>) {
     if let Some(why) = skipped {
@@ -187,7 +225,7 @@ pub fn judge(
     if let Some(why) = candidate.failure() {
         return (Verdict::CandidateError, Some(why));
     }
-    if !deterministic {
+    if determinism == Determinism::Random {
         return (
             Verdict::Incomparable,
             Some("sampling not deterministic: temperature > 0 without a seed".to_owned()),
@@ -199,6 +237,16 @@ pub fn judge(
         return (
             Verdict::Incomparable,
             Some(format!("identity incomplete: {}", gaps.join("; "))),
+        );
+    }
+    if determinism == Determinism::Seeded && primary.engine != candidate.engine {
+        return (
+            Verdict::Incomparable,
+            Some(format!(
+                "{SEEDED_ACROSS_ENGINES}: a seed fixes the output only within one engine build (primary {}, candidate {})",
+                primary.engine.as_deref().unwrap_or("-"),
+                candidate.engine.as_deref().unwrap_or("-"),
+            )),
         );
     }
     if primary.output == candidate.output {

@@ -248,7 +248,10 @@ fn judge_group(key: GroupKey, pairs: &[&Pair]) -> Group {
     } else if !reasons("sampling not deterministic").is_empty() {
         (
             Status::NotDeterministic,
-            "sampling not deterministic (temperature > 0 without a seed): outputs cannot be compared".to_owned(),
+            format!(
+                "outputs cannot be compared: {}",
+                reasons("sampling not deterministic").join(" | ")
+            ),
         )
     } else if counts.matched == 0 {
         let mut why = reasons("");

@@ -19,7 +19,7 @@ fn side(backend: &str, output: &str, ttft: f64, total: f64) -> Side {
 }
 
 fn pair(primary: Side, candidate: Side) -> Pair {
-    let (verdict, reason) = judge(&primary, Some(&candidate), true, None);
+    let (verdict, reason) = judge(&primary, Some(&candidate), Determinism::Greedy, None);
     Pair {
         model: "m".to_owned(),
         workload: "wl:1".to_owned(),
@@ -38,25 +38,34 @@ fn pair(primary: Side, candidate: Side) -> Pair {
 fn eligibility_comes_before_outputs() {
     let p = side("a", "sha256:x", 10.0, 20.0);
     let c = side("b", "sha256:x", 5.0, 10.0);
-    assert_eq!(judge(&p, Some(&c), true, None), (Verdict::Match, None));
+    assert_eq!(
+        judge(&p, Some(&c), Determinism::Greedy, None),
+        (Verdict::Match, None)
+    );
     let wrong = side("b", "sha256:y", 1.0, 2.0);
-    assert_eq!(judge(&p, Some(&wrong), true, None).0, Verdict::Mismatch);
+    assert_eq!(
+        judge(&p, Some(&wrong), Determinism::Greedy, None).0,
+        Verdict::Mismatch
+    );
     // Not deterministic: no judgement, even though the outputs happen to match.
-    assert_eq!(judge(&p, Some(&c), false, None).0, Verdict::Incomparable);
+    assert_eq!(
+        judge(&p, Some(&c), Determinism::Random, None).0,
+        Verdict::Incomparable
+    );
     let failed = Side {
         status: 500,
         output: None,
         ..c.clone()
     };
     assert_eq!(
-        judge(&p, Some(&failed), true, None).0,
+        judge(&p, Some(&failed), Determinism::Greedy, None).0,
         Verdict::CandidateError
     );
     assert_eq!(
-        judge(&failed, Some(&c), true, None).0,
+        judge(&failed, Some(&c), Determinism::Greedy, None).0,
         Verdict::Incomparable
     );
-    let (v, why) = judge(&p, None, true, Some("pool full"));
+    let (v, why) = judge(&p, None, Determinism::Greedy, Some("pool full"));
     assert_eq!(
         (v, why.as_deref()),
         (Verdict::Incomparable, Some("shadow skipped: pool full"))
@@ -66,11 +75,66 @@ fn eligibility_comes_before_outputs() {
         artifact: Some("unverified:sha256:bb".to_owned()),
         ..c
     };
-    let (v, why) = judge(&p, Some(&unknown), true, None);
+    let (v, why) = judge(&p, Some(&unknown), Determinism::Greedy, None);
     assert_eq!(v, Verdict::Incomparable);
     let why = why.unwrap();
     assert!(why.contains("candidate engine build unknown"), "{why}");
     assert!(why.contains("candidate artifact unverified"), "{why}");
+}
+
+#[test]
+fn a_seed_compares_within_one_engine_build_only() {
+    // `side` names the engine after the backend: "a/b1" and "b/b1" are two engines.
+    let p = side("a", "sha256:x", 10.0, 20.0);
+    let other_engine = side("b", "sha256:y", 5.0, 10.0);
+    let (v, why) = judge(&p, Some(&other_engine), Determinism::Seeded, None);
+    assert_eq!(
+        v,
+        Verdict::Incomparable,
+        "differing by construction, not a mismatch"
+    );
+    let why = why.unwrap();
+    assert!(why.starts_with(SEEDED_ACROSS_ENGINES), "{why}");
+    assert!(why.contains("primary a/b1, candidate b/b1"), "{why}");
+    // The same build on both sides: the seed fixes the output, and a difference is a mismatch.
+    let same_build = Side {
+        backend: "a2".to_owned(),
+        ..side("a", "sha256:y", 5.0, 10.0)
+    };
+    assert_eq!(
+        judge(&p, Some(&same_build), Determinism::Seeded, None).0,
+        Verdict::Mismatch
+    );
+    // Greedy compares across engines.
+    assert_eq!(
+        judge(&p, Some(&other_engine), Determinism::Greedy, None).0,
+        Verdict::Mismatch
+    );
+    // And the group says why nothing was concluded.
+    let mut seeded = pair(p.clone(), other_engine);
+    (seeded.verdict, seeded.reason) = judge(
+        &seeded.primary,
+        seeded.candidate.as_ref(),
+        Determinism::Seeded,
+        None,
+    );
+    let comparison = compare(&[seeded], false);
+    let group = &comparison.groups[0];
+    assert_eq!(group.status, Status::NotDeterministic);
+    assert!(
+        group.detail.contains(SEEDED_ACROSS_ENGINES),
+        "{}",
+        group.detail
+    );
+}
+
+#[test]
+fn determinism_follows_temperature_and_seed() {
+    assert_eq!(Determinism::of(Some(0.0), true), Determinism::Greedy);
+    assert_eq!(Determinism::of(Some(0.7), true), Determinism::Seeded);
+    assert_eq!(Determinism::of(None, true), Determinism::Seeded);
+    assert_eq!(Determinism::of(None, false), Determinism::Random);
+    assert!(!Determinism::Random.deterministic());
 }
 
 #[test]
@@ -135,7 +199,7 @@ fn cold_and_warm_never_mix_and_cold_is_shown_only_on_request() {
 #[test]
 fn skipped_shadows_are_counted_but_never_judged() {
     let primary = side("a", "o", 10.0, 20.0);
-    let (verdict, reason) = judge(&primary, None, true, Some("pool full"));
+    let (verdict, reason) = judge(&primary, None, Determinism::Greedy, Some("pool full"));
     let skipped = Pair {
         model: "m".to_owned(),
         workload: "wl:1".to_owned(),

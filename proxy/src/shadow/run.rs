@@ -242,7 +242,7 @@ impl Comparison {
         let (verdict, reason) = judge(
             &primary,
             candidate.as_ref(),
-            self.fingerprint.deterministic,
+            self.fingerprint.determinism,
             skipped.as_deref(),
         );
         // The answers' texts are kept only where they differ, and only so many times.

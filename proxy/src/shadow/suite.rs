@@ -124,7 +124,7 @@ pub(crate) async fn run_pair(
     let (verdict, reason) = judge(
         &primary_side,
         candidate_side.as_ref(),
-        fingerprint.deterministic,
+        fingerprint.determinism,
         skipped.as_deref(),
     );
     // The answers' texts are kept only where they differ.

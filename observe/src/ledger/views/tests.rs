@@ -32,7 +32,7 @@ pub(in crate::ledger) fn full_record(i: u32) -> RequestRecord {
         workload: format!("wl:{i}"),
         sampling: "s".into(),
         sampling_json: "{}".into(),
-        deterministic: true,
+        determinism: switchyard_policy::compare::Determinism::Greedy,
     });
     r.status = if i % 4 == 3 { 502 } else { 200 };
     if r.status != 200 {
