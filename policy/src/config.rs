@@ -435,6 +435,10 @@ pub struct ShadowConfig {
     /// When the copy is sent.
     #[serde(default)]
     pub when: ShadowWhen,
+    /// Greedy replays of the sampled requests whose pair cannot be compared (`after-primary`
+    /// only); none by default.
+    #[serde(default)]
+    pub replay: Option<crate::replay::Replay>,
 }
 
 fn default_shadow_sample() -> f64 {

@@ -8,6 +8,7 @@ pub mod compare;
 pub mod config;
 pub mod launch;
 pub mod release;
+pub mod replay;
 pub mod routing;
 pub mod validate;
 

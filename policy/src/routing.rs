@@ -28,6 +28,8 @@ pub struct ShadowRoute {
     pub sample: f64,
     pub max_in_flight: u32,
     pub when: ShadowWhen,
+    /// Greedy replays of sampled requests that cannot be compared.
+    pub replay: Option<crate::replay::Replay>,
 }
 
 impl ShadowRoute {
@@ -74,6 +76,7 @@ impl RoutingTable {
                     sample: s.sample,
                     max_in_flight: s.max_in_flight,
                     when: s.when,
+                    replay: s.replay,
                 }),
             });
             names.push(route.model.clone());
@@ -135,6 +138,7 @@ mod tests {
             sample,
             max_in_flight: 1,
             when: ShadowWhen::AfterPrimary,
+            replay: None,
         };
         assert!(route(1.0).sampled(u64::MAX));
         assert!(!route(0.0).sampled(0));

@@ -766,3 +766,100 @@ async fn compare_does_not_run_the_candidate_when_the_primary_fails() {
         0
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sampled_requests_are_replayed_greedily_to_both_sides_within_the_budget() {
+    // The fake engine counts "Hello" as one prompt token and answers the 8 tokens a replay
+    // allows: each replay reserves and spends 2 × (1 + 8) = 18 tokens, and a budget of 40 lets
+    // two through and no third.
+    let mut s = stack(
+        FakeEngine::llama_cpp(),
+        FakeEngine::llama_cpp(),
+        r#"{ backend = "cand", sample = 1.0, max_in_flight = 1, replay = { max_tokens = 8, tokens_per_hour = 40 } }"#,
+    )
+    .await;
+    for n in 1..=3 {
+        let r = s
+            .chat("Hello", json!({"temperature": 0.7, "stream": true}))
+            .await;
+        assert_eq!(r.status, 200);
+        s.settle(n).await;
+    }
+    let rows = s.comparisons();
+    assert_eq!(rows.len(), 3, "{rows:#?}");
+    for row in &rows[..2] {
+        assert_eq!(row["mode"], "replay", "{row}");
+        assert_eq!(row["verdict"], "match", "{row}");
+        assert_eq!(row["streamed"], false, "a replay is never streamed");
+        assert_eq!(row["primary_backend"], "main");
+        assert_eq!(row["candidate_backend"], "cand");
+    }
+    // The budget is spent: the third is copied as it was sent, and is not comparable.
+    assert_eq!(rows[2]["mode"], "after-primary");
+    assert_eq!(rows[2]["verdict"], "incomparable");
+
+    // Each side's replay is a request of its own, never a live one, and greedy.
+    let conn = rusqlite::Connection::open(&s.ledger).unwrap();
+    let replays: Vec<(String, String)> = conn
+        .prepare("SELECT backend, sampling_json FROM requests WHERE variant = 'replay' ORDER BY id")
+        .unwrap()
+        .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))
+        .unwrap()
+        .map(Result::unwrap)
+        .collect();
+    assert_eq!(
+        replays.iter().map(|r| r.0.as_str()).collect::<Vec<_>>(),
+        ["main", "cand", "main", "cand"]
+    );
+    for (_, sampling) in &replays {
+        let sampling: Value = serde_json::from_str(sampling).unwrap();
+        assert_eq!(sampling["temperature"], 0, "{sampling}");
+        assert_eq!(sampling["max_tokens"], 8, "{sampling}");
+    }
+    // What the serving engine was sent: live, replay, live, replay, live.
+    let mut sent = Vec::new();
+    while let Some(event) = s.main.next_event(Duration::ZERO).await {
+        if let switchyard_tests::fake_engine::Event::Request { body, .. } = event {
+            sent.push(body);
+        }
+    }
+    assert_eq!(sent.len(), 5, "{sent:#?}");
+    let (live, replay) = (&sent[0], &sent[1]);
+    assert_eq!(
+        (live["temperature"].as_f64(), &live["stream"]),
+        (Some(0.7), &json!(true))
+    );
+    assert_eq!(replay["temperature"], 0);
+    assert_eq!(replay["stream"], false);
+    assert_eq!(replay["logprobs"], true);
+    assert_eq!(replay["top_logprobs"], 10);
+    assert_eq!(replay["messages"], live["messages"]);
+    let live: i64 = conn
+        .query_row(
+            "SELECT count(*) FROM requests WHERE variant = 'primary'",
+            [],
+            |r| r.get(0),
+        )
+        .unwrap();
+    assert_eq!(live, 3, "three live requests, whatever was replayed");
+
+    let metrics = s.metrics().await;
+    let series = |outcome: &str| {
+        format!("switchyard_shadow_replays_total{{model=\"smollm2\",candidate=\"cand\",outcome=\"{outcome}\"}} ")
+    };
+    let value = |name: String| -> f64 {
+        metrics
+            .lines()
+            .find_map(|l| l.strip_prefix(&name))
+            .unwrap_or_else(|| panic!("no {name} in {metrics}"))
+            .trim()
+            .parse()
+            .unwrap()
+    };
+    assert_eq!(value(series("replayed")), 2.0);
+    assert_eq!(value(series("budget")), 1.0);
+    let tokens = value(
+        "switchyard_shadow_replay_tokens_total{model=\"smollm2\",candidate=\"cand\"} ".to_owned(),
+    );
+    assert_eq!(tokens, 36.0);
+}

@@ -80,6 +80,15 @@ pub(super) struct VerdictLabels {
     pub(super) verdict: &'static str,
 }
 
+/// `switchyard_shadow_replays_total`: a shadow pair and what became of a request chosen for a
+/// greedy replay.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+pub(super) struct ReplayLabels {
+    #[prometheus(flatten)]
+    pub(super) pair: ShadowLabels,
+    pub(super) outcome: &'static str,
+}
+
 /// `switchyard_rejected_request_heads_total`: the status hyper answered with.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
 pub(super) struct HeadLabels {
@@ -169,6 +178,8 @@ pub(super) struct Families {
     pub(super) retries: Family<RejectedLabels, Counter>,
     pub(super) comparisons: Family<VerdictLabels, Counter>,
     pub(super) skipped: Family<ShadowLabels, Counter>,
+    pub(super) replays: Family<ReplayLabels, Counter>,
+    pub(super) replay_tokens: Family<ShadowLabels, Counter>,
     pub(super) idle_closed: Counter,
     pub(super) rejected_heads: Family<HeadLabels, Counter>,
     pub(super) client_connections: Gauge,
@@ -205,6 +216,8 @@ impl Families {
             retries: Family::default(),
             comparisons: Family::default(),
             skipped: Family::default(),
+            replays: Family::default(),
+            replay_tokens: Family::default(),
             idle_closed: Counter::default(),
             rejected_heads: Family::default(),
             client_connections: Gauge::default(),
@@ -330,6 +343,16 @@ impl Families {
             "switchyard_shadow_skipped",
             "Sampled requests not shadowed because the shadow pool (max_in_flight) was full",
             f.skipped.clone(),
+        );
+        registry.register(
+            "switchyard_shadow_replays",
+            "Sampled requests whose pair could not be compared and were chosen for a greedy replay, by outcome: replayed (both sides ran), budget (the token budget was spent: copied as usual), busy (a side had no free slot, or was not ready: no pair)",
+            f.replays.clone(),
+        );
+        registry.register(
+            "switchyard_shadow_replay_tokens",
+            "Tokens replays spent, prompt and generated, both sides",
+            f.replay_tokens.clone(),
         );
         registry.register(
             "switchyard_config_reloads",

@@ -32,6 +32,8 @@
 //! | `switchyard_auth_total` | counter | `key`, `outcome` (see [`AUTH_OUTCOMES`]) |
 //! | `switchyard_shadow_comparisons_total` | counter | `model`, `candidate`, `verdict` |
 //! | `switchyard_shadow_skipped_total` | counter | `model`, `candidate` |
+//! | `switchyard_shadow_replays_total` | counter | `model`, `candidate`, `outcome` (`replayed`, `budget`, `busy`) |
+//! | `switchyard_shadow_replay_tokens_total` | counter | `model`, `candidate` |
 //! | `switchyard_trace_spans_{exported,dropped,failed}_total` | counter | none (traces on only) |
 //!
 //! Label values come from configuration (public model names, backend and key names), never from what a
@@ -63,7 +65,7 @@ use self::families::{Families, HeadLabels, SeriesLabels};
 use self::series::{
     get_or_insert, AsKey, BackendHandles, SeriesHandles, SeriesKey, ShadowHandles, ShadowKey,
 };
-pub use self::series::{REJECTED_REASONS, RETRY_REASONS};
+pub use self::series::{REJECTED_REASONS, REPLAY_OUTCOMES, RETRY_REASONS};
 use crate::NameMap;
 use switchyard_record::RequestRecord;
 
@@ -314,6 +316,25 @@ impl Metrics {
             || ShadowHandles::new(&self.families, &key),
         )
         .observe(verdict, skipped)
+    }
+
+    /// Counts a request of `model` chosen for a greedy replay on `candidate`, by `outcome`
+    /// (`replayed`, `budget`, `busy`), and the tokens the replay spent.
+    pub fn observe_replay(
+        &self,
+        model: &Arc<str>,
+        candidate: &Arc<str>,
+        outcome: &str,
+        tokens: u64,
+    ) {
+        let key = (model.clone(), candidate.clone());
+        get_or_insert(
+            &self.shadows,
+            &key,
+            || key.clone(),
+            || ShadowHandles::new(&self.families, &key),
+        )
+        .replayed(outcome, tokens);
     }
 
     /// Counts one finished request. Called exactly once per request, when its record is written.

@@ -16,8 +16,8 @@ use prometheus_client::metrics::histogram::Histogram;
 use switchyard_policy::compare::Verdict;
 
 use super::families::{
-    BackendLabels, ErrorLabels, Families, RateLabels, RejectedLabels, SeriesLabels, ShadowLabels,
-    StatusLabels, VerdictLabels,
+    BackendLabels, ErrorLabels, Families, RateLabels, RejectedLabels, ReplayLabels, SeriesLabels,
+    ShadowLabels, StatusLabels, VerdictLabels,
 };
 use crate::NameMap;
 use switchyard_record::RequestRecord;
@@ -45,12 +45,16 @@ pub const RETRY_REASONS: [&str; 2] = ["unsent", "closed"];
 const SOURCES: [&str; 2] = ["engine", "measured"];
 
 /// `verdict` label values.
-const VERDICTS: [Verdict; 4] = [
+const VERDICTS: [Verdict; 5] = [
     Verdict::Match,
+    Verdict::Equivalent,
     Verdict::Mismatch,
     Verdict::CandidateError,
     Verdict::Incomparable,
 ];
+
+/// `outcome` label values of `switchyard_shadow_replays_total`.
+pub const REPLAY_OUTCOMES: [&str; 3] = ["replayed", "budget", "busy"];
 
 /// A family's child, created the first time it is written to: a series appears in the exposition
 /// once observed, so an empty histogram or a status class never seen is not written.
@@ -321,6 +325,8 @@ pub(super) struct ShadowHandles {
     verdicts: [Counter; VERDICTS.len()],
     /// Sampled requests not shadowed because the pool was full.
     skipped: Counter,
+    replays: [Counter; REPLAY_OUTCOMES.len()],
+    replay_tokens: Counter,
 }
 
 impl ShadowHandles {
@@ -337,7 +343,23 @@ impl ShadowHandles {
                 })
             }),
             skipped: f.skipped.get_or_create_owned(&pair),
+            replays: REPLAY_OUTCOMES.map(|outcome| {
+                f.replays.get_or_create_owned(&ReplayLabels {
+                    pair: pair.clone(),
+                    outcome,
+                })
+            }),
+            replay_tokens: f.replay_tokens.get_or_create_owned(&pair),
         }
+    }
+
+    /// Counts a request chosen for a replay, by `outcome` (one of [`REPLAY_OUTCOMES`]), and
+    /// the tokens it spent.
+    pub(super) fn replayed(&self, outcome: &str, tokens: u64) {
+        if let Some(i) = REPLAY_OUTCOMES.iter().position(|o| *o == outcome) {
+            self.replays[i].inc();
+        }
+        self.replay_tokens.inc_by(tokens);
     }
 
     /// Counts one comparison; returns the pair's skips so far (this one included).

@@ -33,6 +33,10 @@ pub const MIN_REPETITIONS: usize = 3;
 pub enum Verdict {
     /// Both answered; the normalized outputs are identical.
     Match,
+    /// A greedy pair whose outputs differ, judged token by token by a plan's equivalence rule
+    /// to have parted only at a near tie, within its bounds: evidence for the candidate, as a
+    /// match is.
+    Equivalent,
     /// Both answered; the outputs differ.
     Mismatch,
     /// The primary answered; the candidate failed (error status, broken stream, unreachable).
@@ -45,6 +49,7 @@ impl Verdict {
     pub fn as_str(self) -> &'static str {
         match self {
             Self::Match => "match",
+            Self::Equivalent => "equivalent",
             Self::Mismatch => "mismatch",
             Self::CandidateError => "candidate-error",
             Self::Incomparable => "incomparable",
@@ -54,6 +59,7 @@ impl Verdict {
     pub fn parse(s: &str) -> Option<Self> {
         Some(match s {
             "match" => Self::Match,
+            "equivalent" => Self::Equivalent,
             "mismatch" => Self::Mismatch,
             "candidate-error" => Self::CandidateError,
             "incomparable" => Self::Incomparable,

@@ -66,6 +66,8 @@ pub struct Counts {
     pub pairs: usize,
     #[serde(rename = "match")]
     pub matched: usize,
+    /// Greedy pairs whose outputs differ only past a near tie, by a plan's equivalence rule.
+    pub equivalent: usize,
     pub mismatch: usize,
     pub candidate_error: usize,
     pub incomparable: usize,
@@ -75,6 +77,7 @@ impl Counts {
     fn add(&mut self, other: &Counts) {
         self.pairs += other.pairs;
         self.matched += other.matched;
+        self.equivalent += other.equivalent;
         self.mismatch += other.mismatch;
         self.candidate_error += other.candidate_error;
         self.incomparable += other.incomparable;
@@ -95,6 +98,9 @@ pub enum Status {
     IdentityIncomplete,
     /// Sampling does not fix the output: no conclusion.
     NotDeterministic,
+    /// No pair differs, but some are only equivalent (a near-tie divergence): no speed ratios,
+    /// since the outputs differ.
+    Equivalent,
     /// Everything matched, but too few repetitions.
     TooFewRepetitions,
     /// Nothing could be judged (every pair skipped or the primary failed).
@@ -109,6 +115,7 @@ impl Status {
             Self::CandidateFailed => "candidate-failed",
             Self::IdentityIncomplete => "identity-incomplete",
             Self::NotDeterministic => "not-deterministic",
+            Self::Equivalent => "equivalent",
             Self::TooFewRepetitions => "too-few-repetitions",
             Self::NothingJudged => "nothing-judged",
         }
@@ -197,6 +204,7 @@ fn judge_group(key: GroupKey, pairs: &[&Pair]) -> Group {
         counts.pairs += n;
         match pair.verdict {
             Verdict::Match => counts.matched += n,
+            Verdict::Equivalent => counts.equivalent += n,
             Verdict::Mismatch => counts.mismatch += n,
             Verdict::CandidateError => counts.candidate_error += n,
             Verdict::Incomparable => counts.incomparable += n,
@@ -251,6 +259,14 @@ fn judge_group(key: GroupKey, pairs: &[&Pair]) -> Group {
             format!(
                 "outputs cannot be compared: {}",
                 reasons("sampling not deterministic").join(" | ")
+            ),
+        )
+    } else if counts.equivalent > 0 {
+        (
+            Status::Equivalent,
+            format!(
+                "{} of {judged} equivalent by the equivalence rule (parted at a near tie) and {} identical — no speed ratios, the outputs differ",
+                counts.equivalent, counts.matched
             ),
         )
     } else if counts.matched == 0 {

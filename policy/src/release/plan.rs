@@ -51,6 +51,9 @@ pub struct Plan {
     /// alone.
     #[serde(default = "default_session_header")]
     pub session_header: String,
+    /// Greedy replays of the copies that cannot be compared (sampled traffic); none by default.
+    #[serde(default)]
+    pub replay: Option<crate::replay::Replay>,
 }
 
 fn default_session_header() -> String {
@@ -192,6 +195,7 @@ impl Plan {
             evaluate_every_ms: default_evaluate_every_ms(),
             probes: None,
             session_header: default_session_header(),
+            replay: None,
         }
     }
 
@@ -236,6 +240,11 @@ impl Plan {
         }
         if !(0.0..=1.0).contains(&self.max_error_rate) {
             push("max_error_rate".to_owned(), "must be between 0 and 1");
+        }
+        if let Some(replay) = &self.replay {
+            for (at, why) in replay.problems("replay") {
+                push(at, &why);
+            }
         }
         let p = self.performance;
         if !(p.allowed >= 1.0 && p.critical >= p.allowed) {

@@ -385,6 +385,17 @@ pub fn validate(config: &Config) -> Vec<Problem> {
                     "must be at least 1",
                 ));
             }
+            if let Some(replay) = &shadow.replay {
+                for (at, why) in replay.problems(&format!("{sh_at}.replay")) {
+                    problems.push(Problem::new(at, why));
+                }
+                if shadow.when == crate::ShadowWhen::Concurrent {
+                    problems.push(Problem::new(
+                        format!("{sh_at}.replay"),
+                        "replays run after the primary's answer: they need `when = \"after-primary\"`",
+                    ));
+                }
+            }
         }
     }
     if let Some(default) = &server.default_model {

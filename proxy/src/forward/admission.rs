@@ -6,6 +6,8 @@
 //! counted by reason. A request refused or timed out here, or whose client leaves while it
 //! waits (dropping the wait and with it its place), never reaches the engine. When shutdown's
 //! drain timeout runs out, whoever still waits is answered 503 at once, never having been sent.
+//! A replay (evidence for a comparison, never a client's request) takes a slot only when one
+//! is free, and never waits in the queue ahead of, or beside, a live request.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -229,6 +231,15 @@ where
             }
             Err(TryAcquireError::Closed) => {
                 let error = self.closed("the slots are closed");
+                Either::Right(Box::pin(async move { Err(attempt.fail(error)) }))
+            }
+            // A replay is evidence, not a client's request: it never waits for a slot.
+            Err(TryAcquireError::NoPermits) if attempt.variant == "replay" => {
+                let error = ProxyError::EngineUnavailable {
+                    backend: self.backend.name.to_string(),
+                    why: "every slot is taken, and a replay never waits for one".to_owned(),
+                    code: "busy",
+                };
                 Either::Right(Box::pin(async move { Err(attempt.fail(error)) }))
             }
             Err(TryAcquireError::NoPermits) => self.wait(attempt, queued, semaphore),

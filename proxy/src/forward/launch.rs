@@ -73,8 +73,10 @@ where
         let clone = self.inner.clone();
         let mut inner = std::mem::replace(&mut self.inner, clone);
         let backend = self.backend.name.clone();
-        if matches!(attempt.variant, "shadow" | "probe") && managed.status().phase != Phase::Ready {
-            // A copy or a golden probe never starts (or evicts) an engine.
+        if matches!(attempt.variant, "shadow" | "probe" | "replay")
+            && managed.status().phase != Phase::Ready
+        {
+            // A copy, a replay or a golden probe never starts (or evicts) an engine.
             let attempt_variant = attempt.variant;
             let failed = attempt.fail(ProxyError::EngineUnavailable {
                 backend: backend.to_string(),
@@ -101,7 +103,7 @@ where
             if !exited(&managed).await {
                 return Err(ctx.fail(error));
             }
-            if matches!(variant, "shadow" | "probe") {
+            if matches!(variant, "shadow" | "probe" | "replay") {
                 return Err(ctx.fail(ProxyError::EngineUnavailable {
                     backend: backend.to_string(),
                     why: format!("its engine exited as the {variant} was sent, and a {variant} never waits for a restart"),

@@ -258,11 +258,20 @@ impl Routing {
         };
         if let Some((shadow, pool)) = copy.filter(|(s, _)| self.shadowing.sampled(s)) {
             let target = match pool {
-                Some(pool) => snapshot
-                    .candidate(&shadow.backend)
-                    .map(|candidate| Target { candidate, pool }),
+                Some(pool) => snapshot.candidate(&shadow.backend).map(|candidate| Target {
+                    candidate,
+                    pool,
+                    served: None,
+                }),
                 None => snapshot.shadow_target(&route.model, &shadow.backend),
             };
+            // A replay goes to the serving backend too.
+            let target = target.and_then(|mut target| {
+                if shadow.replay.is_some() {
+                    target.served = Some(snapshot.candidate(&serving.primary)?);
+                }
+                Ok(target)
+            });
             let target = match target {
                 Ok(target) => target,
                 Err(error) => return Err(ctx.fail(error)),

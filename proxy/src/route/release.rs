@@ -44,6 +44,8 @@ pub(crate) struct Copies {
     pub(crate) from: Arm,
     pub(crate) sample: f64,
     pub(crate) pool: Arc<shadow::Pool>,
+    /// The plan's greedy replays of copies that cannot be compared.
+    pub(crate) replay: Option<switchyard_policy::replay::Replay>,
 }
 
 impl ReleaseRoute {
@@ -61,6 +63,7 @@ impl ReleaseRoute {
                 sample: copies.sample,
                 max_in_flight: copies.pool.max_in_flight,
                 when: ShadowWhen::AfterPrimary,
+                replay: copies.replay,
             },
             copies.pool.clone(),
         ))

@@ -102,9 +102,14 @@ impl Snapshot {
             };
             let kept = previous
                 .and_then(|p| p.shadow_pools.get(name))
-                .filter(|pool| pool.max_in_flight == shadow.max_in_flight)
+                .filter(|pool| pool.fits(shadow.max_in_flight, shadow.replay.as_ref()))
                 .cloned();
-            let pool = kept.unwrap_or_else(|| Arc::new(shadow::Pool::new(shadow.max_in_flight)));
+            let pool = kept.unwrap_or_else(|| {
+                Arc::new(shadow::Pool::new(
+                    shadow.max_in_flight,
+                    shadow.replay.as_ref(),
+                ))
+            });
             shadow_pools.insert(name.clone(), pool);
         }
         let created = started
@@ -169,6 +174,7 @@ impl Snapshot {
         Ok(Target {
             candidate: self.candidate(backend)?,
             pool,
+            served: None,
         })
     }
 }

@@ -18,6 +18,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use switchyard_adapters::fingerprint::WorkloadFingerprint;
+use switchyard_policy::replay::{Budget, Replay};
 use switchyard_policy::{Route, ShadowRoute, ShadowWhen};
 use tokio::sync::{oneshot, OwnedSemaphorePermit, Semaphore};
 use tokio_util::sync::CancellationToken;
@@ -26,6 +27,7 @@ use tokio_util::task::TaskTracker;
 use crate::forward::Outgoing;
 use crate::recording::Recorder;
 
+mod replay;
 mod run;
 mod skip;
 pub mod suite;
@@ -53,23 +55,33 @@ pub struct Shadowing {
 /// (each text at most `switchyard_adapters::TEXT_BYTES`); later ones keep their hashes only.
 pub(crate) const MAX_KEPT_TEXTS: u64 = 1000;
 
-/// One model's shadow pool: at most `max_in_flight` of its shadows run at once.
+/// One model's shadow pool: at most `max_in_flight` of its shadows (and replays) run at once,
+/// and its replays spend from one budget.
 #[derive(Debug)]
 pub(crate) struct Pool {
     permits: Arc<Semaphore>,
     pub(crate) max_in_flight: u32,
     /// The reason a skip for want of room is recorded with.
     full: Arc<str>,
+    /// The replays' token budget, when replays are configured.
+    pub(crate) budget: Option<Budget>,
 }
 
 impl Pool {
-    pub(crate) fn new(max_in_flight: u32) -> Self {
+    pub(crate) fn new(max_in_flight: u32, replay: Option<&Replay>) -> Self {
         let permits = usize::try_from(max_in_flight).unwrap_or(usize::MAX);
         Self {
             permits: Arc::new(Semaphore::new(permits)),
             max_in_flight,
             full: format!("shadow skipped: pool full (max_in_flight = {max_in_flight})").into(),
+            budget: replay.map(|r| Budget::new(r.tokens_per_hour)),
         }
+    }
+
+    /// Whether this pool serves a shadow of `max_in_flight` with `replay` as it is.
+    pub(crate) fn fits(&self, max_in_flight: u32, replay: Option<&Replay>) -> bool {
+        self.max_in_flight == max_in_flight
+            && self.budget.as_ref().map(Budget::per_hour) == replay.map(|r| r.tokens_per_hour)
     }
 
     fn permit(&self) -> Option<OwnedSemaphorePermit> {
@@ -144,6 +156,8 @@ impl Shadowing {
             pool: target.pool,
             when: shadow.when,
             streamed,
+            replay: shadow.replay,
+            served: target.served,
         };
         let skip = if !outgoing.endpoint.compared() {
             // Outputs are compared as generated text in `choices`: vectors, rankings and the

@@ -10,6 +10,7 @@ use http_body_util::BodyExt;
 use switchyard_adapters::fingerprint::WorkloadFingerprint;
 use switchyard_engine::Backend;
 use switchyard_policy::compare::{judge, Pair, Side, Verdict};
+use switchyard_policy::replay::Replay;
 use switchyard_policy::ShadowWhen;
 use switchyard_record::RequestRecord;
 use tokio::sync::oneshot;
@@ -18,6 +19,7 @@ use tower::ServiceExt as _;
 use crate::forward::{Attempt, BackendStack, Ctx, Outgoing};
 use crate::recording::{Hook, Recorder, Recording};
 
+use super::replay::ReplayJob;
 use super::skip::{not_ready, Skip};
 use super::{Pool, Shadowing};
 
@@ -70,6 +72,34 @@ impl Ticket {
                 let Some(permit) = plan.pool.permit() else {
                     return plan.skipped(record, Skip::PoolFull);
                 };
+                // A pair that could not be compared is replayed greedily, when replays are on
+                // and the budget allows; else it is copied as it was sent.
+                let outgoing = match plan.replay_for(record, fingerprint, outgoing.endpoint) {
+                    Some((replay, served)) => {
+                        let bound = record
+                            .side()
+                            .prompt_tokens
+                            .unwrap_or(outgoing.body.len() as u64);
+                        let reserved = replay.cost_bound(bound);
+                        let budget = plan.pool.budget.as_ref();
+                        if budget.is_some_and(|b| b.reserve(reserved, super::replay::now_ms())) {
+                            let tasks = shadowing.tasks.clone();
+                            let job = ReplayJob {
+                                comparison: plan.comparison(fingerprint.clone()),
+                                outgoing,
+                                replay,
+                                served,
+                                reserved,
+                            };
+                            tasks.spawn(job.run(permit));
+                            return;
+                        }
+                        let metrics = &shadowing.recorder.metrics;
+                        metrics.observe_replay(&plan.model, &plan.candidate, "budget", 0);
+                        outgoing
+                    }
+                    None => outgoing,
+                };
                 let stop = shadowing.stop.clone();
                 let tasks = shadowing.tasks.clone();
                 let mut comparison = plan.comparison(fingerprint.clone());
@@ -110,6 +140,11 @@ pub(crate) struct Planned {
     pub(super) pool: Arc<Pool>,
     pub(super) when: ShadowWhen,
     pub(super) streamed: bool,
+    /// Greedy replays of the requests whose pair cannot be compared.
+    pub(super) replay: Option<Replay>,
+    /// The backend expected to serve the request, with its stack (a replay's primary side);
+    /// set when replays are on.
+    pub(super) served: Option<Candidate>,
 }
 
 /// A backend with its stack: a shadow's, or one a request is tried on.
@@ -119,10 +154,12 @@ pub(crate) struct Candidate {
     pub(crate) stack: BackendStack,
 }
 
-/// Where a sampled request's shadow goes: the candidate, and the model's pool.
+/// Where a sampled request's shadow goes: the candidate, and the model's pool; with replays,
+/// also the backend that serves the request (a replay is sent to both).
 pub(crate) struct Target {
     pub(crate) candidate: Candidate,
     pub(crate) pool: Arc<Pool>,
+    pub(crate) served: Option<Candidate>,
 }
 
 /// Whether `backend` is a managed engine that is not ready now.
@@ -193,6 +230,7 @@ impl ShadowJob {
             &c.fingerprint,
             c.plan.streamed,
             None,
+            false,
         )
         .await
     }
@@ -265,6 +303,11 @@ impl Comparison {
             reason,
             count: 1,
         };
+        self.record(pair, "shadow");
+    }
+
+    /// Counts, logs and records `pair` (`source`: `shadow`, or `replay`).
+    pub(super) fn record(&self, pair: Pair, source: &'static str) {
         let recorder = &self.plan.shadowing.recorder;
         recorder.metrics.observe_comparison(
             &self.plan.model,
@@ -272,8 +315,8 @@ impl Comparison {
             pair.verdict,
             false,
         );
-        Recorder::log_comparison(&pair, "shadow");
-        recorder.comparison(pair, &self.fingerprint.sampling_json, "shadow");
+        Recorder::log_comparison(&pair, source);
+        recorder.comparison(pair, &self.fingerprint.sampling_json, source);
         self.plan.shadowing.recorded.send_modify(|n| *n += 1);
     }
 }
@@ -284,11 +327,18 @@ impl Comparison {
 pub(crate) struct Ran {
     pub(crate) side: Side,
     pub(crate) not_ready: Option<&'static str>,
+    /// The answer's body, when it was asked for (`keep_body`) and came whole within
+    /// [`KEPT_BODY_BYTES`].
+    pub(crate) body: Option<bytes::Bytes>,
 }
 
+/// The most of an answer [`run_on`] keeps when asked to: a replay's answer with the
+/// alternatives of each of its tokens is tens of kilobytes.
+const KEPT_BODY_BYTES: usize = 8 << 20;
+
 /// Runs one request on `candidate` as its own recorded request (variant `variant`), reads the
-/// answer to its end, and returns the outcome. Used by shadows, golden probes and
-/// `switchyard compare`.
+/// answer to its end (keeping it when `keep_body`), and returns the outcome. Used by shadows,
+/// replays, golden probes and `switchyard compare`.
 #[allow(clippy::too_many_arguments)]
 pub(crate) async fn run_on(
     recorder: &Arc<Recorder>,
@@ -299,6 +349,7 @@ pub(crate) async fn run_on(
     fingerprint: &WorkloadFingerprint,
     streamed: bool,
     warm: Option<bool>,
+    keep_body: bool,
 ) -> Ran {
     let id = ulid::Ulid::new().to_string();
     let header_id = HeaderValue::from_str(&id).unwrap_or(HeaderValue::from_static("shadow"));
@@ -319,18 +370,28 @@ pub(crate) async fn run_on(
     let ctx = Ctx::new(recording, header_id, outgoing.endpoint);
     let attempt = Attempt::new(ctx, outgoing.clone(), variant);
     let mut refused = None;
+    let mut kept = keep_body.then(bytes::BytesMut::new);
     match candidate.stack.clone().oneshot(attempt).await {
         Ok(response) => {
             // A streamed answer's record is written when its body ends; read it to the end.
             let mut body = response.into_body();
             while let Some(frame) = body.frame().await {
-                if frame.is_err() {
+                let Ok(frame) = frame else {
+                    kept = None;
                     break;
+                };
+                if let (Some(buf), Some(data)) = (kept.as_mut(), frame.data_ref()) {
+                    if buf.len() + data.len() > KEPT_BODY_BYTES {
+                        kept = None;
+                    } else {
+                        buf.extend_from_slice(data);
+                    }
                 }
             }
         }
         Err(failed) => {
             refused = not_ready(&failed.error);
+            kept = None;
             let _ = failed.into_response();
         }
     }
@@ -342,5 +403,6 @@ pub(crate) async fn run_on(
     Ran {
         side,
         not_ready: refused,
+        body: kept.map(bytes::BytesMut::freeze),
     }
 }

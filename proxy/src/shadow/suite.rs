@@ -108,6 +108,7 @@ pub(crate) async fn run_pair(
             &fingerprint,
             request.streamed,
             warm,
+            false,
         )
         .await;
         // A candidate not ready for the request was sent nothing: no answer, and no error of

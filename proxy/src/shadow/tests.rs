@@ -339,6 +339,7 @@ async fn a_copy_refused_unsent_for_want_of_readiness_is_a_skip_never_a_candidate
         &fingerprint,
         false,
         None,
+        false,
     )
     .await;
     assert_eq!(ran.not_ready, Some("engine_not_running"));

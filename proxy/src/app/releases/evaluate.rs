@@ -349,7 +349,7 @@ pub(crate) fn count(
     }
     for pair in &oriented {
         match pair.verdict {
-            Verdict::Match => evidence.comparable_pairs += pair.count,
+            Verdict::Match | Verdict::Equivalent => evidence.comparable_pairs += pair.count,
             Verdict::Mismatch => {
                 evidence.comparable_pairs += pair.count;
                 evidence.mismatches += pair.count;

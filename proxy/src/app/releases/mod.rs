@@ -25,6 +25,7 @@ use serde_json::Value;
 use switchyard_engine::Verification;
 use switchyard_observe::ledger::{Evaluation, Release, ReleaseEvent, ReleaseStore};
 use switchyard_policy::release::{Arm, Plan};
+use switchyard_policy::replay::Replay;
 
 use super::events::Event;
 use super::AppState;
@@ -71,11 +72,12 @@ impl Releases {
         self.store.as_ref().ok_or(ReleaseError::NoLedger)
     }
 
-    fn pool(&self, id: &str) -> Arc<Pool> {
+    /// Release `id`'s pool of copies (one at a time), with its plan's replay budget.
+    fn pool(&self, id: &str, replay: Option<&Replay>) -> Arc<Pool> {
         let mut pools = self.pools.lock().unwrap_or_else(PoisonError::into_inner);
         pools
             .entry(id.to_owned())
-            .or_insert_with(|| Arc::new(Pool::new(1)))
+            .or_insert_with(|| Arc::new(Pool::new(1, replay)))
             .clone()
     }
 
@@ -138,7 +140,8 @@ impl Releases {
                     Arm::Candidate
                 },
                 sample: plan.sample,
-                pool: self.pool(&release.id),
+                pool: self.pool(&release.id, plan.replay.as_ref()),
+                replay: plan.replay,
             });
             let Ok(session_header) = http::HeaderName::try_from(plan.session_header.as_str())
             else {

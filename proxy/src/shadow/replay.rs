@@ -1,0 +1,203 @@
+//! Greedy replays: a sampled request whose own pair cannot be compared (sampled without a
+//! seed, or seeded between two engine builds) is, for a share of them and within a token
+//! budget, replayed greedily to both sides instead of copied ([`switchyard_policy::replay`]).
+//! The two answers carry each token's log-probability and alternatives, so a pair that
+//! differs is judged token by token when the shadow or the plan has an equivalence rule.
+//!
+//! A replay is never a live request of either side: each side's request is recorded with
+//! variant `replay` and no release mark, takes a slot only when one is free (admission never
+//! queues it), and never starts a managed engine. The pair is recorded with mode `replay`.
+
+use std::sync::Arc;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use bytes::Bytes;
+use switchyard_adapters::fingerprint::WorkloadFingerprint;
+use switchyard_adapters::Endpoint;
+use switchyard_policy::compare::{judge, Determinism, Pair, Side, Verdict};
+use switchyard_policy::replay::Replay;
+use switchyard_record::RequestRecord;
+use tokio::sync::OwnedSemaphorePermit;
+
+use super::run::{run_on, Candidate, Comparison, Planned, Ran};
+use crate::forward::Outgoing;
+
+/// A request chosen for a replay, with its tokens reserved from the pool's budget.
+pub(super) struct ReplayJob {
+    pub(super) comparison: Comparison,
+    pub(super) outgoing: Arc<Outgoing>,
+    pub(super) replay: Replay,
+    /// The backend that served the request: the replay's primary side.
+    pub(super) served: Candidate,
+    /// Tokens reserved from the budget.
+    pub(super) reserved: u64,
+}
+
+/// Why a request cannot be compared as it was sent, when it cannot: its sampling does not fix
+/// its output on both sides. `candidate_engine` is the candidate's engine build now.
+fn not_comparable(
+    determinism: Determinism,
+    served_engine: Option<&str>,
+    candidate_engine: &str,
+) -> bool {
+    match determinism {
+        Determinism::Greedy => false,
+        Determinism::Seeded => served_engine != Some(candidate_engine),
+        Determinism::Random => true,
+    }
+}
+
+impl Planned {
+    /// The replay `record`'s request gets instead of a copy, if it gets one: replays are
+    /// configured, the request is a chat completion served by the backend the plan expected
+    /// (not a fallback), its pair could not be compared, and the share's draw takes it. Asked
+    /// once the pool has room; the budget is asked next.
+    pub(super) fn replay_for(
+        &self,
+        record: &RequestRecord,
+        fingerprint: &WorkloadFingerprint,
+        endpoint: Endpoint,
+    ) -> Option<(Replay, Candidate)> {
+        let replay = self.replay?;
+        let served = self.served.clone()?;
+        if endpoint != Endpoint::ChatCompletions
+            || record.backend.as_deref() != Some(&*served.backend.name)
+        {
+            return None;
+        }
+        let candidate = self.target.backend.identity_headers();
+        let candidate_engine = candidate.engine.to_str().unwrap_or("");
+        if !not_comparable(
+            fingerprint.determinism,
+            record.engine.as_deref(),
+            candidate_engine,
+        ) {
+            return None;
+        }
+        replay
+            .sampled(self.shadowing.draw())
+            .then_some((replay, served))
+    }
+}
+
+/// Milliseconds since the Unix epoch, the budget's clock.
+pub(super) fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
+
+/// Tokens a side's request cost: its prompt and what it generated.
+fn spent(side: &Side) -> u64 {
+    side.prompt_tokens.unwrap_or(0) + side.completion_tokens.unwrap_or(0)
+}
+
+impl ReplayJob {
+    /// Runs the replay on the serving backend, then on the candidate (never both at once: the
+    /// engines do not compete for the hardware), judges the pair and records it. `permit` is
+    /// the pool's place, held until the pair is recorded.
+    pub(super) async fn run(self, permit: OwnedSemaphorePermit) {
+        let c = &self.comparison;
+        let recorder = &c.plan.shadowing.recorder;
+        let metrics = &recorder.metrics;
+        let (model, candidate) = (&c.plan.model, &c.plan.candidate);
+        let body = match self.replay.greedy_body(&self.outgoing.body) {
+            Ok(body) => Bytes::from(body),
+            Err(why) => return self.lost(&why),
+        };
+        let built = Outgoing::from_json(Endpoint::ChatCompletions.path(), body, false);
+        let (outgoing, fingerprint) = match built {
+            Ok((outgoing, _, fingerprint)) => (Arc::new(outgoing), fingerprint),
+            Err(e) => return self.lost(&e.to_string()),
+        };
+        let mut sides = Vec::with_capacity(2);
+        for target in [&self.served, &c.plan.target] {
+            let ran = run_on(
+                recorder,
+                target,
+                "replay",
+                &outgoing,
+                model,
+                &fingerprint,
+                false,
+                None,
+                true,
+            )
+            .await;
+            if let Some(code) = ran.not_ready {
+                // A side with no free slot (or not ready): the replay yields, and gives no pair.
+                let tokens = sides.iter().map(|r: &Ran| spent(&r.side)).sum();
+                self.settle_budget(tokens);
+                metrics.observe_replay(model, candidate, "busy", tokens);
+                tracing::debug!(model = %model, backend = %target.backend.name, code, "replay yielded");
+                return;
+            }
+            let failed = ran.side.failure().is_some();
+            sides.push(ran);
+            if failed {
+                break; // the serving side failed: nothing to compare against
+            }
+        }
+        let tokens = sides.iter().map(|r| spent(&r.side)).sum();
+        self.settle_budget(tokens);
+        metrics.observe_replay(model, candidate, "replayed", tokens);
+        let mut sides = sides.into_iter();
+        let Some(primary) = sides.next() else {
+            return self.lost("internal: the replay has no primary side");
+        };
+        let candidate_ran = sides.next();
+        let comparison = Comparison {
+            fingerprint,
+            ..self.comparison
+        };
+        comparison.finish_replay(primary, candidate_ran);
+        drop(permit);
+    }
+
+    /// Gives back what the replay reserved and did not spend.
+    fn settle_budget(&self, tokens: u64) {
+        if let Some(budget) = &self.comparison.plan.pool.budget {
+            budget.refund(self.reserved.saturating_sub(tokens));
+        }
+    }
+
+    /// A replay that could not be built: said in the log, its reservation given back.
+    fn lost(self, why: &str) {
+        self.settle_budget(0);
+        tracing::warn!(
+            model = %self.comparison.plan.model,
+            candidate = %self.comparison.plan.candidate,
+            "replay not sent: {why}"
+        );
+    }
+}
+
+impl Comparison {
+    /// Judges and records a replayed pair (`candidate`: None when the serving side failed and
+    /// the candidate was not asked).
+    fn finish_replay(&self, primary: Ran, candidate: Option<Ran>) {
+        let (mut p, c) = (primary.side, candidate.as_ref().map(|r| r.side.clone()));
+        let (verdict, reason) = judge(&p, c.as_ref(), Determinism::Greedy, None);
+        let mut c = c;
+        let keep = verdict == Verdict::Mismatch && self.plan.shadowing.keep_texts();
+        if !keep {
+            p.text = None;
+            if let Some(c) = c.as_mut() {
+                c.text = None;
+            }
+        }
+        let pair = Pair {
+            model: self.plan.model.to_string(),
+            workload: self.fingerprint.workload.clone(),
+            sampling: self.fingerprint.sampling.clone(),
+            streamed: false,
+            mode: "replay".to_owned(),
+            primary: p,
+            candidate: c,
+            verdict,
+            reason,
+            count: 1,
+        };
+        self.record(pair, "replay");
+    }
+}
