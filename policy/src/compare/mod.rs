@@ -11,6 +11,7 @@
 //! the recorded comparison ([`Pair`]). Grouping pairs and concluding over groups lives in
 //! `summary`, the performance ratios in `ratios`.
 
+pub mod equivalence;
 mod ratios;
 mod summary;
 #[cfg(test)]
