@@ -10,6 +10,7 @@ pub mod endpoint;
 pub mod fingerprint;
 pub mod identity;
 pub mod llama_cpp;
+pub mod logprobs;
 pub mod mlx;
 pub mod observe;
 pub mod openai;
