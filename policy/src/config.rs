@@ -439,6 +439,10 @@ pub struct ShadowConfig {
     /// only); none by default.
     #[serde(default)]
     pub replay: Option<crate::replay::Replay>,
+    /// Judge greedy pairs that differ token by token (needs `replay`, whose answers carry the
+    /// log-probabilities); off by default: exact match.
+    #[serde(default)]
+    pub equivalence: Option<crate::compare::equivalence::Rule>,
 }
 
 fn default_shadow_sample() -> f64 {

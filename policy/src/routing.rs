@@ -30,6 +30,8 @@ pub struct ShadowRoute {
     pub when: ShadowWhen,
     /// Greedy replays of sampled requests that cannot be compared.
     pub replay: Option<crate::replay::Replay>,
+    /// The equivalence rule greedy pairs that differ are judged by, if any.
+    pub equivalence: Option<crate::compare::equivalence::Rule>,
 }
 
 impl ShadowRoute {
@@ -77,6 +79,7 @@ impl RoutingTable {
                     max_in_flight: s.max_in_flight,
                     when: s.when,
                     replay: s.replay,
+                    equivalence: s.equivalence,
                 }),
             });
             names.push(route.model.clone());
@@ -139,6 +142,7 @@ mod tests {
             max_in_flight: 1,
             when: ShadowWhen::AfterPrimary,
             replay: None,
+            equivalence: None,
         };
         assert!(route(1.0).sampled(u64::MAX));
         assert!(!route(0.0).sampled(0));

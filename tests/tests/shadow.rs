@@ -863,3 +863,66 @@ async fn sampled_requests_are_replayed_greedily_to_both_sides_within_the_budget(
     );
     assert_eq!(tokens, 36.0);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_an_equivalence_rule_pairs_that_differ_are_judged_token_by_token_on_a_replay() {
+    let s = stack(
+        FakeEngine::llama_cpp(),
+        FakeEngine::llama_cpp().fixed_text("Lyon is the capital."),
+        r#"{ backend = "cand", sample = 1.0, max_in_flight = 1, replay = { max_tokens = 8 }, equivalence = { near_tie_logprob = 0.5 } }"#,
+    )
+    .await;
+    // A greedy request: its live pair differs, and its replay judges it.
+    assert_eq!(
+        s.chat("What is the capital of France?", json!({}))
+            .await
+            .status,
+        200
+    );
+    s.settle(2).await;
+    // A sampled one: replayed at once.
+    let sampled = json!({"temperature": 0.7});
+    assert_eq!(
+        s.chat("What is the capital of France?", sampled)
+            .await
+            .status,
+        200
+    );
+    s.settle(3).await;
+    let rows = s.comparisons();
+    assert_eq!(rows.len(), 3, "{rows:#?}");
+    assert_eq!(rows[0]["verdict"], "incomparable");
+    assert_eq!(rows[0]["mode"], "after-primary");
+    assert!(rows[0]["reason"]
+        .as_str()
+        .unwrap()
+        .contains("judged by the equivalence rule on its greedy replay"));
+    for row in &rows[1..] {
+        assert_eq!(row["mode"], "replay", "{row}");
+        assert_eq!(row["verdict"], "mismatch", "{row}");
+        let reason = row["reason"].as_str().unwrap();
+        assert!(
+            reason.starts_with("prompt \"What is the capital of France?\": after \"\", confident divergence at token 0"),
+            "{reason}"
+        );
+    }
+    // The judgement is in the ledger, for people and for recomputing.
+    let conn = rusqlite::Connection::open(&s.ledger).unwrap();
+    let judged: Vec<String> = conn
+        .prepare("SELECT equivalence FROM comparisons WHERE mode = 'replay' ORDER BY id")
+        .unwrap()
+        .query_map([], |r| r.get(0))
+        .unwrap()
+        .map(Result::unwrap)
+        .collect();
+    assert_eq!(judged.len(), 2);
+    let judged: Value = serde_json::from_str(&judged[0]).unwrap();
+    assert_eq!(judged["verdict"], "different");
+    assert_eq!(judged["positions"], 1);
+    assert_eq!(judged["divergence"]["at"], 0);
+    assert_eq!(judged["divergence"]["near_tie"], false);
+    assert_eq!(
+        judged["divergence"]["candidate"]["text"], "Lyon ",
+        "{judged}"
+    );
+}

@@ -137,11 +137,16 @@ impl Ledger {
 
     /// Queues a comparison. Never blocks; a full queue drops and counts it.
     pub fn comparison(&self, pair: Pair, sampling_json: &str, source: &'static str) {
+        let equivalence = pair
+            .equivalence
+            .as_ref()
+            .and_then(|j| serde_json::to_string(j).ok());
         self.submit(Entry::Comparison(Box::new(ComparisonRow {
             ts_ms: unix_ms(SystemTime::now()),
             source,
             sampling_json: sampling_json.to_owned(),
             pair,
+            equivalence,
         })));
     }
 

@@ -75,6 +75,10 @@ pub(super) fn read_comparisons_between(
     let texted = conn
         .prepare("SELECT primary_text FROM comparisons LIMIT 0")
         .is_ok();
+    // … and one written before migration 12 judged no pair token by token.
+    let judged = conn
+        .prepare("SELECT equivalence FROM comparisons LIMIT 0")
+        .is_ok();
     let mut statement = conn.prepare(
         "SELECT * FROM comparisons WHERE ts_ms >= ?1 AND ts_ms < ?2 AND id <= ?3 ORDER BY id",
     )?;
@@ -149,6 +153,14 @@ pub(super) fn read_comparisons_between(
                 row.get::<_, i64>("count")?.max(1) as u64
             } else {
                 1
+            },
+            // A judgement that does not read (written by a later Switchyard) is left out.
+            equivalence: if judged {
+                row.get::<_, Option<String>>("equivalence")?
+                    .and_then(|j| serde_json::from_str(&j).ok())
+                    .map(Box::new)
+            } else {
+                None
             },
         };
         Ok((ts_ms, pair))

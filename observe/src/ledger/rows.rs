@@ -69,6 +69,8 @@ pub(super) struct ComparisonRow {
     pub(super) source: &'static str,
     pub(super) sampling_json: String,
     pub(super) pair: Pair,
+    /// The pair's token-level judgement as JSON, when it has one.
+    pub(super) equivalence: Option<String>,
 }
 
 impl IdentitySnapshot {
@@ -139,7 +141,7 @@ impl ComparisonRow {
     /// order, borrowed from the row.
     pub(super) fn values(&self) -> Vec<ValueRef<'_>> {
         let p = &self.pair;
-        let mut values = Vec::with_capacity(11 + 2 * SIDE_COLUMNS.len());
+        let mut values = Vec::with_capacity(12 + 2 * SIDE_COLUMNS.len());
         values.extend([
             ValueRef::Integer(self.ts_ms),
             text_ref(self.source),
@@ -155,6 +157,7 @@ impl ComparisonRow {
         ]);
         side_values(Some(&p.primary), &mut values);
         side_values(p.candidate.as_ref(), &mut values);
+        values.push(self.equivalence.as_deref().map_or(ValueRef::Null, text_ref));
         values
     }
 }
@@ -224,6 +227,7 @@ pub(super) fn insert_comparison_sql() -> String {
     for side in ["primary", "candidate"] {
         columns.extend(SIDE_COLUMNS.iter().map(|c| format!("{side}_{c}")));
     }
+    columns.push("equivalence".to_owned());
     let placeholders = (1..=columns.len())
         .map(|i| format!("?{i}"))
         .collect::<Vec<_>>()

@@ -237,6 +237,11 @@ pub(super) const MIGRATIONS: &[&str] = &[
     r#"
     ALTER TABLE requests ADD COLUMN model_defaulted INTEGER NOT NULL DEFAULT 0;
     "#,
+    // 12: a greedy pair judged token by token by an equivalence rule (JSON: the figures and
+    // where the answers parted).
+    r#"
+    ALTER TABLE comparisons ADD COLUMN equivalence TEXT;
+    "#,
 ];
 
 /// Opens (creating and migrating) the ledger database, for the writer.

@@ -282,6 +282,10 @@ pub struct Pair {
     /// ledger keeps as one row per kind with a count (a slow candidate skips most requests).
     #[serde(default = "one")]
     pub count: u64,
+    /// A greedy pair that differed, judged token by token by an equivalence rule: the figures
+    /// and where the two answers parted.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub equivalence: Option<Box<equivalence::Judged>>,
 }
 
 fn one() -> u64 {

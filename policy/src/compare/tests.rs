@@ -31,6 +31,7 @@ fn pair(primary: Side, candidate: Side) -> Pair {
         verdict,
         reason,
         count: 1,
+        equivalence: None,
     }
 }
 
@@ -211,6 +212,7 @@ fn skipped_shadows_are_counted_but_never_judged() {
         verdict,
         reason,
         count: 1,
+        equivalence: None,
     };
     let result = compare(std::slice::from_ref(&skipped), false);
     assert_eq!(result.groups[0].status, Status::NothingJudged);

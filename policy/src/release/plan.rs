@@ -54,6 +54,10 @@ pub struct Plan {
     /// Greedy replays of the copies that cannot be compared (sampled traffic); none by default.
     #[serde(default)]
     pub replay: Option<crate::replay::Replay>,
+    /// Judge greedy pairs that differ token by token (needs `replay`); off by default: exact
+    /// match. Shown on the release and in every verdict.
+    #[serde(default)]
+    pub equivalence: Option<crate::compare::equivalence::Rule>,
 }
 
 fn default_session_header() -> String {
@@ -196,6 +200,7 @@ impl Plan {
             probes: None,
             session_header: default_session_header(),
             replay: None,
+            equivalence: None,
         }
     }
 
@@ -244,6 +249,17 @@ impl Plan {
         if let Some(replay) = &self.replay {
             for (at, why) in replay.problems("replay") {
                 push(at, &why);
+            }
+        }
+        if let Some(rule) = &self.equivalence {
+            for (at, why) in rule.problems("equivalence") {
+                push(at, &why);
+            }
+            if self.replay.is_none() {
+                push(
+                    "equivalence".to_owned(),
+                    "needs `replay`: a pair is judged token by token on its greedy replay, whose answers carry the log-probabilities",
+                );
             }
         }
         let p = self.performance;

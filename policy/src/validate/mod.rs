@@ -385,6 +385,17 @@ pub fn validate(config: &Config) -> Vec<Problem> {
                     "must be at least 1",
                 ));
             }
+            if let Some(rule) = &shadow.equivalence {
+                for (at, why) in rule.problems(&format!("{sh_at}.equivalence")) {
+                    problems.push(Problem::new(at, why));
+                }
+                if shadow.replay.is_none() {
+                    problems.push(Problem::new(
+                        format!("{sh_at}.equivalence"),
+                        "needs `replay`: a pair is judged token by token on its greedy replay, whose answers carry the log-probabilities",
+                    ));
+                }
+            }
             if let Some(replay) = &shadow.replay {
                 for (at, why) in replay.problems(&format!("{sh_at}.replay")) {
                     problems.push(Problem::new(at, why));

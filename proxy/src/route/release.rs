@@ -46,6 +46,8 @@ pub(crate) struct Copies {
     pub(crate) pool: Arc<shadow::Pool>,
     /// The plan's greedy replays of copies that cannot be compared.
     pub(crate) replay: Option<switchyard_policy::replay::Replay>,
+    /// The plan's equivalence rule.
+    pub(crate) equivalence: Option<switchyard_policy::compare::equivalence::Rule>,
 }
 
 impl ReleaseRoute {
@@ -64,6 +66,7 @@ impl ReleaseRoute {
                 max_in_flight: copies.pool.max_in_flight,
                 when: ShadowWhen::AfterPrimary,
                 replay: copies.replay,
+                equivalence: copies.equivalence,
             },
             copies.pool.clone(),
         ))

@@ -158,6 +158,7 @@ impl Shadowing {
             streamed,
             replay: shadow.replay,
             served: target.served,
+            equivalence: shadow.equivalence,
         };
         let skip = if !outgoing.endpoint.compared() {
             // Outputs are compared as generated text in `choices`: vectors, rankings and the

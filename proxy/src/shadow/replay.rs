@@ -13,13 +13,15 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
 use switchyard_adapters::fingerprint::WorkloadFingerprint;
+use switchyard_adapters::logprobs::chat_logprobs;
 use switchyard_adapters::Endpoint;
+use switchyard_policy::compare::equivalence::{judge_tokens, Equivalence};
 use switchyard_policy::compare::{judge, Determinism, Pair, Side, Verdict};
 use switchyard_policy::replay::Replay;
 use switchyard_record::RequestRecord;
 use tokio::sync::OwnedSemaphorePermit;
 
-use super::run::{run_on, Candidate, Comparison, Planned, Ran};
+use super::run::{run_on, Candidate, Comparison, Planned, Ran, ShadowJob};
 use crate::forward::Outgoing;
 
 /// A request chosen for a replay, with its tokens reserved from the pool's budget.
@@ -77,6 +79,62 @@ impl Planned {
         replay
             .sampled(self.shadowing.draw())
             .then_some((replay, served))
+    }
+}
+
+impl Planned {
+    /// Reserves a replay of `outgoing` from the pool's budget: its cost bound for a prompt of
+    /// `prompt_tokens` (the primary's count; else the body's length in bytes, which no count of
+    /// its tokens exceeds by much). A refusal is counted (`budget`), and the request is judged
+    /// without a replay.
+    pub(super) fn reserve(
+        &self,
+        replay: &Replay,
+        prompt_tokens: Option<u64>,
+        outgoing: &Outgoing,
+    ) -> Option<u64> {
+        let bound = prompt_tokens.unwrap_or(outgoing.body.len() as u64);
+        let reserved = replay.cost_bound(bound);
+        let budget = self.pool.budget.as_ref()?;
+        if budget.reserve(reserved, now_ms()) {
+            return Some(reserved);
+        }
+        let metrics = &self.shadowing.recorder.metrics;
+        metrics.observe_replay(&self.model, &self.candidate, "budget", 0);
+        None
+    }
+}
+
+impl ShadowJob {
+    /// The replay that judges a greedy pair which differs, when the plan has an equivalence rule
+    /// (and replays, and the budget allows): the copy's answers carry no log-probabilities.
+    pub(super) fn replay_of_difference(
+        &self,
+        primary: &Side,
+        candidate: &Ran,
+    ) -> Option<ReplayJob> {
+        let plan = &self.comparison.plan;
+        plan.equivalence?;
+        let replay = plan.replay?;
+        let served = plan.served.clone()?;
+        if self.outgoing.endpoint != Endpoint::ChatCompletions
+            || primary.backend != *served.backend.name
+        {
+            return None;
+        }
+        let determinism = self.comparison.fingerprint.determinism;
+        let (verdict, _) = judge(primary, Some(&candidate.side), determinism, None);
+        if verdict != Verdict::Mismatch {
+            return None;
+        }
+        let reserved = plan.reserve(&replay, primary.prompt_tokens, &self.outgoing)?;
+        Some(ReplayJob {
+            comparison: self.comparison.clone(),
+            outgoing: self.outgoing.clone(),
+            replay,
+            served,
+            reserved,
+        })
     }
 }
 
@@ -146,11 +204,12 @@ impl ReplayJob {
             return self.lost("internal: the replay has no primary side");
         };
         let candidate_ran = sides.next();
+        let prompt = prompt_excerpt(&self.outgoing.body);
         let comparison = Comparison {
             fingerprint,
             ..self.comparison
         };
-        comparison.finish_replay(primary, candidate_ran);
+        comparison.finish_replay(primary, candidate_ran, prompt.as_deref());
         drop(permit);
     }
 
@@ -172,14 +231,109 @@ impl ReplayJob {
     }
 }
 
+/// The request's last user message, for people: at most 80 characters of it.
+fn prompt_excerpt(body: &[u8]) -> Option<String> {
+    let body: serde_json::Value = serde_json::from_slice(body).ok()?;
+    let message = body["messages"]
+        .as_array()?
+        .iter()
+        .rev()
+        .find(|m| m["role"] == "user")?;
+    let text = match &message["content"] {
+        serde_json::Value::String(s) => s.clone(),
+        serde_json::Value::Array(parts) => parts
+            .iter()
+            .filter_map(|p| p["text"].as_str())
+            .collect::<Vec<_>>()
+            .join(" "),
+        _ => return None,
+    };
+    let mut excerpt: String = text.chars().take(80).collect();
+    if excerpt.len() < text.len() {
+        excerpt.push('…');
+    }
+    Some(excerpt)
+}
+
 impl Comparison {
+    /// Records a greedy live pair that differs and is judged on its replay: incomparable here,
+    /// since the replay's pair carries the verdict (never counted twice).
+    pub(super) fn judged_by_replay(&self, mut primary: Side, mut candidate: Side) {
+        primary.in_flight = self.in_flight.0;
+        candidate.in_flight = self.in_flight.1;
+        (primary.text, candidate.text) = (None, None);
+        let pair = Pair {
+            model: self.plan.model.to_string(),
+            workload: self.fingerprint.workload.clone(),
+            sampling: self.fingerprint.sampling.clone(),
+            streamed: self.plan.streamed,
+            mode: self.plan.when.as_str().to_owned(),
+            primary,
+            candidate: Some(candidate),
+            verdict: Verdict::Incomparable,
+            reason: Some(
+                "the answers differ; judged by the equivalence rule on its greedy replay (mode replay)"
+                    .to_owned(),
+            ),
+            count: 1,
+            equivalence: None,
+        };
+        self.record(pair, "shadow");
+    }
+
     /// Judges and records a replayed pair (`candidate`: None when the serving side failed and
-    /// the candidate was not asked).
-    fn finish_replay(&self, primary: Ran, candidate: Option<Ran>) {
+    /// the candidate was not asked): by exact match, and where the answers differ and there is
+    /// an equivalence rule, token by token.
+    fn finish_replay(&self, primary: Ran, candidate: Option<Ran>, prompt: Option<&str>) {
+        let primary_body = primary.body;
         let (mut p, c) = (primary.side, candidate.as_ref().map(|r| r.side.clone()));
-        let (verdict, reason) = judge(&p, c.as_ref(), Determinism::Greedy, None);
+        let (mut verdict, mut reason) = judge(&p, c.as_ref(), Determinism::Greedy, None);
+        let mut judged = None;
+        if let (Verdict::Mismatch, Some(rule), Some(candidate)) =
+            (verdict, self.plan.equivalence, candidate.as_ref())
+        {
+            let tokens = |body: &Option<Bytes>| match body {
+                Some(body) => chat_logprobs(body),
+                None => Err("an answer was not kept whole".to_owned()),
+            };
+            match (tokens(&primary_body), tokens(&candidate.body)) {
+                (Ok(a), Ok(b)) => {
+                    let j = judge_tokens(&a, &b, &rule);
+                    (verdict, reason) = match j.verdict {
+                        Equivalence::Identical => (
+                            Verdict::Equivalent,
+                            Some(
+                                "the same tokens; the normalized outputs differ in form".to_owned(),
+                            ),
+                        ),
+                        Equivalence::Equivalent => (Verdict::Equivalent, None),
+                        Equivalence::Different => {
+                            let tail: String = {
+                                let chars: Vec<char> = j.prefix.chars().collect();
+                                chars[chars.len().saturating_sub(40)..].iter().collect()
+                            };
+                            (
+                                Verdict::Mismatch,
+                                Some(format!(
+                                    "prompt {:?}: after {tail:?}, {}",
+                                    prompt.unwrap_or("?"),
+                                    j.reason.as_deref().unwrap_or("different")
+                                )),
+                            )
+                        }
+                    };
+                    judged = Some(Box::new(j));
+                }
+                (Err(why), _) | (_, Err(why)) => {
+                    reason = Some(format!(
+                        "no log-probabilities to judge by ({why}); exact match judged it"
+                    ));
+                }
+            }
+        }
         let mut c = c;
-        let keep = verdict == Verdict::Mismatch && self.plan.shadowing.keep_texts();
+        let keep = matches!(verdict, Verdict::Mismatch | Verdict::Equivalent)
+            && self.plan.shadowing.keep_texts();
         if !keep {
             p.text = None;
             if let Some(c) = c.as_mut() {
@@ -197,6 +351,7 @@ impl Comparison {
             verdict,
             reason,
             count: 1,
+            equivalence: judged,
         };
         self.record(pair, "replay");
     }

@@ -9,6 +9,7 @@ use http::HeaderValue;
 use http_body_util::BodyExt;
 use switchyard_adapters::fingerprint::WorkloadFingerprint;
 use switchyard_engine::Backend;
+use switchyard_policy::compare::equivalence::Rule;
 use switchyard_policy::compare::{judge, Pair, Side, Verdict};
 use switchyard_policy::replay::Replay;
 use switchyard_policy::ShadowWhen;
@@ -74,32 +75,22 @@ impl Ticket {
                 };
                 // A pair that could not be compared is replayed greedily, when replays are on
                 // and the budget allows; else it is copied as it was sent.
-                let outgoing = match plan.replay_for(record, fingerprint, outgoing.endpoint) {
-                    Some((replay, served)) => {
-                        let bound = record
-                            .side()
-                            .prompt_tokens
-                            .unwrap_or(outgoing.body.len() as u64);
-                        let reserved = replay.cost_bound(bound);
-                        let budget = plan.pool.budget.as_ref();
-                        if budget.is_some_and(|b| b.reserve(reserved, super::replay::now_ms())) {
-                            let tasks = shadowing.tasks.clone();
-                            let job = ReplayJob {
-                                comparison: plan.comparison(fingerprint.clone()),
-                                outgoing,
-                                replay,
-                                served,
-                                reserved,
-                            };
-                            tasks.spawn(job.run(permit));
-                            return;
-                        }
-                        let metrics = &shadowing.recorder.metrics;
-                        metrics.observe_replay(&plan.model, &plan.candidate, "budget", 0);
-                        outgoing
+                let replay = plan.replay_for(record, fingerprint, outgoing.endpoint);
+                if let Some((replay, served)) = replay {
+                    let prompt = record.side().prompt_tokens;
+                    if let Some(reserved) = plan.reserve(&replay, prompt, &outgoing) {
+                        let tasks = shadowing.tasks.clone();
+                        let job = ReplayJob {
+                            comparison: plan.comparison(fingerprint.clone()),
+                            outgoing,
+                            replay,
+                            served,
+                            reserved,
+                        };
+                        tasks.spawn(job.run(permit));
+                        return;
                     }
-                    None => outgoing,
-                };
+                }
                 let stop = shadowing.stop.clone();
                 let tasks = shadowing.tasks.clone();
                 let mut comparison = plan.comparison(fingerprint.clone());
@@ -114,6 +105,14 @@ impl Ticket {
                         ran = job.run_candidate() => Some(ran),
                         _ = stop.cancelled() => None,
                     };
+                    // With an equivalence rule, a greedy pair that differs is judged on its
+                    // replay, whose answers carry the log-probabilities.
+                    if let Some(ran) = &candidate {
+                        if let Some(replay) = job.replay_of_difference(&primary, ran) {
+                            job.comparison.judged_by_replay(primary, ran.side.clone());
+                            return replay.run(permit).await;
+                        }
+                    }
                     // The pool bounds the copies under way on the candidate: this one's place is
                     // free before its pair is recorded, so that whoever waits for the record
                     // (the next sampled request of a client that waited for it) finds it free.
@@ -128,6 +127,7 @@ impl Ticket {
 /// A sampled request's shadow as planned when the request arrived. Running it takes a copy of
 /// the primary's fingerprints ([`Planned::comparison`]); recording its skip reads them from the
 /// primary's record.
+#[derive(Clone)]
 pub(crate) struct Planned {
     pub(super) shadowing: Arc<Shadowing>,
     pub(super) model: Arc<str>,
@@ -145,6 +145,8 @@ pub(crate) struct Planned {
     /// The backend expected to serve the request, with its stack (a replay's primary side);
     /// set when replays are on.
     pub(super) served: Option<Candidate>,
+    /// The equivalence rule greedy pairs that differ are judged by.
+    pub(super) equivalence: Option<Rule>,
 }
 
 /// A backend with its stack: a shadow's, or one a request is tried on.
@@ -204,6 +206,7 @@ impl Planned {
 
 /// What judging and recording a comparison needs: the plan, and a copy of the primary's
 /// fingerprints.
+#[derive(Clone)]
 pub(super) struct Comparison {
     pub(super) plan: Planned,
     pub(super) fingerprint: WorkloadFingerprint,
@@ -302,6 +305,7 @@ impl Comparison {
             verdict,
             reason,
             count: 1,
+            equivalence: None,
         };
         self.record(pair, "shadow");
     }

@@ -147,6 +147,7 @@ pub(crate) async fn run_pair(
         verdict,
         reason,
         count: 1,
+        equivalence: None,
     };
     Recorder::log_comparison(&pair, source);
     recorder.comparison(pair.clone(), &fingerprint.sampling_json, source);

@@ -142,7 +142,15 @@ pub(super) async fn complete(
         }
         let text: String = tokens.concat();
         let choice = if chat {
-            json!({"finish_reason": finish_reason, "index": 0, "message": {"role": "assistant", "content": text}})
+            let mut choice = json!({"finish_reason": finish_reason, "index": 0, "message": {"role": "assistant", "content": text}});
+            if body.get("logprobs").and_then(Value::as_bool) == Some(true) {
+                let top = body
+                    .get("top_logprobs")
+                    .and_then(Value::as_u64)
+                    .unwrap_or(0);
+                choice["logprobs"] = logprobs(&tokens, top);
+            }
+            choice
         } else {
             json!({"text": text, "index": 0, "logprobs": null, "finish_reason": finish_reason})
         };
@@ -278,4 +286,33 @@ pub(super) async fn complete(
         http::HeaderValue::from_static("llama.cpp"),
     );
     response
+}
+
+/// llama-server's `logprobs` of an answer of `tokens`, `top` alternatives each: every token
+/// chosen confidently (log-probability -0.01), its alternatives far behind. Ids are a hash of
+/// the token's text, the same in every fake engine, as one model's vocabulary would be.
+fn logprobs(tokens: &[String], top: u64) -> Value {
+    use std::hash::{Hash, Hasher};
+    let id = |text: &str| {
+        let mut hasher = std::collections::hash_map::DefaultHasher::new();
+        text.hash(&mut hasher);
+        hasher.finish() % 49_152
+    };
+    let content: Vec<Value> = tokens
+        .iter()
+        .map(|token| {
+            let alternatives: Vec<Value> = (0..top)
+                .map(|k| {
+                    let (text, logprob) = if k == 0 {
+                        (token.clone(), -0.01)
+                    } else {
+                        (format!("{token}~{k}"), -4.0 - k as f64)
+                    };
+                    json!({"id": id(&text), "token": text, "logprob": logprob})
+                })
+                .collect();
+            json!({"id": id(token), "token": token, "logprob": -0.01, "top_logprobs": alternatives})
+        })
+        .collect();
+    json!({"content": content})
 }

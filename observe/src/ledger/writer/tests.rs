@@ -6,6 +6,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use switchyard_adapters::observe::{ResponseFacts, Usage};
+use switchyard_policy::compare::equivalence::{judge_tokens, Position, Rule, Token};
 use switchyard_policy::compare::{Pair, Side, TokenTiming, Verdict};
 use switchyard_record::RequestRecord;
 use tokio::sync::mpsc;
@@ -180,6 +181,25 @@ fn comparisons_of_one_batch_that_repeat_or_change_values_read_back_as_recorded()
                 verdict,
                 reason: (i == 2).then(|| "candidate failed".to_owned()),
                 count: 1,
+                // The differing pair was judged token by token; its judgement reads back.
+                equivalence: (i == 3).then(|| {
+                    let p = Position {
+                        token: Token {
+                            id: Some(1),
+                            text: "a".to_owned(),
+                        },
+                        logprob: -0.1,
+                        top: Vec::new(),
+                    };
+                    let c = Position {
+                        token: Token {
+                            id: Some(2),
+                            text: "b".to_owned(),
+                        },
+                        ..p.clone()
+                    };
+                    Box::new(judge_tokens(&[p], &[c], &Rule::default()))
+                }),
             }
         })
         .collect();
@@ -191,6 +211,10 @@ fn comparisons_of_one_batch_that_repeat_or_change_values_read_back_as_recorded()
                 source: "shadow",
                 sampling_json: "{}".to_owned(),
                 pair: pair.clone(),
+                equivalence: pair
+                    .equivalence
+                    .as_ref()
+                    .map(|j| serde_json::to_string(j).unwrap()),
             }))
         })
         .collect();

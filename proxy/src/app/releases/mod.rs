@@ -142,6 +142,7 @@ impl Releases {
                 sample: plan.sample,
                 pool: self.pool(&release.id, plan.replay.as_ref()),
                 replay: plan.replay,
+                equivalence: plan.equivalence,
             });
             let Ok(session_header) = http::HeaderName::try_from(plan.session_header.as_str())
             else {

@@ -21,6 +21,7 @@ fn pair(primary: &str, candidate: &str) -> Pair {
         verdict: Verdict::Mismatch,
         reason: None,
         count: 1,
+        equivalence: None,
     }
 }
 
