@@ -47,6 +47,8 @@ pub struct Evidence {
     pub worst_ratio: Option<(f64, String)>,
     /// An operator asked to pass the gate.
     pub promote_requested: bool,
+    /// The pairs judged token by token (replays under an equivalence rule), together.
+    pub equivalence: Option<crate::compare::equivalence::Aggregate>,
 }
 
 /// What happens to the release.
@@ -87,6 +89,18 @@ pub fn decide(plan: &Plan, step: &Step, ev: &Evidence) -> Decision {
     let tolerated = plan
         .tolerance
         .is_some_and(|t| wilson_lower(ev.mismatches, ev.comparable_pairs) <= t.max_mismatch_share);
+    // Under an equivalence rule, the judged pairs together must keep within its bounds too.
+    let apart = plan
+        .equivalence
+        .zip(ev.equivalence.as_ref())
+        .and_then(|(rule, a)| crate::compare::equivalence::aggregate_holds(a, &rule).err());
+    if let Some(why) = apart {
+        let reason = format!("the pairs judged token by token, together: {why}");
+        return match plan.on_mismatch {
+            OnMismatch::Abort => Decision::Abort { reason },
+            OnMismatch::Hold => Decision::HoldForPerson { reason },
+        };
+    }
     if ev.mismatches > 0 && !tolerated {
         let reason = format!(
             "{} of {} comparable pairs differ{}",

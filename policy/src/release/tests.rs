@@ -378,3 +378,56 @@ fn fallbacks_count_for_neither_side_and_the_hold_says_how_many_there_were() {
     };
     assert_eq!(decide(&plan, &live(25, 10), &enough), Decision::Advance);
 }
+
+#[test]
+fn under_an_equivalence_rule_the_judged_pairs_together_must_keep_within_its_bounds() {
+    use crate::compare::equivalence::{Aggregate, Rule};
+    let step = Step::Shadow {
+        min_pairs: 10,
+        min_duration_s: 0,
+    };
+    let plan = Plan {
+        replay: Some(crate::replay::Replay::default()),
+        equivalence: Some(Rule::default()),
+        ..Plan::standard()
+    };
+    assert!(plan.problems().is_empty(), "{:?}", plan.problems());
+    let with = |same_top_share, mean_kl| Evidence {
+        elapsed_s: 10_000,
+        comparable_pairs: 20,
+        equivalence: Some(Aggregate {
+            pairs: 20,
+            identical: 10,
+            equivalent: 10,
+            positions: 400,
+            same_top_share,
+            mean_kl,
+            mean_kl_ci: (mean_kl * 0.9, mean_kl * 1.1),
+            ..Aggregate::default()
+        }),
+        ..Evidence::default()
+    };
+    assert_eq!(decide(&plan, &step, &with(0.99, 0.01)), Decision::Advance);
+    let Decision::Abort { reason } = decide(&plan, &step, &with(0.80, 0.01)) else {
+        panic!("a share of same tops shown below 97 % aborts")
+    };
+    assert!(
+        reason.contains("the same top token at 80.0 % of 400 positions"),
+        "{reason}"
+    );
+    let Decision::Abort { reason } = decide(&plan, &step, &with(0.99, 0.2)) else {
+        panic!("a mean KL shown above the bound aborts")
+    };
+    assert!(reason.contains("mean KL 0.2000"), "{reason}");
+    // Without the rule, the figures are shown but decide nothing.
+    assert_eq!(
+        decide(&Plan::standard(), &step, &with(0.80, 0.2)),
+        Decision::Advance
+    );
+    // The rule needs replays, whose answers carry the log-probabilities.
+    let alone = Plan {
+        equivalence: Some(Rule::default()),
+        ..Plan::standard()
+    };
+    assert_eq!(alone.problems()[0].0, "equivalence");
+}

@@ -231,6 +231,22 @@ impl ReplayJob {
     }
 }
 
+/// Each side's three likeliest tokens where the answers parted, for people.
+fn alternatives(d: &switchyard_policy::compare::equivalence::Divergence) -> String {
+    let top = |list: &[(switchyard_policy::compare::equivalence::Token, f64)]| {
+        list.iter()
+            .take(3)
+            .map(|(t, lp)| format!("{:?} {lp:.2}", t.text))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    format!(
+        "; the primary's likeliest there: {}; the candidate's: {}",
+        top(&d.primary_top),
+        top(&d.candidate_top)
+    )
+}
+
 /// The request's last user message, for people: at most 80 characters of it.
 fn prompt_excerpt(body: &[u8]) -> Option<String> {
     let body: serde_json::Value = serde_json::from_slice(body).ok()?;
@@ -315,9 +331,10 @@ impl Comparison {
                             (
                                 Verdict::Mismatch,
                                 Some(format!(
-                                    "prompt {:?}: after {tail:?}, {}",
+                                    "prompt {:?}: after {tail:?}, {}{}",
                                     prompt.unwrap_or("?"),
-                                    j.reason.as_deref().unwrap_or("different")
+                                    j.reason.as_deref().unwrap_or("different"),
+                                    j.divergence.as_ref().map(alternatives).unwrap_or_default()
                                 )),
                             )
                         }

@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::json;
 use switchyard_observe::ledger::{Evaluation, Release, ReleaseStore, Rows};
+use switchyard_policy::compare::equivalence::{aggregate, Judged};
 use switchyard_policy::compare::{Pair, Verdict};
 use switchyard_policy::release::{decide, Decision, Evidence, Plan, Step};
 use tokio_util::sync::CancellationToken;
@@ -198,6 +199,7 @@ pub(crate) fn evidence_json(e: &Evidence, observed: &Observed) -> String {
         "primary_fallbacks": e.primary_fallbacks,
         "worst_ratio": e.worst_ratio,
         "promote_requested": e.promote_requested,
+        "equivalence": e.equivalence,
     })
     .to_string()
 }
@@ -346,6 +348,13 @@ pub(crate) fn count(
         if pinned_pair(&pair, release) {
             oriented.push(pair);
         }
+    }
+    let judged: Vec<&Judged> = oriented
+        .iter()
+        .filter_map(|p| p.equivalence.as_deref())
+        .collect();
+    if !judged.is_empty() {
+        evidence.equivalence = Some(aggregate(judged));
     }
     for pair in &oriented {
         match pair.verdict {

@@ -35,6 +35,10 @@ pub(super) fn pinned_pair(pair: &Pair, release: &Release) -> bool {
 /// the two answers part and what each says from there.
 pub(super) fn mismatch(pair: &Pair) -> String {
     let id = pair.primary.request_id.as_deref().unwrap_or("?");
+    // Judged token by token: its reason names the prompt and where the two answers parted.
+    if let (Some(_), Some(reason)) = (&pair.equivalence, &pair.reason) {
+        return format!("request {id} (replay): {reason}");
+    }
     let candidate = pair.candidate.as_ref();
     match (
         pair.primary.text.as_deref(),
