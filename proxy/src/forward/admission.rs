@@ -6,8 +6,9 @@
 //! counted by reason. A request refused or timed out here, or whose client leaves while it
 //! waits (dropping the wait and with it its place), never reaches the engine. When shutdown's
 //! drain timeout runs out, whoever still waits is answered 503 at once, never having been sent.
-//! A replay (evidence for a comparison, never a client's request) takes a slot only when one
-//! is free, and never waits in the queue ahead of, or beside, a live request.
+//! A replay (evidence for a comparison, never a client's request) takes a slot only when no
+//! live request waits for one, and never waits in the queue ahead of, or beside, a live
+//! request ([`Admission::replay_wait`]).
 
 use std::future::Future;
 use std::pin::Pin;
@@ -39,6 +40,9 @@ pub(crate) struct Queue {
     /// How long a slot was held, in microseconds, averaged with the recent ones weighted most
     /// (each new one counts for a fifth); 0 until a slot was released.
     service_us: AtomicU64,
+    /// Told each time a slot is released (its permit returned), for a replay that waits for
+    /// one no live request waits for.
+    released: tokio::sync::Notify,
 }
 
 impl Queue {
@@ -60,7 +64,7 @@ impl Queue {
     fn slot(self: &Arc<Self>, permit: OwnedSemaphorePermit) -> Slot {
         self.held.fetch_add(1, Ordering::AcqRel);
         Slot {
-            _permit: permit,
+            permit: Some(permit),
             queue: self.clone(),
             since: Instant::now(),
         }
@@ -117,17 +121,23 @@ impl Drop for Place {
 /// client leaves.
 #[derive(Debug)]
 pub(crate) struct Slot {
-    _permit: OwnedSemaphorePermit,
+    permit: Option<OwnedSemaphorePermit>,
     queue: Arc<Queue>,
     since: Instant,
 }
 
 impl Drop for Slot {
     fn drop(&mut self) {
+        // The permit first: whoever is told of the release finds it free.
+        drop(self.permit.take());
         self.queue.held.fetch_sub(1, Ordering::AcqRel);
         self.queue.served(self.since.elapsed());
+        self.queue.released.notify_waiters();
     }
 }
+
+/// The longest a replay waits for a slot no live request waits for.
+const REPLAY_WAIT: Duration = Duration::from_secs(5);
 
 /// Waits for a backend slot before passing the request on.
 #[derive(Debug, Clone)]
@@ -233,14 +243,10 @@ where
                 let error = self.closed("the slots are closed");
                 Either::Right(Box::pin(async move { Err(attempt.fail(error)) }))
             }
-            // A replay is evidence, not a client's request: it never waits for a slot.
+            // A replay is evidence, not a client's request: it waits only for a slot no live
+            // request waits for.
             Err(TryAcquireError::NoPermits) if attempt.variant == "replay" => {
-                let error = ProxyError::EngineUnavailable {
-                    backend: self.backend.name.to_string(),
-                    why: "every slot is taken, and a replay never waits for one".to_owned(),
-                    code: "busy",
-                };
-                Either::Right(Box::pin(async move { Err(attempt.fail(error)) }))
+                Either::Right(self.replay_wait(attempt, queued, semaphore))
             }
             Err(TryAcquireError::NoPermits) => self.wait(attempt, queued, semaphore),
         }
@@ -317,6 +323,55 @@ where
             admitted(&mut attempt, queued);
             inner.call(attempt).await
         }))
+    }
+
+    /// A replay with no free slot: it takes the next slot released while no live request
+    /// waits (a live request that comes meanwhile queues at the semaphore and is handed the
+    /// slot first), and gives up — 503 `busy`, nothing sent — as soon as one waits, or after
+    /// [`REPLAY_WAIT`].
+    fn replay_wait(
+        &mut self,
+        mut attempt: Attempt,
+        queued: Instant,
+        semaphore: Arc<Semaphore>,
+    ) -> Boxed<R> {
+        let clone = self.inner.clone();
+        let mut inner = std::mem::replace(&mut self.inner, clone);
+        let queue = self.queue.clone();
+        let backend = self.backend.name.clone();
+        let closed = self.clone_closed();
+        Box::pin(async move {
+            let deadline = tokio::time::Instant::from_std(queued) + REPLAY_WAIT;
+            let busy = |why: &str| ProxyError::EngineUnavailable {
+                backend: backend.to_string(),
+                why: format!("{why}, and a replay never takes a slot a live request waits for"),
+                code: "busy",
+            };
+            loop {
+                let released = queue.released.notified();
+                tokio::pin!(released);
+                released.as_mut().enable();
+                match semaphore.clone().try_acquire_owned() {
+                    Ok(permit) => {
+                        attempt.permit = Some(queue.slot(permit));
+                        admitted(&mut attempt, queued);
+                        return inner.call(attempt).await;
+                    }
+                    Err(TryAcquireError::Closed) => {
+                        return Err(attempt.fail(closed("the slots are closed")))
+                    }
+                    Err(TryAcquireError::NoPermits) => {}
+                }
+                if queue.waiting() > 0 {
+                    admitted(&mut attempt, queued);
+                    return Err(attempt.fail(busy("a live request waits for a slot")));
+                }
+                if tokio::time::timeout_at(deadline, released).await.is_err() {
+                    admitted(&mut attempt, queued);
+                    return Err(attempt.fail(busy("every slot stayed taken")));
+                }
+            }
+        })
     }
 
     /// The error of a request that finds the slots closed (`why`).

@@ -300,6 +300,60 @@ async fn admission_queues_past_the_limit_and_times_the_wait() {
 }
 
 #[tokio::test]
+async fn a_replay_takes_a_released_slot_only_when_no_live_request_waits() {
+    let recorder = Arc::new(Recorder::default());
+    let one = backend("one", serde_json::json!({"max_concurrency": 1}));
+    let (inner, mut handle) = mocked::<()>();
+    let mut admission = Admission::new(one, recorder.clone(), CancellationToken::new(), inner);
+    macro_rules! call {
+        ($variant:expr) => {
+            admission
+                .ready()
+                .await
+                .unwrap()
+                .call(attempt(&recorder, $variant))
+        };
+    }
+
+    // The slot is held; a replay waits for it, and gets it once it is released.
+    let live = call!("primary");
+    let (held, reply) = handle.next_request().await.unwrap();
+    reply.send_response(());
+    live.await.unwrap();
+    let mut replay = call!("replay");
+    assert!((&mut replay).now_or_never().is_none(), "the replay waits");
+    drop(held);
+    let answer = async {
+        let (seen, reply) = handle.next_request().await.unwrap();
+        assert_eq!(seen.variant, "replay");
+        reply.send_response(());
+        seen
+    };
+    let (result, replay_held) = tokio::join!(replay, answer);
+    result.unwrap();
+
+    // The replay holds the slot; a live request queues, and a second replay gives up at once:
+    // it never takes a slot a live request waits for.
+    let mut queued = call!("primary");
+    assert!((&mut queued).now_or_never().is_none());
+    let failed = call!("replay").await.unwrap_err();
+    assert!(
+        matches!(&failed.error, ProxyError::EngineUnavailable { code: "busy", why, .. } if why.starts_with("a live request waits")),
+        "{}",
+        failed.error
+    );
+    // The live request gets the slot when the replay releases it.
+    drop(replay_held);
+    let answer = async {
+        let (seen, reply) = handle.next_request().await.unwrap();
+        assert_eq!(seen.variant, "primary");
+        reply.send_response(());
+    };
+    let (result, ()) = tokio::join!(queued, answer);
+    result.unwrap();
+}
+
+#[tokio::test]
 async fn admission_answers_503_to_whoever_still_waits_when_the_drain_runs_out() {
     let recorder = Arc::new(Recorder::default());
     let one = backend("one", serde_json::json!({"max_concurrency": 1}));
