@@ -175,6 +175,16 @@ fn pinned(snapshot: &Snapshot, backend: &str) -> Result<(String, String), Releas
         .ok_or_else(|| ReleaseError::Refused(format!("no backend named {backend}")))?;
     let headers = b.identity_headers();
     match &headers.verification {
+        // A build still being found out (the digest of the binary the configuration names):
+        // pinned now, it would differ from the next answer's, and supersede the release.
+        Verification::Verified
+            if b.config.binary.is_some()
+                && headers.engine.to_str().is_ok_and(|e| e.ends_with("/unknown")) =>
+        {
+            Err(ReleaseError::Refused(format!(
+                "{backend}'s engine build is not known yet (the digest of its `binary` is being taken): try again in a moment"
+            )))
+        }
         Verification::Verified => Ok((
             headers.engine.to_str().unwrap_or("").to_owned(),
             headers.artifact.to_str().unwrap_or("").to_owned(),
