@@ -129,9 +129,13 @@ impl Endpoint {
     }
 
     /// Whether its answers are compared between engines (shadows, canary releases, `switchyard
-    /// compare`): generated text in OpenAI's `choices`, whose output hash is defined.
+    /// compare`): generated text, whose output hash is defined — OpenAI's `choices`, and the
+    /// Responses and Messages answers read into the same form.
     pub fn compared(self) -> bool {
-        matches!(self, Self::ChatCompletions | Self::Completions)
+        matches!(
+            self,
+            Self::ChatCompletions | Self::Completions | Self::Responses | Self::Messages
+        )
     }
 }
 
@@ -170,13 +174,21 @@ mod tests {
     }
 
     #[test]
-    fn only_the_messages_api_speaks_anthropic_and_only_completions_are_compared() {
+    fn only_the_messages_api_speaks_anthropic_and_only_generated_text_is_compared() {
         let anthropic: Vec<_> = Endpoint::ALL
             .into_iter()
             .filter(|e| e.dialect() == Dialect::Anthropic)
             .collect();
         assert_eq!(anthropic, [Endpoint::Messages, Endpoint::CountTokens]);
         let compared: Vec<_> = Endpoint::ALL.into_iter().filter(|e| e.compared()).collect();
-        assert_eq!(compared, [Endpoint::ChatCompletions, Endpoint::Completions]);
+        assert_eq!(
+            compared,
+            [
+                Endpoint::ChatCompletions,
+                Endpoint::Completions,
+                Endpoint::Responses,
+                Endpoint::Messages
+            ]
+        );
     }
 }

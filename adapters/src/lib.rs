@@ -24,8 +24,8 @@ use switchyard_policy::EngineKind;
 pub use endpoint::{Dialect, Endpoint, Wire};
 pub use identity::{EngineIdentity, EngineReport, Health, ProbeResult};
 pub use observe::{
-    inspect_response, inspect_response_with, EngineTimings, EventKind, ResponseFacts,
-    StreamObserver, Usage, TEXT_BYTES,
+    inspect_response, inspect_response_for, inspect_response_with, EngineTimings, EventKind,
+    ResponseFacts, StreamObserver, Usage, TEXT_BYTES,
 };
 
 /// One engine kind's behaviour.

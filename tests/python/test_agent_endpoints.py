@@ -266,3 +266,53 @@ def test_a_request_without_model_goes_to_the_default(engines: Engines, tmp_path:
         assert r.status_code == 400
         assert r.json()["error"]["code"] == "missing_model"
         assert "x-switchyard-model-defaulted" not in r.headers
+
+
+WEATHER = {"name": "get_weather", "description": "The weather of a city",
+           "schema": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}
+
+
+def test_shadowed_responses_and_messages_are_compared_with_the_sdks(engines: Engines, tmp_path: Path) -> None:
+    """Issue 44: Codex-style (Responses) and Claude-style (Messages) traffic, with tools, is
+    shadowed to a second llama-server on the same GGUF and compared like chat: each request
+    gives a pair judged `match` on its normalized output (text, tool calls, stop reason)."""
+    import sqlite3
+
+    from test_real_engines import DETERMINISTIC_LLAMA, second_llama_server, shadow_config, wait_comparisons
+
+    db = tmp_path / "ledger.db"
+    with second_llama_server(engines, tmp_path, *DETERMINISTIC_LLAMA) as url2:
+        config = shadow_config(engines, db, "llama2", url2)
+        with start_switchyard(tmp_path, config, lambda r: identities_known(r) and r["backends"]["llama2"]["identity"] == "verified") as p:
+            openai_sdk, anthropic_sdk = openai_client(p), anthropic_client(p)
+            tool = {"type": "function", "name": WEATHER["name"], "description": WEATHER["description"], "parameters": WEATHER["schema"]}
+            anthropic_tool = {"name": WEATHER["name"], "description": WEATHER["description"], "input_schema": WEATHER["schema"]}
+            sent = 0
+            for stream in (False, True):
+                response = openai_sdk.responses.create(
+                    model="smollm2", input="What is the weather in Paris?", tools=[tool], temperature=0,
+                    max_output_tokens=MAX_TOKENS, stream=stream,
+                )
+                if stream:
+                    assert any(e.type == "response.completed" for e in response)
+                sent += 1
+                wait_comparisons(p, sent)
+                kwargs = {"model": "smollm2", "max_tokens": MAX_TOKENS, "tools": [anthropic_tool], "extra_body": {"temperature": 0},
+                          "messages": [{"role": "user", "content": "What is the weather in Paris?"}]}
+                if stream:
+                    with anthropic_sdk.messages.stream(**kwargs) as s:
+                        assert s.get_final_message().content
+                else:
+                    assert anthropic_sdk.messages.create(**kwargs).content
+                sent += 1
+                wait_comparisons(p, sent)
+    rows = sqlite3.connect(db).execute(
+        "SELECT r.path, c.streamed, c.verdict, c.reason, c.primary_output, c.candidate_output, c.mode "
+        "FROM comparisons c JOIN requests r ON r.request_id = c.primary_request_id ORDER BY c.id"
+    ).fetchall()
+    assert [(r[0], r[1]) for r in rows] == [
+        ("/v1/responses", 0), ("/v1/messages", 0), ("/v1/responses", 1), ("/v1/messages", 1)
+    ], rows
+    for path, _, verdict, reason, primary, candidate, mode in rows:
+        assert verdict == "match" and mode == "after-primary", (path, verdict, reason)
+        assert primary == candidate and primary.startswith("sha256:"), (path, primary, candidate)

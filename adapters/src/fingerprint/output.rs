@@ -3,6 +3,17 @@
 //!
 //! Per choice, in index order: the content with `\r\n` turned into `\n` and trailing whitespace
 //! trimmed, the tool calls as canonical JSON (name plus parsed arguments), and the finish reason.
+//!
+//! The agents' APIs are read into the same form, as one choice: a Messages answer's `text`
+//! blocks as its content, its `tool_use` blocks as tool calls (name and `input`), its
+//! `stop_reason` as the finish reason; a Responses answer's `output_text` parts as its content,
+//! its `function_call` items as tool calls (name and `arguments`), its `status` (or, when
+//! incomplete, why) as the finish reason. Thinking and reasoning are left out, as a chat
+//! answer's `reasoning_content` is: the answer is what the client acts on. A Messages stream is
+//! assembled from its blocks' deltas; a Responses stream is read from its last event, which
+//! carries the whole response. A chat answer and a Messages answer of the same text do not
+//! hash the same (the finish reasons differ in name); they are never compared with each other,
+//! since a copy goes to the endpoint the request came to.
 
 use std::borrow::Cow;
 use std::collections::BTreeMap;
@@ -18,6 +29,9 @@ use crate::view::ChunkView;
 struct ToolCall {
     name: String,
     arguments: String,
+    /// A Messages stream's `input_json_delta`s have begun replacing the `input` its
+    /// `content_block_start` named.
+    streamed: bool,
 }
 
 #[derive(Debug, Default, Clone)]
@@ -71,6 +85,127 @@ impl OutputHasher {
                 entry.finish_reason = Some(reason.to_owned());
             }
         }
+    }
+
+    /// Adds a whole Messages answer: its content blocks and stop reason.
+    pub(crate) fn add_message(&mut self, message: &Value) {
+        let Some(blocks) = message["content"].as_array() else {
+            return;
+        };
+        let choice = self.choices.entry(0).or_default();
+        {
+            for (i, block) in blocks.iter().enumerate() {
+                match block["type"].as_str() {
+                    Some("text") => choice
+                        .content
+                        .push_str(block["text"].as_str().unwrap_or("")),
+                    Some("tool_use") => {
+                        choice.tool_calls.insert(
+                            i as u64,
+                            ToolCall {
+                                name: block["name"].as_str().unwrap_or("").to_owned(),
+                                arguments: block["input"].to_string(),
+                                streamed: false,
+                            },
+                        );
+                    }
+                    _ => {}
+                }
+            }
+        }
+        if let Some(reason) = message["stop_reason"].as_str() {
+            choice.finish_reason = Some(reason.to_owned());
+        }
+    }
+
+    /// Adds one event of a Messages stream.
+    pub(crate) fn add_message_event(&mut self, event: &Value) {
+        let choice = self.choices.entry(0).or_default();
+        let index = event["index"].as_u64().unwrap_or(0);
+        match event["type"].as_str() {
+            Some("content_block_start") => {
+                let block = &event["content_block"];
+                match block["type"].as_str() {
+                    Some("text") => choice
+                        .content
+                        .push_str(block["text"].as_str().unwrap_or("")),
+                    Some("tool_use") => {
+                        choice.tool_calls.insert(
+                            index,
+                            ToolCall {
+                                name: block["name"].as_str().unwrap_or("").to_owned(),
+                                arguments: block["input"].to_string(),
+                                streamed: false,
+                            },
+                        );
+                    }
+                    _ => {}
+                }
+            }
+            Some("content_block_delta") => {
+                let delta = &event["delta"];
+                match delta["type"].as_str() {
+                    Some("text_delta") => choice
+                        .content
+                        .push_str(delta["text"].as_str().unwrap_or("")),
+                    Some("input_json_delta") => {
+                        let call = choice.tool_calls.entry(index).or_default();
+                        if !call.streamed {
+                            call.arguments.clear();
+                            call.streamed = true;
+                        }
+                        call.arguments
+                            .push_str(delta["partial_json"].as_str().unwrap_or(""));
+                    }
+                    _ => {}
+                }
+            }
+            Some("message_delta") => {
+                if let Some(reason) = event["delta"]["stop_reason"].as_str() {
+                    choice.finish_reason = Some(reason.to_owned());
+                }
+            }
+            _ => {}
+        }
+    }
+
+    /// Adds a whole Responses answer (or a stream's `response.completed`): its output items
+    /// and status.
+    pub(crate) fn add_response(&mut self, response: &Value) {
+        let Some(items) = response["output"].as_array() else {
+            return;
+        };
+        let choice = self.choices.entry(0).or_default();
+        {
+            for (i, item) in items.iter().enumerate() {
+                match item["type"].as_str() {
+                    Some("message") => {
+                        for part in item["content"].as_array().into_iter().flatten() {
+                            if part["type"] == "output_text" {
+                                choice.content.push_str(part["text"].as_str().unwrap_or(""));
+                            }
+                        }
+                    }
+                    Some("function_call") => {
+                        choice.tool_calls.insert(
+                            i as u64,
+                            ToolCall {
+                                name: item["name"].as_str().unwrap_or("").to_owned(),
+                                arguments: item["arguments"].as_str().unwrap_or("").to_owned(),
+                                streamed: false,
+                            },
+                        );
+                    }
+                    _ => {}
+                }
+            }
+        }
+        let status = response["status"].as_str();
+        let why = response["incomplete_details"]["reason"].as_str();
+        choice.finish_reason = match (status, why) {
+            (Some("incomplete"), Some(why)) => Some(format!("incomplete: {why}")),
+            (status, _) => status.map(str::to_owned),
+        };
     }
 
     /// The concatenated content of choice `index`, as accumulated (not normalized).

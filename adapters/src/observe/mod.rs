@@ -163,6 +163,12 @@ pub fn inspect_response(body: &[u8]) -> ResponseFacts {
 
 /// [`inspect_response`], keeping the answer's text too when `keep_text`.
 pub fn inspect_response_with(body: &[u8], keep_text: bool) -> ResponseFacts {
+    inspect_response_for(Wire::Choices, body, keep_text)
+}
+
+/// [`inspect_response_with`] for an answer shaped as `wire`: a Responses or Messages answer's
+/// output is read from its own shape.
+pub fn inspect_response_for(wire: Wire, body: &[u8], keep_text: bool) -> ResponseFacts {
     let mut facts = ResponseFacts::default();
     let Some(mut view) = parse_view(body) else {
         return facts;
@@ -170,7 +176,18 @@ pub fn inspect_response_with(body: &[u8], keep_text: bool) -> ResponseFacts {
     facts.absorb(&mut view);
     facts.usage_from_timings();
     let mut output = OutputHasher::new();
-    output.add_choices(&view, false);
+    match wire {
+        Wire::Responses | Wire::Messages => {
+            if let Ok(answer) = serde_json::from_slice::<Value>(body) {
+                if wire == Wire::Responses {
+                    output.add_response(&answer);
+                } else {
+                    output.add_message(&answer);
+                }
+            }
+        }
+        Wire::Choices | Wire::Native => output.add_choices(&view, false),
+    }
     facts.output = output.finish();
     if keep_text {
         facts.text = output.excerpt(TEXT_BYTES);
@@ -236,8 +253,8 @@ impl StreamObserver {
     }
 
     /// Observes one event: its SSE `event:` name when it had one, and its data. Streams of
-    /// OpenAI chunks are read by [`Self::observe`]; the others' answers have no output hash (they
-    /// are not compared).
+    /// OpenAI chunks are read by [`Self::observe`]; llama.cpp's native chunks have no output
+    /// hash (they are not compared).
     pub fn observe_event(&mut self, event: Option<&[u8]>, data: &[u8]) -> EventKind {
         if self.wire == Wire::Choices {
             return self.observe(data);
@@ -248,10 +265,33 @@ impl StreamObserver {
         }
         let event = event.and_then(|e| std::str::from_utf8(trim_ascii(e)).ok());
         let kind = self.events.observe(self.wire, event, data, &mut self.facts);
+        self.hash_event(kind, data);
         if kind == EventKind::Token {
             self.token_events += 1;
         }
         kind
+    }
+
+    /// Adds what an event of the agents' APIs generated to the output: a Messages stream's
+    /// blocks as they come, a Responses stream's whole response from its last event. (The
+    /// event is parsed a second time, into a value: these streams are not the hot path.)
+    fn hash_event(&mut self, kind: EventKind, data: &[u8]) {
+        if matches!(kind, EventKind::Unparsed | EventKind::Error) {
+            return;
+        }
+        match self.wire {
+            Wire::Messages => {
+                if let Ok(event) = serde_json::from_slice::<Value>(data) {
+                    self.output.add_message_event(&event);
+                }
+            }
+            Wire::Responses if kind == EventKind::End => {
+                if let Ok(event) = serde_json::from_slice::<Value>(data) {
+                    self.output.add_response(&event["response"]);
+                }
+            }
+            _ => {}
+        }
     }
 
     /// Observes one event's data (the text after `data: `, without the line ending).

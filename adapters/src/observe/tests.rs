@@ -407,3 +407,121 @@ fn the_pinned_llama_servers_own_streams_read_as_expected() {
         (Some(1669.969), Some(471.999))
     );
 }
+
+/// The output hash of a stream of `(event, data)` of `wire`.
+fn streamed_output(wire: Wire, events: &[(&str, serde_json::Value)]) -> Option<String> {
+    let mut observer = StreamObserver::for_wire(wire);
+    for (event, data) in events {
+        observer.observe_event(Some(event.as_bytes()), data.to_string().as_bytes());
+    }
+    observer.facts().output
+}
+
+#[test]
+fn a_messages_answer_hashes_the_same_streamed_or_whole_tool_calls_included() {
+    let whole = serde_json::json!({"type": "message", "role": "assistant", "model": "m",
+        "content": [{"type": "thinking", "thinking": "hmm"}, {"type": "text", "text": "Let me look."},
+                    {"type": "tool_use", "id": "toolu_1", "name": "read_file", "input": {"path": "a.rs", "lines": [1, 2]}}],
+        "stop_reason": "tool_use", "usage": {"input_tokens": 5, "output_tokens": 9}});
+    let hash = inspect_response_for(Wire::Messages, whole.to_string().as_bytes(), false).output;
+    assert!(
+        hash.as_deref().is_some_and(|h| h.starts_with("sha256:")),
+        "{hash:?}"
+    );
+    let stream = [
+        (
+            "message_start",
+            serde_json::json!({"type": "message_start", "message": {"model": "m", "content": [], "usage": {"input_tokens": 5}}}),
+        ),
+        (
+            "content_block_start",
+            serde_json::json!({"type": "content_block_start", "index": 0, "content_block": {"type": "thinking", "thinking": ""}}),
+        ),
+        (
+            "content_block_delta",
+            serde_json::json!({"type": "content_block_delta", "index": 0, "delta": {"type": "thinking_delta", "thinking": "hmm"}}),
+        ),
+        (
+            "content_block_start",
+            serde_json::json!({"type": "content_block_start", "index": 1, "content_block": {"type": "text", "text": ""}}),
+        ),
+        (
+            "content_block_delta",
+            serde_json::json!({"type": "content_block_delta", "index": 1, "delta": {"type": "text_delta", "text": "Let me "}}),
+        ),
+        (
+            "content_block_delta",
+            serde_json::json!({"type": "content_block_delta", "index": 1, "delta": {"type": "text_delta", "text": "look."}}),
+        ),
+        (
+            "content_block_start",
+            serde_json::json!({"type": "content_block_start", "index": 2, "content_block": {"type": "tool_use", "id": "toolu_9", "name": "read_file", "input": {}}}),
+        ),
+        // The arguments in another key order and spacing: compared as canonical JSON.
+        (
+            "content_block_delta",
+            serde_json::json!({"type": "content_block_delta", "index": 2, "delta": {"type": "input_json_delta", "partial_json": "{\"lines\": [1, 2], "}}),
+        ),
+        (
+            "content_block_delta",
+            serde_json::json!({"type": "content_block_delta", "index": 2, "delta": {"type": "input_json_delta", "partial_json": "\"path\": \"a.rs\"}"}}),
+        ),
+        (
+            "message_delta",
+            serde_json::json!({"type": "message_delta", "delta": {"stop_reason": "tool_use"}, "usage": {"output_tokens": 9}}),
+        ),
+        ("message_stop", serde_json::json!({"type": "message_stop"})),
+    ];
+    assert_eq!(streamed_output(Wire::Messages, &stream), hash);
+    // Another argument is another answer.
+    let other = whole.to_string().replace("a.rs", "b.rs");
+    assert_ne!(
+        inspect_response_for(Wire::Messages, other.as_bytes(), false).output,
+        hash
+    );
+}
+
+#[test]
+fn a_responses_answer_hashes_the_same_streamed_or_whole_function_calls_included() {
+    let response = serde_json::json!({"object": "response", "status": "completed", "model": "m",
+        "output": [{"type": "reasoning", "summary": []},
+                   {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "Running it.", "annotations": []}]},
+                   {"type": "function_call", "call_id": "c1", "name": "shell", "arguments": "{\"cmd\": [\"ls\", \"-l\"]}"}],
+        "usage": {"input_tokens": 5, "output_tokens": 9}});
+    let hash = inspect_response_for(Wire::Responses, response.to_string().as_bytes(), false).output;
+    assert!(hash.is_some());
+    let mut reordered = response.clone();
+    reordered["output"][2]["arguments"] = "{\"cmd\":[\"ls\",\"-l\"]}".into();
+    reordered["output"][2]["call_id"] = "c2".into();
+    let stream = [
+        (
+            "response.created",
+            serde_json::json!({"type": "response.created", "response": {"status": "in_progress", "output": []}}),
+        ),
+        (
+            "response.output_text.delta",
+            serde_json::json!({"type": "response.output_text.delta", "delta": "Running it."}),
+        ),
+        (
+            "response.completed",
+            serde_json::json!({"type": "response.completed", "response": reordered}),
+        ),
+    ];
+    assert_eq!(streamed_output(Wire::Responses, &stream), hash);
+    let mut different = response.clone();
+    different["output"][1]["content"][0]["text"] = "Not running it.".into();
+    assert_ne!(
+        inspect_response_for(Wire::Responses, different.to_string().as_bytes(), false).output,
+        hash
+    );
+    // An error body has no output.
+    let error = br#"{"error":{"message":"bad","type":"invalid_request_error"}}"#;
+    assert_eq!(
+        inspect_response_for(Wire::Responses, error, false).output,
+        None
+    );
+    assert_eq!(
+        inspect_response_for(Wire::Messages, error, false).output,
+        None
+    );
+}

@@ -17,7 +17,7 @@ use http::{Response, StatusCode};
 use http_body::Body;
 use http_body_util::combinators::Collect;
 use http_body_util::{BodyExt, Collected, LengthLimitError, Limited};
-use switchyard_adapters::{inspect_response_with, Dialect};
+use switchyard_adapters::{inspect_response_for, Dialect};
 use switchyard_engine::Backend;
 use switchyard_record::between;
 
@@ -292,7 +292,7 @@ fn finish(
     let mut replaced_content_type = false;
     let record = &mut ctx.recording;
     if status.is_success() {
-        let facts = inspect_response_with(&out_body, record.keeps_text());
+        let facts = inspect_response_for(ctx.endpoint.wire(), &out_body, record.keeps_text());
         if let Some(t) = &facts.timings {
             record.phases.apply_engine_timings(t);
         }

@@ -161,8 +161,8 @@ impl Shadowing {
             equivalence: shadow.equivalence,
         };
         let skip = if !outgoing.endpoint.compared() {
-            // Outputs are compared as generated text in `choices`: vectors, rankings and the
-            // other APIs' answers are not, so nothing is sent.
+            // Outputs are compared as generated text: vectors, rankings and token counts are
+            // not, so nothing is sent.
             Some(Skip::NotCompared(outgoing.endpoint))
         } else if self.stop.is_cancelled() {
             Some(Skip::ShuttingDown)

@@ -20,8 +20,8 @@ pub(crate) enum Skip {
     /// request arrived (`concurrent`).
     PoolFull,
     ShuttingDown,
-    /// The endpoint's answers are not compared: outputs are compared as generated text in
-    /// OpenAI's `choices` (chat and text completions) only.
+    /// The endpoint's answers are not compared: outputs are compared as generated text (chat
+    /// and text completions, Responses, Messages) only.
     NotCompared(Endpoint),
     /// The candidate is a managed engine that is not running: a shadow never starts (or, in a
     /// swap group, evicts) an engine.
@@ -44,12 +44,13 @@ impl Skip {
             Self::ShuttingDown => "shutting down",
             Self::NotCompared(endpoint) => match endpoint {
                 Endpoint::Embeddings => "embeddings are not compared",
-                Endpoint::Responses => "/v1/responses answers are not compared",
-                Endpoint::Messages => "/v1/messages answers are not compared",
                 Endpoint::CountTokens => "/v1/messages/count_tokens answers are not compared",
                 Endpoint::Rerank => "/v1/rerank answers are not compared",
                 Endpoint::Infill => "/infill answers are not compared",
-                Endpoint::ChatCompletions | Endpoint::Completions => "not compared",
+                Endpoint::ChatCompletions
+                | Endpoint::Completions
+                | Endpoint::Responses
+                | Endpoint::Messages => "not compared",
             },
             Self::EngineNotRunning => {
                 "the candidate's engine is not running, and a shadow never starts one"
