@@ -111,12 +111,19 @@ fn endpoints_not_compared_and_shutdown_are_planned_as_skips_with_their_reasons()
         planner.plan("/v1/embeddings"),
         Some(Ticket::Skipped(_, Skip::NotCompared(Endpoint::Embeddings)))
     ));
-    for path in ["/v1/responses", "/v1/messages", "/v1/rerank", "/infill"] {
+    for path in ["/v1/rerank", "/infill", "/v1/messages/count_tokens"] {
         assert!(
             matches!(
                 planner.plan(path),
                 Some(Ticket::Skipped(_, Skip::NotCompared(e))) if e.path() == path
             ),
+            "{path}"
+        );
+    }
+    // The agents' APIs are compared like chat.
+    for path in ["/v1/responses", "/v1/messages"] {
+        assert!(
+            matches!(planner.plan(path), Some(Ticket::AfterPrimary(_))),
             "{path}"
         );
     }
