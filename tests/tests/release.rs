@@ -58,6 +58,11 @@ steps = [
 [plans.mostly]
 evaluate_every_ms = 50
 steps = [{ step = "live", weight = 99, min_requests = 100000 }]
+
+[plans.replayed]
+evaluate_every_ms = 50
+replay = { max_tokens = 8, tokens_per_hour = 1000000 }
+steps = [{ step = "shadow", min_pairs = 3 }, { step = "promote", bake_s = 0 }]
 "#;
 
 fn config(dir: &Path, admin: &str, primary: &str, candidate: &str) -> String {
@@ -1177,4 +1182,96 @@ async fn kill_9_mid_step_changes_nothing_and_every_verdict_recomputes_the_same()
         .collect();
     assert!(arms.contains(&("c", "canary", "candidate")), "{arms:?}");
     assert!(arms.contains(&("p", "primary", "primary")), "{arms:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_on_sampled_traffic_gets_its_evidence_from_replays() {
+    let (s, _p, _c) = Setup::start(|e| e).await;
+    let sampled = |n: u32| {
+        let base = s.base.clone();
+        async move {
+            let r = TestClient::new()
+                .post_json(
+                    &format!("{base}/v1/chat/completions"),
+                    &json!({"model": "smollm2", "temperature": 0.7,
+                            "messages": [{"role": "user", "content": format!("tell me a story {n}")}]}),
+                )
+                .await
+                .unwrap();
+            assert_eq!(r.status, 200);
+        }
+    };
+    let ledger = s._dir.path().join("ledger.db");
+    let mut recorded = s.proxy.state().shadowing.recorded();
+    // Without replays, sampled traffic gives no comparable pair.
+    let id = start_release(&s.admin, "careful").await;
+    for n in 0..4 {
+        sampled(n).await;
+        recorded_at_least(&mut recorded, u64::from(n) + 1).await;
+    }
+    s.proxy.state().recorder.settled().await;
+    let flushed = s.proxy.state().recorder.ledger.as_ref().unwrap();
+    assert!(tokio::task::block_in_place(
+        || flushed.flush(Duration::from_secs(5))
+    ));
+    let conn = rusqlite::Connection::open(&ledger).unwrap();
+    let incomparable: i64 = conn
+        .query_row(
+            "SELECT count(*) FROM comparisons WHERE verdict = 'incomparable' AND reason LIKE 'sampling not deterministic%'",
+            [],
+            |r| r.get(0),
+        )
+        .unwrap();
+    assert_eq!(incomparable, 4);
+    let r = admin(
+        &s.admin,
+        "POST",
+        &format!("/admin/releases/{id}/abort"),
+        Some(json!({"reason": "test"})),
+    )
+    .await;
+    assert_eq!(r.status, 200, "{}", r.json());
+
+    // With them, the same traffic carries the release through (forced: the candidate's
+    // identity was just aborted).
+    let mut events = AdminEvents::open(&s.admin, None).await.unwrap();
+    let r = admin(
+        &s.admin,
+        "POST",
+        "/admin/releases",
+        Some(json!({"model": "smollm2", "candidate": "c", "plan": "replayed", "force": true})),
+    )
+    .await;
+    assert_eq!(r.status, 201, "{}", r.json());
+    let id = r.json()["id"].as_str().unwrap().to_owned();
+    let before = *recorded.borrow();
+    for n in 10..13 {
+        sampled(n).await;
+        recorded_at_least(&mut recorded, before + u64::from(n - 9)).await;
+    }
+    events
+        .wait_for(Duration::from_secs(10), "release", |e| {
+            e["id"] == id.as_str() && e["state"] == "completed"
+        })
+        .await
+        .unwrap();
+    let (replays, matched): (i64, i64) = conn
+        .query_row(
+            "SELECT count(*), sum(verdict = 'match') FROM comparisons WHERE mode = 'replay'",
+            [],
+            |r| Ok((r.get(0)?, r.get(1)?)),
+        )
+        .unwrap();
+    assert_eq!((replays, matched), (3, 3));
+    let sides: i64 = conn
+        .query_row(
+            "SELECT count(*) FROM requests WHERE variant = 'replay' AND release_id IS NULL",
+            [],
+            |r| r.get(0),
+        )
+        .unwrap();
+    assert_eq!(
+        sides, 6,
+        "each replay ran on both sides, neither a request of the release"
+    );
 }
