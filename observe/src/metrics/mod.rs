@@ -47,6 +47,7 @@
 
 mod families;
 mod series;
+mod shadows;
 #[cfg(test)]
 mod tests;
 
@@ -59,7 +60,6 @@ use prometheus_client::metrics::counter::ConstCounter;
 pub use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
-use switchyard_policy::compare::Verdict;
 
 use self::families::{Families, HeadLabels, SeriesLabels};
 use self::series::{
@@ -297,44 +297,6 @@ impl Metrics {
             .load()
             .get(backend)
             .map_or(0, |b| b.waiting.get().max(0).unsigned_abs())
-    }
-
-    /// Counts one recorded shadow comparison; `skipped` when the pool was full. Returns the
-    /// pair's skips so far (this one included).
-    pub fn observe_comparison(
-        &self,
-        model: &Arc<str>,
-        candidate: &Arc<str>,
-        verdict: Verdict,
-        skipped: bool,
-    ) -> u64 {
-        let key = (model.clone(), candidate.clone());
-        get_or_insert(
-            &self.shadows,
-            &key,
-            || key.clone(),
-            || ShadowHandles::new(&self.families, &key),
-        )
-        .observe(verdict, skipped)
-    }
-
-    /// Counts a request of `model` chosen for a greedy replay on `candidate`, by `outcome`
-    /// (`replayed`, `budget`, `busy`), and the tokens the replay spent.
-    pub fn observe_replay(
-        &self,
-        model: &Arc<str>,
-        candidate: &Arc<str>,
-        outcome: &str,
-        tokens: u64,
-    ) {
-        let key = (model.clone(), candidate.clone());
-        get_or_insert(
-            &self.shadows,
-            &key,
-            || key.clone(),
-            || ShadowHandles::new(&self.families, &key),
-        )
-        .replayed(outcome, tokens);
     }
 
     /// Counts one finished request. Called exactly once per request, when its record is written.

@@ -457,6 +457,16 @@ const DOCUMENTED: &[(&str, &str, &[&str])] = &[
         "counter",
         &["model", "candidate"],
     ),
+    (
+        "switchyard_shadow_replays_total",
+        "counter",
+        &["model", "candidate", "outcome"],
+    ),
+    (
+        "switchyard_shadow_replay_tokens_total",
+        "counter",
+        &["model", "candidate"],
+    ),
     ("switchyard_idle_connections_closed_total", "counter", &[]),
     (
         "switchyard_rejected_request_heads_total",
@@ -527,7 +537,18 @@ fn every_family_is_written_as_documented() {
     m.ledger_written.inc_by(3);
     m.engine_retry("llama", "closed");
     m.engine_retry("llama", "elsewhere");
+    m.observe_replay(&Arc::from("smollm2"), &Arc::from("mlx"), "replayed", 40);
+    m.observe_replay(&Arc::from("smollm2"), &Arc::from("mlx"), "elsewhere", 0);
     let text = m.render_with(Some(SpanCounts::default()));
+    assert!(text.contains(
+        "switchyard_shadow_replays_total{model=\"smollm2\",candidate=\"mlx\",outcome=\"replayed\"} 1\n"
+    ));
+    assert!(text.contains(
+        "switchyard_shadow_replays_total{model=\"smollm2\",candidate=\"mlx\",outcome=\"budget\"} 0\n"
+    ));
+    assert!(text.contains(
+        "switchyard_shadow_replay_tokens_total{model=\"smollm2\",candidate=\"mlx\"} 40\n"
+    ));
 
     let declared = families(&text);
     let documented: BTreeMap<String, (String, Vec<String>)> = DOCUMENTED

@@ -72,6 +72,12 @@ pub(crate) struct Args {
     /// The share of the shadowed model's requests sampled for a shadow (`sample`).
     #[arg(long, default_value_t = 1.0)]
     pub(crate) shadow_sample: f64,
+    /// Replays instead of copies: every request of the shadowing measurement is sampled
+    /// (temperature 0.7), and the shadowed model replays each greedily to both the primary and
+    /// the candidate (`replay`, a budget no run reaches): the primary's p99 with replays running
+    /// beside its live requests, against without.
+    #[arg(long)]
+    pub(crate) shadow_replay: bool,
     /// The shadow pool's `max_in_flight`.
     #[arg(long, default_value_t = 4)]
     pub(crate) shadow_max_in_flight: u32,
@@ -105,6 +111,6 @@ pub(crate) fn args_json(args: &Args) -> serde_json::Value {
         "server_cpus": args.server_cpus, "shadow_rounds": args.shadow_rounds,
         "candidate_prefill_ms": args.candidate_prefill_ms,
         "shadow_max_in_flight": args.shadow_max_in_flight, "shadow_sample": args.shadow_sample,
-        "shadow_warmup": args.shadow_warmup, "candidate_cpus": args.candidate_cpus,
+        "shadow_warmup": args.shadow_warmup, "shadow_replay": args.shadow_replay, "candidate_cpus": args.candidate_cpus,
     })
 }

@@ -20,9 +20,14 @@ pub(crate) fn chat(engine: Engine, content: &str, stream: bool) -> Bytes {
     chat_for(engine.name(), content, stream)
 }
 
-/// A chat completion request for the model `model`.
+/// A chat completion request for the model `model`, greedy.
 pub(crate) fn chat_for(model: &str, content: &str, stream: bool) -> Bytes {
-    let mut body = json!({"model": model, "messages": [{"role": "user", "content": content}], "temperature": 0});
+    chat_sampled(model, content, stream, 0.0)
+}
+
+/// A chat completion request for the model `model` at `temperature`.
+pub(crate) fn chat_sampled(model: &str, content: &str, stream: bool, temperature: f64) -> Bytes {
+    let mut body = json!({"model": model, "messages": [{"role": "user", "content": content}], "temperature": temperature});
     if stream {
         body["stream"] = json!(true);
     }

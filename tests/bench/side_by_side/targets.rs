@@ -170,15 +170,15 @@ impl Launcher {
         self.switchyard_as("Switchyard", bin_dir, engines, None)
     }
 
-    /// A Switchyard of its own (its own ledger and log) named `name`; with `shadow` (its `sample`
-    /// and `max_in_flight`), the `fast` model shadows to the slow engine, and two more models on
+    /// A Switchyard of its own (its own ledger and log) named `name`; with `shadow` (its `sample`,
+    /// `max_in_flight` and whether it replays), the `fast` model shadows to the slow engine, and two more models on
     /// the same backend, [`UNSHADOWED`] and [`CONTROL`], shadow none.
     pub(crate) fn switchyard_as(
         &self,
         name: &'static str,
         bin_dir: &Path,
         engines: &Engines,
-        shadow: Option<(f64, u32)>,
+        shadow: Option<(f64, u32, bool)>,
     ) -> anyhow::Result<Target> {
         let file = name.replace(['+', ' '], "-").to_lowercase();
         let mut toml = format!(
@@ -199,9 +199,14 @@ impl Launcher {
                 name = engine.name(),
                 url = engines.url(engine),
             ));
-            if let (Engine::Fast, Some((sample, pool))) = (engine, shadow) {
+            if let (Engine::Fast, Some((sample, pool, replay))) = (engine, shadow) {
+                let replay = if replay {
+                    ", replay = { max_tokens = 16, tokens_per_hour = 1000000000000 }"
+                } else {
+                    ""
+                };
                 toml.push_str(&format!(
-                    "shadow = {{ backend = \"{CANDIDATE}\", sample = {sample:?}, max_in_flight = {pool} }}\n",
+                    "shadow = {{ backend = \"{CANDIDATE}\", sample = {sample:?}, max_in_flight = {pool}{replay} }}\n",
                 ));
                 for model in [UNSHADOWED, CONTROL] {
                     toml.push_str(&format!(

@@ -13,7 +13,7 @@ use switchyard_tests::bench::{
 };
 
 use crate::args::Args;
-use crate::measure::{chat_for, each_round, pooled, wait_ready};
+use crate::measure::{chat_sampled, each_round, pooled, wait_ready};
 use crate::note;
 use crate::report::{Report, ROUNDS_PER_BLOCK};
 use crate::targets::{Engine, Engines, Launcher, CANDIDATE, CONTROL, UNSHADOWED};
@@ -49,14 +49,21 @@ pub(crate) async fn shadowing(
         "Switchyard+shadow",
         &args.bin_dir,
         engines,
-        Some((args.shadow_sample, args.shadow_max_in_flight)),
+        Some((
+            args.shadow_sample,
+            args.shadow_max_in_flight,
+            args.shadow_replay,
+        )),
     )?;
     let base = shadowing.base().unwrap_or_default();
     wait_ready(client, base).await?;
     let url = shadowing.chat_url(Engine::Fast);
     let bodies: Vec<Bytes> = [UNSHADOWED, Engine::Fast.name(), CONTROL]
         .into_iter()
-        .map(|model| chat_for(model, "benchmark", false))
+        .map(|model| {
+            let temperature = if args.shadow_replay { 0.7 } else { 0.0 };
+            chat_sampled(model, "benchmark", false, temperature)
+        })
         .collect();
     for body in &bodies {
         run_load(client, &url, body, 200, 4).await?;
@@ -105,6 +112,11 @@ pub(crate) async fn shadowing(
 /// (their wait for the shadows lets the writer catch up).
 async fn settled(client: &BenchClient, base: &str) -> anyhow::Result<()> {
     let in_flight = format!("switchyard_in_flight_requests{{backend=\"{CANDIDATE}\"}}");
+    // A replay's first side runs on the primary's backend.
+    let primary = format!(
+        "switchyard_in_flight_requests{{backend=\"{}\"}}",
+        Engine::Fast.name()
+    );
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
         let text = metrics_text(client, base).await?;
@@ -115,7 +127,8 @@ async fn settled(client: &BenchClient, base: &str) -> anyhow::Result<()> {
             .sum();
         let recorded = metric(&text, "switchyard_ledger_records_written_total")?
             + metric(&text, "switchyard_ledger_records_dropped_total")?;
-        if metric(&text, &in_flight)? == 0.0 && recorded >= finished {
+        let replaying = text.contains(&primary) && metric(&text, &primary)? > 0.0;
+        if metric(&text, &in_flight)? == 0.0 && !replaying && recorded >= finished {
             return Ok(());
         }
         anyhow::ensure!(
