@@ -1249,12 +1249,21 @@ async fn a_release_on_sampled_traffic_gets_its_evidence_from_replays() {
         sampled(n).await;
         recorded_at_least(&mut recorded, before + u64::from(n - 9)).await;
     }
-    events
+    let completed = events
         .wait_for(Duration::from_secs(10), "release", |e| {
             e["id"] == id.as_str() && e["state"] == "completed"
         })
-        .await
-        .unwrap();
+        .await;
+    if let Err(e) = completed {
+        let rows: Vec<(String, String, Option<String>)> = conn
+            .prepare("SELECT mode, verdict, reason FROM comparisons ORDER BY id")
+            .unwrap()
+            .query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
+            .unwrap()
+            .map(Result::unwrap)
+            .collect();
+        panic!("{e}: {:#}\n{rows:#?}", status(&s.admin, &id).await);
+    }
     let (replays, matched): (i64, i64) = conn
         .query_row(
             "SELECT count(*), sum(verdict = 'match') FROM comparisons WHERE mode = 'replay'",

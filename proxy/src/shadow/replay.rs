@@ -153,7 +153,7 @@ fn spent(side: &Side) -> u64 {
 impl ReplayJob {
     /// Runs the replay on the serving backend, then on the candidate (never both at once: the
     /// engines do not compete for the hardware), judges the pair and records it. `permit` is
-    /// the pool's place, held until the pair is recorded.
+    /// the pool's place, held until both sides have answered.
     pub(super) async fn run(self, permit: OwnedSemaphorePermit) {
         let c = &self.comparison;
         let recorder = &c.plan.shadowing.recorder;
@@ -209,8 +209,10 @@ impl ReplayJob {
             fingerprint,
             ..self.comparison
         };
-        comparison.finish_replay(primary, candidate_ran, prompt.as_deref());
+        // The pool's place is free before the pair is recorded, as a copy's is: whoever waits
+        // for the record (a client's next sampled request) finds it free.
         drop(permit);
+        comparison.finish_replay(primary, candidate_ran, prompt.as_deref());
     }
 
     /// Gives back what the replay reserved and did not spend.
