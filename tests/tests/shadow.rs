@@ -261,6 +261,8 @@ async fn a_seed_is_not_comparable_across_engine_builds_and_greedy_is() {
             .status,
         200
     );
+    // Each copy recorded before the next request: the pool holds one at a time.
+    s.settle(1).await;
     assert_eq!(s.chat("Hello", json!({})).await.status, 200);
     s.settle(2).await;
     let rows = s.comparisons();
@@ -924,5 +926,18 @@ async fn with_an_equivalence_rule_pairs_that_differ_are_judged_token_by_token_on
     assert_eq!(
         judged["divergence"]["candidate"]["text"], "Lyon ",
         "{judged}"
+    );
+    // `report --comparisons` says where each pair parted, and how.
+    let report: Value = serde_json::from_str(&s.report("json")).unwrap();
+    let divergences = report["divergences"].as_array().unwrap();
+    assert_eq!(divergences.len(), 2, "{report:#}");
+    assert_eq!(divergences[0]["verdict"], "mismatch");
+    assert_eq!(divergences[0]["divergence"]["at"], 0);
+    let markdown = s.report("markdown");
+    assert!(markdown.contains("## Where answers part"), "{markdown}");
+    assert!(
+        markdown.contains("token 0: primary chose")
+            && markdown.contains("candidate chose \"Lyon \""),
+        "{markdown}"
     );
 }

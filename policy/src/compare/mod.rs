@@ -20,7 +20,9 @@ mod tests;
 use serde::{Deserialize, Serialize};
 
 pub use ratios::{Ratio, Ratios};
-pub use summary::{compare, Comparison, Counts, Group, GroupKey, Status, Summary};
+pub use summary::{
+    compare, Comparison, Counts, Divergent, Group, GroupKey, Status, Summary, MAX_DIVERGENCES,
+};
 
 /// How the reason of a seeded pair between two engine builds begins.
 pub const SEEDED_ACROSS_ENGINES: &str = "sampling not deterministic across engines";

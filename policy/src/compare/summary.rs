@@ -158,6 +158,55 @@ pub struct Comparison {
     /// Pairs left out because they were cold (shown only when asked for).
     pub cold_pairs_excluded: usize,
     pub min_repetitions: usize,
+    /// Pairs judged token by token whose answers parted (differing first), warm or cold: where
+    /// and how, for people. At most [`MAX_DIVERGENCES`].
+    pub divergences: Vec<Divergent>,
+}
+
+/// The most parted pairs a comparison lists.
+pub const MAX_DIVERGENCES: usize = 50;
+
+/// A pair judged token by token whose answers parted.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Divergent {
+    pub request_id: Option<String>,
+    pub model: String,
+    pub workload: String,
+    pub verdict: Verdict,
+    pub reason: Option<String>,
+    /// The text both sides generated before they parted.
+    pub prefix: String,
+    pub divergence: Option<super::equivalence::Divergence>,
+    pub mean_kl: f64,
+    /// Each side's whole answer, when kept.
+    pub primary_text: Option<String>,
+    pub candidate_text: Option<String>,
+}
+
+/// The pairs judged token by token that parted, differing ones first.
+fn divergences(pairs: &[Pair]) -> Vec<Divergent> {
+    let mut out: Vec<Divergent> = pairs
+        .iter()
+        .filter_map(|p| {
+            let judged = p.equivalence.as_deref()?;
+            judged.divergence.as_ref()?;
+            Some(Divergent {
+                request_id: p.primary.request_id.clone(),
+                model: p.model.clone(),
+                workload: p.workload.clone(),
+                verdict: p.verdict,
+                reason: p.reason.clone(),
+                prefix: judged.prefix.clone(),
+                divergence: judged.divergence.clone(),
+                mean_kl: judged.mean_kl,
+                primary_text: p.primary.text.clone(),
+                candidate_text: p.candidate.as_ref().and_then(|c| c.text.clone()),
+            })
+        })
+        .collect();
+    out.sort_by_key(|d| d.verdict != Verdict::Mismatch);
+    out.truncate(MAX_DIVERGENCES);
+    out
 }
 
 /// Groups `pairs` and concludes what each group allows. Cold pairs count only when
@@ -190,6 +239,7 @@ pub fn compare(pairs: &[Pair], include_cold: bool) -> Comparison {
         .map(|(key, groups)| summarize(key, &groups))
         .collect();
     Comparison {
+        divergences: divergences(pairs),
         summaries,
         groups,
         cold_pairs_excluded,

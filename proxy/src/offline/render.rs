@@ -4,7 +4,8 @@
 use std::fmt::Write as _;
 
 use serde_json::{json, Value};
-use switchyard_policy::compare::{Comparison, Group, GroupKey, Ratio, Ratios, Summary};
+use switchyard_policy::compare::equivalence::Token;
+use switchyard_policy::compare::{Comparison, Divergent, Group, GroupKey, Ratio, Ratios, Summary};
 
 use super::report::Format;
 
@@ -76,6 +77,7 @@ pub fn to_json(c: &Comparison) -> Value {
         "cold_pairs_excluded": c.cold_pairs_excluded,
         "summaries": c.summaries.iter().map(summary).collect::<Vec<_>>(),
         "groups": c.groups.iter().map(group).collect::<Vec<_>>(),
+        "divergences": c.divergences,
     })
 }
 
@@ -136,7 +138,7 @@ pub fn render(c: &Comparison, format: Format) -> String {
 
 fn render_tsv(c: &Comparison) -> String {
     let mut out = String::from(
-        "level\tmode\tmodel\tprimary_backend\tprimary_engine\tprimary_artifact\tcandidate_backend\tcandidate_engine\tcandidate_artifact\twarm\tstreamed\tworkload\tsampling\tpairs\tmatch\tmismatch\tcandidate_error\tincomparable\tstatus\tdetail",
+        "level\tmode\tmodel\tprimary_backend\tprimary_engine\tprimary_artifact\tcandidate_backend\tcandidate_engine\tcandidate_artifact\twarm\tstreamed\tworkload\tsampling\tpairs\tmatch\tequivalent\tmismatch\tcandidate_error\tincomparable\tstatus\tdetail",
     );
     for metric in ["ttft", "prefill_tok_s", "decode_tok_s", "total"] {
         for part in ["median", "min", "max"] {
@@ -152,7 +154,7 @@ fn render_tsv(c: &Comparison) -> String {
                    ratios: &Option<Ratios>| {
         let _ = write!(
             out,
-            "{level}\t{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}\t{status}\t{}",
+            "{level}\t{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}\t{status}\t{}",
             k.mode,
             k.model,
             k.primary_backend,
@@ -167,6 +169,7 @@ fn render_tsv(c: &Comparison) -> String {
             k.sampling,
             counts.pairs,
             counts.matched,
+            counts.equivalent,
             counts.mismatch,
             counts.candidate_error,
             counts.incomparable,
@@ -218,7 +221,7 @@ fn render_markdown(c: &Comparison) -> String {
             c.cold_pairs_excluded
         );
     }
-    let header = "| mode | model | primary | candidate | stream | warmth | {unit} | pairs | match | mismatch | candidate error | incomparable | conclusion | ttft × | prefill tok/s × | decode tok/s × | total × |\n|---|---|---|---|---|---|---|---:|---:|---:|---:|---:|---|---|---|---|---|\n";
+    let header = "| mode | model | primary | candidate | stream | warmth | {unit} | pairs | match | equivalent | mismatch | candidate error | incomparable | conclusion | ttft × | prefill tok/s × | decode tok/s × | total × |\n|---|---|---|---|---|---|---|---:|---:|---:|---:|---:|---:|---|---|---|---|---|\n";
     let identity = |backend: &str, engine: &str, artifact: &str| {
         format!("{backend} ({}, {})", short(engine), short(artifact))
     };
@@ -231,7 +234,7 @@ fn render_markdown(c: &Comparison) -> String {
         let [ttft, prefill, decode, total] = ratio_cells(ratios);
         let _ = writeln!(
             out,
-            "| {} | {} | {} | {} | {} | {} | {unit} | {} | {} | {} | {} | {} | {} | {ttft} | {prefill} | {decode} | {total} |",
+            "| {} | {} | {} | {} | {} | {} | {unit} | {} | {} | {} | {} | {} | {} | {} | {ttft} | {prefill} | {decode} | {total} |",
             k.mode,
             k.model,
             identity(&k.primary_backend, &k.primary_engine, &k.primary_artifact),
@@ -240,6 +243,7 @@ fn render_markdown(c: &Comparison) -> String {
             if k.warm { "warm" } else { "cold" },
             counts.pairs,
             counts.matched,
+            counts.equivalent,
             counts.mismatch,
             counts.candidate_error,
             counts.incomparable,
@@ -264,5 +268,60 @@ fn render_markdown(c: &Comparison) -> String {
         let workload: String = g.key.workload.chars().take(15).collect();
         line(&mut out, &g.key, workload, &g.counts, &g.detail, &g.ratios);
     }
+    divergences_markdown(&mut out, &c.divergences);
     out
+}
+
+/// Where the answers of pairs judged token by token parted: the shared text, each side's
+/// choice and likeliest tokens there, and both answers when kept.
+fn divergences_markdown(out: &mut String, divergences: &[Divergent]) {
+    if divergences.is_empty() {
+        return;
+    }
+    out.push_str("\n## Where answers part (pairs judged token by token)\n\n");
+    let top = |list: &[(Token, f64)]| {
+        list.iter()
+            .take(3)
+            .map(|(t, lp)| format!("{:?} {lp:.2}", t.text))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    for d in divergences {
+        let tail: String = {
+            let chars: Vec<char> = d.prefix.chars().collect();
+            chars[chars.len().saturating_sub(60)..].iter().collect()
+        };
+        let _ = writeln!(
+            out,
+            "- request {} ({}, {}), mean KL {:.4}: after {tail:?}",
+            d.request_id.as_deref().unwrap_or("?"),
+            d.verdict.as_str(),
+            d.model,
+            d.mean_kl
+        );
+        if let Some(v) = &d.divergence {
+            let chose = |t: &Option<Token>| {
+                t.as_ref().map_or_else(
+                    || "nothing more (stopped)".to_owned(),
+                    |t| format!("{:?}", t.text),
+                )
+            };
+            let margin =
+                |m: Option<f64>| m.map_or_else(|| "unknown".to_owned(), |m| format!("{m:.2}"));
+            let _ = writeln!(
+                out,
+                "  - token {}: primary chose {} (margin {}; likeliest {}), candidate chose {} (margin {}; likeliest {})",
+                v.at,
+                chose(&v.primary),
+                margin(v.primary_margin),
+                top(&v.primary_top),
+                chose(&v.candidate),
+                margin(v.candidate_margin),
+                top(&v.candidate_top),
+            );
+        }
+        if let (Some(p), Some(c)) = (&d.primary_text, &d.candidate_text) {
+            let _ = writeln!(out, "  - primary: {p:?}\n  - candidate: {c:?}");
+        }
+    }
 }
