@@ -102,6 +102,18 @@ pub(crate) async fn shadowing(
                 .map_err(|_| anyhow::anyhow!("three models' rounds"))?,
         );
     }
+    // What the shadowed model did with its copies: said, so that a run shows they ran.
+    let text = metrics_text(client, base).await?;
+    let counted: Vec<&str> = text
+        .lines()
+        .filter(|l| {
+            l.starts_with("switchyard_shadow_comparisons_total{")
+                || l.starts_with("switchyard_shadow_replays_total{")
+                || l.starts_with("switchyard_shadow_skipped_total{")
+        })
+        .filter(|l| !l.ends_with(" 0"))
+        .collect();
+    note(&format!("shadowed model's copies: {}", counted.join("; ")));
     drop(shadowing);
     Ok(())
 }
