@@ -20,6 +20,7 @@ use switchyard_policy::compare::{judge, Determinism, Pair, Side, Verdict};
 use switchyard_policy::replay::Replay;
 use switchyard_record::RequestRecord;
 use tokio::sync::OwnedSemaphorePermit;
+use tokio_util::sync::CancellationToken;
 
 use super::run::{run_on, Candidate, Comparison, Planned, Ran, ShadowJob};
 use crate::forward::Outgoing;
@@ -33,6 +34,11 @@ pub(super) struct ReplayJob {
     pub(super) served: Candidate,
     /// Tokens reserved from the budget.
     pub(super) reserved: u64,
+    /// The live request's side as it was served.
+    pub(super) primary: Side,
+    /// The candidate's side of a greedy live pair that differs, which the replay judges; None
+    /// for a request whose pair could not be compared (it had no copy).
+    pub(super) live_candidate: Option<Side>,
 }
 
 /// Why a request cannot be compared as it was sent, when it cannot: its sampling does not fix
@@ -134,6 +140,8 @@ impl ShadowJob {
             replay,
             served,
             reserved,
+            primary: primary.clone(),
+            live_candidate: Some(candidate.side.clone()),
         })
     }
 }
@@ -151,6 +159,23 @@ fn spent(side: &Side) -> u64 {
 }
 
 impl ReplayJob {
+    /// [`ReplayJob::run`], or, when `stop` comes first (shutdown), the request judged without
+    /// its replay.
+    pub(super) async fn run_until(self, permit: OwnedSemaphorePermit, stop: CancellationToken) {
+        let comparison = self.comparison.clone();
+        let (primary, live) = (self.primary.clone(), self.live_candidate.clone());
+        let reserved = self.reserved;
+        tokio::select! {
+            () = self.run(permit) => {}
+            () = stop.cancelled() => {
+                if let Some(budget) = &comparison.plan.pool.budget {
+                    budget.refund(reserved);
+                }
+                without_replay(&comparison, primary, live, "Switchyard is shutting down");
+            }
+        }
+    }
+
     /// Runs the replay on the serving backend, then on the candidate (never both at once: the
     /// engines do not compete for the hardware), judges the pair and records it. `permit` is
     /// the pool's place, held until both sides have answered.
@@ -169,6 +194,7 @@ impl ReplayJob {
             Err(e) => return self.lost(&e.to_string()),
         };
         let mut sides = Vec::with_capacity(2);
+        let mut yielded = None;
         for target in [&self.served, &c.plan.target] {
             let ran = run_on(
                 recorder,
@@ -185,16 +211,19 @@ impl ReplayJob {
             if let Some(code) = ran.not_ready {
                 // A side with no free slot (or not ready): the replay yields, and gives no pair.
                 let tokens = sides.iter().map(|r: &Ran| spent(&r.side)).sum();
-                self.settle_budget(tokens);
                 metrics.observe_replay(model, candidate, "busy", tokens);
-                tracing::debug!(model = %model, backend = %target.backend.name, code, "replay yielded");
-                return;
+                let why = format!("{} was busy or not ready ({code})", target.backend.name);
+                yielded = Some((why, tokens));
+                break;
             }
             let failed = ran.side.failure().is_some();
             sides.push(ran);
             if failed {
                 break; // the serving side failed: nothing to compare against
             }
+        }
+        if let Some((why, tokens)) = yielded {
+            return self.gave_up(&why, tokens);
         }
         let tokens = sides.iter().map(|r| spent(&r.side)).sum();
         self.settle_budget(tokens);
@@ -205,14 +234,24 @@ impl ReplayJob {
         };
         let candidate_ran = sides.next();
         let prompt = prompt_excerpt(&self.outgoing.body);
+        // The pool's place is free before the pair is recorded, as a copy's is: whoever waits
+        // for the record (a client's next sampled request) finds it free.
+        drop(permit);
+        if let Some(live) = self.live_candidate {
+            self.comparison.judged_by_replay(self.primary, live);
+        }
         let comparison = Comparison {
             fingerprint,
             ..self.comparison
         };
-        // The pool's place is free before the pair is recorded, as a copy's is: whoever waits
-        // for the record (a client's next sampled request) finds it free.
-        drop(permit);
         comparison.finish_replay(primary, candidate_ran, prompt.as_deref());
+    }
+
+    /// A replay that gave up (`why`) after spending `tokens`: its reservation settled, and the
+    /// request judged without it.
+    pub(super) fn gave_up(self, why: &str, tokens: u64) {
+        self.settle_budget(tokens);
+        without_replay(&self.comparison, self.primary, self.live_candidate, why);
     }
 
     /// Gives back what the replay reserved and did not spend.
@@ -222,14 +261,15 @@ impl ReplayJob {
         }
     }
 
-    /// A replay that could not be built: said in the log, its reservation given back.
+    /// A replay that could not be built: said in the log, and the request judged as it was
+    /// sent.
     fn lost(self, why: &str) {
-        self.settle_budget(0);
         tracing::warn!(
             model = %self.comparison.plan.model,
             candidate = %self.comparison.plan.candidate,
             "replay not sent: {why}"
         );
+        self.gave_up(why, 0);
     }
 }
 
@@ -247,6 +287,39 @@ fn alternatives(d: &switchyard_policy::compare::equivalence::Divergence) -> Stri
         top(&d.primary_top),
         top(&d.candidate_top)
     )
+}
+
+/// A request whose replay gave up (`why`), judged as it was sent: a differing greedy pair by
+/// exact match (it differs, and no rule could say otherwise), a request that had no copy as not
+/// comparable, with why.
+fn without_replay(c: &Comparison, primary: Side, live: Option<Side>, why: &str) {
+    if let Some(live) = live {
+        return c.finish(primary, Some(live), None);
+    }
+    let (verdict, reason) = judge(&primary, None, c.fingerprint.determinism, None);
+    let reason = format!(
+        "{}; its greedy replay gave up: {why}",
+        reason.as_deref().unwrap_or("no copy")
+    );
+    c.record(
+        Pair {
+            model: c.plan.model.to_string(),
+            workload: c.fingerprint.workload.clone(),
+            sampling: c.fingerprint.sampling.clone(),
+            streamed: c.plan.streamed,
+            mode: "replay".to_owned(),
+            primary: Side {
+                text: None,
+                ..primary
+            },
+            candidate: None,
+            verdict,
+            reason: Some(reason),
+            count: 1,
+            equivalence: None,
+        },
+        "replay",
+    );
 }
 
 /// The request's last user message, for people: at most 80 characters of it.

@@ -80,14 +80,17 @@ impl Ticket {
                     let prompt = record.side().prompt_tokens;
                     if let Some(reserved) = plan.reserve(&replay, prompt, &outgoing) {
                         let tasks = shadowing.tasks.clone();
+                        let stop = shadowing.stop.clone();
                         let job = ReplayJob {
                             comparison: plan.comparison(fingerprint.clone()),
                             outgoing,
                             replay,
                             served,
                             reserved,
+                            primary: record.side(),
+                            live_candidate: None,
                         };
-                        tasks.spawn(job.run(permit));
+                        tasks.spawn(job.run_until(permit, stop));
                         return;
                     }
                 }
@@ -109,8 +112,7 @@ impl Ticket {
                     // replay, whose answers carry the log-probabilities.
                     if let Some(ran) = &candidate {
                         if let Some(replay) = job.replay_of_difference(&primary, ran) {
-                            job.comparison.judged_by_replay(primary, ran.side.clone());
-                            return replay.run(permit).await;
+                            return replay.run_until(permit, stop).await;
                         }
                     }
                     // The pool bounds the copies under way on the candidate: this one's place is
