@@ -5,8 +5,9 @@
 //! differs is judged token by token when the shadow or the plan has an equivalence rule.
 //!
 //! A replay is never a live request of either side: each side's request is recorded with
-//! variant `replay` and no release mark, takes a slot only when one is free (admission never
-//! queues it), and never starts a managed engine. The pair is recorded with mode `replay`.
+//! variant `replay` and no release mark, takes a slot only while no live request waits for one
+//! (admission never queues it), and never starts a managed engine. The pair is recorded with
+//! mode `replay`. A replay that gives up leaves the request judged as it was sent.
 
 use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
@@ -41,8 +42,8 @@ pub(super) struct ReplayJob {
     pub(super) live_candidate: Option<Side>,
 }
 
-/// Why a request cannot be compared as it was sent, when it cannot: its sampling does not fix
-/// its output on both sides. `candidate_engine` is the candidate's engine build now.
+/// Whether a request cannot be compared as it was sent: its sampling does not fix its output
+/// on both sides. `candidate_engine` is the candidate's engine build now.
 fn not_comparable(
     determinism: Determinism,
     served_engine: Option<&str>,
