@@ -8,6 +8,8 @@
 pub mod backend;
 pub mod client;
 pub mod managed;
+pub mod state;
 
 pub use backend::{header_value, Backend, BackendState, Digest, IdentityHeaders, Verification};
 pub use client::{describe_chain, Again, Error, Upstream, UpstreamBody};
+pub use state::EngineState;

@@ -45,6 +45,7 @@ enum Behaviour {
 struct Seen {
     connections: AtomicU64,
     requests: AtomicU64,
+    /// Answers the server began to write.
     answered: AtomicU64,
 }
 
@@ -97,17 +98,18 @@ async fn serve(mut stream: TcpStream, behaviour: Behaviour, seen: Arc<Seen>) {
             }
             _ => {}
         }
-        // The answer echoes the request's body.
+        // The answer echoes the request's body. It is counted before it is written: a client
+        // that has read it may look at the counts before this task runs again.
         let head = format!(
             "HTTP/1.1 200 OK\r\ncontent-length: {}\r\n{extra}\r\n",
             body.len()
         );
+        seen.answered.fetch_add(1, Ordering::SeqCst);
         if stream.write_all(head.as_bytes()).await.is_err()
             || stream.write_all(&body).await.is_err()
         {
             return;
         }
-        seen.answered.fetch_add(1, Ordering::SeqCst);
         if matches!(behaviour, Behaviour::CloseAfterAnswer) {
             return;
         }

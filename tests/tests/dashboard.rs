@@ -168,9 +168,12 @@ impl Stack {
     }
 }
 
-const PATHS: [&str; 9] = [
+const PATHS: [&str; 12] = [
     "/ui",
     "/ui/app.js",
+    "/ui/core.js",
+    "/admin/overview",
+    "/admin/engine-actions",
     "/ui/vendor/uPlot.iife.min.js",
     "/admin/requests",
     "/admin/stats/phases",
@@ -219,7 +222,7 @@ async fn without_the_token_everything_is_401_and_the_client_listener_has_none_of
         .contains("default-src 'self'"));
     assert_eq!(page.header("cache-control"), "no-store");
     let script = s
-        .get(&format!("{}/ui/app.js", s.admin), Some(&s.token))
+        .get(&format!("{}/ui/models.js", s.admin), Some(&s.token))
         .await;
     assert_eq!(script.status, 200);
     assert!(script.header("content-type").starts_with("text/javascript"));
@@ -296,10 +299,38 @@ async fn the_json_holds_what_the_ledger_recorded() {
         .map(|g| g["requests"].as_u64().unwrap())
         .sum();
     assert_eq!(total, 4);
-    assert!(
-        main["phases"]["ttfb"]["mean_ms"].as_f64().unwrap() > 0.0,
-        "{main:#}"
+    // ttfb overlaps prefill: it is beside the parts of the total, which add up to it.
+    assert!(main["ttfb"]["mean_ms"].as_f64().unwrap() > 0.0, "{main:#}");
+    assert!(main["phases"].get("ttfb").is_none(), "{main:#}");
+    let parts: f64 = main["phases"]
+        .as_object()
+        .unwrap()
+        .values()
+        .map(|p| p["mean_ms"].as_f64().unwrap())
+        .sum();
+    let mean_total = main["total"]["mean_ms"].as_f64().unwrap();
+    assert!((parts - mean_total).abs() < 1e-6 * mean_total, "{main:#}");
+
+    // The overview: the model, its backends by role and state, and the window's figures.
+    let overview = s.admin_json("/admin/overview?window=1h").await;
+    let model = &overview["models"][0];
+    assert_eq!(model["model"], "smollm2", "{overview:#}");
+    let roles: Vec<(&str, &str, &str)> = model["backends"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|b| {
+            let s = |k: &str| b[k].as_str().unwrap();
+            (s("backend"), s("role"), s("state"))
+        })
+        .collect();
+    assert_eq!(
+        roles,
+        [("main", "primary", "ready"), ("cand", "shadow", "ready")]
     );
+    assert_eq!(model["stats"]["requests"], 4, "{model:#}");
+    assert_eq!(model["stats"]["errors"], 0, "{model:#}");
+    assert!(model["stats"]["p50_total_ms"].as_f64().unwrap() > 0.0);
     assert!(
         main["phases"]["prefill"]["mean_ms"].as_f64().unwrap() > 0.0,
         "{main:#}"

@@ -241,3 +241,177 @@ async fn a_reload_keeps_an_unchanged_managed_engine_and_replaces_a_changed_one()
     let pid = new.status().pid;
     assert!(pid.is_none_or(|p| !alive(p)), "{pid:?}");
 }
+
+/// An operator's load and unload of a managed engine through the admin API. Each needs a
+/// reason and is recorded (ledger and history), done or refused; `/v1/models`, `/readyz` and
+/// `/admin/backends` show the engine's true state: stopped before any request (no free slots),
+/// ready once loaded, stopped again after the unload, and ready after the next request.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_operator_loads_and_unloads_a_managed_engine_with_a_reason() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = format!(
+        "{}\n[admin]\nlisten = \"127.0.0.1:0\"\n\n[ledger]\npath = \"{}\"\n",
+        fake_engine_config(dir.path(), 3),
+        dir.path().join("ledger.db").display()
+    );
+    let proxy = start_switchyard(&config).await.unwrap();
+    let managed = proxy
+        .state()
+        .backend("fake")
+        .unwrap()
+        .managed
+        .clone()
+        .unwrap();
+    let (base, admin) = (
+        format!("http://{}", proxy.addr()),
+        format!("http://{}", proxy.admin_addr().unwrap()),
+    );
+    let client = TestClient::new();
+    let model_state = || async {
+        let models = client
+            .get(&format!("{base}/v1/models"))
+            .await
+            .unwrap()
+            .json();
+        assert_eq!(models["data"][0]["id"], "smollm2", "{models}");
+        models["data"][0]["state"].as_str().unwrap().to_owned()
+    };
+    let backend = || async {
+        client
+            .get(&format!("{admin}/admin/backends"))
+            .await
+            .unwrap()
+            .json()["backends"]["fake"]
+            .clone()
+    };
+    let act = |action: &'static str, body: serde_json::Value| {
+        let client = client.clone();
+        let url = format!("{admin}/admin/backends/fake/{action}");
+        async move { client.post_json(&url, &body).await.unwrap() }
+    };
+
+    assert_eq!(model_state().await, "stopped");
+    let stopped = backend().await;
+    assert_eq!(
+        (&stopped["state"], &stopped["free_slots"]),
+        (&json!("stopped"), &serde_json::Value::Null),
+        "{stopped}"
+    );
+
+    // Refused without a reason, for a backend that does not exist, or an action that does not.
+    let unreasoned = act("load", json!({})).await;
+    assert_eq!(
+        (
+            unreasoned.status.as_u16(),
+            unreasoned.json()["error"]["code"].clone()
+        ),
+        (400, json!("missing_reason"))
+    );
+    let nothing = client
+        .post_json(
+            &format!("{admin}/admin/backends/nope/load"),
+            &json!({"reason": "x"}),
+        )
+        .await
+        .unwrap();
+    assert_eq!(nothing.status.as_u16(), 404);
+    assert_eq!(
+        act("fly", json!({"reason": "x"})).await.status.as_u16(),
+        404
+    );
+    assert_eq!(
+        managed.status().starts,
+        0,
+        "nothing refused started the engine"
+    );
+
+    let loaded = act("load", json!({"reason": "warm it before the demo"})).await;
+    assert_eq!(loaded.status.as_u16(), 200, "{}", loaded.json());
+    assert_eq!(
+        (
+            &loaded.json()["was"],
+            &loaded.json()["outcome"],
+            &loaded.json()["recorded"]
+        ),
+        (&json!("stopped"), &json!("starting"), &json!(true))
+    );
+    status_until(&managed, |s| s.phase == Phase::Ready).await;
+    assert_eq!(model_state().await, "ready");
+    let ready = backend().await;
+    assert_eq!(ready["state"], "ready", "{ready}");
+    assert!(ready["free_slots"].as_u64().is_some(), "{ready}");
+
+    let unloaded = act("unload", json!({"reason": "free the memory"})).await;
+    assert_eq!(
+        unloaded.json()["outcome"],
+        "unloading",
+        "{}",
+        unloaded.json()
+    );
+    status_until(&managed, |s| s.phase == Phase::Stopped && s.pid.is_none()).await;
+    assert_eq!(model_state().await, "stopped");
+    let after = backend().await;
+    assert_eq!(after["state"], "stopped", "{after}");
+    assert!(
+        after["reason"]
+            .as_str()
+            .unwrap()
+            .contains("free the memory"),
+        "{after}"
+    );
+    let again = act("unload", json!({"reason": "once more"})).await;
+    assert_eq!(
+        (again.status.as_u16(), again.json()["error"]["code"].clone()),
+        (409, json!("not_possible"))
+    );
+
+    // The next request starts it again.
+    let answer = client
+        .post_json(
+            &format!("{base}/v1/chat/completions"),
+            &json!({"model": "smollm2", "messages": [{"role": "user", "content": "hi"}]}),
+        )
+        .await
+        .unwrap();
+    assert_eq!(answer.status, 200);
+    assert_eq!(model_state().await, "ready");
+    assert_eq!(managed.status().starts, 2);
+
+    // Every action asked for, done or refused, with its caller and reason, newest first (each
+    // answer came once its row was written).
+    let history = client
+        .get(&format!("{admin}/admin/engine-actions?backend=fake"))
+        .await
+        .unwrap()
+        .json();
+    let rows: Vec<(String, String, String, String)> = history["backends"]["fake"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| {
+            let s = |k: &str| r[k].as_str().unwrap().to_owned();
+            (s("action"), s("actor"), s("state_before"), s("outcome"))
+        })
+        .collect();
+    assert_eq!(rows.len(), 3, "{history}");
+    assert_eq!(
+        rows[2],
+        (
+            "load".into(),
+            "local".into(),
+            "stopped".into(),
+            "starting".into()
+        )
+    );
+    assert_eq!(
+        rows[1],
+        (
+            "unload".into(),
+            "local".into(),
+            "ready".into(),
+            "unloading".into()
+        )
+    );
+    assert!(rows[0].3.starts_with("refused: "), "{rows:?}");
+    proxy.shutdown().await;
+}

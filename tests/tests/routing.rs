@@ -121,8 +121,8 @@ async fn a_loading_engine_is_not_ready_then_becomes_ready() {
         .await
         .unwrap();
     let base = format!("http://{}", proxy.addr());
-    // Before the first probe the state is also "loading" (reason "not probed yet"): wait for
-    // the engine's own word.
+    // Before the first probe the state is "starting" (reason "not probed yet"): wait for the
+    // engine's own word.
     let v = wait_ready(&proxy, Duration::from_secs(5), |v| {
         v["backends"]["fake"]["reason"] == "Loading model"
     })
@@ -152,7 +152,7 @@ async fn a_dead_engine_makes_readyz_503() {
         .await
         .unwrap();
     let v = wait_ready(&proxy, Duration::from_secs(5), |v| {
-        v["backends"]["fake"]["state"] == "down"
+        v["backends"]["fake"]["state"] == "failed"
     })
     .await
     .unwrap();
@@ -321,8 +321,8 @@ fallback = ["also_dead", "alive"]
     let proxy = start_switchyard(&toml).await.unwrap();
     let base = format!("http://{}", proxy.addr());
     wait_ready(&proxy, Duration::from_secs(10), |v| {
-        v["backends"]["dead"]["state"] == "down"
-            && v["backends"]["also_dead"]["state"] == "down"
+        v["backends"]["dead"]["state"] == "failed"
+            && v["backends"]["also_dead"]["state"] == "failed"
             && v["backends"]["alive"]["state"] == "ready"
     })
     .await

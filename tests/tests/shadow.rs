@@ -96,7 +96,7 @@ async fn stack_with(
     let base = format!("http://{}", proxy.addr());
     wait_ready(&proxy, Duration::from_secs(5), |v| {
         let probed = |b: &str| {
-            v["backends"][b]["identity"] == "verified" || v["backends"][b]["state"] == "down"
+            v["backends"][b]["identity"] == "verified" || v["backends"][b]["state"] == "failed"
         };
         probed("main") && probed("cand")
     })

@@ -2,8 +2,9 @@
 // tests/run into $UI_NODE_MODULES). Run by tests/python/test_dashboard.py and
 // test_real_engines.py, which start Switchyard and the engines, and by tests/bench/dashboard:
 //
-//   node tests/ui/check.mjs '{"mode": "real" | "release" | "measure", "admin": URL, "client": URL,
-//                             "token": TOKEN, "out": DIR, "release": ID?, "reason": TEXT?}'
+//   node tests/ui/check.mjs '{"mode": "real" | "release" | "managed" | "measure", "admin": URL,
+//                             "client": URL, "token": TOKEN, "out": DIR, "release": ID?,
+//                             "reason": TEXT?, "backend": NAME?}'
 //
 // It reads what the page shows and prints one JSON object on stdout, for the Python test to
 // judge against the admin API's own answers; it fails (exit 1) only when the page does not get
@@ -67,7 +68,7 @@ async function login(browser) {
   out.refused_message = await page.textContent("#login-error");
   await page.fill("#login-token", config.token);
   await page.click("#login-submit");
-  await page.waitForSelector("#app:not([hidden]) #view-engines[data-loaded]", { timeout: WAIT_MS });
+  await page.waitForSelector("#app:not([hidden]) #view-models[data-loaded]", { timeout: WAIT_MS });
   out.opened = true;
   out.stored = await page.evaluate(() => ({ session: !!sessionStorage.getItem("switchyard-admin-token"), local: localStorage.length }));
   out.console = messages;
@@ -78,6 +79,12 @@ async function login(browser) {
 // Shadow: the comparator's groups, their verdicts, and a mismatch's two outputs.
 async function shadow(page) {
   const error = await view(page, "shadow");
+  result.rollups = await page.$$eval("tr.rollup", (rows) => rows.map((row) => ({
+    model: row.dataset.model,
+    candidate: row.dataset.candidate,
+    verdict: row.querySelector(".verdict-line").textContent,
+    counts: Object.fromEntries([...row.querySelectorAll("td[data-verdict]")].map((td) => [td.dataset.verdict, Number(td.textContent)])),
+  })));
   result.comparisons = await page.$$eval("article.comparison", (els) => els.map((el) => ({
     status: el.dataset.status,
     title: el.querySelector("h3").textContent,
@@ -89,23 +96,76 @@ async function shadow(page) {
   return error;
 }
 
-async function real(page) {
-  const errors = {};
-  // Engines: each backend with its build, artifact digest and verification.
-  errors.engines = await view(page, "engines");
-  result.engines = await page.$$eval("article.engine", (els) => els.map((el) => ({
+// The model overview: each model's row, with its backends by role and their states.
+async function models(page) {
+  const error = await view(page, "models");
+  result.models = await page.$$eval("tr.model", (rows) => rows.map((row) => ({
+    model: row.dataset.model,
+    state: row.querySelector("td .badge").textContent,
+    requests: row.querySelector(".requests").textContent,
+    roles: [...row.querySelectorAll("li.role")].map((li) => ({ backend: li.dataset.backend, role: li.dataset.role, state: li.dataset.state })),
+  })));
+  await shot(page, "models");
+  return error;
+}
+
+// The engine cards: name, state and what the card shows.
+async function engines(page) {
+  return page.$$eval("article.engine", (els) => els.map((el) => ({
     backend: el.dataset.backend,
+    state: el.dataset.state,
+    badge: el.querySelector("h2 .badge").textContent,
     engine: el.querySelector(".engine-build").textContent,
     artifact: el.querySelector(".artifact").getAttribute("title"),
     shown: el.querySelector(".artifact").textContent,
-    state: el.querySelector("h2 .badge").textContent,
+    load: el.querySelector(".load").textContent,
+    buttons: [...el.querySelectorAll(".actions button")].map((b) => b.dataset.action),
   })));
+}
+
+// Presses an engine card's button, gives the reason, and waits for the card to reach `until`.
+async function engineAction(page, backend, action, until) {
+  const card = `article.engine[data-backend="${backend}"]`;
+  await page.click(`${card} button[data-action=${action}]`);
+  await page.waitForSelector("#reason-dialog[open]", { timeout: WAIT_MS });
+  await page.fill("#reason-dialog textarea", `${action} from the browser test`);
+  await page.click("#reason-dialog .confirm");
+  await page.waitForSelector(`${card}[data-state="${until}"]`, { timeout: 3 * WAIT_MS });
+  return page.textContent(card);
+}
+
+// A managed engine: shown stopped before any request, loaded and unloaded from its card.
+async function managed(page) {
+  const errors = {};
+  errors.models = await models(page);
+  errors.engines = await view(page, "engines");
+  result.engines_before = await engines(page);
+  await shot(page, "engines-stopped");
+  result.after_load = await engineAction(page, config.backend, "load", "ready");
+  result.engines_loaded = await engines(page);
+  await shot(page, "engines-loaded");
+  result.after_unload = await engineAction(page, config.backend, "unload", "stopped");
+  result.engines_unloaded = await engines(page);
+  await page.click(`article.engine[data-backend="${config.backend}"] details.history summary`);
+  result.history = await page.textContent(`article.engine[data-backend="${config.backend}"] details.history`);
+  await shot(page, "engines-unloaded");
+  result.view_errors = errors;
+}
+
+async function real(page) {
+  const errors = {};
+  errors.models = await models(page);
+  // Engines: each backend with its build, artifact digest and verification.
+  errors.engines = await view(page, "engines");
+  result.engines = await engines(page);
   await shot(page, "engines");
 
   // Where the time goes: the stacked bars, as drawn (their width on screen).
   errors.time = await view(page, "time");
   result.bars = await page.$$eval(".bar-row", (rows) => rows.map((row) => ({
     group: row.dataset.group,
+    total: Number(row.dataset.totalMs),
+    width: row.querySelector(".bar").getBoundingClientRect().width,
     segments: [...row.querySelectorAll(".seg")].map((s) => ({
       phase: s.dataset.phase, ms: Number(s.dataset.ms), width: s.getBoundingClientRect().width,
     })),
@@ -143,7 +203,17 @@ async function release(page) {
   const card = `article.release[data-release="${config.release}"]`;
   await page.waitForSelector(card, { timeout: WAIT_MS });
   result.before = { state: await page.getAttribute(card, "data-state"), weight: await page.textContent(`${card} .weight`) };
+  // Transitions only, until every evaluation is asked for.
+  result.log_by_default = {
+    events: await page.$$eval(`${card} .log li.event`, (lis) => lis.length),
+    evaluations: await page.$$eval(`${card} .log li.evaluation`, (lis) => lis.length),
+  };
   await shot(page, "release-running");
+  await page.click("#show-evaluations");
+  await page.waitForSelector(`${card} .log li.evaluation`, { timeout: WAIT_MS });
+  result.log_with_evaluations = await page.$$eval(`${card} .log li.evaluation`, (lis) => lis.length);
+  await page.click("#show-evaluations");
+  await page.waitForFunction((c) => !document.querySelector(`${c} .log li.evaluation`), card, { timeout: WAIT_MS });
   await page.click(`${card} button[data-action=abort]`);
   await page.waitForSelector("#reason-dialog[open]", { timeout: WAIT_MS });
   // An empty reason is refused by the page before anything is sent.
@@ -166,7 +236,7 @@ async function release(page) {
 async function measure(page) {
   result.views = {};
   await page.selectOption("#window", config.window);
-  for (const v of ["time", "shadow", "releases", "live", "engines"]) {
+  for (const v of ["time", "shadow", "releases", "live", "engines", "models"]) {
     const started = Date.now();
     const error = await view(page, v);
     result.views[v] = { ms: Date.now() - started, error };
@@ -189,9 +259,10 @@ try {
   const started = Date.now();
   const response = await page.goto(config.admin + "/ui");
   result.page_status = response.status();
-  await page.waitForSelector("#view-engines[data-loaded]", { timeout: WAIT_MS });
+  await page.waitForSelector("#view-models[data-loaded]", { timeout: WAIT_MS });
   result.first_view_ms = Date.now() - started;
   if (config.mode === "real") await real(page);
+  else if (config.mode === "managed") await managed(page);
   else if (config.mode === "measure") await measure(page);
   else await release(page);
   await context.close();

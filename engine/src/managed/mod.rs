@@ -79,6 +79,15 @@ pub struct Status {
     pub tail: Vec<String>,
 }
 
+/// What an operator's `load` did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Loading {
+    /// A start was asked for.
+    Started,
+    /// Nothing to do: the engine is already starting or ready.
+    Already(&'static str),
+}
+
 /// Why a request did not get the engine.
 #[derive(Debug, Clone, thiserror::Error)]
 pub enum Refused {
@@ -119,6 +128,8 @@ pub(crate) struct Inner {
     pub(crate) waiting_since: Option<Instant>,
     pub(crate) last_end: Instant,
     pub(crate) restart: bool,
+    /// An operator asked for the running engine to be unloaded, for this reason.
+    pub(crate) unload: Option<String>,
     /// Switchyard stops or the backend was removed: no request takes the engine any more.
     pub(crate) closing: bool,
 }
@@ -151,6 +162,7 @@ impl Managed {
                 waiting_since: None,
                 last_end: Instant::now(),
                 restart: false,
+                unload: None,
                 closing: false,
             }),
             wake: Notify::new(),
@@ -220,6 +232,52 @@ impl Managed {
         self.status()
             .pid
             .is_some_and(|pid| process::signal_group(pid, Some(nix::sys::signal::Signal::SIGKILL)))
+    }
+
+    /// An operator's `load`: a stopped engine (or one stopping) is started now, whoever waits.
+    pub fn load_now(&self) -> Result<Loading, String> {
+        let mut inner = self.lock();
+        match inner.phase {
+            Phase::Stopped | Phase::Stopping => {
+                inner.restart = true;
+                inner.unload = None;
+                drop(inner);
+                self.wake.notify_one();
+                Ok(Loading::Started)
+            }
+            Phase::Starting => Ok(Loading::Already("starting")),
+            Phase::Ready => Ok(Loading::Already("ready")),
+            Phase::Backoff => Err(format!(
+                "the engine crashed and is restarted after a delay: {}",
+                self.status().reason.unwrap_or_default()
+            )),
+            Phase::Failed => Err(format!(
+                "the engine is quarantined ({}): restart it to start it again",
+                self.status().reason.unwrap_or_default()
+            )),
+        }
+    }
+
+    /// An operator's `unload`: a running engine is stopped once the requests holding it are
+    /// done (new ones wait for the next start), as an idle unload would stop it. `Err` says why
+    /// there is nothing to unload.
+    pub fn unload(&self, why: &str) -> Result<(), String> {
+        let mut inner = self.lock();
+        match inner.phase {
+            Phase::Ready | Phase::Starting => {
+                inner.unload = Some(why.to_owned());
+                inner.restart = false;
+                drop(inner);
+                self.wake.notify_one();
+                Ok(())
+            }
+            Phase::Stopped | Phase::Stopping => Err("the engine is not running".to_owned()),
+            Phase::Backoff => Err(
+                "the engine crashed and is restarted after a delay; nothing runs to unload"
+                    .to_owned(),
+            ),
+            Phase::Failed => Err("the engine is quarantined; nothing runs to unload".to_owned()),
+        }
     }
 
     /// Has a stopped engine started now, as if a request were waiting (for a command that needs

@@ -38,12 +38,14 @@ mod writer;
 #[cfg(test)]
 mod tests;
 
-pub use phases::{phase_stats, PhaseFilter, BAR_PHASES};
+pub use phases::{model_stats, phase_stats, PhaseFilter, BAR_PHASES};
 pub use read::{open_read_only, read_comparisons};
 pub use releases::{ArmCounts, Evaluation, Release, ReleaseEvent, ReleaseStore, Rows};
-pub use rows::{ConfigChange, IdentitySnapshot};
+pub use rows::{ConfigChange, EngineAction, IdentitySnapshot};
 pub use skips::SkipKind;
-pub use views::{identity_history, latest_requests, request_json, RequestFilter, StatusFilter};
+pub use views::{
+    engine_actions, identity_history, latest_requests, request_json, RequestFilter, StatusFilter,
+};
 pub use window::{now_ms, parse_window, window_start, MAX_WINDOW_SECS};
 
 use rows::{unix_ms, ComparisonRow, Row};
@@ -183,6 +185,13 @@ impl Ledger {
     /// when the writer is gone.
     pub async fn config_change(&self, change: ConfigChange) -> bool {
         let entry = Entry::ConfigChange(SystemTime::now(), Box::new(change));
+        self.tx.send(entry).await.is_ok()
+    }
+
+    /// Queues an operator's action on an engine, waiting for room as a configuration change
+    /// does. False when the writer is gone.
+    pub async fn engine_action(&self, action: EngineAction) -> bool {
+        let entry = Entry::EngineAction(SystemTime::now(), Box::new(action));
         self.tx.send(entry).await.is_ok()
     }
 

@@ -1,7 +1,15 @@
 //! Where the time goes, read back from the ledger for the admin API
 //! (`GET /admin/stats/phases`): per model, backend, variant and warmth — cold and warm never in
-//! one group — the mean of each phase and the distributions of ttft and of the token rates,
-//! engine-reported and proxy-measured rates kept apart.
+//! one group — each request's total split into a partition that adds up, and the distributions
+//! of ttft and of the token rates, engine-reported and proxy-measured rates kept apart.
+//!
+//! The partition: `queue`, `load`, `prefill` and `decode` as recorded, and `rest`, the part of
+//! the total no phase accounts for (forwarding, the engine's own overhead, writing the answer).
+//! `ttfb` is not a part: it overlaps the engine's prefill (and, unstreamed, its decode), so it
+//! is reported beside the partition, never stacked in it. An engine's reported prefill and
+//! decode can exceed what Switchyard's clock saw of the request (two clocks, the engine's
+//! rounded); such a request's engine phases are scaled down to fit its total, and counted as
+//! `clipped`.
 //!
 //! The window is selected through the `requests_ts` index; rows are grouped as they are read.
 //! Only answered requests (2xx, no error) count towards times: a failed request's latencies are
@@ -15,8 +23,8 @@ use rusqlite::Connection;
 mod tests;
 use serde_json::{json, Map, Value};
 
-/// The phases drawn as stacked bars, in the order a request meets them.
-pub const BAR_PHASES: [&str; 5] = ["queue", "load", "ttfb", "prefill", "decode"];
+/// The parts of a request's total, in the order a request meets them: they add up to it.
+pub const BAR_PHASES: [&str; 5] = ["queue", "load", "prefill", "decode", "rest"];
 
 /// How many bins a distribution's histogram has.
 const BINS: usize = 12;
@@ -25,7 +33,7 @@ const BINS: usize = 12;
 const PHASES_SQL: &str =
     "SELECT model, backend, variant, warm, status, error_class, error IS NOT NULL,
         queue_ms, load_ms, ttfb_ms, prefill_ms, decode_ms, ttft_ms,
-        prefill_tokens, prefill_source, decode_tokens, decode_source
+        prefill_tokens, prefill_source, decode_tokens, decode_source, total_ms
  FROM requests
  WHERE ts_ms >= ?1 AND (?2 IS NULL OR model = ?2) AND (?3 IS NULL OR backend = ?3)";
 
@@ -41,8 +49,16 @@ struct Key {
 struct Group {
     requests: u64,
     errors: u64,
-    /// Per [`BAR_PHASES`] phase: the sum and how many requests had it.
-    phases: [(f64, u64); 5],
+    /// Per [`BAR_PHASES`] part: its sum over the timed requests, and how many had it.
+    parts: [(f64, u64); 5],
+    /// Answered requests with a total: the partition's population.
+    timed: u64,
+    /// Their totals.
+    totals: Vec<f64>,
+    /// Requests whose engine phases were scaled down to fit their total.
+    clipped: u64,
+    /// Request forwarded to first byte: its sum and count (beside the partition).
+    ttfb: (f64, u64),
     ttft: Vec<f64>,
     prefill_engine: Vec<f64>,
     prefill_measured: Vec<f64>,
@@ -89,11 +105,25 @@ pub fn phase_stats(conn: &Connection, filter: &PhaseFilter) -> rusqlite::Result<
             g.errors += 1;
             continue;
         }
-        for (i, phase) in g.phases.iter_mut().enumerate() {
-            if let Some(ms) = row.get::<_, Option<f64>>(7 + i)? {
-                phase.0 += ms;
-                phase.1 += 1;
+        let ttfb: Option<f64> = row.get(9)?;
+        if let Some(ms) = ttfb {
+            g.ttfb.0 += ms;
+            g.ttfb.1 += 1;
+        }
+        if let Some(total) = row.get::<_, Option<f64>>(17)? {
+            let phase = |i: usize| row.get::<_, Option<f64>>(i);
+            let had = [phase(7)?, phase(8)?, phase(10)?, phase(11)?];
+            let (parts, clipped) = partition(total, had);
+            for (i, part) in parts.iter().enumerate() {
+                g.parts[i].0 += part;
             }
+            for (i, phase) in had.iter().enumerate() {
+                g.parts[i].1 += u64::from(phase.is_some());
+            }
+            g.parts[4].1 += 1;
+            g.timed += 1;
+            g.totals.push(total);
+            g.clipped += u64::from(clipped);
         }
         if let Some(ttft) = row.get::<_, Option<f64>>(12)? {
             g.ttft.push(ttft);
@@ -123,17 +153,48 @@ fn dash() -> String {
     "-".to_owned()
 }
 
+/// `total` split into queue, load, prefill, decode and the rest, from the phases a request had
+/// (absent ones are 0); true when the engine's phases had to be scaled down to fit.
+fn partition(total: f64, [queue, load, prefill, decode]: [Option<f64>; 4]) -> ([f64; 5], bool) {
+    let total = total.max(0.0);
+    let (queue, load) = (queue.unwrap_or(0.0), load.unwrap_or(0.0));
+    let (mut prefill, mut decode) = (prefill.unwrap_or(0.0), decode.unwrap_or(0.0));
+    // Queue and load are Switchyard's own clock, inside the total; only the engine's phases
+    // can overshoot it.
+    let room = (total - queue - load).max(0.0);
+    let clipped = prefill + decode > room;
+    if clipped {
+        let scale = if prefill + decode > 0.0 {
+            room / (prefill + decode)
+        } else {
+            0.0
+        };
+        prefill *= scale;
+        decode *= scale;
+    }
+    let rest = (total - queue - load - prefill - decode).max(0.0);
+    ([queue, load, prefill, decode, rest], clipped)
+}
+
 fn group_json(key: Key, mut g: Group) -> Value {
     let mut phases = Map::new();
-    for (name, (sum, n)) in BAR_PHASES.iter().zip(g.phases) {
-        // A phase no request had is absent, never zero.
-        if n > 0 {
-            phases.insert(
-                (*name).to_owned(),
-                json!({"mean_ms": sum / n as f64, "n": n}),
-            );
+    if g.timed > 0 {
+        let timed = g.timed as f64;
+        for (name, (sum, n)) in BAR_PHASES.iter().zip(g.parts) {
+            // A phase no request had is absent, never zero; one that some had is averaged over
+            // every timed request, so that the parts' means add up to the mean total.
+            if n > 0 {
+                phases.insert((*name).to_owned(), json!({"mean_ms": sum / timed, "n": n}));
+            }
         }
     }
+    let total = if g.timed > 0 {
+        let mean = g.totals.iter().sum::<f64>() / g.timed as f64;
+        g.totals.sort_by(f64::total_cmp);
+        json!({"mean_ms": mean, "p50_ms": nearest_rank(&g.totals, 0.5), "n": g.timed})
+    } else {
+        Value::Null
+    };
     json!({
         "model": key.model,
         "backend": key.backend,
@@ -142,6 +203,9 @@ fn group_json(key: Key, mut g: Group) -> Value {
         "requests": g.requests,
         "errors": g.errors,
         "phases": phases,
+        "total": total,
+        "clipped": g.clipped,
+        "ttfb": (g.ttfb.1 > 0).then(|| json!({"mean_ms": g.ttfb.0 / g.ttfb.1 as f64, "n": g.ttfb.1})),
         "ttft_ms": distribution(&mut g.ttft),
         "prefill_tok_s": {
             "engine": distribution(&mut g.prefill_engine),
@@ -154,6 +218,69 @@ fn group_json(key: Key, mut g: Group) -> Value {
     })
 }
 
+/// Per model in the window, clients' requests only (shadow copies and replays are Switchyard's
+/// own): requests, errors, and the answered ones' median total and median
+/// time to first token (streamed answers only: an unstreamed answer has no first token before
+/// its last), sorted by model. Requests that named no known model are under `-`.
+pub fn model_stats(conn: &Connection, from_ms: i64) -> rusqlite::Result<Vec<Value>> {
+    #[derive(Default)]
+    struct Model {
+        requests: u64,
+        errors: u64,
+        totals: Vec<f64>,
+        ttfts: Vec<f64>,
+    }
+    let mut statement = conn.prepare(
+        "SELECT model, status, error_class, error IS NOT NULL, total_ms, ttft_ms
+         FROM requests WHERE ts_ms >= ?1 AND variant NOT IN ('shadow', 'replay')",
+    )?;
+    let mut models: BTreeMap<String, Model> = BTreeMap::new();
+    let mut rows = statement.query(rusqlite::params![from_ms])?;
+    while let Some(row) = rows.next()? {
+        let m = models
+            .entry(row.get::<_, Option<String>>(0)?.unwrap_or_else(dash))
+            .or_default();
+        m.requests += 1;
+        let status: i64 = row.get(1)?;
+        if !(200..300).contains(&status)
+            || row.get::<_, Option<String>>(2)?.is_some()
+            || row.get::<_, bool>(3)?
+        {
+            m.errors += 1;
+            continue;
+        }
+        if let Some(total) = row.get::<_, Option<f64>>(4)? {
+            m.totals.push(total);
+        }
+        if let Some(ttft) = row.get::<_, Option<f64>>(5)? {
+            m.ttfts.push(ttft);
+        }
+    }
+    let median = |values: &mut Vec<f64>| {
+        values.sort_by(f64::total_cmp);
+        (!values.is_empty()).then(|| nearest_rank(values, 0.5))
+    };
+    Ok(models
+        .into_iter()
+        .map(|(model, mut m)| {
+            json!({
+                "model": model,
+                "requests": m.requests,
+                "errors": m.errors,
+                "p50_total_ms": median(&mut m.totals),
+                "p50_ttft_ms": median(&mut m.ttfts),
+                "ttft_n": m.ttfts.len(),
+            })
+        })
+        .collect())
+}
+
+/// The nearest-rank `q` quantile of sorted, non-empty `values`.
+fn nearest_rank(values: &[f64], q: f64) -> f64 {
+    let n = values.len();
+    values[((q * n as f64).ceil() as usize).clamp(1, n) - 1]
+}
+
 /// Nearest-rank percentiles and an equal-width histogram of `values`; null when there are none.
 fn distribution(values: &mut [f64]) -> Value {
     if values.is_empty() {
@@ -161,7 +288,7 @@ fn distribution(values: &mut [f64]) -> Value {
     }
     values.sort_by(f64::total_cmp);
     let n = values.len();
-    let at = |q: f64| values[((q * n as f64).ceil() as usize).clamp(1, n) - 1];
+    let at = |q: f64| nearest_rank(values, q);
     let (min, max) = (values[0], values[n - 1]);
     let width = (max - min) / BINS as f64;
     let mut counts = [0u64; BINS];

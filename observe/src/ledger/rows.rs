@@ -125,6 +125,43 @@ impl ConfigChange {
     }
 }
 
+/// An operator's action on a managed engine (`POST /admin/backends/NAME/ACTION`), done or
+/// refused.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EngineAction {
+    pub backend: String,
+    /// `load`, `unload` or `restart`.
+    pub action: &'static str,
+    /// The admin token's name.
+    pub actor: String,
+    pub reason: String,
+    /// The engine's state when it was asked.
+    pub state_before: &'static str,
+    /// What came of it: `started`, `already ready`, `unloading`, `restarting`, or why it was
+    /// refused.
+    pub outcome: String,
+}
+
+impl EngineAction {
+    /// The values of [`INSERT_ENGINE_ACTION`]'s parameters, in its order.
+    pub(super) fn params(&self, at: SystemTime) -> [Param<'_>; 7] {
+        [
+            Param::Int(unix_ms(at)),
+            Param::Text(&self.backend),
+            Param::Text(self.action),
+            Param::Text(&self.actor),
+            Param::Text(&self.reason),
+            Param::Text(self.state_before),
+            Param::Text(&self.outcome),
+        ]
+    }
+}
+
+/// The insert statement for `engine_actions`.
+pub(super) const INSERT_ENGINE_ACTION: &str =
+    "INSERT INTO engine_actions (ts_ms, backend, action, actor, reason, state_before, outcome)
+     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)";
+
 /// The insert statement for `config_changes`.
 pub(super) const INSERT_CONFIG_CHANGE: &str =
     "INSERT INTO config_changes (ts_ms, actor, outcome, digest_before, digest_after, summary, errors)

@@ -242,6 +242,21 @@ pub(super) const MIGRATIONS: &[&str] = &[
     r#"
     ALTER TABLE comparisons ADD COLUMN equivalence TEXT;
     "#,
+    // 13: an operator's load, unload or restart of a managed engine, with its reason
+    // (`EngineAction`).
+    r#"
+    CREATE TABLE engine_actions (
+        id INTEGER PRIMARY KEY,
+        ts_ms INTEGER NOT NULL,
+        backend TEXT NOT NULL,
+        action TEXT NOT NULL,
+        actor TEXT NOT NULL,
+        reason TEXT NOT NULL,
+        state_before TEXT NOT NULL,
+        outcome TEXT NOT NULL
+    );
+    CREATE INDEX engine_actions_backend ON engine_actions (backend, ts_ms);
+    "#,
 ];
 
 /// Opens (creating and migrating) the ledger database, for the writer.

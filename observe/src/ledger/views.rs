@@ -18,7 +18,7 @@ pub(super) mod tests;
 
 /// The columns of a request row the dashboard shows, in the order [`latest_requests`] selects
 /// them; each is the key of the same name in [`request_json`].
-const REQUEST_COLUMNS: [&str; 31] = [
+const REQUEST_COLUMNS: [&str; 32] = [
     "ts_ms",
     "request_id",
     "model",
@@ -31,6 +31,7 @@ const REQUEST_COLUMNS: [&str; 31] = [
     "error_class",
     "error",
     "prompt_tokens",
+    "cached_tokens",
     "completion_tokens",
     "queue_ms",
     "load_ms",
@@ -167,7 +168,7 @@ pub fn request_json(r: &RequestRecord) -> Value {
             })
         })
     };
-    let values: [Value; 31] = [
+    let values: [Value; 32] = [
         Value::from(unix_ms(r.started_at)),
         Value::from(r.id.as_str()),
         text(r.model.as_deref()),
@@ -180,6 +181,7 @@ pub fn request_json(r: &RequestRecord) -> Value {
         text(r.error_class),
         text(r.error.as_deref()),
         count(facts.and_then(|f| f.usage.prompt_tokens)),
+        count(facts.and_then(|f| f.usage.cached_tokens)),
         count(facts.and_then(|f| f.usage.completion_tokens)),
         real(r.phases.queue),
         real(r.phases.load),
@@ -231,6 +233,30 @@ pub fn identity_history(
             "served_model": row.get::<_, Option<String>>(5)?,
             "slots": row.get::<_, Option<i64>>(6)?,
             "note": row.get::<_, Option<String>>(7)?,
+        }))
+    })?;
+    rows.collect()
+}
+
+/// A backend's operator actions (load, unload, restart) from `from_ms` on, newest first.
+pub fn engine_actions(
+    conn: &Connection,
+    backend: &str,
+    from_ms: i64,
+    limit: u32,
+) -> rusqlite::Result<Vec<Value>> {
+    let mut statement = conn.prepare(
+        "SELECT ts_ms, action, actor, reason, state_before, outcome
+         FROM engine_actions WHERE backend = ?1 AND ts_ms >= ?2 ORDER BY ts_ms DESC, id DESC LIMIT ?3",
+    )?;
+    let rows = statement.query_map(rusqlite::params![backend, from_ms, limit], |row| {
+        Ok(serde_json::json!({
+            "ts_ms": row.get::<_, i64>(0)?,
+            "action": row.get::<_, String>(1)?,
+            "actor": row.get::<_, String>(2)?,
+            "reason": row.get::<_, String>(3)?,
+            "state_before": row.get::<_, String>(4)?,
+            "outcome": row.get::<_, String>(5)?,
         }))
     })?;
     rows.collect()

@@ -16,8 +16,9 @@ use switchyard_policy::LedgerConfig;
 use tokio::sync::mpsc;
 
 use super::rows::{
-    insert_comparison_sql, int, unix_ms, ComparisonRow, ConfigChange, IdentitySnapshot, Param, Row,
-    INSERT_CONFIG_CHANGE, INSERT_IDENTITY, INSERT_REQUEST, REQUEST_PARAMS,
+    insert_comparison_sql, int, unix_ms, ComparisonRow, ConfigChange, EngineAction,
+    IdentitySnapshot, Param, Row, INSERT_CONFIG_CHANGE, INSERT_ENGINE_ACTION, INSERT_IDENTITY,
+    INSERT_REQUEST, REQUEST_PARAMS,
 };
 use super::skips::{PendingSkips, SkippedShadow};
 use super::LedgerCounters;
@@ -42,6 +43,7 @@ pub(super) enum Entry {
     Skips,
     Identity(SystemTime, Box<IdentitySnapshot>),
     ConfigChange(SystemTime, Box<ConfigChange>),
+    EngineAction(SystemTime, Box<EngineAction>),
     /// Answered once everything queued before it is written (or lost).
     Flush(std::sync::mpsc::SyncSender<()>),
 }
@@ -276,6 +278,10 @@ impl Writer {
                     Entry::ConfigChange(at, c) => {
                         tx.prepare_cached(INSERT_CONFIG_CHANGE)?
                             .execute(c.params(*at))?;
+                    }
+                    Entry::EngineAction(at, a) => {
+                        tx.prepare_cached(INSERT_ENGINE_ACTION)?
+                            .execute(a.params(*at))?;
                     }
                 }
             }

@@ -5,6 +5,9 @@ use std::time::SystemTime;
 
 use serde_json::{json, Map, Value};
 
+use switchyard_engine::managed::Loading;
+use switchyard_observe::ledger::EngineAction;
+
 use crate::app::AppState;
 use crate::stack::local::backend_status;
 
@@ -34,9 +37,23 @@ pub(super) fn backends(state: &AppState) -> Value {
             );
             fields.insert("in_flight".to_owned(), metrics.in_flight_now(name).into());
             fields.insert("waiting".to_owned(), metrics.waiting_now(name).into());
+            // A stopped or failed engine has no free slots now, whatever its last run had.
+            let running = backend.engine_state().0.is_running();
             fields.insert(
                 "free_slots".to_owned(),
-                admission.map_or(Value::Null, |a| a.available_permits().into()),
+                admission
+                    .filter(|_| running)
+                    .map_or(Value::Null, |a| a.available_permits().into()),
+            );
+            fields.insert(
+                "swap_groups".to_owned(),
+                backend.managed.as_ref().map_or(Value::Null, |m| {
+                    m.config
+                        .groups
+                        .iter()
+                        .map(|g| json!({"name": g, "holder": state.swap_group_holder(g)}))
+                        .collect()
+                }),
             );
             fields.insert(
                 "probed_at".to_owned(),
@@ -48,22 +65,111 @@ pub(super) fn backends(state: &AppState) -> Value {
     json!({"config_digest": &*snapshot.digest, "backends": backends, "swap_groups": state.swap_groups()})
 }
 
-/// `POST /admin/backends/{name}/restart`: a managed engine is started afresh — a quarantined
-/// one leaves its quarantine, a running one is stopped once its requests are done and started
-/// again. `Err` with the status and message when there is no such managed backend.
-pub(super) fn restart(state: &AppState, name: &str, actor: &str) -> Result<Value, (u16, String)> {
+/// What an operator can ask of a managed engine.
+pub(super) const ACTIONS: [&str; 3] = ["load", "unload", "restart"];
+
+/// `POST /admin/backends/{name}/{load,unload,restart}` `{"reason": …}`: a stopped engine is
+/// started now (`load`); a running one is stopped once its requests are done, to start again
+/// on the next request (`unload`); or it is started afresh — a quarantined one leaves its
+/// quarantine, a running one is stopped once its requests are done and started again
+/// (`restart`). Each is logged and recorded in the ledger (`engine_actions`) with the caller and
+/// the reason, done or refused (`recorded`: written to the ledger before the answer). `Err` with the status, message and code when it cannot be done.
+pub(super) async fn act(
+    state: &Arc<AppState>,
+    name: &str,
+    action: &str,
+    actor: &str,
+    body: &[u8],
+) -> Result<Value, (u16, String, &'static str)> {
+    let Some(action) = ACTIONS.iter().copied().find(|a| *a == action) else {
+        return Err((
+            404,
+            format!(
+                "no backend action `{action}`; there are {}",
+                ACTIONS.join(", ")
+            ),
+            "not_found",
+        ));
+    };
+    let reason = match serde_json::from_slice::<Value>(body) {
+        Ok(v) => v
+            .get("reason")
+            .and_then(Value::as_str)
+            .map(str::trim)
+            .filter(|r| !r.is_empty())
+            .map(str::to_owned),
+        Err(_) => None,
+    };
+    let Some(reason) = reason else {
+        return Err((
+            400,
+            format!("every engine action needs a reason: send {{\"reason\": \"…\"}} as JSON to {action} `{name}`"),
+            "missing_reason",
+        ));
+    };
     let Some(backend) = state.backend(name) else {
-        return Err((404, format!("no backend named `{name}`")));
+        return Err((404, format!("no backend named `{name}`"), "not_found"));
     };
     let Some(managed) = &backend.managed else {
         return Err((
             409,
-            format!("backend `{name}` is not run by Switchyard (it has no `launch`)"),
+            format!("backend `{name}` is not run by Switchyard (it has no `launch`): Switchyard cannot {action} it"),
+            "not_managed",
         ));
     };
-    tracing::info!(backend = %name, actor = %actor, from = managed.status().phase.as_str(), "engine restart asked for");
-    managed.restart();
-    Ok(json!({"backend": name, "restarting": true, "was": managed.status().phase.as_str()}))
+    let (before, _) = backend.engine_state();
+    let done: Result<String, String> = match action {
+        "load" => managed.load_now().map(|loading| match loading {
+            Loading::Started => "starting".to_owned(),
+            Loading::Already(what) => format!("already {what}"),
+        }),
+        "unload" => managed
+            .unload(&format!("{actor}: {reason}"))
+            .map(|()| "unloading".to_owned()),
+        _ => {
+            managed.restart();
+            Ok("restarting".to_owned())
+        }
+    };
+    let outcome = match &done {
+        Ok(outcome) => outcome.clone(),
+        Err(why) => format!("refused: {why}"),
+    };
+    tracing::info!(backend = %name, action, actor = %actor, reason = %reason, from = before.as_str(), outcome = %outcome, "engine action asked for");
+    let recorded = match &state.recorder.ledger {
+        Some(ledger) => {
+            ledger
+                .engine_action(EngineAction {
+                    backend: name.to_owned(),
+                    action,
+                    actor: actor.to_owned(),
+                    reason: reason.clone(),
+                    state_before: before.as_str(),
+                    outcome: outcome.clone(),
+                })
+                .await
+                && state.flush_ledger().await
+        }
+        None => false,
+    };
+    state.events.publish(crate::app::events::Event::new(
+        "engine_action",
+        json!({"backend": name, "action": action, "actor": actor, "reason": reason, "was": before.as_str(), "outcome": outcome}),
+    ));
+    match done {
+        Ok(outcome) => Ok(json!({
+            "backend": name,
+            "action": action,
+            "was": before.as_str(),
+            "outcome": outcome,
+            "recorded": recorded,
+        })),
+        Err(why) => Err((
+            409,
+            format!("cannot {action} `{name}` ({before}): {why}"),
+            "not_possible",
+        )),
+    }
 }
 
 /// `GET /admin/models`: each public model name with its aliases, routes, and its release (the

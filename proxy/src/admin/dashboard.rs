@@ -1,12 +1,16 @@
 //! The admin API's reads of the ledger, for the dashboard (`/ui`) and for scripts:
 //!
+//! - `GET /admin/overview?window=`: each public model with its backends by role and their
+//!   states, its release, and the window's requests, errors, median total and time to first
+//!   token (the ledger's; without a ledger, no figures);
 //! - `GET /admin/requests?limit=&model=&backend=&variant=&status=&before=`: the latest requests,
 //!   newest first, as their ledger rows (the event stream's `request` events have the same shape);
 //! - `GET /admin/stats/phases?window=&model=&backend=`: where the time goes, per model, backend,
 //!   variant and warmth;
 //! - `GET /admin/comparisons?window=&model=&candidate=`: the comparator's groups of shadow
 //!   pairs with their verdicts, and a mismatched group's two outputs;
-//! - `GET /admin/identities?backend=&window=&limit=`: each backend's health and identity history.
+//! - `GET /admin/identities?backend=&window=&limit=`: each backend's health and identity history;
+//! - `GET /admin/engine-actions?backend=&window=&limit=`: operators' loads, unloads and restarts.
 //!
 //! Each read opens the ledger read-only on a blocking thread (WAL lets it run beside the
 //! writer), so the runtime never waits on the disk, and each is bounded by a window or a limit.
@@ -19,8 +23,9 @@ use http::{Response, StatusCode};
 use rusqlite::Connection;
 use serde_json::{json, Value};
 use switchyard_observe::ledger::{
-    identity_history, latest_requests, now_ms, open_read_only, parse_window, phase_stats,
-    read_comparisons, window_start, PhaseFilter, RequestFilter, StatusFilter,
+    engine_actions, identity_history, latest_requests, model_stats, now_ms, open_read_only,
+    parse_window, phase_stats, read_comparisons, window_start, PhaseFilter, RequestFilter,
+    StatusFilter,
 };
 use switchyard_policy::compare::{compare, GroupKey, Pair, Status, Verdict};
 
@@ -39,16 +44,99 @@ pub(super) async fn route(
 ) -> Option<Response<ProxyBody>> {
     let params = Params::parse(query.unwrap_or(""));
     let answer = match path {
+        "/admin/overview" => overview(state, &params).await,
         "/admin/requests" => requests(state, &params).await,
         "/admin/stats/phases" => phases(state, &params).await,
         "/admin/comparisons" => comparisons(state, &params).await,
-        "/admin/identities" => identities(state, &params).await,
+        "/admin/identities" => identities(state, &params, identity_history).await,
+        "/admin/engine-actions" => identities(state, &params, engine_actions).await,
         _ => return None,
     };
     Some(answer.unwrap_or_else(|refused| refused))
 }
 
 type Answer = Result<Response<ProxyBody>, Response<ProxyBody>>;
+
+async fn overview(state: &Arc<AppState>, params: &Params) -> Answer {
+    params.only(&["window"]).map_err(bad)?;
+    let from_ms = params.window().map_err(bad)?;
+    let figures = if state.config().ledger.is_some() {
+        let rows = read(state, move |conn| model_stats(conn, from_ms)).await?;
+        Some(rows)
+    } else {
+        None
+    };
+    let snapshot = state.live.load();
+    let mut models = Vec::new();
+    for name in snapshot.config.models.keys() {
+        let Some(route) = snapshot.routes.resolve(name) else {
+            continue;
+        };
+        let release = snapshot.releases.get(name.as_str());
+        let roles = std::iter::once(("primary", &route.primary))
+            .chain(route.fallback.iter().map(|b| ("fallback", b)))
+            .chain(route.shadow.as_ref().map(|s| ("shadow", &s.backend)))
+            .chain(release.map(|r| ("candidate", &r.candidate)));
+        let backends: Vec<Value> = roles
+            .map(|(role, name)| {
+                let backend = snapshot.backends.get(name);
+                let (engine_state, reason) = backend.map_or((Value::Null, None), |b| {
+                    let (s, why) = b.engine_state();
+                    (json!(s), why)
+                });
+                let headers = backend.map(|b| b.identity_headers());
+                let text = |f: fn(&switchyard_engine::IdentityHeaders) -> &http::HeaderValue| {
+                    headers
+                        .as_ref()
+                        .and_then(|h| f(h).to_str().ok())
+                        .map(str::to_owned)
+                };
+                json!({
+                    "backend": &**name,
+                    "role": role,
+                    "state": engine_state,
+                    "reason": reason,
+                    "managed": backend.is_some_and(|b| b.managed.is_some()),
+                    "engine": text(|h| &h.engine),
+                    "artifact": text(|h| &h.artifact),
+                    "weight": match role {
+                        "candidate" => release.map(|r| Value::from(r.weight)),
+                        "primary" => Some(Value::from(100 - release.map_or(0, |r| r.weight))),
+                        _ => None,
+                    },
+                    "share": (role == "shadow").then(|| route.shadow.as_ref().map(|s| s.sample)),
+                })
+            })
+            .collect();
+        let stats = figures
+            .as_ref()
+            .and_then(|rows| rows.iter().find(|r| r["model"] == **name).cloned())
+            .unwrap_or_else(|| json!({"requests": 0, "errors": 0}));
+        models.push(json!({
+            "model": name,
+            "aliases": snapshot.config.models[name].aliases,
+            "backends": backends,
+            "release": release.map(|r| json!({
+                "id": &*r.id,
+                "candidate": &*r.candidate,
+                "weight": r.weight,
+                "state": r.state,
+                "waiting_for": r.waiting_for,
+            })),
+            "stats": if figures.is_some() { stats } else { Value::Null },
+        }));
+    }
+    let unrouted = figures
+        .as_ref()
+        .and_then(|rows| rows.iter().find(|r| r["model"] == "-").cloned());
+    Ok(ok(json!({
+        "window": {"from_ms": from_ms, "to_ms": now_ms()},
+        "config_digest": &*snapshot.digest,
+        "models": models,
+        "unrouted": unrouted,
+        "swap_groups": state.swap_groups(),
+    })))
+}
 
 async fn requests(state: &Arc<AppState>, params: &Params) -> Answer {
     params
@@ -165,7 +253,13 @@ fn mismatch(pairs: &[Pair], key: &GroupKey) -> Value {
         })
 }
 
-async fn identities(state: &Arc<AppState>, params: &Params) -> Answer {
+/// Per backend (or the one `backend` names), rows of the window from `rows`: its health and
+/// identity history, or the operators' actions on it.
+async fn identities(
+    state: &Arc<AppState>,
+    params: &Params,
+    rows: fn(&Connection, &str, i64, u32) -> rusqlite::Result<Vec<Value>>,
+) -> Answer {
     params.only(&["backend", "window", "limit"]).map_err(bad)?;
     let from_ms = params.window().map_err(bad)?;
     let limit = params.number("limit", 20, 500).map_err(bad)?;
@@ -182,8 +276,8 @@ async fn identities(state: &Arc<AppState>, params: &Params) -> Answer {
     let history = read(state, move |conn| {
         let mut all = serde_json::Map::new();
         for backend in backends {
-            let rows = identity_history(conn, &backend, from_ms, limit)?;
-            all.insert(backend, Value::from(rows));
+            let found = rows(conn, &backend, from_ms, limit)?;
+            all.insert(backend, Value::from(found));
         }
         Ok(all)
     })

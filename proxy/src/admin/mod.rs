@@ -3,8 +3,11 @@
 //!
 //! - `GET /admin/backends`, `GET /admin/models`, `GET /admin/config`: what is in force;
 //! - `POST /admin/reload`: re-read the configuration file and apply it (or refuse it whole);
+//! - `POST /admin/backends/NAME/{load,unload,restart}`: a managed engine started, stopped or
+//!   started afresh, with a reason, recorded ([`api::act`]);
 //! - `GET /admin/events`: state changes and finished requests as server-sent events;
-//! - `GET /admin/requests`, `/admin/stats/phases`, `/admin/comparisons`, `/admin/identities`:
+//! - `GET /admin/requests`, `/admin/stats/phases`, `/admin/comparisons`, `/admin/identities`,
+//!   `/admin/engine-actions`:
 //!   the ledger read back ([`dashboard`]);
 //! - `GET /ui`: the dashboard, drawn from those answers ([`ui`]).
 //!
@@ -44,7 +47,11 @@ const PATHS: &[(&str, Method)] = &[
     ("/admin/reload", Method::POST),
     ("/admin/events", Method::GET),
     ("/admin/releases", Method::GET),
+    ("/admin/backends/{name}/load", Method::POST),
+    ("/admin/backends/{name}/unload", Method::POST),
     ("/admin/backends/{name}/restart", Method::POST),
+    ("/admin/engine-actions", Method::GET),
+    ("/admin/overview", Method::GET),
     ("/admin/requests", Method::GET),
     ("/admin/stats/phases", Method::GET),
     ("/admin/comparisons", Method::GET),
@@ -219,18 +226,24 @@ async fn route(
             };
             json_response(status, Bytes::from(body.to_string()))
         }
-        (&Method::POST, p) if p.starts_with("/admin/backends/") && p.ends_with("/restart") => {
-            let name = &p["/admin/backends/".len()..p.len() - "/restart".len()];
-            match api::restart(state, name, actor) {
+        (&Method::POST, p) if p.starts_with("/admin/backends/") => {
+            let rest = &p["/admin/backends/".len()..];
+            let Some((name, action)) = rest.rsplit_once('/') else {
+                return error(
+                    StatusCode::NOT_FOUND,
+                    &format!(
+                        "POST {p}: expected /admin/backends/NAME/ACTION, ACTION one of {}",
+                        api::ACTIONS.join(", ")
+                    ),
+                    "not_found",
+                );
+            };
+            match api::act(state, name, action, actor, body).await {
                 Ok(value) => json(value),
-                Err((status, message)) => error(
+                Err((status, message, code)) => error(
                     StatusCode::from_u16(status).unwrap_or(StatusCode::BAD_REQUEST),
                     &message,
-                    if status == 404 {
-                        "not_found"
-                    } else {
-                        "not_managed"
-                    },
+                    code,
                 ),
             }
         }

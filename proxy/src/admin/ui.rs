@@ -19,6 +19,26 @@ const INDEX: &str = include_str!("../../ui/index.html");
 /// The dashboard's files, by path, with their content types.
 const FILES: &[(&str, &str, &str)] = &[
     (
+        "/ui/core.js",
+        "text/javascript; charset=utf-8",
+        include_str!("../../ui/core.js"),
+    ),
+    (
+        "/ui/models.js",
+        "text/javascript; charset=utf-8",
+        include_str!("../../ui/models.js"),
+    ),
+    (
+        "/ui/timing.js",
+        "text/javascript; charset=utf-8",
+        include_str!("../../ui/timing.js"),
+    ),
+    (
+        "/ui/evidence.js",
+        "text/javascript; charset=utf-8",
+        include_str!("../../ui/evidence.js"),
+    ),
+    (
         "/ui/app.js",
         "text/javascript; charset=utf-8",
         include_str!("../../ui/app.js"),

@@ -253,6 +253,18 @@ impl AppState {
             .into()
     }
 
+    /// The backend holding swap group `name` now, if any.
+    pub fn swap_group_holder(&self, name: &str) -> Option<String> {
+        let groups = self
+            .swap_groups
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        groups
+            .get(name)
+            .and_then(|g| g.holder())
+            .map(|m| m.backend.to_string())
+    }
+
     /// Waits until the engines Switchyard runs have stopped; called last at shutdown, once
     /// their requests are done.
     pub(crate) async fn engines_stopped(&self, within: Duration) {
@@ -380,7 +392,7 @@ impl App {
             None => None,
         };
         let releases = releases::Releases::new(store);
-        let snapshot = Snapshot::build(config, None, &shared, started, subscribe)?;
+        let snapshot = Snapshot::build(config, None, &shared, subscribe)?;
         // Releases open when the process last stopped route as they did then.
         let snapshot = match &releases.store {
             Some(store) => {

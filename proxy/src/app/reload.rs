@@ -176,13 +176,7 @@ impl AppState {
     fn swap_in(self: &Arc<Self>, config: Config, previous: &Snapshot) -> Result<String, String> {
         let subscribe =
             |backend: switchyard_engine::Backend| backend.with_revision(self.revision.clone());
-        let next = Snapshot::build(
-            config,
-            Some(previous),
-            &self.shared,
-            self.started,
-            subscribe,
-        )?;
+        let next = Snapshot::build(config, Some(previous), &self.shared, subscribe)?;
         let digest = next.digest.to_string();
         self.background.swap(self, next)?;
         // A release whose backend or model went away is judged now, not at its next turn.

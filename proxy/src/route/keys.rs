@@ -10,7 +10,6 @@ use std::num::NonZeroU32;
 use std::sync::Arc;
 use std::time::Duration;
 
-use bytes::Bytes;
 use governor::clock::{Clock as _, DefaultClock};
 use governor::{DefaultDirectRateLimiter, Quota, RateLimiter};
 use subtle::ConstantTimeEq as _;
@@ -58,8 +57,6 @@ pub(crate) struct Key {
     config: KeyConfig,
     /// The public names it may use; `None`: every model.
     models: Option<Vec<Arc<str>>>,
-    /// `GET /v1/models` as this key sees it, when it is limited to some models.
-    models_body: Option<Bytes>,
     rate: Option<Arc<DefaultDirectRateLimiter>>,
     concurrency: Option<Arc<Semaphore>>,
     counters: [Counter; KEY_OUTCOMES.len()],
@@ -85,14 +82,12 @@ pub(crate) struct Caller(pub(crate) Arc<Key>);
 impl Keys {
     /// The keys of `auth` over `routes` (aliases in a key's `models` resolve to their model).
     /// A key of `previous` with the same name keeps its rate bucket while its `rpm` stays, and
-    /// its semaphore while its `concurrency` stays. `models_body` renders `/v1/models` for a
-    /// set of public names.
+    /// its semaphore while its `concurrency` stays.
     pub(crate) fn build(
         auth: &AuthConfig,
         routes: &RoutingTable,
         previous: Option<&Keys>,
         metrics: &Metrics,
-        models_body: impl Fn(&[Arc<str>]) -> Bytes,
     ) -> Self {
         let keys = auth
             .keys
@@ -127,7 +122,6 @@ impl Keys {
                     name: Arc::from(name.as_str()),
                     digest,
                     config: config.clone(),
-                    models_body: models.as_deref().map(&models_body),
                     models,
                     rate,
                     concurrency,
@@ -213,11 +207,6 @@ impl Key {
     /// The public names this key may use, when limited.
     pub(crate) fn models(&self) -> Option<&[Arc<str>]> {
         self.models.as_deref()
-    }
-
-    /// `GET /v1/models` as this key sees it, when it is limited to some models.
-    pub(crate) fn models_body(&self) -> Option<&Bytes> {
-        self.models_body.as_ref()
     }
 
     pub(crate) fn count(&self, outcome: Outcome) {

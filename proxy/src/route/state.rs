@@ -1,5 +1,5 @@
 //! The live snapshot: everything a request reads of the configuration — the model table, the
-//! backends and their stacks, the `/v1/models` body — as one immutable [`Snapshot`] behind one
+//! backends and their stacks, the client keys — as one immutable [`Snapshot`] behind one
 //! atomic pointer ([`Live`]). A request loads it once, when it arrives, and keeps that view to
 //! its end; a new snapshot is built from a configuration and swapped in while requests run.
 //! Building one reuses every backend whose configuration did not change, with its connection
@@ -9,12 +9,9 @@
 //! `disallowed-types`): whatever changes what requests see goes through [`Live`].
 
 use std::sync::Arc;
-use std::time::SystemTime;
 
 #[allow(clippy::disallowed_types)]
 use arc_swap::ArcSwap;
-use bytes::Bytes;
-use serde_json::json;
 use switchyard_engine::Backend;
 use switchyard_policy::{Config, RoutingTable};
 
@@ -40,8 +37,6 @@ pub struct Snapshot {
     shadow_pools: NameMap<Arc<str>, Arc<shadow::Pool>>,
     /// Each model's open canary release, by public name.
     pub(crate) releases: NameMap<Arc<str>, Arc<ReleaseRoute>>,
-    /// `GET /v1/models`, rendered once.
-    pub(crate) models_body: Bytes,
     /// The client keys of `[auth]`; `None` without it (no key is asked for).
     pub(crate) keys: Option<Arc<Keys>>,
 }
@@ -58,7 +53,6 @@ impl Snapshot {
         config: Config,
         previous: Option<&Snapshot>,
         shared: &forward::Shared,
-        started: SystemTime,
         configure: impl Fn(Backend) -> Backend,
     ) -> Result<Self, String> {
         let mut backends = NameMap::default();
@@ -112,18 +106,12 @@ impl Snapshot {
             });
             shadow_pools.insert(name.clone(), pool);
         }
-        let created = started
-            .duration_since(SystemTime::UNIX_EPOCH)
-            .map(|d| d.as_secs())
-            .unwrap_or(0);
-        let models_body = models_list(&config, created, None);
         let keys = config.auth.as_ref().map(|auth| {
             Arc::new(Keys::build(
                 auth,
                 &routes,
                 previous.and_then(|p| p.keys.as_deref()),
                 &shared.recorder.metrics,
-                |only| models_list(&config, created, Some(only)),
             ))
         });
         Ok(Self {
@@ -135,7 +123,6 @@ impl Snapshot {
             candidates,
             shadow_pools,
             releases: previous.map(|p| p.releases.clone()).unwrap_or_default(),
-            models_body,
         })
     }
 
@@ -150,7 +137,6 @@ impl Snapshot {
             candidates: self.candidates.clone(),
             shadow_pools: self.shadow_pools.clone(),
             releases,
-            models_body: self.models_body.clone(),
             keys: self.keys.clone(),
         }
     }
@@ -180,18 +166,6 @@ impl Snapshot {
 }
 
 /// `GET /v1/models`: every public model, or only those of `only` (a client key's).
-fn models_list(config: &Config, created: u64, only: Option<&[Arc<str>]>) -> Bytes {
-    let data: Vec<_> = config
-        .models
-        .iter()
-        .filter(|(name, _)| only.is_none_or(|only| only.iter().any(|m| **m == **name)))
-        .map(|(name, m)| {
-            json!({"id": name, "object": "model", "created": created, "owned_by": "switchyard", "aliases": m.aliases})
-        })
-        .collect();
-    Bytes::from(json!({"object": "list", "data": data}).to_string())
-}
-
 /// The current snapshot, swappable while requests run.
 #[derive(Debug)]
 #[allow(clippy::disallowed_types)] // the one place that may name it

@@ -2,7 +2,7 @@
 //! never pairs an engine with itself, and a candidate not ready for a copy is no error of its own.
 
 use std::sync::Arc;
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 use bytes::Bytes;
 use switchyard_adapters::fingerprint::WorkloadFingerprint;
@@ -43,14 +43,8 @@ struct Planner {
 impl Planner {
     fn new(sample: f64, when: &str) -> Self {
         let recorder = Arc::new(Recorder::default());
-        let snapshot = Snapshot::build(
-            shadowed(sample, when),
-            None,
-            &shared(&recorder),
-            SystemTime::now(),
-            |b| b,
-        )
-        .unwrap();
+        let snapshot =
+            Snapshot::build(shadowed(sample, when), None, &shared(&recorder), |b| b).unwrap();
         let shadowing = Arc::new(Shadowing::new(recorder));
         Self {
             snapshot,
@@ -191,8 +185,7 @@ impl Fallen {
                 .unwrap();
         let (ledger, _writer) = switchyard_observe::ledger::Ledger::start(&ledger).unwrap();
         let recorder = Arc::new(Recorder::with_ledger(Some(ledger)));
-        let snapshot =
-            Snapshot::build(config, None, &shared(&recorder), SystemTime::now(), |b| b).unwrap();
+        let snapshot = Snapshot::build(config, None, &shared(&recorder), |b| b).unwrap();
         // Probed and ready: nothing holds a copy back but the engine itself.
         crate::forward::tests::probed(
             snapshot.backends.get("cand").unwrap(),

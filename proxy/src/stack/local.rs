@@ -1,6 +1,7 @@
 //! The endpoints Switchyard answers itself: `/healthz`, `/readyz` (every backend's state, and
 //! 503 while some model has no ready primary), `/v1/models` and `/v1/models/{id}` (also without
-//! the `/v1` prefix), and `/metrics`; and the answers for unknown paths and wrong methods.
+//! the `/v1` prefix; each model's state and identity now), and `/metrics`; and the answers for
+//! unknown paths and wrong methods.
 
 use bytes::Bytes;
 use http::header::{self, HeaderValue};
@@ -8,12 +9,13 @@ use http::{Method, Response, StatusCode};
 use serde_json::{Map, Value};
 use switchyard_adapters::Dialect;
 use switchyard_engine::managed::{Managed, Phase};
-use switchyard_engine::{Backend, Verification};
+use switchyard_engine::{Backend, EngineState, Verification};
 
 use super::Router;
 use crate::http::{json_response, ProxyBody, ProxyError};
 use crate::route::keys::Key;
 use crate::route::unknown_model;
+use crate::route::Snapshot;
 
 impl Router {
     /// `GET /metrics`: the Prometheus text exposition, counting every request answered before
@@ -45,13 +47,20 @@ impl Router {
         }
     }
 
-    /// `GET /v1/models`: every public model, or those of the request's client key.
+    /// `GET /v1/models`: every public model, or those of the request's client key, each with
+    /// what is known of it now ([`model_entry`]).
     pub(crate) fn models(&self, caller: Option<&Key>) -> Response<ProxyBody> {
-        let body = match caller.and_then(Key::models_body) {
-            Some(only) => only.clone(),
-            None => self.routing.live.load().models_body.clone(),
-        };
-        json_response(StatusCode::OK, body)
+        let snapshot = self.routing.live.load();
+        let only = caller.and_then(Key::models);
+        let data: Vec<Value> = snapshot
+            .config
+            .models
+            .keys()
+            .filter(|name| only.is_none_or(|only| only.iter().any(|m| **m == **name)))
+            .filter_map(|name| model_entry(&snapshot, name, self.created()))
+            .collect();
+        let body = serde_json::json!({"object": "list", "data": data});
+        json_response(StatusCode::OK, Bytes::from(body.to_string()))
     }
 
     /// `GET /v1/models/{name}`; a model the request's client key may not use does not exist
@@ -59,18 +68,23 @@ impl Router {
     pub(crate) fn model_object(&self, name: &str, caller: Option<&Key>) -> Response<ProxyBody> {
         let snapshot = self.routing.live.load();
         let allowed = |model: &str| caller.is_none_or(|key| key.allows(model));
-        match snapshot.routes.resolve(name).filter(|r| allowed(&r.model)) {
-            Some(route) => {
-                let created = self
-                    .started
-                    .duration_since(std::time::SystemTime::UNIX_EPOCH)
-                    .map(|d| d.as_secs())
-                    .unwrap_or(0);
-                let body = serde_json::json!({"id": &*route.model, "object": "model", "created": created, "owned_by": "switchyard"});
-                json_response(StatusCode::OK, Bytes::from(body.to_string()))
-            }
+        match snapshot
+            .routes
+            .resolve(name)
+            .filter(|r| allowed(&r.model))
+            .and_then(|r| model_entry(&snapshot, &r.model, self.created()))
+        {
+            Some(entry) => json_response(StatusCode::OK, Bytes::from(entry.to_string())),
             None => unknown_model(&snapshot, name, caller).into_response(),
         }
+    }
+
+    /// The `created` of every model object: when this Switchyard started, in Unix seconds.
+    fn created(&self) -> u64 {
+        self.started
+            .duration_since(std::time::SystemTime::UNIX_EPOCH)
+            .map(|d| d.as_secs())
+            .unwrap_or(0)
     }
 
     /// `/readyz`: every backend's state, each model's backends by role (primary, fallback,
@@ -117,7 +131,7 @@ impl Router {
                 used.push(serde_json::json!({
                     "backend": &**backend,
                     "role": role,
-                    "state": b.state().health().state(),
+                    "state": b.engine_state().0,
                     "probed": probed,
                 }));
             }
@@ -154,7 +168,41 @@ impl Router {
     }
 }
 
-/// A backend's health and identity as `/readyz` shows them (and the admin API, with more).
+/// One model of `/v1/models`, in OpenAI's shape (`id`, `object`, `created`, `owned_by`) with
+/// what clients that read more (model pickers, Open WebUI) can use, in fields OpenAI's clients
+/// ignore: its `state` (`ready`, `stopped` — a managed engine that the next request starts —,
+/// `loading`, or `unavailable`), its aliases, the primary backend and the identity it stamps,
+/// and the context length the engine reported (per slot, for llama-server), if it did.
+fn model_entry(snapshot: &Snapshot, name: &str, created: u64) -> Option<Value> {
+    let model = snapshot.config.models.get(name)?;
+    let route = snapshot.routes.resolve(name)?;
+    let primary = snapshot.backends.get(&route.primary);
+    let state = primary.map_or("unavailable", |b| match b.engine_state().0 {
+        EngineState::Ready | EngineState::Degraded => "ready",
+        EngineState::Stopped => "stopped",
+        EngineState::Starting | EngineState::Loading | EngineState::Draining => "loading",
+        EngineState::Failed | EngineState::Quarantined => "unavailable",
+    });
+    let headers = primary.map(|b| b.identity_headers());
+    let identity = primary.and_then(|b| b.state().report.as_ref().map(|r| r.identity.clone()));
+    let text = |v: Option<&HeaderValue>| v.and_then(|v| v.to_str().ok()).map(str::to_owned);
+    Some(serde_json::json!({
+        "id": name,
+        "object": "model",
+        "created": created,
+        "owned_by": "switchyard",
+        "state": state,
+        "aliases": model.aliases,
+        "backend": &*route.primary,
+        "engine": text(headers.as_ref().map(|h| &h.engine)),
+        "artifact": text(headers.as_ref().map(|h| &h.artifact)),
+        "context_length": identity.as_ref().and_then(|i| i.n_ctx),
+    }))
+}
+
+/// A backend's state (see [`switchyard_engine::state`]), its last probe's health, and its
+/// identity, as `/readyz` shows them (and the admin API, with more). The identity and figures
+/// of a stopped engine are those it had when it last ran.
 pub(crate) fn backend_status(backend: &Backend) -> Value {
     let s = backend.state();
     let health = s.health();
@@ -165,9 +213,11 @@ pub(crate) fn backend_status(backend: &Backend) -> Value {
         Verification::Unverified(why) => ("unverified", Some(why.clone())),
         Verification::Unknown(why) => ("unknown", Some(why.clone())),
     };
+    let (state, reason) = backend.engine_state();
     serde_json::json!({
-        "state": health.state(),
-        "reason": health.reason(),
+        "state": state,
+        "reason": reason,
+        "health": health.state(),
         "engine": headers.engine.to_str().unwrap_or(""),
         "build_note": identity.and_then(|i| i.build_note.clone()),
         "artifact": headers.artifact.to_str().unwrap_or(""),

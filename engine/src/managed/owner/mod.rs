@@ -211,10 +211,20 @@ impl Owner {
             if let Some(report) = ready {
                 return Ok((process, report, started.elapsed()));
             }
-            let abandoned = {
-                let inner = self.managed.lock();
-                for_requests && inner.waiting == 0 && inner.in_flight == 0 && !inner.restart
+            let (abandoned, unload) = {
+                let mut inner = self.managed.lock();
+                let abandoned =
+                    for_requests && inner.waiting == 0 && inner.in_flight == 0 && !inner.restart;
+                (abandoned, inner.unload.take())
             };
+            if let Some(why) = unload {
+                tracing::info!(backend = %self.backend.name, pid, reason = %why, "unload asked for while starting: the start is cancelled");
+                self.halt(&mut process).await;
+                self.stopped(&format!(
+                    "stopped by an operator ({why}): starts on the next request"
+                ));
+                return Err(Ended::Stopped);
+            }
             if abandoned {
                 tracing::info!(backend = %self.backend.name, pid, "every request waiting for the engine left before it was ready; the start is cancelled");
                 self.halt(&mut process).await;
@@ -257,6 +267,25 @@ impl Owner {
         let resident = Duration::from_millis(self.managed.config.min_resident_ms);
         loop {
             let yield_by = self.yield_deadline();
+            let unload = {
+                let mut inner = self.managed.lock();
+                let why = inner.unload.take();
+                if why.is_some() {
+                    // Under the lock: from here new requests wait for the next start.
+                    self.managed.publish(&mut inner, Phase::Stopping, |_| {});
+                }
+                why
+            };
+            if let Some(why) = unload {
+                tracing::info!(backend = %self.backend.name, pid = process.pid, reason = %why, "unload asked for: finishing the requests in flight, then stopping");
+                self.finish_in_flight().await;
+                self.wind_down(
+                    &mut process,
+                    &format!("stopped by an operator ({why}): starts on the next request"),
+                )
+                .await;
+                return Ended::Stopped;
+            }
             let (restart, unload_at, yield_at) = {
                 let inner = self.managed.lock();
                 let unused = inner.in_flight == 0 && inner.waiting == 0;

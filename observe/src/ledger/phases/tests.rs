@@ -3,7 +3,7 @@
 
 use super::super::open_read_only;
 use super::super::views::tests::{full_record, write};
-use super::{phase_stats, PhaseFilter, PHASES_SQL};
+use super::{partition, phase_stats, PhaseFilter, PHASES_SQL};
 
 #[test]
 fn groups_keep_warmth_apart_and_phases_absent_stay_absent() {
@@ -87,4 +87,53 @@ fn filters_and_the_window_select_rows_through_the_index() {
         )
         .unwrap();
     assert!(plan.contains("requests_ts"), "{plan}");
+}
+
+#[test]
+fn each_groups_parts_add_up_to_its_mean_total() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("ledger.db");
+    let records: Vec<_> = (0..60).map(full_record).collect();
+    write(&path, &records);
+    let conn = open_read_only(&path).unwrap();
+    let groups = phase_stats(&conn, &PhaseFilter::default()).unwrap();
+    let mut checked = 0;
+    for g in &groups {
+        if g["total"].is_null() {
+            continue;
+        }
+        let parts: f64 = g["phases"]
+            .as_object()
+            .unwrap()
+            .values()
+            .map(|p| p["mean_ms"].as_f64().unwrap())
+            .sum();
+        let total = g["total"]["mean_ms"].as_f64().unwrap();
+        assert!((parts - total).abs() < 1e-9 * total.max(1.0), "{g}");
+        // ttfb overlaps prefill: beside the parts, never one of them.
+        assert!(
+            g["phases"].get("ttfb").is_none() && !g["ttfb"].is_null(),
+            "{g}"
+        );
+        checked += 1;
+    }
+    assert!(checked > 0);
+}
+
+#[test]
+fn engine_phases_longer_than_the_total_are_scaled_to_fit_and_counted() {
+    assert_eq!(
+        partition(100.0, [Some(1.0), Some(2.0), Some(30.0), Some(40.0)]),
+        ([1.0, 2.0, 30.0, 40.0, 27.0], false)
+    );
+    // 80 + 40 of engine time against 90 left after the queue: both scaled by 3/4.
+    assert_eq!(
+        partition(100.0, [Some(10.0), None, Some(80.0), Some(40.0)]),
+        ([10.0, 0.0, 60.0, 30.0, 0.0], true)
+    );
+    // Nothing but the total: all of it is the rest.
+    assert_eq!(
+        partition(12.5, [None, None, None, None]),
+        ([0.0, 0.0, 0.0, 0.0, 12.5], false)
+    );
 }

@@ -26,13 +26,7 @@ fn config(keys: &str) -> Config {
 
 fn keys_of(config: &Config, previous: Option<&Keys>, metrics: &Metrics) -> Keys {
     let routes = RoutingTable::new(config);
-    Keys::build(
-        config.auth.as_ref().unwrap(),
-        &routes,
-        previous,
-        metrics,
-        |only| Bytes::from(only.join(",")),
-    )
+    Keys::build(config.auth.as_ref().unwrap(), &routes, previous, metrics)
 }
 
 fn entry(name: &str, key: &str, rest: &str) -> String {
@@ -66,9 +60,9 @@ fn a_key_sees_only_its_models_aliases_included() {
     assert!(limited.is_limited());
     assert!(limited.allows("alpha"));
     assert!(!limited.allows("beta"));
-    assert_eq!(limited.models_body().unwrap().as_ref(), b"alpha");
+    assert_eq!(limited.models(), Some(&[std::sync::Arc::from("alpha")][..]));
     let all = keys.find(b"sy-x").unwrap();
-    assert!(!all.is_limited() && all.allows("beta") && all.models_body().is_none());
+    assert!(!all.is_limited() && all.allows("beta") && all.models().is_none());
 }
 
 #[test]

@@ -1,7 +1,6 @@
 //! Building and swapping snapshots.
 
 use std::sync::Arc;
-use std::time::SystemTime;
 
 use super::{Live, Snapshot};
 use crate::forward::tests::{self as forward_tests, config};
@@ -27,10 +26,9 @@ fn shared() -> Shared {
 #[test]
 fn a_new_snapshot_keeps_the_backends_whose_configuration_did_not_change() {
     let shared = shared();
-    let started = SystemTime::now();
-    let first = Snapshot::build(config(TWO), None, &shared, started, |b| b).unwrap();
+    let first = Snapshot::build(config(TWO), None, &shared, |b| b).unwrap();
     let changed = TWO.replace("127.0.0.1:8082", "127.0.0.1:9082");
-    let second = Snapshot::build(config(&changed), Some(&first), &shared, started, |b| b).unwrap();
+    let second = Snapshot::build(config(&changed), Some(&first), &shared, |b| b).unwrap();
     assert!(Arc::ptr_eq(
         &first.backends["llama"],
         &second.backends["llama"]
@@ -45,18 +43,11 @@ fn a_new_snapshot_keeps_the_backends_whose_configuration_did_not_change() {
 #[test]
 fn requests_keep_the_snapshot_they_loaded_while_new_ones_see_the_swap() {
     let shared = shared();
-    let started = SystemTime::now();
-    let live = Live::new(Snapshot::build(config(TWO), None, &shared, started, |b| b).unwrap());
+    let live = Live::new(Snapshot::build(config(TWO), None, &shared, |b| b).unwrap());
     let under_way = live.load();
     let without_fallback = TWO.replace("fallback = [\"mlx\"]", "");
-    let next = Snapshot::build(
-        config(&without_fallback),
-        Some(&under_way),
-        &shared,
-        started,
-        |b| b,
-    )
-    .unwrap();
+    let next =
+        Snapshot::build(config(&without_fallback), Some(&under_way), &shared, |b| b).unwrap();
     let replaced = live.swap(next);
     assert!(Arc::ptr_eq(&replaced, &under_way));
     assert_eq!(

@@ -1,0 +1,109 @@
+// The evidence views: shadow comparisons (rolled up per model and candidate first, then each
+// group of pairs) and canary releases (their transitions, and their evaluations on request).
+(() => {
+  "use strict";
+
+  const { h, api, num, short, time, when, badge, windowParam, view, body, refresh, ask, onEvent } = window.switchyardUI;
+
+  // --- shadow ----------------------------------------------------------------------------------
+
+  const VERDICTS = ["match", "equivalent", "mismatch", "candidate_error", "incomparable"];
+
+  // One line per model and candidate: every group's pairs added up.
+  function rollUp(groups) {
+    const byPair = new Map();
+    for (const g of groups) {
+      const key = `${g.model}\u0000${g.candidate.backend}`;
+      const sum = byPair.get(key) || { model: g.model, primary: g.primary.backend, candidate: g.candidate.backend, groups: 0, counts: {} };
+      sum.groups += 1;
+      for (const [k, v] of Object.entries(g.counts)) if (typeof v === "number") sum.counts[k] = (sum.counts[k] || 0) + v;
+      byPair.set(key, sum);
+    }
+    return [...byPair.values()];
+  }
+
+  function summary(s) {
+    const c = s.counts;
+    const judged = (c.match || 0) + (c.equivalent || 0) + (c.mismatch || 0);
+    const differ = c.mismatch || 0;
+    const verdict = !judged ? "nothing comparable yet" : differ ? `${differ} of ${judged} differ` : `all ${judged} agree`;
+    return h("tr", { class: "rollup" + (differ ? " bad" : ""), "data-model": s.model, "data-candidate": s.candidate },
+      h("th", { scope: "row" }, `${s.model}: ${s.primary} → ${s.candidate}`),
+      h("td", { class: "verdict-line" }, verdict),
+      ...VERDICTS.map((k) => h("td", { class: "num", "data-verdict": k }, c[k] || 0)),
+      h("td", { class: "num" }, c.pairs || 0), h("td", { class: "num" }, s.groups));
+  }
+
+  async function drawShadow() {
+    const data = await api("/admin/comparisons?window=" + windowParam());
+    const cards = data.groups.map((g) => {
+      const verdicts = VERDICTS.filter((k) => g.counts[k] > 0)
+        .map((k) => h("span", { class: "verdict " + k, "data-verdict": k }, `${k.replace("_", "-")} ${g.counts[k]}`));
+      const side = (title, s) => h("div", { class: "output" }, h("h4", {}, title, " ", h("code", {}, short(s.output))),
+        h("pre", {}, s.text == null ? "(text not kept)" : s.text));
+      return h("article", { class: "comparison", "data-status": g.status },
+        h("h3", {}, g.model, " · ", g.primary.backend, " → ", g.candidate.backend, " ", badge(g.warm ? "warm" : "cold"),
+          " ", h("small", {}, `${g.mode}, ${g.streamed ? "stream" : "whole"}, workload ${short(g.workload)}`)),
+        h("p", {}, `${g.counts.pairs} pairs: `, verdicts, " ", badge(g.status, "status " + g.status)),
+        h("p", { class: "detail" }, g.detail),
+        // Ratios only where the comparator gives them: never beside a mismatch.
+        g.ratios ? h("p", { class: "ratios" }, "candidate / primary: ",
+          Object.entries(g.ratios).filter(([, r]) => r).map(([k, r]) => `${k} ${num(r.median, 2)} (n=${r.n}) `)) : null,
+        g.mismatch ? h("div", { class: "side-by-side" }, side("primary " + g.primary.backend, g.mismatch.primary),
+          side("candidate " + g.candidate.backend, g.mismatch.candidate)) : null);
+    });
+    const sums = rollUp(data.groups);
+    body("shadow").replaceChildren(
+      h("h2", {}, `Per model and candidate, ${windowParam()}`),
+      sums.length ? h("table", { class: "grid rollups" },
+        h("thead", {}, h("tr", {}, ["pair", "verdict", ...VERDICTS.map((k) => k.replace("_", "-")), "pairs", "workloads"].map((c) => h("th", {}, c)))),
+        h("tbody", {}, sums.map(summary))) : h("p", {}, "no comparisons in this window"),
+      cards.length ? h("h2", {}, `Per workload (a group needs ${data.min_repetitions} repetitions for speed ratios)`) : null,
+      ...cards);
+  }
+
+  // --- releases --------------------------------------------------------------------------------
+
+  const ACTIONS = ["promote", "pause", "resume", "abort", "undo"];
+  const shown = { evaluations: false };
+
+  async function drawReleases() {
+    let list;
+    try {
+      list = await api("/admin/releases");
+    } catch (err) {
+      body("releases").replaceChildren(h("p", {}, err.message));
+      return;
+    }
+    const details = await Promise.all(list.releases.map((r) => api("/admin/releases/" + encodeURIComponent(r.id))));
+    const cards = details.map(({ release: r, events, evaluations }) => {
+      const steps = (r.steps || []).map((s, i) => h("li", { class: i === r.step ? "current" : i < r.step ? "done" : "" }, s));
+      const log = [
+        ...events.map((e) => ({ ts: e.ts_ms, el: h("li", { class: "event" }, time(e.ts_ms), " ", h("b", {}, e.actor), `: ${e.from_state || "–"} → ${e.to_state}`,
+          e.from_step !== e.to_step ? ` (step ${e.from_step ?? "–"} → ${e.to_step})` : "", " — ", h("q", { class: "reason" }, e.reason)) })),
+        ...(shown.evaluations ? evaluations : []).map((e) => ({ ts: e.ts_ms, el: h("li", { class: "evaluation" }, time(e.ts_ms), " evaluation of step ", e.step, ": ", badge(e.decision),
+          e.reason ? " — " + e.reason : "", h("details", {}, h("summary", {}, "evidence"), h("pre", {}, JSON.stringify(e.evidence, null, 2)))) })),
+      ].sort((a, b) => b.ts - a.ts).map((x) => x.el);
+      const act = (a) => () => ask(`${a} release ${r.id} (${r.model}: ${r.primary} → ${r.candidate})`, `/admin/releases/${encodeURIComponent(r.id)}/${a}`);
+      return h("article", { class: "release", "data-release": r.id, "data-state": r.state },
+        h("h3", {}, r.model, ": ", r.primary, " → ", r.candidate, " ", badge(r.state), h("small", {}, ` ${r.id} · plan ${r.plan} · started ${when(r.created_ms)}`)),
+        h("p", {}, "weight ", h("b", { class: "weight" }, r.weight + "%"), " · step ", r.step, r.step_label ? ` (${r.step_label})` : "",
+          r.waiting_for ? h("span", { class: "waiting" }, " · ", r.waiting_for) : null),
+        r.override_correctness ? h("p", { class: "override" }, "correctness overridden: " + r.override_correctness) : null,
+        h("ol", { class: "steps" }, steps),
+        h("div", { class: "actions" }, ACTIONS.map((a) => h("button", { "data-action": a, onclick: act(a) }, a))),
+        h("h4", {}, "decision log ", h("small", {}, `${events.length} transitions` + (shown.evaluations ? `, ${evaluations.length} evaluations` : `; ${evaluations.length} evaluations hidden`))),
+        h("ul", { class: "log" }, log));
+    });
+    body("releases").replaceChildren(
+      h("label", { class: "toggle" }, h("input", {
+        type: "checkbox", id: "show-evaluations", checked: shown.evaluations,
+        onchange: (e) => { shown.evaluations = e.target.checked; refresh(); },
+      }), " show every evaluation (each re-evaluation, holds included)"),
+      ...(cards.length ? cards : [h("p", {}, "no releases")]));
+  }
+
+  view("shadow", "Shadow", drawShadow);
+  view("releases", "Releases", drawReleases);
+  onEvent((kind, _data, current) => { if (kind === "release" && current === "releases") refresh(); });
+})();
