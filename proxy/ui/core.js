@@ -78,6 +78,8 @@
   }
 
   const body = (name) => document.querySelector(`#view-${name} .body`);
+  // Replaces a view's content; parts left out (null, false) are skipped, not written as text.
+  const fill = (name, ...parts) => body(name).replaceChildren(...parts.flat().filter((p) => p !== null && p !== undefined && p !== false));
 
   function setError(name, err) {
     const box = document.querySelector(`#view-${name} .error`);
@@ -183,7 +185,7 @@
   }
 
   window.switchyardUI = {
-    h, api, ms, num, short, engineName, time, when, badge, windowParam, view, body, setError, current, refresh, ask,
+    h, api, ms, num, short, engineName, time, when, badge, windowParam, view, body, fill, setError, current, refresh, ask,
     onEvent: (f) => listeners.push(f),
     start() {
       window.addEventListener("hashchange", show);

@@ -3,18 +3,30 @@
 (() => {
   "use strict";
 
-  const { h, api, num, short, time, when, badge, windowParam, view, body, refresh, ask, onEvent } = window.switchyardUI;
+  const { h, api, num, short, time, when, badge, windowParam, view, fill, refresh, ask, onEvent } = window.switchyardUI;
 
   // --- shadow ----------------------------------------------------------------------------------
 
   const VERDICTS = ["match", "equivalent", "mismatch", "candidate_error", "incomparable"];
 
-  // One line per model and candidate: every group's pairs added up.
+  // One line per model and candidate: every group's pairs added up. Pairs whose candidate never
+  // ran (skipped copies, `-`) count with the model's candidate when it has exactly one.
   function rollUp(groups) {
+    const candidates = new Map();
+    for (const g of groups) {
+      if (g.candidate.backend === "-") continue;
+      candidates.set(g.model, new Set([...(candidates.get(g.model) || []), g.candidate.backend]));
+    }
+    const candidateOf = (g) => {
+      const known = candidates.get(g.model);
+      if (g.candidate.backend !== "-" || !known || known.size !== 1) return g.candidate.backend === "-" ? "(did not run)" : g.candidate.backend;
+      return [...known][0];
+    };
     const byPair = new Map();
     for (const g of groups) {
-      const key = `${g.model}\u0000${g.candidate.backend}`;
-      const sum = byPair.get(key) || { model: g.model, primary: g.primary.backend, candidate: g.candidate.backend, groups: 0, counts: {} };
+      const candidate = candidateOf(g);
+      const key = `${g.model}\u0000${candidate}`;
+      const sum = byPair.get(key) || { model: g.model, primary: g.primary.backend, candidate, groups: 0, counts: {} };
       sum.groups += 1;
       for (const [k, v] of Object.entries(g.counts)) if (typeof v === "number") sum.counts[k] = (sum.counts[k] || 0) + v;
       byPair.set(key, sum);
@@ -27,7 +39,7 @@
     const judged = (c.match || 0) + (c.equivalent || 0) + (c.mismatch || 0);
     const differ = c.mismatch || 0;
     const verdict = !judged ? "nothing comparable yet" : differ ? `${differ} of ${judged} differ` : `all ${judged} agree`;
-    return h("tr", { class: "rollup" + (differ ? " bad" : ""), "data-model": s.model, "data-candidate": s.candidate },
+    return h("tr", { class: "rollup" + (differ ? " bad" : ""), "data-model": s.model, "data-candidate": s.candidate, "data-pairs": c.pairs || 0 },
       h("th", { scope: "row" }, `${s.model}: ${s.primary} → ${s.candidate}`),
       h("td", { class: "verdict-line" }, verdict),
       ...VERDICTS.map((k) => h("td", { class: "num", "data-verdict": k }, c[k] || 0)),
@@ -53,7 +65,7 @@
           side("candidate " + g.candidate.backend, g.mismatch.candidate)) : null);
     });
     const sums = rollUp(data.groups);
-    body("shadow").replaceChildren(
+    fill("shadow",
       h("h2", {}, `Per model and candidate, ${windowParam()}`),
       sums.length ? h("table", { class: "grid rollups" },
         h("thead", {}, h("tr", {}, ["pair", "verdict", ...VERDICTS.map((k) => k.replace("_", "-")), "pairs", "workloads"].map((c) => h("th", {}, c)))),
@@ -72,7 +84,7 @@
     try {
       list = await api("/admin/releases");
     } catch (err) {
-      body("releases").replaceChildren(h("p", {}, err.message));
+      fill("releases", h("p", {}, err.message));
       return;
     }
     const details = await Promise.all(list.releases.map((r) => api("/admin/releases/" + encodeURIComponent(r.id))));
@@ -95,7 +107,7 @@
         h("h4", {}, "decision log ", h("small", {}, `${events.length} transitions` + (shown.evaluations ? `, ${evaluations.length} evaluations` : `; ${evaluations.length} evaluations hidden`))),
         h("ul", { class: "log" }, log));
     });
-    body("releases").replaceChildren(
+    fill("releases",
       h("label", { class: "toggle" }, h("input", {
         type: "checkbox", id: "show-evaluations", checked: shown.evaluations,
         onchange: (e) => { shown.evaluations = e.target.checked; refresh(); },

@@ -4,7 +4,7 @@
 (() => {
   "use strict";
 
-  const { h, api, ms, short, engineName, time, badge, windowParam, view, body, refresh, ask, onEvent } = window.switchyardUI;
+  const { h, api, ms, short, engineName, time, badge, windowParam, view, fill, refresh, ask, onEvent } = window.switchyardUI;
 
   // --- models ----------------------------------------------------------------------------------
 
@@ -39,7 +39,7 @@
         h("td", { class: "num", title: s && s.ttft_n ? `${s.ttft_n} streamed answers` : "no streamed answer in the window" }, s ? ms(s.p50_ttft_ms) : "–"));
     });
     const groups = Object.entries(data.swap_groups || {});
-    body("models").replaceChildren(
+    fill("models",
       h("table", { class: "grid overview" },
         h("thead", {}, h("tr", {}, ["model", "state", "engines by role", "release", `requests (${windowParam()})`, "errors", "p50 total", "p50 first token"]
           .map((c) => h("th", {}, c)))),
@@ -95,7 +95,7 @@
     ]);
     const cards = Object.entries(backends.backends).map(([name, b]) =>
       engineCard(name, b, history.backends[name] || [], actions.backends[name] || []));
-    body("engines").replaceChildren(h("p", { class: "digest" }, "configuration ", short(backends.config_digest)),
+    fill("engines", h("p", { class: "digest" }, "configuration ", short(backends.config_digest)),
       h("div", { class: "engines" }, cards));
   }
 

@@ -3,7 +3,7 @@
 (() => {
   "use strict";
 
-  const { h, api, ms, num, engineName, time, badge, windowParam, view, body, setError, onEvent } = window.switchyardUI;
+  const { h, api, ms, num, engineName, time, badge, windowParam, view, body, fill, setError, onEvent } = window.switchyardUI;
 
   const PART_COLORS = { queue: "#8c6bb1", load: "#e08214", prefill: "#5aae61", decode: "#d6604d", rest: "#9aa3b5" };
   const PART_NOTES = {
@@ -70,7 +70,7 @@
         histogram("decode tok/s — measured by Switchyard", g.decode_tok_s.measured, "tok/s"),
         histogram("prefill tok/s — engine-reported", g.prefill_tok_s.engine, "tok/s"),
         histogram("prefill tok/s — measured by Switchyard", g.prefill_tok_s.measured, "tok/s"))));
-    body("time").replaceChildren(
+    fill("time", 
       h("h2", {}, "Phases per model and backend, cold and warm apart"), legend,
       groups.length ? h("div", { class: "bars" }, groups.map((g) => bar(g, stats.phases, max))) : h("p", {}, "no answered requests in this window"),
       h("h2", {}, "Distributions"), ...dists);

@@ -1,9 +1,16 @@
-"""The dashboard in a browser against the fake engine: a running release is aborted from the
-page, which asks for a reason, then shows weight 0 and the decision with its reason; the ledger
-records the abort with the admin token's name. A shadow that answers otherwise shows as a
-mismatch, the two outputs side by side and no speed ratio.
+"""The dashboard in a browser.
 
-The real engines' part (both backends, the phase chart, shadow verdicts) is in
+Against the fake engine: a running release is aborted from the page, which asks for a reason,
+then shows weight 0 and the decision with its reason; the release's log shows its transitions
+until every evaluation is asked for; the ledger records the abort with the admin token's name. A
+shadow that answers otherwise shows as a mismatch, the two outputs side by side and no speed
+ratio, and its roll-up says how many pairs differ.
+
+Against a real managed llama-server: the model overview and the engine card show it stopped
+before any request; it is loaded and unloaded from its card; `/v1/models` through the openai SDK
+says `stopped`, then `ready` after a request; the CLI and the ledger have every action.
+
+The real engines' views (both backends, the phase chart, shadow verdicts) are checked in
 test_real_engines.py, which reuses that file's engines.
 """
 
@@ -114,6 +121,9 @@ steps = [{{ step = "live", weight = 25, min_requests = 100000 }}]
             assert result["page_status"] == 200
             assert result["login"]["status"] == 401 and result["login"]["opened"], result["login"]
             assert result["before"] == {"state": "running", "weight": "25%"}, result
+            # Transitions only by default (the plan re-evaluates every 100 ms, holding).
+            assert result["log_by_default"]["events"] >= 1 and result["log_by_default"]["evaluations"] == 0, result["log_by_default"]
+            assert result["log_with_evaluations"] > 0, result
             assert "reason" in result["empty_reason_message"], result
             assert result["after"]["state"] == "aborted" and result["after"]["weight"] == "0%", result
             assert any("ops" in line and REASON in line and "aborted" in line for line in result["after"]["log"]), result["after"]
@@ -122,6 +132,11 @@ steps = [{{ step = "live", weight = 25, min_requests = 100000 }}]
             for g in mismatched:
                 assert g["status"] == "correctness-failed" and not g["ratios"], g
                 assert len(g["side_by_side"]) == 2 and g["side_by_side"][1] == WRONG and g["side_by_side"][0] != WRONG, g
+            rollup = [r for r in result["rollups"] if r["model"] == "shadowed"]
+            assert len(rollup) == 1 and rollup[0]["candidate"] == "w", result["rollups"]
+            pairs_shown = sum(g["counts"]["pairs"] for g in http.get(f"{admin}/admin/comparisons?model=shadowed", headers=auth).json()["groups"])
+            assert rollup[0]["counts"]["mismatch"] >= 1 and rollup[0]["verdict"].endswith("differ"), rollup
+            assert rollup[0]["pairs"] == pairs_shown, (rollup, pairs_shown)
             assert console_problems(result) == [], console_problems(result)
             assert all(not e for e in result["view_errors"].values()), result["view_errors"]
 
@@ -134,3 +149,87 @@ steps = [{{ step = "live", weight = 25, min_requests = 100000 }}]
     finally:
         for p in reversed(procs):
             p.stop()
+
+
+def test_a_managed_llama_server_stopped_loaded_and_unloaded_from_the_page(tmp_path: Path) -> None:
+    """Issue 45: the true state of a managed engine everywhere, and the operator's load and
+    unload buttons, against a real llama-server that Switchyard runs."""
+    from openai import OpenAI
+
+    from test_managed_engines import admin_token as managed_token
+    from test_managed_engines import llama_backend, managed_switchyard
+    from test_real_engines import poll
+
+    token = managed_token(tmp_path)
+    ledger = tmp_path / "ledger.db"
+    with managed_switchyard(tmp_path, llama_backend(), "llama", token=token, ledger=ledger) as s:
+        client = OpenAI(base_url=f"{s.url}/v1", api_key="unused", max_retries=0)
+
+        def listed() -> dict:
+            models = client.models.list().data
+            assert [m.id for m in models] == ["smollm2"], models
+            return models[0].to_dict()
+
+        before = listed()
+        assert before["state"] == "stopped" and before["backend"] == "llama", before
+        poll("readiness", lambda: s.http.get(f"{s.url}/readyz").status_code == 200, s.proc, timeout=120)
+
+        result = run_check("managed", {"mode": "managed", "admin": s.admin, "client": s.url, "token": token, "backend": "llama"})
+        assert console_problems(result) == [], console_problems(result)
+        assert all(not e for e in result["view_errors"].values()), result["view_errors"]
+        overview = {m["model"]: m for m in result["models"]}
+        assert overview["smollm2"]["state"] == "stopped", overview
+        assert overview["smollm2"]["roles"] == [{"backend": "llama", "role": "primary", "state": "stopped"}], overview
+        card = {e["backend"]: e for e in result["engines_before"]}["llama"]
+        # A stopped engine shows stopped, with no current load and its buttons.
+        assert card["state"] == "stopped" and card["badge"] == "stopped", card
+        assert "in flight" not in card["load"], card
+        assert card["buttons"] == ["load", "unload", "restart"], card
+        loaded = {e["backend"]: e for e in result["engines_loaded"]}["llama"]
+        assert loaded["state"] == "ready" and "in flight" in loaded["load"], loaded
+        assert loaded["engine"].startswith("llama.cpp/"), loaded
+        unloaded = {e["backend"]: e for e in result["engines_unloaded"]}["llama"]
+        assert unloaded["state"] == "stopped", unloaded
+        assert "load from the browser test" in result["history"] and "unload from the browser test" in result["history"], result["history"]
+
+        # /v1/models follows: stopped after the unload, ready after a request, with what the
+        # engine reported.
+        assert listed()["state"] == "stopped"
+        answer = client.chat.completions.create(model="smollm2", messages=[{"role": "user", "content": "Say hi."}], max_tokens=4, temperature=0)
+        assert answer.choices[0].message.content is not None
+        after = listed()
+        assert after["state"] == "ready", after
+        assert after["engine"].startswith("llama.cpp/") and after["artifact"].startswith("sha256:"), after
+        assert after["context_length"] == 2048, after
+
+        # The CLI: the table with the process, and an unload with a reason.
+        import subprocess
+
+        from conftest import child_env
+
+        def cli(*args: str) -> str:
+            done = subprocess.run(
+                [str(binary("SWITCHYARD_BIN", "switchyard")), "admin", "backends", *args, "--url", s.admin, "--token", token],
+                capture_output=True, text=True, timeout=60, env=child_env(), stdin=subprocess.DEVNULL,
+            )
+            assert done.returncode == 0, done.stderr
+            return done.stdout
+
+        table = cli()
+        header, row = table.splitlines()[0], next(line for line in table.splitlines() if line.startswith("llama "))
+        assert "PID" in header and "STARTS" in header and "CRASHES" in header and "SWAP GROUP" in header, table
+        assert str(s.backend("llama")["managed"]["pid"]) in row and "ready" in row, table
+        said = subprocess.run(
+            [str(binary("SWITCHYARD_BIN", "switchyard")), "admin", "backends", "unload", "llama", "--reason", "from the CLI", "--url", s.admin, "--token", token],
+            capture_output=True, text=True, timeout=60, env=child_env(), stdin=subprocess.DEVNULL,
+        )
+        assert said.returncode == 0 and said.stdout.strip() == "unload llama: unloading (was ready)", (said.stdout, said.stderr)
+        s.wait_state("llama", lambda m: m["state"] == "stopped", "the CLI's unload")
+        assert listed()["state"] == "stopped"
+
+    rows = sqlite3.connect(ledger).execute("SELECT action, actor, reason, state_before, outcome FROM engine_actions ORDER BY id").fetchall()
+    assert rows == [
+        ("load", "ops", "load from the browser test", "stopped", "starting"),
+        ("unload", "ops", "unload from the browser test", "ready", "unloading"),
+        ("unload", "ops", "from the CLI", "ready", "unloading"),
+    ], rows

@@ -42,9 +42,11 @@ class Managed:
     admin: str
     proc: Proc
     http: httpx.Client
+    #: The admin token's header, when the admin API has tokens.
+    auth: dict
 
     def backend(self, name: str) -> dict:
-        return self.http.get(f"{self.admin}/admin/backends").json()["backends"][name]
+        return self.http.get(f"{self.admin}/admin/backends", headers=self.auth).json()["backends"][name]
 
     def wait_state(self, name: str, check, what: str, timeout: float = STATE_TIMEOUT_S) -> dict:  # noqa: ANN001
         deadline = time.monotonic() + timeout
@@ -84,6 +86,20 @@ def alive(pid: int) -> bool:
     return True
 
 
+def admin_token(workdir: Path) -> str:
+    """A token named `ops` in `workdir/admin-tokens` (what `managed_switchyard` reads)."""
+    import subprocess
+
+    from conftest import child_env
+
+    done = subprocess.run(
+        [str(binary("SWITCHYARD_BIN", "switchyard")), "admin", "token", "add", "ops", "--tokens", str(workdir / "admin-tokens")],
+        capture_output=True, text=True, timeout=30, env=child_env(), stdin=subprocess.DEVNULL,
+    )
+    assert done.returncode == 0, done.stderr
+    return done.stdout.strip()
+
+
 def llama_backend(name: str = "llama", extra: str = "") -> str:
     llama_bin = required_path("LLAMA_SERVER_BIN")
     gguf = required_path("SMOLLM2_GGUF")
@@ -100,8 +116,15 @@ stop_grace_ms = 5000
 
 
 @contextlib.contextmanager
-def managed_switchyard(workdir: Path, backends: str, primary: str, listen: str = "127.0.0.1:0") -> Iterator[Managed]:
+def managed_switchyard(
+    workdir: Path, backends: str, primary: str, listen: str = "127.0.0.1:0", token: str | None = None, ledger: Path | None = None
+) -> Iterator[Managed]:
+    """Switchyard with `backends`, model `smollm2` on `primary`, the admin API (with the tokens
+    file whose token is `token`, if given: see `admin_token`) and a ledger at `ledger`, if given."""
     admin = f"127.0.0.1:{free_port()}"
+    extra = f"tokens = {json.dumps(str(workdir / 'admin-tokens'))}\n" if token else ""
+    if ledger:
+        extra += f"\n[ledger]\npath = {json.dumps(str(ledger))}\n"
     config = f"""
 [server]
 listen = "{listen}"
@@ -111,6 +134,7 @@ state_dir = {json.dumps(str(workdir / "state"))}
 
 [admin]
 listen = "{admin}"
+{extra}
 {backends}
 [models.smollm2]
 primary = "{primary}"
@@ -121,7 +145,7 @@ primary = "{primary}"
     try:
         url = proc.wait_for_line(r"switchyard listening on (http://127\.0\.0\.1:\d+)").group(1)
         with http_client(timeout=REQUEST_TIMEOUT_S) as http:
-            yield Managed(url, f"http://{admin}", proc, http)
+            yield Managed(url, f"http://{admin}", proc, http, {"authorization": f"Bearer {token}"} if token else {})
     finally:
         proc.stop()
 
@@ -232,8 +256,11 @@ max_crashes = 3
         assert any("unknown argument --fast" in line for line in managed["output_tail"]), managed
         assert s.http.get(f"{s.url}/readyz").status_code == 503
         # An operator's restart ends the quarantine (and this engine fails again).
-        restart = s.http.post(f"{s.admin}/admin/backends/broken/restart")
+        unexplained = s.http.post(f"{s.admin}/admin/backends/broken/restart")
+        assert unexplained.status_code == 400 and unexplained.json()["error"]["code"] == "missing_reason", unexplained.text
+        restart = s.http.post(f"{s.admin}/admin/backends/broken/restart", json={"reason": "the flag is fixed"})
         assert restart.status_code == 200, restart.text
+        assert restart.json()["was"] == "quarantined", restart.text
         s.wait_state("broken", lambda m: m["starts"] > 3, "a start after the restart")
 
 

@@ -1083,16 +1083,30 @@ def test_the_dashboard_shows_both_engines_their_phases_and_the_shadow_verdicts(e
     shown = {e["backend"]: e for e in result["engines"]}
     assert set(shown) == {"llama", "mlx"}, shown
     for name, e in shown.items():
-        assert e["engine"].startswith(backends[name]["engine"]), (e, backends[name])
+        # The build shortened on the card, whole in its title.
+        assert e["engine_title"] == backends[name]["engine"], (e, backends[name])
         assert e["artifact"] == backends[name]["artifact"] and e["artifact"].startswith("sha256:"), e
         assert "verified" in e["shown"] and e["state"] == "ready", e
 
-    # The phase chart: bars drawn for both engines, each segment its phase's mean in ms.
+    # The model overview: each model with its engines by role, as configured.
+    overview = {m["model"]: m for m in result["models"]}
+    assert [(r["backend"], r["role"]) for r in overview["smollm2"]["roles"]] == [("llama", "primary"), ("mlx", "shadow")], overview
+    assert [(r["backend"], r["role"]) for r in overview["smollm2-mlx"]["roles"]] == [("mlx", "primary")], overview
+    assert all(r["state"] == "ready" for m in overview.values() for r in m["roles"]), overview
+
+    # The phase chart: for every row, its parts add up to its total (within the page's
+    # rounding) and fill its bar; ttfb overlaps prefill and is never one of the parts.
+    for row in result["bars"]:
+        parts = sum(s["ms"] for s in row["segments"])
+        assert abs(parts - row["total"]) <= 0.001 * len(row["segments"]) + 1e-9, row
+        drawn_width = sum(s["width"] for s in row["segments"])
+        assert abs(drawn_width - row["width"]) <= 2 * len(row["segments"]), row
     drawn = {b["group"]: b["segments"] for b in result["bars"]}
     for backend in ("llama", "mlx"):
         segments = [s for group, segs in drawn.items() if f" · {backend} · " in group for s in segs]
         assert segments and all(s["ms"] > 0 and s["width"] > 0 for s in segments), (backend, drawn)
-        assert {"ttfb", "decode"} <= {s["phase"] for s in segments}, (backend, drawn)
+        phases = {s["phase"] for s in segments}
+        assert "decode" in phases and "ttfb" not in phases, (backend, drawn)
     assert result["charts"] > 0
 
     # The shadow verdicts, as the comparator grouped them; a mismatch is shown side by side,

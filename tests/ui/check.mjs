@@ -82,6 +82,7 @@ async function shadow(page) {
   result.rollups = await page.$$eval("tr.rollup", (rows) => rows.map((row) => ({
     model: row.dataset.model,
     candidate: row.dataset.candidate,
+    pairs: Number(row.dataset.pairs),
     verdict: row.querySelector(".verdict-line").textContent,
     counts: Object.fromEntries([...row.querySelectorAll("td[data-verdict]")].map((td) => [td.dataset.verdict, Number(td.textContent)])),
   })));
@@ -116,6 +117,7 @@ async function engines(page) {
     state: el.dataset.state,
     badge: el.querySelector("h2 .badge").textContent,
     engine: el.querySelector(".engine-build").textContent,
+    engine_title: el.querySelector(".engine-build").getAttribute("title"),
     artifact: el.querySelector(".artifact").getAttribute("title"),
     shown: el.querySelector(".artifact").textContent,
     load: el.querySelector(".load").textContent,
