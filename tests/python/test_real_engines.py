@@ -1057,6 +1057,8 @@ def test_the_dashboard_shows_both_engines_their_phases_and_the_shadow_verdicts(e
     token = run_switchyard("admin", "token", "add", "ops", "--tokens", str(tokens)).strip()
     admin = f"http://127.0.0.1:{free_port()}"
     config = shadow_config(engines, db, "mlx") + f'\n[admin]\nlisten = "{admin.removeprefix("http://")}"\ntokens = "{tokens}"\n'
+    # A release that holds at its first step (it needs far more requests than are sent).
+    config += '\n[plans.quarter]\nevaluate_every_ms = 500\nsteps = [{ step = "live", weight = 25, min_requests = 100000 }]\n'
     auth = {"authorization": f"Bearer {token}"}
     with start_switchyard(tmp_path, config, identities_known) as p:
         sent = shadowed_requests(p, ["What is the capital of France? Answer in one sentence."], 2, 8)
@@ -1071,6 +1073,11 @@ def test_the_dashboard_shows_both_engines_their_phases_and_the_shadow_verdicts(e
             poll("comparisons in the ledger", pairs, p.proc, timeout=30)
             backends = http.get(f"{admin}/admin/backends", headers=auth).json()["backends"]
             comparisons = http.get(f"{admin}/admin/comparisons", headers=auth).json()["groups"]
+            started = http.post(f"{admin}/admin/releases", headers=auth, json={"model": "smollm2-mlx", "candidate": "llama", "plan": "quarter"})
+            assert started.status_code == 201, started.text
+            release = started.json()
+            # Evaluated at least once (a hold) before the page is read.
+            poll("an evaluation", lambda: http.get(f"{admin}/admin/releases/{release['id']}", headers=auth).json()["evaluations"], p.proc, timeout=30)
             result = run_check("real-engines", {"mode": "real", "admin": admin, "client": p.url, "token": token, "model": "smollm2"})
 
     assert result["page_status"] == 200
@@ -1091,7 +1098,11 @@ def test_the_dashboard_shows_both_engines_their_phases_and_the_shadow_verdicts(e
     # The model overview: each model with its engines by role, as configured.
     overview = {m["model"]: m for m in result["models"]}
     assert [(r["backend"], r["role"]) for r in overview["smollm2"]["roles"]] == [("llama", "primary"), ("mlx", "shadow")], overview
-    assert [(r["backend"], r["role"]) for r in overview["smollm2-mlx"]["roles"]] == [("mlx", "primary")], overview
+    assert [(r["backend"], r["role"]) for r in overview["smollm2-mlx"]["roles"]] == [("mlx", "primary"), ("llama", "candidate")], overview
+
+    # The release: running at 25%, its one transition shown, its evaluations hidden by default.
+    assert [(r["id"], r["state"], r["weight"]) for r in result["releases"]] == [(release["id"], "running", "25%")], result["releases"]
+    assert result["releases"][0]["events"] == 1 and result["releases"][0]["evaluations"] == 0, result["releases"]
     assert all(r["state"] == "ready" for m in overview.values() for r in m["roles"]), overview
 
     # The phase chart: for every row, its parts add up to its total (within the page's

@@ -177,6 +177,17 @@ async function real(page) {
 
   errors.shadow = await shadow(page);
 
+  // Releases: each card with its transitions; evaluations hidden until asked for.
+  errors.releases = await view(page, "releases");
+  result.releases = await page.$$eval("article.release", (els) => els.map((el) => ({
+    id: el.dataset.release,
+    state: el.dataset.state,
+    weight: el.querySelector(".weight").textContent,
+    events: el.querySelectorAll(".log li.event").length,
+    evaluations: el.querySelectorAll(".log li.evaluation").length,
+  })));
+  await shot(page, "releases");
+
   // Live tail: the latest requests, then one more arriving through the event stream.
   errors.live = await view(page, "live");
   await page.waitForSelector("#stream-state.ready", { timeout: WAIT_MS });
