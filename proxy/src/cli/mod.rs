@@ -6,6 +6,7 @@ use std::path::PathBuf;
 use clap::{Parser, Subcommand};
 
 mod admin;
+mod admin_backends;
 mod discover;
 mod init;
 mod keys;
