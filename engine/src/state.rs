@@ -12,6 +12,9 @@ use serde::Serialize;
 use crate::managed::Phase;
 use crate::Backend;
 
+#[cfg(test)]
+mod tests;
+
 /// Where an engine stands.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "lowercase")]
@@ -37,17 +40,6 @@ pub enum EngineState {
 }
 
 impl EngineState {
-    pub const ALL: [EngineState; 8] = [
-        Self::Stopped,
-        Self::Starting,
-        Self::Loading,
-        Self::Ready,
-        Self::Degraded,
-        Self::Draining,
-        Self::Failed,
-        Self::Quarantined,
-    ];
-
     pub fn as_str(self) -> &'static str {
         match self {
             Self::Stopped => "stopped",

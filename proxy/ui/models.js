@@ -48,7 +48,7 @@
       data.unrouted ? h("p", { class: "note" }, `${data.unrouted.requests} requests in the window named no configured model (see the live tail).`) : null,
       groups.length ? h("p", { class: "swap-groups" }, "swap groups: ", groups.map(([name, g]) =>
         h("span", { class: "group", "data-group": name }, h("b", {}, name), " held by ", g.holder || "nobody", ` (${g.swaps} swaps) `))) : null,
-      data.models.some((m) => m.stats === null) ? h("p", { class: "note" }, "no ledger configured: no request figures") : null);
+      data.models.some((m) => m.stats === null) ? h("p", { class: "note" }, "no request figures: no ledger is configured, or it could not be read (see Switchyard's log)") : null);
   }
 
   // --- engines ---------------------------------------------------------------------------------

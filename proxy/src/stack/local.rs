@@ -178,10 +178,10 @@ fn model_entry(snapshot: &Snapshot, name: &str, created: u64) -> Option<Value> {
     let route = snapshot.routes.resolve(name)?;
     let primary = snapshot.backends.get(&route.primary);
     let state = primary.map_or("unavailable", |b| match b.engine_state().0 {
-        EngineState::Ready | EngineState::Degraded => "ready",
+        s if s.is_serving() => "ready",
         EngineState::Stopped => "stopped",
-        EngineState::Starting | EngineState::Loading | EngineState::Draining => "loading",
-        EngineState::Failed | EngineState::Quarantined => "unavailable",
+        s if s.is_running() => "loading",
+        _ => "unavailable",
     });
     let headers = primary.map(|b| b.identity_headers());
     let identity = primary.and_then(|b| b.state().report.as_ref().map(|r| r.identity.clone()));
