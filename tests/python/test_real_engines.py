@@ -633,7 +633,7 @@ primary = "llama"
                 # The stream opens with each backend's state now.
                 events.wait_for_line(ready)
                 first.stop()
-                events.wait_for_line(r".* backend llama: down: .*", timeout=ENGINE_READY_TIMEOUT_S)
+                events.wait_for_line(r".* backend llama: failed: .*", timeout=ENGINE_READY_TIMEOUT_S)
                 second = llama("llama-server-events-2")
                 try:
                     events.wait_for_line(ready, timeout=ENGINE_READY_TIMEOUT_S)
