@@ -76,10 +76,7 @@ async fn overview(state: &Arc<AppState>, params: &Params) -> Answer {
             continue;
         };
         let release = snapshot.releases.get(name.as_str());
-        let roles = std::iter::once(("primary", &route.primary))
-            .chain(route.fallback.iter().map(|b| ("fallback", b)))
-            .chain(route.shadow.as_ref().map(|s| ("shadow", &s.backend)))
-            .chain(release.map(|r| ("candidate", &r.candidate)));
+        let roles = snapshot.roles(name);
         let backends: Vec<Value> = roles
             .map(|(role, name)| {
                 let backend = snapshot.backends.get(name);

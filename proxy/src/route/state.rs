@@ -141,6 +141,24 @@ impl Snapshot {
         }
     }
 
+    /// Every backend public model `model` uses, by role (`primary`, `fallback`, `shadow`,
+    /// `candidate` of its open release), in that order; empty for a name that is not a model.
+    pub(crate) fn roles<'a>(
+        &'a self,
+        model: &str,
+    ) -> impl Iterator<Item = (&'static str, &'a Arc<str>)> + 'a {
+        let route = self.routes.resolve(model);
+        let release = self.releases.get(model);
+        route
+            .into_iter()
+            .flat_map(|route| {
+                std::iter::once(("primary", &route.primary))
+                    .chain(route.fallback.iter().map(|b| ("fallback", b)))
+                    .chain(route.shadow.as_ref().map(|s| ("shadow", &s.backend)))
+            })
+            .chain(release.map(|r| ("candidate", &r.candidate)))
+    }
+
     /// The backend configured under `name` with its stack (routes only name configured
     /// backends).
     pub(crate) fn candidate(&self, name: &str) -> Result<Candidate, ProxyError> {

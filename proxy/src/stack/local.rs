@@ -117,10 +117,7 @@ impl Router {
                         }))
             });
             let release = state.releases.get(name);
-            let uses = std::iter::once(("primary", &route.primary))
-                .chain(route.fallback.iter().map(|b| ("fallback", b)))
-                .chain(route.shadow.as_ref().map(|s| ("shadow", &s.backend)))
-                .chain(release.map(|r| ("candidate", &r.candidate)));
+            let uses = state.roles(name);
             let mut used = Vec::new();
             for (role, backend) in uses {
                 let Some(b) = state.backends.get(backend) else {
