@@ -14,6 +14,7 @@ comment the SDK passed over.
 
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 
@@ -40,6 +41,8 @@ from test_real_engines import (  # noqa: F401 - the fixtures are used by name
 )
 
 QUESTION = PROMPT[0]["content"]
+#: Room for a tool call in the XML form of tests/prompts/chatml-tools.jinja (about 36 tokens).
+TOOL_CALL_TOKENS = 64
 
 
 def tee_transport(http_module):  # noqa: ANN001, ANN201
@@ -270,49 +273,135 @@ def test_a_request_without_model_goes_to_the_default(engines: Engines, tmp_path:
 
 WEATHER = {"name": "get_weather", "description": "The weather of a city",
            "schema": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}
+#: A chat template that renders tools and that llama-server parses tool calls from (SmolLM2's
+#: own renders no tools, so the model never sees them).
+TOOLS_TEMPLATE = Path(__file__).resolve().parents[1] / "prompts" / "chatml-tools.jinja"
+#: Two earlier turns in which the assistant called the tool: SmolLM2-135M, shown the tools
+#: alone, answers in prose for as long as it may; shown two calls, it makes the third.
+EARLIER_CITIES = ("London", "Rome")
+QUESTION_OF = "What is the weather in {}?".format
+
+
+def responses_input() -> list[dict]:
+    items: list[dict] = []
+    for n, city in enumerate(EARLIER_CITIES):
+        items.append({"role": "user", "content": QUESTION_OF(city)})
+        items.append({"type": "function_call", "call_id": f"call_{n}", "name": WEATHER["name"],
+                      "arguments": json.dumps({"city": city})})
+    return items + [{"role": "user", "content": QUESTION_OF("Paris")}]
+
+
+def messages_input() -> list[dict]:
+    messages: list[dict] = []
+    for n, city in enumerate(EARLIER_CITIES):
+        messages.append({"role": "user", "content": QUESTION_OF(city)})
+        messages.append({"role": "assistant", "content": [
+            {"type": "tool_use", "id": f"toolu_{n}", "name": WEATHER["name"], "input": {"city": city}}]})
+    return messages + [{"role": "user", "content": QUESTION_OF("Paris")}]
+
+
+def chat_input() -> list[dict]:
+    messages: list[dict] = []
+    for n, city in enumerate(EARLIER_CITIES):
+        messages.append({"role": "user", "content": QUESTION_OF(city)})
+        messages.append({"role": "assistant", "content": "", "tool_calls": [
+            {"id": f"call_{n}", "type": "function",
+             "function": {"name": WEATHER["name"], "arguments": json.dumps({"city": city})}}]})
+    return messages + [{"role": "user", "content": QUESTION_OF("Paris")}]
+
+
+def chat_answer(answer, stream: bool) -> tuple[str, str, list[tuple[str, object]]]:  # noqa: ANN001
+    """Content, finish reason and tool calls of a chat answer, whole or assembled from its chunks."""
+    if not stream:
+        choice = answer.choices[0]
+        calls = [(c.function.name, json.loads(c.function.arguments)) for c in choice.message.tool_calls or []]
+        return choice.message.content or "", choice.finish_reason, calls
+    content, finish, parts = "", None, {}
+    for chunk in answer:
+        for choice in chunk.choices:
+            content += choice.delta.content or ""
+            finish = choice.finish_reason or finish
+            for call in choice.delta.tool_calls or []:
+                name, arguments = parts.get(call.index, ("", ""))
+                parts[call.index] = (name + (call.function.name or ""), arguments + (call.function.arguments or ""))
+    return content, finish, [(name, json.loads(arguments)) for _, (name, arguments) in sorted(parts.items())]
+
+
+def output_hash(content: str, finish_reason: str, calls: list[tuple[str, object]]) -> str:
+    """The comparator's output hash of a one-choice answer, computed here from what the SDK
+    returned (adapters/src/fingerprint/output.rs documents the form): one line of canonical
+    JSON, then SHA-256."""
+    line = json.dumps(
+        {"content": content.replace("\r\n", "\n").rstrip(), "finish_reason": finish_reason, "index": 0,
+         "tool_calls": [{"arguments": arguments, "name": name} for name, arguments in calls]},
+        sort_keys=True, separators=(",", ":"), ensure_ascii=False,
+    )
+    return "sha256:" + hashlib.sha256((line + "\n").encode()).hexdigest()
 
 
 def test_shadowed_responses_and_messages_are_compared_with_the_sdks(engines: Engines, tmp_path: Path) -> None:
-    """Issue 44: Codex-style (Responses) and Claude-style (Messages) traffic, with tools, is
-    shadowed to a second llama-server on the same GGUF and compared like chat: each request
-    gives a pair judged `match` on its normalized output (text, tool calls, stop reason)."""
+    """Issue 44: chat, Codex-style (Responses) and Claude-style (Messages) traffic, with tool
+    calls, is shadowed between two llama-servers on the same GGUF (a chat template that renders tools)
+    and compared like chat: each request gives a pair judged `match`, and the output both sides
+    are recorded with is the hash of what the SDK read (the tool call's name and arguments, the
+    stop reason), so the tool call is what was compared."""
     import sqlite3
 
     from test_real_engines import DETERMINISTIC_LLAMA, second_llama_server, shadow_config, wait_comparisons
 
     db = tmp_path / "ledger.db"
-    with second_llama_server(engines, tmp_path, *DETERMINISTIC_LLAMA) as url2:
-        config = shadow_config(engines, db, "llama2", url2)
+    template = ("--chat-template-file", str(TOOLS_TEMPLATE))
+    with (
+        second_llama_server(engines, tmp_path, *DETERMINISTIC_LLAMA, *template, name="llama-tools-1") as url1,
+        second_llama_server(engines, tmp_path, *DETERMINISTIC_LLAMA, *template, name="llama-tools-2") as url2,
+    ):
+        config = shadow_config(engines, db, "llama2", url2).replace(f'url = "{engines.llama_url}"', f'url = "{url1}"')
         with start_switchyard(tmp_path, config, lambda r: identities_known(r) and r["backends"]["llama2"]["identity"] == "verified") as p:
             openai_sdk, anthropic_sdk = openai_client(p), anthropic_client(p)
             tool = {"type": "function", "name": WEATHER["name"], "description": WEATHER["description"], "parameters": WEATHER["schema"]}
             anthropic_tool = {"name": WEATHER["name"], "description": WEATHER["description"], "input_schema": WEATHER["schema"]}
-            sent = 0
+            expected = []
             for stream in (False, True):
+                answer = openai_sdk.chat.completions.create(
+                    model="smollm2", messages=chat_input(), tools=[{"type": "function", "function": {
+                        "name": WEATHER["name"], "description": WEATHER["description"], "parameters": WEATHER["schema"]}}],
+                    tool_choice="required", temperature=0, max_tokens=TOOL_CALL_TOKENS, stream=stream,
+                )
+                content, finish, calls = chat_answer(answer, stream)
+                assert calls == [(WEATHER["name"], {"city": "Paris"})], (content, finish)
+                expected.append(output_hash(content, finish, calls))
+                wait_comparisons(p, len(expected))
+
                 response = openai_sdk.responses.create(
-                    model="smollm2", input="What is the weather in Paris?", tools=[tool], temperature=0,
-                    max_output_tokens=MAX_TOKENS, stream=stream,
+                    model="smollm2", input=responses_input(), tools=[tool], tool_choice="required", temperature=0,
+                    max_output_tokens=TOOL_CALL_TOKENS, stream=stream,
                 )
                 if stream:
-                    assert any(e.type == "response.completed" for e in response)
-                sent += 1
-                wait_comparisons(p, sent)
-                kwargs = {"model": "smollm2", "max_tokens": MAX_TOKENS, "tools": [anthropic_tool], "extra_body": {"temperature": 0},
-                          "messages": [{"role": "user", "content": "What is the weather in Paris?"}]}
+                    response = next(e.response for e in response if e.type == "response.completed")
+                calls = [(i.name, json.loads(i.arguments)) for i in response.output if i.type == "function_call"]
+                assert calls == [(WEATHER["name"], {"city": "Paris"})], response.output
+                expected.append(output_hash(response.output_text, response.status, calls))
+                wait_comparisons(p, len(expected))
+
+                kwargs = {"model": "smollm2", "max_tokens": TOOL_CALL_TOKENS, "tools": [anthropic_tool],
+                          "tool_choice": {"type": "any"}, "extra_body": {"temperature": 0}, "messages": messages_input()}
                 if stream:
                     with anthropic_sdk.messages.stream(**kwargs) as s:
-                        assert s.get_final_message().content
+                        message = s.get_final_message()
                 else:
-                    assert anthropic_sdk.messages.create(**kwargs).content
-                sent += 1
-                wait_comparisons(p, sent)
+                    message = anthropic_sdk.messages.create(**kwargs)
+                calls = [(b.name, b.input) for b in message.content if b.type == "tool_use"]
+                assert calls == [(WEATHER["name"], {"city": "Paris"})], message.content
+                text = "".join(b.text for b in message.content if b.type == "text")
+                expected.append(output_hash(text, message.stop_reason, calls))
+                wait_comparisons(p, len(expected))
     rows = sqlite3.connect(db).execute(
         "SELECT r.path, c.streamed, c.verdict, c.reason, c.primary_output, c.candidate_output, c.mode "
         "FROM comparisons c JOIN requests r ON r.request_id = c.primary_request_id ORDER BY c.id"
     ).fetchall()
     assert [(r[0], r[1]) for r in rows] == [
-        ("/v1/responses", 0), ("/v1/messages", 0), ("/v1/responses", 1), ("/v1/messages", 1)
+        (path, streamed) for streamed in (0, 1) for path in ("/v1/chat/completions", "/v1/responses", "/v1/messages")
     ], rows
-    for path, _, verdict, reason, primary, candidate, mode in rows:
+    for (path, _, verdict, reason, primary, candidate, mode), hashed in zip(rows, expected):
         assert verdict == "match" and mode == "after-primary", (path, verdict, reason)
-        assert primary == candidate and primary.startswith("sha256:"), (path, primary, candidate)
+        assert primary == candidate == hashed, (path, primary, candidate, hashed)

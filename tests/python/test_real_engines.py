@@ -657,18 +657,18 @@ DETERMINISTIC_LLAMA = ("-np", "1", "--no-cache-prompt", "-cram", "0")
 
 
 @contextlib.contextmanager
-def second_llama_server(e: Engines, workdir: Path, *extra: str) -> Iterator[str]:
+def second_llama_server(e: Engines, workdir: Path, *extra: str, name: str = "llama-server-2") -> Iterator[str]:
     """Another llama-server on the same GGUF: a candidate that must give the same answers."""
     port = free_port()
     proc = Proc(
-        "llama-server-2",
+        name,
         [str(e.llama_bin), "-m", str(e.gguf), "-c", "2048", "--host", "127.0.0.1", "--port", str(port), *extra],
-        workdir / "llama-server-2.log",
+        workdir / f"{name}.log",
     )
     try:
         url = f"http://127.0.0.1:{port}"
         with http_client(timeout=5.0) as http:
-            poll("llama-server-2", lambda: http.get(f"{url}/health").status_code == 200, proc)
+            poll(name, lambda: http.get(f"{url}/health").status_code == 200, proc)
         yield url
     finally:
         proc.stop()
