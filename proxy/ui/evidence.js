@@ -46,6 +46,39 @@
       h("td", { class: "num" }, c.pairs || 0), h("td", { class: "num" }, s.groups));
   }
 
+  // A pair judged token by token whose answers parted: the text both sides wrote, then each
+  // side's choice there, its margin over the other's choice, and its likeliest tokens with
+  // their logprobs; the whole answers when they were kept (pairs that differ).
+  function parted(d) {
+    const v = d.divergence;
+    const shared = d.prefix.length > 240 ? "…" + d.prefix.slice(-240) : d.prefix;
+    const quoted = (t) => JSON.stringify(t.text);
+    const side = (name, choice, margin, top, text) => h("div", { class: "output", "data-side": name },
+      h("h4", {}, `${name} chose `, h("code", {}, choice ? quoted(choice) : "nothing more (stopped)"),
+        ` · margin ${margin == null ? "unknown" : num(margin, 2)}`),
+      h("table", { class: "grid top" }, h("tbody", {}, top.slice(0, 5).map(([t, lp]) =>
+        h("tr", { class: choice && t.text === choice.text ? "chosen" : "" }, h("td", {}, h("code", {}, quoted(t))), h("td", { class: "num" }, num(lp, 2)))))),
+      text == null ? null : h("pre", {}, text));
+    return h("article", { class: "divergence", "data-verdict": d.verdict, "data-request": d.request_id || "" },
+      h("h3", {}, badge(d.verdict), ` ${d.model} · request ${d.request_id || "?"} · parted at token ${v.at}`,
+        v.near_tie ? " · near tie" : "", ` · mean KL ${num(d.mean_kl, 4)}`),
+      d.reason ? h("p", { class: "detail" }, d.reason) : null,
+      h("p", {}, "both wrote: ", h("q", { class: "prefix" }, shared || "(nothing: they parted at the first token)")),
+      h("div", { class: "side-by-side" },
+        side("primary", v.primary, v.primary_margin, v.primary_top, d.primary_text),
+        side("candidate", v.candidate, v.candidate_margin, v.candidate_top, d.candidate_text)));
+  }
+
+  const plural = (n, what) => `${n} ${what}${n === 1 ? "" : "s"}`;
+
+  function partedList(divergences) {
+    if (!divergences || !divergences.length) return null;
+    const differ = divergences.filter((d) => d.verdict === "mismatch").length;
+    return h("section", { class: "divergences" },
+      h("h2", {}, "Where answers parted ", h("small", {}, `${plural(divergences.length, "pair")} judged token by token, ${differ} judged different`)),
+      ...divergences.map(parted));
+  }
+
   async function drawShadow() {
     const data = await api("/admin/comparisons?window=" + windowParam());
     const cards = data.groups.map((g) => {
@@ -70,11 +103,27 @@
       sums.length ? h("table", { class: "grid rollups" },
         h("thead", {}, h("tr", {}, ["pair", "verdict", ...VERDICTS.map((k) => k.replace("_", "-")), "pairs", "workloads"].map((c) => h("th", {}, c)))),
         h("tbody", {}, sums.map(summary))) : h("p", {}, "no comparisons in this window"),
+      partedList(data.divergences),
       cards.length ? h("h2", {}, `Per workload (a group needs ${data.min_repetitions} repetitions for speed ratios)`) : null,
       ...cards);
   }
 
   // --- releases --------------------------------------------------------------------------------
+
+  // A release under an equivalence rule: the rule, its pairs judged token by token together,
+  // and where they parted.
+  function tokenEvidence(t) {
+    if (!t || !t.rule) return null;
+    const a = t.aggregate;
+    return h("div", { class: "token-evidence" },
+      h("p", {}, "equivalence rule: near tie below ", h("b", {}, t.rule.near_tie_logprob), " logprob · same top at least ",
+        h("b", {}, t.rule.min_same_top), " · mean KL at most ", h("b", {}, t.rule.max_mean_kl)),
+      a ? h("p", { class: "aggregate", "data-pairs": a.pairs },
+        `${plural(a.pairs, "pair")} judged token by token: ${a.identical} identical, ${a.equivalent} equivalent, ${a.different} different · `,
+        `same top ${num(a.same_top_share, 3)} of ${a.positions} positions · mean KL ${num(a.mean_kl, 4)} (95 % CI ${num(a.mean_kl_ci[0], 4)}–${num(a.mean_kl_ci[1], 4)})`)
+        : h("p", { class: "aggregate" }, "no pair judged token by token yet"),
+      t.divergences.length ? h("details", { class: "parted" }, h("summary", {}, `${plural(t.divergences.length, "pair")} parted`), ...t.divergences.map(parted)) : null);
+  }
 
   const ACTIONS = ["promote", "pause", "resume", "abort", "undo"];
   const shown = { evaluations: false };
@@ -88,7 +137,7 @@
       return;
     }
     const details = await Promise.all(list.releases.map((r) => api("/admin/releases/" + encodeURIComponent(r.id))));
-    const cards = details.map(({ release: r, events, evaluations }) => {
+    const cards = details.map(({ release: r, events, evaluations, token_evidence: tokens }) => {
       const steps = (r.steps || []).map((s, i) => h("li", { class: i === r.step ? "current" : i < r.step ? "done" : "" }, s));
       const log = [
         ...events.map((e) => ({ ts: e.ts_ms, el: h("li", { class: "event" }, time(e.ts_ms), " ", h("b", {}, e.actor), `: ${e.from_state || "–"} → ${e.to_state}`,
@@ -103,6 +152,7 @@
           r.waiting_for ? h("span", { class: "waiting" }, " · ", r.waiting_for) : null),
         r.override_correctness ? h("p", { class: "override" }, "correctness overridden: " + r.override_correctness) : null,
         h("ol", { class: "steps" }, steps),
+        tokenEvidence(tokens),
         h("div", { class: "actions" }, ACTIONS.map((a) => h("button", { "data-action": a, onclick: act(a) }, a))),
         h("h4", {}, "decision log ", h("small", {}, `${events.length} transitions` + (shown.evaluations ? `, ${evaluations.length} evaluations` : `; ${evaluations.length} evaluations hidden`))),
         h("ul", { class: "log" }, log));

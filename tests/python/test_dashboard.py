@@ -4,7 +4,8 @@ Against the fake engine: a running release is aborted from the page, which asks 
 then shows weight 0 and the decision with its reason; the release's log shows its transitions
 until every evaluation is asked for; the ledger records the abort with the admin token's name. A
 shadow that answers otherwise shows as a mismatch, the two outputs side by side and no speed
-ratio, and its roll-up says how many pairs differ.
+ratio, and its roll-up says how many pairs differ; one judged token by token on a replay shows
+where the answers parted, each side's choice and its likeliest tokens there.
 
 Against a real managed llama-server: the model overview and the engine card show it stopped
 before any request; it is loaded and unloaded from its card; `/v1/models` through the openai SDK
@@ -92,6 +93,10 @@ primary = "p"
 primary = "p"
 shadow = {{ backend = "w" }}
 
+[models.judged]
+primary = "p"
+shadow = {{ backend = "w", replay = {{ max_tokens = 8 }}, equivalence = {{ near_tie_logprob = 0.5 }} }}
+
 [plans.quarter]
 evaluate_every_ms = 100
 steps = [{{ step = "live", weight = 25, min_requests = 100000 }}]
@@ -110,9 +115,14 @@ steps = [{{ step = "live", weight = 25, min_requests = 100000 }}]
                 answer = http.post(f"{client}/v1/chat/completions", json={"model": "shadowed", "temperature": 0, "messages": [{"role": "user", "content": "The capital of France is"}]})
                 assert answer.status_code == 200, answer.text
 
+            # A greedy request to a shadow judged token by token: its replay parts at once.
+            answer = http.post(f"{client}/v1/chat/completions", json={"model": "judged", "temperature": 0, "messages": [{"role": "user", "content": "The capital of France is"}]})
+            assert answer.status_code == 200, answer.text
+
             def pairs() -> bool:
-                groups = http.get(f"{admin}/admin/comparisons", headers=auth).json()["groups"]
-                return sum(g["counts"]["pairs"] for g in groups) >= 2
+                compared = http.get(f"{admin}/admin/comparisons?model=shadowed", headers=auth).json()
+                judged = http.get(f"{admin}/admin/comparisons?model=judged", headers=auth).json()
+                return sum(g["counts"]["pairs"] for g in compared["groups"]) >= 2 and len(judged["divergences"]) >= 1
 
             # The ledger's writer commits in batches: the page reads what it has committed.
             poll("comparisons in the ledger", pairs, switchyard, timeout=20)
@@ -127,7 +137,7 @@ steps = [{{ step = "live", weight = 25, min_requests = 100000 }}]
             assert "reason" in result["empty_reason_message"], result
             assert result["after"]["state"] == "aborted" and result["after"]["weight"] == "0%", result
             assert any("ops" in line and REASON in line and "aborted" in line for line in result["after"]["log"]), result["after"]
-            mismatched = [g for g in result["comparisons"] if any(v.startswith("mismatch") for v in g["verdicts"])]
+            mismatched = [g for g in result["comparisons"] if g["title"].startswith("shadowed") and any(v.startswith("mismatch") for v in g["verdicts"])]
             assert mismatched, result["comparisons"]
             for g in mismatched:
                 assert g["status"] == "correctness-failed" and not g["ratios"], g
@@ -137,6 +147,17 @@ steps = [{{ step = "live", weight = 25, min_requests = 100000 }}]
             pairs_shown = sum(g["counts"]["pairs"] for g in http.get(f"{admin}/admin/comparisons?model=shadowed", headers=auth).json()["groups"])
             assert rollup[0]["counts"]["mismatch"] >= 1 and rollup[0]["verdict"].endswith("differ"), rollup
             assert rollup[0]["pairs"] == pairs_shown, (rollup, pairs_shown)
+            # Where the replayed pair parted: both sides' choices at token 0, their likeliest
+            # tokens with logprobs, the candidate's choice marked in its own list.
+            parted = [d for d in result["parted"] if "judged" in d["title"]]
+            assert len(parted) == 1 and parted[0]["verdict"] == "mismatch", result["parted"]
+            primary, candidate = parted[0]["sides"]
+            assert (primary["side"], candidate["side"]) == ("primary", "candidate"), parted
+            assert "parted at token 0" in parted[0]["title"], parted
+            assert candidate["chose"].startswith('candidate chose "Lyon "'), candidate
+            assert candidate["chosen"] == ['"Lyon "'], candidate
+            for side in (primary, candidate):
+                assert side["top"] and all(float(lp) <= 0 for _, lp in side["top"]), side
             assert console_problems(result) == [], console_problems(result)
             assert all(not e for e in result["view_errors"].values()), result["view_errors"]
 

@@ -266,6 +266,13 @@ def test_a_requantized_candidate_is_judged_by_the_equivalence_rule(
     reference = kl_divergence(engines.gguf, gguf, tmp_path)
     print(f"\n{kind} against Q4_1: release {verdict['state']} ({verdict['waiting_for']}); replayed pairs "
           f"{measured}; llama-perplexity --kl-divergence {reference}")
+    tokens = verdict["evaluations"]["token_evidence"]
+    print(f"the release's pairs judged token by token: {tokens['aggregate']}")
+    # The release's page counts the ledger's judged pairs (a replay still running when the page
+    # was read lands after it), and shows where answers parted.
+    assert tokens["rule"] is not None and 1 <= tokens["aggregate"]["pairs"] <= measured["judged"], (tokens, measured)
+    assert tokens["aggregate"]["positions"] <= measured["positions"], (tokens, measured)
+    assert all(d["divergence"] is not None for d in tokens["divergences"]), tokens
     if kind == "Q8_0":
         # Every sampled request was replayed (and greedy ones that differed); all held.
         assert measured["replays"] >= 16, measured
@@ -278,6 +285,7 @@ def test_a_requantized_candidate_is_judged_by_the_equivalence_rule(
         reason = verdict["waiting_for"]
         assert "comparable pairs differ; first: request " in reason and "(replay): prompt " in reason, reason
         assert "confident divergence at token" in reason or "mean KL" in reason, reason
+        assert tokens["aggregate"]["different"] >= 1 and tokens["divergences"][0]["verdict"] == "mismatch", tokens
         assert reference["mean_kl"] > 0.1
 
 

@@ -63,6 +63,12 @@ steps = [{ step = "live", weight = 99, min_requests = 100000 }]
 evaluate_every_ms = 50
 replay = { max_tokens = 8, tokens_per_hour = 1000000 }
 steps = [{ step = "shadow", min_pairs = 3 }, { step = "promote", bake_s = 0 }]
+
+[plans.judged]
+evaluate_every_ms = 50
+replay = { max_tokens = 8, tokens_per_hour = 1000000 }
+equivalence = { near_tie_logprob = 0.5 }
+steps = [{ step = "shadow", min_pairs = 3 }, { step = "promote", bake_s = 0 }]
 "#;
 
 fn config(dir: &Path, admin: &str, primary: &str, candidate: &str) -> String {
@@ -1288,4 +1294,83 @@ async fn a_release_on_sampled_traffic_gets_its_evidence_from_replays() {
         sides, 6,
         "each replay ran on both sides, neither a request of the release"
     );
+}
+
+/// A candidate that answers otherwise, judged token by token on replays of sampled traffic: the
+/// release aborts, and its page in the admin API, `release explain` and the comparisons the
+/// dashboard reads all say where the answers parted, each side's choice and its likeliest
+/// tokens there, and the pairs together under the rule.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_judged_token_by_token_shows_where_the_answers_parted() {
+    let (s, _p, _c) = Setup::start(|e| e.fixed_text("Lyon is the capital.")).await;
+    let mut events = AdminEvents::open(&s.admin, None).await.unwrap();
+    let id = start_release(&s.admin, "judged").await;
+    let r = TestClient::new()
+        .post_json(
+            &format!("{}/v1/chat/completions", s.base),
+            &json!({"model": "smollm2", "temperature": 0.7,
+                    "messages": [{"role": "user", "content": "What is the capital of France?"}]}),
+        )
+        .await
+        .unwrap();
+    assert_eq!(r.status, 200);
+    events
+        .wait_for(Duration::from_secs(10), "release", |e| {
+            e["id"] == id.as_str() && e["state"] == "aborted"
+        })
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+
+    let page = status(&s.admin, &id).await;
+    let tokens = &page["token_evidence"];
+    assert_eq!(tokens["rule"]["near_tie_logprob"], 0.5, "{page:#}");
+    let aggregate = &tokens["aggregate"];
+    assert_eq!(aggregate["pairs"], 1, "{page:#}");
+    assert_eq!(aggregate["different"], 1, "{page:#}");
+    assert_eq!(aggregate["positions"], 1, "{page:#}");
+    assert_eq!(aggregate["same_top_share"], 0.0, "{page:#}");
+    let parted = &tokens["divergences"][0];
+    assert_eq!(parted["verdict"], "mismatch", "{page:#}");
+    assert_eq!(parted["prefix"], "", "{page:#}");
+    let at = &parted["divergence"];
+    assert_eq!(at["at"], 0);
+    assert_eq!(at["near_tie"], false);
+    assert_eq!(at["candidate"]["text"], "Lyon ", "{page:#}");
+    assert_ne!(at["primary"]["text"], "Lyon ", "{page:#}");
+    for side in ["primary_top", "candidate_top"] {
+        let top = at[side].as_array().unwrap();
+        assert!(!top.is_empty(), "{side}: {page:#}");
+        assert!(top[0][1].as_f64().unwrap() <= 0.0, "a logprob: {page:#}");
+    }
+
+    // The dashboard's shadow view reads the same from the comparisons.
+    let compared = admin(&s.admin, "GET", "/admin/comparisons?window=1h", None)
+        .await
+        .json();
+    assert_eq!(
+        compared["divergences"][0]["divergence"], *at,
+        "{compared:#}"
+    );
+
+    // `release explain` prints them for a person.
+    let out = Command::new(switchyard_bin().unwrap())
+        .args(["release", "explain", &id, "--url", &s.admin])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{text}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        text.contains("equivalence rule: near tie below 0.5 logprob"),
+        "{text}"
+    );
+    assert!(
+        text.contains("judged token by token: pairs 1 (0 identical, 0 equivalent, 1 different); same top 0.000 of 1 positions"),
+        "{text}"
+    );
+    assert!(text.contains("## Where answers part"), "{text}");
+    assert!(text.contains("candidate chose \"Lyon \""), "{text}");
 }

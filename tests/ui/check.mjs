@@ -93,6 +93,19 @@ async function shadow(page) {
     side_by_side: [...el.querySelectorAll(".side-by-side pre")].map((pre) => pre.textContent),
     ratios: !!el.querySelector(".ratios"),
   })));
+  // Pairs judged token by token that parted: each side's choice and its likeliest tokens.
+  result.parted = await page.$$eval("article.divergence", (els) => els.map((el) => ({
+    verdict: el.dataset.verdict,
+    request: el.dataset.request,
+    title: el.querySelector("h3").textContent,
+    prefix: el.querySelector("q.prefix").textContent,
+    sides: [...el.querySelectorAll(".output")].map((side) => ({
+      side: side.dataset.side,
+      chose: side.querySelector("h4").textContent,
+      top: [...side.querySelectorAll("table.top tr")].map((tr) => [...tr.querySelectorAll("td")].map((td) => td.textContent)),
+      chosen: [...side.querySelectorAll("table.top tr.chosen td code")].map((c) => c.textContent),
+    })),
+  })));
   await shot(page, "shadow");
   return error;
 }

@@ -21,7 +21,8 @@ use serde::{Deserialize, Serialize};
 
 pub use ratios::{Ratio, Ratios};
 pub use summary::{
-    compare, Comparison, Counts, Divergent, Group, GroupKey, Status, Summary, MAX_DIVERGENCES,
+    compare, divergences, Comparison, Counts, Divergent, Group, GroupKey, Status, Summary,
+    MAX_DIVERGENCES,
 };
 
 /// How the reason of a seeded pair between two engine builds begins.

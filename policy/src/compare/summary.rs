@@ -4,7 +4,7 @@
 
 use std::collections::BTreeMap;
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use super::ratios::{ratios_of, spread};
 use super::{Pair, Ratio, Ratios, Verdict, MIN_REPETITIONS};
@@ -167,7 +167,7 @@ pub struct Comparison {
 pub const MAX_DIVERGENCES: usize = 50;
 
 /// A pair judged token by token whose answers parted.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Divergent {
     pub request_id: Option<String>,
     pub model: String,
@@ -183,8 +183,9 @@ pub struct Divergent {
     pub candidate_text: Option<String>,
 }
 
-/// The pairs judged token by token that parted, differing ones first.
-fn divergences(pairs: &[Pair]) -> Vec<Divergent> {
+/// The pairs judged token by token that parted, differing ones first, at most
+/// [`MAX_DIVERGENCES`].
+pub fn divergences(pairs: &[Pair]) -> Vec<Divergent> {
     let mut out: Vec<Divergent> = pairs
         .iter()
         .filter_map(|p| {

@@ -228,6 +228,7 @@ async fn comparisons(state: &Arc<AppState>, params: &Params) -> Answer {
         "window": {"from_ms": from_ms, "to_ms": now_ms()},
         "min_repetitions": judged.min_repetitions,
         "groups": groups,
+        "divergences": judged.divergences,
     })))
 }
 

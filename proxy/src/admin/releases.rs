@@ -158,7 +158,13 @@ async fn history(state: &Arc<AppState>, id: &str) -> Result<Value, ReleaseError>
             json!({"ts_ms": e.ts_ms, "step": e.step, "window_start_ms": e.window_start_ms, "decision": e.decision, "reason": e.reason, "evidence": evidence})
         })
         .collect();
-    Ok(json!({"release": describe(&release), "events": events, "evaluations": evaluations}))
+    let tokens = state.release_token_evidence(&release).await?;
+    Ok(json!({
+        "release": describe(&release),
+        "events": events,
+        "evaluations": evaluations,
+        "token_evidence": tokens,
+    }))
 }
 
 fn ok(value: Value) -> Response<ProxyBody> {

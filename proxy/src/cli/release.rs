@@ -7,10 +7,12 @@ use std::path::PathBuf;
 use clap::{Args, Subcommand};
 use serde_json::{json, Value};
 use switchyard_observe::ledger::ReleaseStore;
+use switchyard_policy::compare::Divergent;
 
 use super::admin::{call, eprintln, Remote};
 use crate::app::releases::explain::recompute;
 use crate::config;
+use crate::offline::render::divergences_markdown;
 
 #[derive(Debug, Subcommand)]
 pub enum ReleaseCommand {
@@ -282,7 +284,47 @@ fn evaluations(v: &Value) -> String {
             e["evidence"],
         ));
     }
+    token_evidence(&mut out, &v["token_evidence"]);
     out
+}
+
+/// The release's pairs judged token by token, from its start: the rule, the pairs together,
+/// and where answers parted (as `report --comparisons` shows them).
+fn token_evidence(out: &mut String, t: &Value) {
+    let Some(rule) = t["rule"].as_object() else {
+        return;
+    };
+    let figure = |key: &str| rule.get(key).map_or_else(|| "-".to_owned(), text);
+    out.push_str(&format!(
+        "  equivalence rule: near tie below {} logprob, same top at least {}, mean KL at most {}\n",
+        figure("near_tie_logprob"),
+        figure("min_same_top"),
+        figure("max_mean_kl"),
+    ));
+    let a = &t["aggregate"];
+    if a.is_object() {
+        let f = |v: &Value, digits: usize| {
+            v.as_f64()
+                .map_or_else(|| "-".to_owned(), |x| format!("{x:.digits$}"))
+        };
+        out.push_str(&format!(
+            "  judged token by token: pairs {} ({} identical, {} equivalent, {} different); same top {} of {} positions; mean KL {} (95 % CI {} to {})\n",
+            text(&a["pairs"]),
+            text(&a["identical"]),
+            text(&a["equivalent"]),
+            text(&a["different"]),
+            f(&a["same_top_share"], 3),
+            text(&a["positions"]),
+            f(&a["mean_kl"], 4),
+            f(&a["mean_kl_ci"][0], 4),
+            f(&a["mean_kl_ci"][1], 4),
+        ));
+    } else {
+        out.push_str("  judged token by token: no pairs yet\n");
+    }
+    let divergences: Vec<Divergent> =
+        serde_json::from_value(t["divergences"].clone()).unwrap_or_default();
+    divergences_markdown(out, &divergences);
 }
 
 /// `explain --recompute`: every stored verdict counted again from the ledger; exit status 1

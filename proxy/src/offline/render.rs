@@ -274,7 +274,7 @@ fn render_markdown(c: &Comparison) -> String {
 
 /// Where the answers of pairs judged token by token parted: the shared text, each side's
 /// choice and likeliest tokens there, and both answers when kept.
-fn divergences_markdown(out: &mut String, divergences: &[Divergent]) {
+pub(crate) fn divergences_markdown(out: &mut String, divergences: &[Divergent]) {
     if divergences.is_empty() {
         return;
     }

@@ -385,6 +385,17 @@ impl AppState {
         Ok((release, events, evaluations))
     }
 
+    /// What the release's pairs judged token by token show, from its start (`release explain`,
+    /// the dashboard).
+    pub(crate) async fn release_token_evidence(
+        self: &Arc<Self>,
+        release: &Release,
+    ) -> Result<pairs::TokenEvidence, ReleaseError> {
+        self.flush_ledger().await;
+        let store = self.releases.store()?.clone();
+        pairs::token_evidence(&store, release).await
+    }
+
     /// Every release, newest first.
     pub async fn releases(self: &Arc<Self>) -> Result<Vec<Release>, ReleaseError> {
         let store = self.releases.store()?.clone();

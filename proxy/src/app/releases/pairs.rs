@@ -1,9 +1,16 @@
 //! What the release's pairs say, for the evaluator: a pair turned to the release's
 //! orientation, whether it carries the pinned identities, where two answers part, and the worst
-//! speed ratio of the groups whose answers all matched.
+//! speed ratio of the groups whose answers all matched; and for people, what its pairs judged
+//! token by token show.
 
-use switchyard_observe::ledger::Release;
-use switchyard_policy::compare::{compare, Pair};
+use std::sync::Arc;
+
+use switchyard_observe::ledger::{Release, ReleaseStore};
+use switchyard_policy::compare::equivalence::{aggregate, Aggregate, Rule};
+use switchyard_policy::compare::{compare, divergences, Divergent, Pair, Verdict};
+use switchyard_policy::release::Plan;
+
+use super::{blocking, ReleaseError};
 
 /// `pair` with the release's primary backend as its primary side, and whether it was turned
 /// round (a reverse copy: the candidate served, the primary got the copy).
@@ -76,6 +83,59 @@ pub(super) fn mismatch(pair: &Pair) -> String {
             candidate.and_then(|c| c.output.as_deref()).unwrap_or("-")
         ),
     }
+}
+
+/// What a release's pairs judged token by token show, from its start to now: the rule, the
+/// pairs together (by verdict, same-top share, mean KL with its interval) and where answers
+/// parted. For people (`release explain`, the dashboard); decisions count their own window.
+#[derive(Debug, serde::Serialize)]
+pub(crate) struct TokenEvidence {
+    pub(crate) rule: Option<Rule>,
+    pub(crate) aggregate: Option<Aggregate>,
+    pub(crate) divergences: Vec<Divergent>,
+}
+
+pub(crate) async fn token_evidence(
+    store: &Arc<ReleaseStore>,
+    release: &Release,
+) -> Result<TokenEvidence, ReleaseError> {
+    let rule = serde_json::from_str::<Plan>(&release.plan_json)
+        .ok()
+        .and_then(|p| p.equivalence);
+    // Only a plan with a rule replays and judges pairs token by token.
+    if rule.is_none() {
+        return Ok(TokenEvidence {
+            rule,
+            aggregate: None,
+            divergences: Vec::new(),
+        });
+    }
+    let r = release.clone();
+    let pairs = blocking(store, move |s| {
+        let rows = s.last_rows()?;
+        let pairs = s.pairs(
+            &r.model,
+            (&r.primary_backend, &r.candidate_backend),
+            r.created_ms,
+            i64::MAX,
+            rows,
+        )?;
+        Ok(pairs
+            .into_iter()
+            .map(|(_, pair)| orient(pair, &r.primary_backend).0)
+            .filter(|pair| pair.verdict != Verdict::CandidateError && pinned_pair(pair, &r))
+            .collect::<Vec<Pair>>())
+    })
+    .await?;
+    let judged: Vec<_> = pairs
+        .iter()
+        .filter_map(|p| p.equivalence.as_deref())
+        .collect();
+    Ok(TokenEvidence {
+        rule,
+        aggregate: (!judged.is_empty()).then(|| aggregate(judged)),
+        divergences: divergences(&pairs),
+    })
 }
 
 /// The worst warm ratio of the candidate's speed to the primary's, above 1 being slower, over
