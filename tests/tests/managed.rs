@@ -1,5 +1,6 @@
 //! Managed engines against stand-ins whose behaviour is exact: a start that never becomes
-//! ready (its waiting client leaves), and a shadow whose candidate engine is not running.
+//! ready (its waiting client leaves), a shadow whose candidate engine is not running, and a
+//! replay that finds its candidate unloaded.
 //! Real llama-server and mlx_lm.server as managed engines are in the Python suite
 //! (`tests/python/test_managed_engines.py`).
 
@@ -10,7 +11,7 @@ use std::time::Duration;
 
 use serde_json::json;
 use switchyard_engine::managed::{Managed, Phase, Status};
-use switchyard_tests::fake_engine::FakeEngine;
+use switchyard_tests::fake_engine::{Event, FakeEngine};
 use switchyard_tests::harness::{start_switchyard, TestClient};
 
 /// Switchyard with model `smollm2` on `backend`, a managed engine that starts and never
@@ -153,6 +154,126 @@ shadow = {{ backend = "cand" }}
     assert_eq!(
         (status.phase, status.starts),
         (Phase::Stopped, 0),
+        "{status:?}"
+    );
+    proxy.shutdown().await;
+}
+
+/// A greedy pair that differs, under an equivalence rule, goes to a greedy replay. When the
+/// candidate is no longer running by the replay's turn (unloaded while the primary replays),
+/// the replay gives up (`busy`, counted), never starts it again, and the live pair is judged as
+/// it is: a mismatch, never a pass.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_differing_pair_whose_replay_finds_the_candidate_unloaded_is_judged_as_it_is() {
+    let dir = tempfile::tempdir().unwrap();
+    // Each answer pauses after its first token: room to unload the candidate while the primary
+    // replays.
+    // Both sides serve the same artifact: a pair of known identities is comparable.
+    let artifact = dir.path().join("model.gguf");
+    std::fs::write(&artifact, b"GGUF weights").unwrap();
+    let mut main = FakeEngine::llama_cpp()
+        .model_path(artifact.display().to_string())
+        .pause_after_first_ms(2000)
+        .spawn()
+        .await
+        .unwrap();
+    let ledger = dir.path().join("ledger.db");
+    let config = format!(
+        r#"
+[server]
+listen = "127.0.0.1:0"
+probe_interval_ms = 100
+state_dir = "{dir}"
+
+[ledger]
+path = "{ledger}"
+
+[backends.main]
+engine = "llama.cpp"
+url = "{url}"
+artifact = "{artifact}"
+
+[backends.cand]
+engine = "llama.cpp"
+artifact = "{artifact}"
+[backends.cand.launch]
+command = ["{bin}", "--listen", "127.0.0.1:${{port}}", "--model-path", "{artifact}", "--fixed-text", "Lyon is the capital."]
+
+[models.smollm2]
+primary = "main"
+shadow = {{ backend = "cand", replay = {{ max_tokens = 8 }}, equivalence = {{ near_tie_logprob = 0.5 }} }}
+"#,
+        dir = dir.path().display(),
+        ledger = ledger.display(),
+        url = main.url(),
+        artifact = artifact.display(),
+        bin = env!("CARGO_BIN_EXE_fake-engine"),
+    );
+    let proxy = start_switchyard(&config).await.unwrap();
+    let cand = proxy
+        .state()
+        .backend("cand")
+        .unwrap()
+        .managed
+        .clone()
+        .unwrap();
+    cand.load_now().unwrap();
+    status_until(&cand, |s| s.phase == Phase::Ready).await;
+
+    let mut recorded = proxy.state().shadowing.recorded();
+    let answer = TestClient::new()
+        .post_json(
+            &format!("http://{}/v1/chat/completions", proxy.addr()),
+            &json!({"model": "smollm2", "temperature": 0,
+                    "messages": [{"role": "user", "content": "What is the capital of France?"}]}),
+        )
+        .await
+        .unwrap();
+    assert_eq!(answer.status, 200);
+    // The replay reaches the primary (it asks for logprobs); the candidate goes meanwhile.
+    main.wait_for(Duration::from_secs(10), |e| match e {
+        Event::Request { body, .. } if body["logprobs"] == true => Some(()),
+        _ => None,
+    })
+    .await
+    .expect("the replay reached the primary");
+    cand.unload("the test unloads the candidate mid-replay")
+        .unwrap();
+    status_until(&cand, |s| s.phase == Phase::Stopped).await;
+    tokio::time::timeout(Duration::from_secs(10), recorded.wait_for(|n| *n >= 1))
+        .await
+        .unwrap()
+        .unwrap();
+
+    let text = proxy.state().recorder.metrics.render();
+    for (outcome, n) in [("busy", 1), ("replayed", 0)] {
+        let line = format!(
+            "switchyard_shadow_replays_total{{model=\"smollm2\",candidate=\"cand\",outcome=\"{outcome}\"}} {n}\n"
+        );
+        assert!(text.contains(&line), "{line}{text}");
+    }
+    proxy.state().recorder.settled().await;
+    let flushed = proxy.state().recorder.ledger.as_ref().unwrap();
+    assert!(tokio::task::block_in_place(
+        || flushed.flush(Duration::from_secs(5))
+    ));
+    let rows: Vec<(String, String)> = rusqlite::Connection::open(&ledger)
+        .unwrap()
+        .prepare("SELECT mode, verdict FROM comparisons ORDER BY id")
+        .unwrap()
+        .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))
+        .unwrap()
+        .map(Result::unwrap)
+        .collect();
+    assert_eq!(
+        rows,
+        [("after-primary".to_owned(), "mismatch".to_owned())],
+        "the live pair, judged as it is"
+    );
+    let status = cand.status();
+    assert_eq!(
+        (status.phase, status.starts),
+        (Phase::Stopped, 1),
         "{status:?}"
     );
     proxy.shutdown().await;
