@@ -392,6 +392,12 @@ pub struct ModelConfig {
     /// Other names clients may send for this model.
     #[serde(default)]
     pub aliases: Vec<String>,
+    /// Name patterns this model claims (`claude-*`, `gpt-?-*`, `*` for every name): `*` stands
+    /// for any run of characters, `?` for one, case-sensitive. A name is matched exactly first
+    /// (names and aliases), then by the longest pattern that matches it; the pattern is stamped
+    /// (`x-switchyard-model-pattern`) and recorded.
+    #[serde(default)]
+    pub patterns: Vec<String>,
     /// The backend that serves this model.
     pub primary: String,
     /// Backends tried, in order, when the primary cannot be reached. Empty by default: no

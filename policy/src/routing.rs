@@ -1,10 +1,13 @@
 //! Which backend serves a request, decided from the public model name alone.
 //!
-//! The routing table is built once from a validated [`Config`]; lookups are a map access, with
-//! no allocation on the request path.
+//! The routing table is built once from a validated [`Config`]. A name is looked up exactly
+//! (names and aliases: a map access), then against the models' name patterns, longest first
+//! (a linear scan of the few patterns a configuration has); no allocation on the request path.
 
 use std::collections::HashMap;
 use std::sync::Arc;
+
+use wildmatch::WildMatch;
 
 use crate::config::{Config, ShadowWhen};
 
@@ -49,12 +52,22 @@ impl ShadowRoute {
     }
 }
 
+/// A model's name pattern, compiled.
+#[derive(Debug, Clone)]
+struct Pattern {
+    text: Arc<str>,
+    matcher: WildMatch,
+    route: Arc<Route>,
+}
+
 /// Public names and aliases to routes.
 #[derive(Debug, Clone, Default)]
 pub struct RoutingTable {
     /// Looked up by the client's `model` on every request: a fast hasher (the table is built
     /// once from the configuration; lookups cannot grow it).
     by_name: HashMap<Box<str>, Arc<Route>, foldhash::fast::RandomState>,
+    /// The models' name patterns, longest first (ties in the order of the patterns' text).
+    patterns: Vec<Pattern>,
     /// Public names in configuration order (sorted), for listings and error messages.
     names: Vec<Arc<str>>,
 }
@@ -64,6 +77,7 @@ impl RoutingTable {
     pub fn new(config: &Config) -> Self {
         let mut by_name = HashMap::default();
         let mut names = Vec::with_capacity(config.models.len());
+        let mut patterns: Vec<Pattern> = Vec::new();
         for (name, model) in &config.models {
             let route = Arc::new(Route {
                 model: Arc::from(name.as_str()),
@@ -83,17 +97,49 @@ impl RoutingTable {
                 }),
             });
             names.push(route.model.clone());
+            for pattern in &model.patterns {
+                patterns.push(Pattern {
+                    text: Arc::from(pattern.as_str()),
+                    matcher: WildMatch::new(pattern),
+                    route: route.clone(),
+                });
+            }
             for alias in &model.aliases {
                 by_name.insert(Box::from(alias.as_str()), route.clone());
             }
             by_name.insert(Box::from(name.as_str()), route);
         }
-        Self { by_name, names }
+        patterns.sort_by(|a, b| {
+            b.text
+                .chars()
+                .count()
+                .cmp(&a.text.chars().count())
+                .then_with(|| a.text.cmp(&b.text))
+        });
+        Self {
+            by_name,
+            patterns,
+            names,
+        }
     }
 
-    /// The route for a name a client sent, exact match (names are case-sensitive, as OpenAI's are).
+    /// The route for a public name or alias, exact match (names are case-sensitive, as
+    /// OpenAI's are). Patterns are not consulted: this is for names the configuration itself
+    /// writes (a client key's models, a listing).
     pub fn resolve(&self, name: &str) -> Option<&Arc<Route>> {
         self.by_name.get(name)
+    }
+
+    /// The route for a name a client sent: exact first, then the longest name pattern that
+    /// matches it (returned with the route).
+    pub fn lookup(&self, name: &str) -> Option<(&Arc<Route>, Option<&Arc<str>>)> {
+        if let Some(route) = self.by_name.get(name) {
+            return Some((route, None));
+        }
+        self.patterns
+            .iter()
+            .find(|p| p.matcher.matches(name))
+            .map(|p| (&p.route, Some(&p.text)))
     }
 
     /// The public model names, sorted.
@@ -132,6 +178,49 @@ mod tests {
         assert!(table.resolve("SmolLM2").is_none());
         assert_eq!(table.public_names().len(), 1);
         assert!(route.shadow.is_none());
+    }
+
+    #[test]
+    fn names_match_exactly_first_then_by_the_longest_pattern() {
+        let config: Config = toml::from_str(
+            r#"
+            [backends.llama]
+            engine = "llama.cpp"
+            url = "http://127.0.0.1:8081"
+            [models.big]
+            aliases = ["claude-haiku-special"]
+            patterns = ["claude-*", "gpt-?-*"]
+            primary = "llama"
+            [models.small]
+            patterns = ["claude-haiku-*"]
+            primary = "llama"
+            [models.any]
+            patterns = ["*"]
+            primary = "llama"
+        "#,
+        )
+        .unwrap();
+        let table = RoutingTable::new(&config);
+        let found = |name: &str| {
+            table
+                .lookup(name)
+                .map(|(route, pattern)| (route.model.to_string(), pattern.map(|p| p.to_string())))
+        };
+        let named = |model: &str, pattern: Option<&str>| {
+            Some((model.to_owned(), pattern.map(str::to_owned)))
+        };
+        assert_eq!(found("claude-opus-4-8[1m]"), named("big", Some("claude-*")));
+        assert_eq!(
+            found("claude-haiku-4-5"),
+            named("small", Some("claude-haiku-*"))
+        );
+        assert_eq!(found("claude-haiku-special"), named("big", None));
+        assert_eq!(found("gpt-5-codex"), named("big", Some("gpt-?-*")));
+        assert_eq!(found("gpt-52-codex"), named("any", Some("*")));
+        assert_eq!(found("small"), named("small", None));
+        assert_eq!(found(""), named("any", Some("*")));
+        // Patterns are for clients' names only.
+        assert!(table.resolve("claude-opus").is_none());
     }
 
     #[test]

@@ -28,7 +28,8 @@
       const s = m.stats;
       const errors = s ? s.errors : null;
       return h("tr", { class: "model", "data-model": m.model },
-        h("th", { scope: "row" }, m.model, m.aliases && m.aliases.length ? h("small", { class: "aliases" }, " also " + m.aliases.join(", ")) : null),
+        h("th", { scope: "row" }, m.model, m.aliases && m.aliases.length ? h("small", { class: "aliases" }, " also " + m.aliases.join(", ")) : null,
+          m.patterns && m.patterns.length ? h("small", { class: "patterns" }, " and names like " + m.patterns.join(", ")) : null),
         h("td", {}, badge(primary ? primary.state : "unknown")),
         h("td", {}, h("ul", { class: "roles" }, backends.map(roleCell))),
         h("td", {}, m.release ? [h("a", { href: "#releases" }, m.release.candidate), " ", h("b", {}, m.release.weight + "%"), " ", badge(m.release.state),

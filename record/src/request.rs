@@ -12,6 +12,9 @@ use switchyard_policy::compare::{Side, TokenTiming};
 
 use crate::phases::{between, Phases, Source, TokenPhase};
 
+/// The longest `model` name a record keeps; a longer one is cut at a character boundary.
+pub(crate) const MODEL_SENT_MAX: usize = 256;
+
 /// One request's record. Fields are filled as the request advances.
 #[derive(Debug)]
 pub struct RequestRecord {
@@ -24,6 +27,12 @@ pub struct RequestRecord {
     pub model: Option<Arc<str>>,
     /// The request named no `model` and was sent to `server.default_model`.
     pub model_defaulted: bool,
+    /// The `model` the client sent, as sent (at most [`MODEL_SENT_MAX`] bytes), matched or not:
+    /// the one fact a user needs when an agent sends a name no model claims.
+    pub model_sent: Option<Box<str>>,
+    /// The name pattern of `model` that matched `model_sent` (`claude-*`), when no exact name
+    /// or alias did.
+    pub model_pattern: Option<Arc<str>>,
     pub backend: Option<Arc<str>>,
     pub variant: &'static str,
     /// The workload and sampling fingerprints (`wl:`, `sp:`, the sampling's canonical JSON).
@@ -91,6 +100,8 @@ impl RequestRecord {
             client_key: None,
             model: None,
             model_defaulted: false,
+            model_sent: None,
+            model_pattern: None,
             backend: None,
             // Set when the request is routed to a backend; empty for one that never was.
             variant: "",
@@ -114,6 +125,15 @@ impl RequestRecord {
             queued_since: None,
             server_timing: None,
         }
+    }
+
+    /// Keeps the `model` the client sent, cut to [`MODEL_SENT_MAX`] bytes.
+    pub fn sent_model(&mut self, name: &str) {
+        let mut end = name.len().min(MODEL_SENT_MAX);
+        while !name.is_char_boundary(end) {
+            end -= 1;
+        }
+        self.model_sent = Some(Box::from(&name[..end]));
     }
 
     /// What the request asks for: its public model, fingerprints and transport.

@@ -323,9 +323,11 @@ enum Text {
     FallbackFrom,
     ReleaseId,
     ClientKey,
+    ModelSent,
+    ModelPattern,
 }
 
-const TEXTS: usize = Text::ClientKey as usize + 1;
+const TEXTS: usize = Text::ModelPattern as usize + 1;
 
 /// Optional strings, one after another in one `String`.
 #[derive(Debug)]
@@ -334,7 +336,7 @@ struct Texts {
     /// Where each text ends in `buf` (it starts where the one before ends).
     ends: [u32; TEXTS],
     /// Bit `i` set: text `i` is present (an absent one is empty and not set).
-    present: u16,
+    present: u32,
 }
 
 impl Texts {
@@ -386,6 +388,8 @@ impl Row {
         values[Text::FallbackFrom as usize] = r.fallback_from.as_deref();
         values[Text::ReleaseId as usize] = r.release.as_ref().map(|m| &*m.id);
         values[Text::ClientKey as usize] = r.client_key.as_deref();
+        values[Text::ModelSent as usize] = r.model_sent.as_deref();
+        values[Text::ModelPattern as usize] = r.model_pattern.as_deref();
         Self {
             ts_ms: unix_ms(r.started_at),
             texts: Texts::new(values),
@@ -460,6 +464,8 @@ impl Row {
             Param::text(self.disconnect),
             text(Text::ClientKey),
             Param::Int(i64::from(self.model_defaulted)),
+            text(Text::ModelSent),
+            text(Text::ModelPattern),
         ]
     }
 }
@@ -471,10 +477,10 @@ pub(super) const INSERT_REQUEST: &str =
         cached_tokens, completion_tokens, queue_ms, load_ms, ttfb_ms, ttft_ms, prefill_ms,
         prefill_tokens, prefill_source, decode_ms, decode_tokens, decode_source, total_ms, warm,
         streamed, client_disconnected, fallback_from, release_id, arm, arm_key, disconnect,
-        client_key, model_defaulted)
+        client_key, model_defaulted, model_sent, model_pattern)
      VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19,
         ?20, ?21, ?22, ?23, ?24, ?25, ?26, ?27, ?28, ?29, ?30, ?31, ?32, ?33, ?34, ?35, ?36, ?37, ?38,
-        ?39, ?40)";
+        ?39, ?40, ?41, ?42)";
 
 /// The request insert's parameter count.
-pub(super) const REQUEST_PARAMS: usize = 40;
+pub(super) const REQUEST_PARAMS: usize = 42;

@@ -257,6 +257,11 @@ pub(super) const MIGRATIONS: &[&str] = &[
     );
     CREATE INDEX engine_actions_backend ON engine_actions (backend, ts_ms);
     "#,
+    // 14: the `model` the client sent, matched or not, and the name pattern that matched it.
+    r#"
+    ALTER TABLE requests ADD COLUMN model_sent TEXT;
+    ALTER TABLE requests ADD COLUMN model_pattern TEXT;
+    "#,
 ];
 
 /// Opens (creating and migrating) the ledger database, for the writer.

@@ -144,6 +144,8 @@ fn every_column_is_written_as_recorded() {
         r.disconnect = Some(["cancel", "drain", "drain_cut"][i as usize % 3]);
         r.client_key = Some(format!("key-{i}").into());
         r.model_defaulted = i % 2 == 1;
+        r.model_sent = Some(format!("sent-{i}").into());
+        r.model_pattern = Some(format!("pattern-{i}-*").into());
         ledger.record(&r);
     }
     drop(ledger);
@@ -208,6 +210,8 @@ fn every_column_is_written_as_recorded() {
             ),
             ("client_key", T(format!("key-{i}"))),
             ("model_defaulted", I(i64::from(i % 2 == 1))),
+            ("model_sent", T(format!("sent-{i}"))),
+            ("model_pattern", T(format!("pattern-{i}-*"))),
         ];
         assert_eq!(names[0], "id");
         assert_eq!(row[0], I(k + 1), "row {i}: ids in order");

@@ -101,6 +101,12 @@ pub(super) struct LimitLabels {
     pub(super) limit: &'static str,
 }
 
+/// `switchyard_unrouted_requests_total`: why a request reached no model or local endpoint.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+pub(super) struct ReasonLabels {
+    pub(super) reason: &'static str,
+}
+
 /// `switchyard_auth_total`: a client key's name (`""` when none was presented or it is
 /// unknown) and what became of its request at the door.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
@@ -184,6 +190,7 @@ pub(super) struct Families {
     pub(super) rejected_heads: Family<HeadLabels, Counter>,
     pub(super) client_connections: Gauge,
     pub(super) overload: Family<LimitLabels, Counter>,
+    pub(super) unrouted: Family<ReasonLabels, Counter>,
     pub(super) auth: Family<AuthLabels, Counter>,
     pub(super) reloads: Family<ReloadLabels, Counter>,
     pub(super) reload_ok: Gauge,
@@ -222,6 +229,7 @@ impl Families {
             rejected_heads: Family::default(),
             client_connections: Gauge::default(),
             overload: Family::default(),
+            unrouted: Family::default(),
             auth: Family::default(),
             reloads: Family::default(),
             reload_ok: Gauge::default(),
@@ -328,6 +336,11 @@ impl Families {
             "switchyard_overload",
             "Refusals for overload: limit=connections, a connection over server.max_connections (answered 503 and closed), limit=in_flight, a request over server.max_in_flight (503, never sent)",
             f.overload.clone(),
+        );
+        registry.register(
+            "switchyard_unrouted_requests",
+            "Requests for no endpoint Switchyard serves, by reason: not_found (an unknown path, HEAD / among them: 404), method_not_allowed (a known path with another method: 405)",
+            f.unrouted.clone(),
         );
         registry.register(
             "switchyard_auth",

@@ -29,6 +29,7 @@
 //! | `switchyard_rejected_request_heads_total` | counter | `status` (`400`, `414`, `431`, `501`) |
 //! | `switchyard_client_connections` | gauge | none |
 //! | `switchyard_overload_total` | counter | `limit` (see [`OVERLOAD_LIMITS`]) |
+//! | `switchyard_unrouted_requests_total` | counter | `reason` (see [`UNROUTED_REASONS`]) |
 //! | `switchyard_auth_total` | counter | `key`, `outcome` (see [`AUTH_OUTCOMES`]) |
 //! | `switchyard_shadow_comparisons_total` | counter | `model`, `candidate`, `verdict` |
 //! | `switchyard_shadow_skipped_total` | counter | `model`, `candidate` |
@@ -99,6 +100,9 @@ pub const AUTH_OUTCOMES: [&str; 7] = [
 /// The `limit` values of `switchyard_overload_total`, in the order of its counters:
 /// `connections` (`server.max_connections`) and `in_flight` (`server.max_in_flight`).
 pub const OVERLOAD_LIMITS: [&str; 2] = ["connections", "in_flight"];
+
+/// The `reason` values of `switchyard_unrouted_requests_total`.
+pub const UNROUTED_REASONS: [&str; 2] = ["not_found", "method_not_allowed"];
 
 /// Upper bounds, in seconds, of the latency histograms: from a queue wait of a millisecond to a
 /// two-minute generation on a CPU.
@@ -228,6 +232,13 @@ impl Metrics {
                 .overload
                 .get_or_create_owned(&families::LimitLabels { limit })
         });
+        for reason in UNROUTED_REASONS {
+            drop(
+                families
+                    .unrouted
+                    .get_or_create(&families::ReasonLabels { reason }),
+            );
+        }
         // Every result is exposed from the start (at 0), and no reload has failed yet.
         for result in ["applied", "unchanged", "rejected"] {
             drop(
@@ -418,6 +429,17 @@ impl Metrics {
     pub fn overloaded(&self, limit: &str) {
         if let Some(i) = OVERLOAD_LIMITS.iter().position(|l| *l == limit) {
             self.overloads[i].inc();
+        }
+    }
+
+    /// Counts a request for no endpoint Switchyard serves (`reason`, one of
+    /// [`UNROUTED_REASONS`]; any other is not counted).
+    pub fn unrouted(&self, reason: &'static str) {
+        if UNROUTED_REASONS.contains(&reason) {
+            self.families
+                .unrouted
+                .get_or_create(&families::ReasonLabels { reason })
+                .inc();
         }
     }
 

@@ -475,6 +475,7 @@ const DOCUMENTED: &[(&str, &str, &[&str])] = &[
     ),
     ("switchyard_client_connections", "gauge", &[]),
     ("switchyard_overload_total", "counter", &["limit"]),
+    ("switchyard_unrouted_requests_total", "counter", &["reason"]),
     ("switchyard_auth_total", "counter", &["key", "outcome"]),
     ("switchyard_config_reloads_total", "counter", &["result"]),
     ("switchyard_config_last_reload_successful", "gauge", &[]),
@@ -531,6 +532,8 @@ fn every_family_is_written_as_documented() {
     let connection = m.client_connection();
     m.overloaded("connections");
     m.overloaded("elsewhere");
+    m.unrouted("not_found");
+    m.unrouted("elsewhere");
     let accepted = m.auth_counter("agent", "accepted");
     accepted.inc();
     drop(m.auth_counter("", "missing"));
@@ -591,6 +594,8 @@ fn every_family_is_written_as_documented() {
     assert_eq!(m.client_connections_now(), 0);
     assert!(text.contains("switchyard_overload_total{limit=\"connections\"} 1\n"));
     assert!(text.contains("switchyard_overload_total{limit=\"in_flight\"} 0\n"));
+    assert!(text.contains("switchyard_unrouted_requests_total{reason=\"not_found\"} 1\n"));
+    assert!(text.contains("switchyard_unrouted_requests_total{reason=\"method_not_allowed\"} 0\n"));
     assert_eq!(
         (m.overloads("connections"), m.overloads("elsewhere")),
         (1, 0)

@@ -283,6 +283,8 @@ pub fn validate(config: &Config) -> Vec<Problem> {
     }
     // Every public name and alias must resolve to exactly one model.
     let mut owners: BTreeMap<&str, String> = BTreeMap::new();
+    // Two models may not claim the same pattern: a name it matches would have two owners.
+    let mut patterns: BTreeMap<&str, String> = BTreeMap::new();
     for (name, model) in &config.models {
         let at = format!("models.{name}");
         if name.is_empty() {
@@ -304,6 +306,20 @@ pub fn validate(config: &Config) -> Vec<Problem> {
                 problems.push(Problem::new(
                     &alias_at,
                     format!("\"{alias}\" is already used by {previous}"),
+                ));
+            }
+        }
+        for (i, pattern) in model.patterns.iter().enumerate() {
+            let pattern_at = format!("{at}.patterns[{i}]");
+            if !pattern.contains(['*', '?']) {
+                problems.push(Problem::new(
+                    &pattern_at,
+                    format!("\"{pattern}\" has no `*` or `?`: an exact name is an alias"),
+                ));
+            } else if let Some(previous) = patterns.insert(pattern.as_str(), pattern_at.clone()) {
+                problems.push(Problem::new(
+                    &pattern_at,
+                    format!("\"{pattern}\" is already claimed by {previous}"),
                 ));
             }
         }

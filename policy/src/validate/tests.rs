@@ -497,3 +497,36 @@ fn the_default_model_must_name_a_model_or_an_alias() {
     assert_eq!(problems[0].path, "server.default_model");
     assert!(problems[0].message.contains("\"gpt-4\""), "{}", problems[0]);
 }
+
+#[test]
+fn a_name_pattern_needs_a_wildcard_and_one_owner() {
+    let problems = validate(&parse(
+        r#"
+        [backends.llama]
+        engine = "llama.cpp"
+        url = "http://127.0.0.1:8081"
+        [models.big]
+        patterns = ["claude-*", "gpt-4o"]
+        primary = "llama"
+        [models.small]
+        patterns = ["claude-*", "*"]
+        primary = "llama"
+    "#,
+    ));
+    let paths: Vec<&str> = problems.iter().map(|p| p.path.as_str()).collect();
+    assert_eq!(
+        paths,
+        ["models.big.patterns[1]", "models.small.patterns[0]"],
+        "{problems:?}"
+    );
+    assert!(
+        problems[0].message.contains("an exact name is an alias"),
+        "{}",
+        problems[0]
+    );
+    assert!(
+        problems[1].message.contains("models.big.patterns[0]"),
+        "{}",
+        problems[1]
+    );
+}

@@ -115,6 +115,7 @@ async fn overview(state: &Arc<AppState>, params: &Params) -> Answer {
         models.push(json!({
             "model": name,
             "aliases": snapshot.config.models[name].aliases,
+            "patterns": snapshot.config.models[name].patterns,
             "backends": backends,
             "release": release.map(|r| json!({
                 "id": &*r.id,

@@ -15,7 +15,7 @@ use switchyard_record::between;
 use super::request::Outgoing;
 use crate::http::headers::{
     header_value, SERVER_TIMING, X_ARTIFACT, X_BACKEND, X_ENGINE, X_FALLBACK_FROM,
-    X_MODEL_DEFAULTED, X_VARIANT, X_WORKLOAD,
+    X_MODEL_DEFAULTED, X_MODEL_PATTERN, X_VARIANT, X_WORKLOAD,
 };
 use crate::http::{ProxyBody, ProxyError};
 use crate::recording::Recording;
@@ -29,6 +29,8 @@ pub(crate) struct Stamp {
     pub(crate) fallback_from: Option<HeaderValue>,
     /// The request named no `model` and went to `server.default_model`.
     pub(crate) model_defaulted: bool,
+    /// The name pattern that matched the `model` sent, when no exact name did.
+    pub(crate) model_pattern: Option<HeaderValue>,
 }
 
 impl Stamp {
@@ -49,6 +51,9 @@ impl Stamp {
         }
         if self.model_defaulted {
             headers.insert(X_MODEL_DEFAULTED, HeaderValue::from_static("true"));
+        }
+        if let Some(pattern) = &self.model_pattern {
+            headers.insert(X_MODEL_PATTERN, pattern.clone());
         }
     }
 }

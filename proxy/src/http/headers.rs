@@ -21,6 +21,10 @@ pub(crate) const X_FALLBACK_FROM: HeaderName =
 /// `server.default_model`.
 pub(crate) const X_MODEL_DEFAULTED: HeaderName =
     HeaderName::from_static("x-switchyard-model-defaulted");
+/// The model's name pattern (`claude-*`) that matched the `model` sent, when no exact name or
+/// alias did.
+pub(crate) const X_MODEL_PATTERN: HeaderName =
+    HeaderName::from_static("x-switchyard-model-pattern");
 pub(crate) const SERVER_TIMING: HeaderName = HeaderName::from_static("server-timing");
 /// A request's chosen side of its model's release (`primary` or `candidate`), forced by an
 /// admin token's holder; consumed here, never forwarded.

@@ -190,6 +190,12 @@ impl Recorder {
                 line.shown("key", key);
             }
             line.text("model", r.model.as_deref().unwrap_or("-"));
+            if let Some(sent) = &r.model_sent {
+                line.text("model_sent", sent);
+            }
+            if let Some(pattern) = &r.model_pattern {
+                line.text("model_pattern", pattern);
+            }
             if r.model_defaulted {
                 line.flag("model_defaulted", true);
             }

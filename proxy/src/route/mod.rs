@@ -151,7 +151,10 @@ impl Routing {
         // A request without `model` goes to `server.default_model` when one is configured
         // (stamped and recorded as defaulted), else it is refused: no silent routing.
         let (model, raw_model) = match (parsed.model(), &server.default_model) {
-            (Ok((model, raw)), _) => (model, Some(raw)),
+            (Ok((model, raw)), _) => {
+                ctx.recording.sent_model(&model);
+                (model, Some(raw))
+            }
             (Err(ProxyError::MissingModel), Some(default)) => {
                 ctx.stamp.model_defaulted = true;
                 ctx.recording.model_defaulted = true;
@@ -159,9 +162,14 @@ impl Routing {
             }
             (Err(error), _) => return Err(ctx.fail(error)),
         };
-        let Some(route) = snapshot.routes.resolve(&model).cloned() else {
+        let Some((route, pattern)) = snapshot.routes.lookup(&model) else {
             return Err(ctx.fail(unknown_model(&snapshot, &model, caller)));
         };
+        let route = route.clone();
+        if let Some(pattern) = pattern {
+            ctx.stamp.model_pattern = HeaderValue::from_str(pattern).ok();
+            ctx.recording.model_pattern = Some(pattern.clone());
+        }
         if let Some(key) = caller.filter(|key| !key.allows(&route.model)) {
             // Answered as a model that does not exist: the key cannot tell it does.
             key.count(keys::Outcome::ModelDenied);

@@ -190,6 +190,7 @@ fn model_entry(snapshot: &Snapshot, name: &str, created: u64) -> Option<Value> {
         "owned_by": "switchyard",
         "state": state,
         "aliases": model.aliases,
+        "patterns": model.patterns,
         "backend": &*route.primary,
         "engine": text(headers.as_ref().map(|h| &h.engine)),
         "artifact": text(headers.as_ref().map(|h| &h.artifact)),

@@ -155,6 +155,8 @@ impl Router {
         let id = request_id(req.headers());
         let path = req.uri().path();
         let endpoint = Endpoint::from_path(path);
+        // A request for nothing Switchyard serves is logged and counted like any other.
+        let mut unrouted = None;
         let mut response = if let Some(coding) = unsupported_coding(req.headers()) {
             // RFC 9112, section 6.1: a coding the server does not understand is 501. hyper
             // refuses a last coding other than chunked (400), but decodes `gzip, chunked` as
@@ -167,6 +169,7 @@ impl Router {
             if req.method() == Method::POST {
                 self.routing.proxy(req, endpoint, received, &id).await
             } else {
+                unrouted = Some(("method_not_allowed", req.method().clone(), path.to_owned()));
                 method_not_allowed(req.method(), path, "POST", endpoint.dialect())
             }
         } else if req.method() == Method::GET {
@@ -183,14 +186,23 @@ impl Router {
                     .or_else(|| p.strip_prefix("/models/"))
                 {
                     Some(name) => self.model_object(name, caller(&req)),
-                    None => ProxyError::NotFound(p.to_owned()).into_response(),
+                    None => {
+                        unrouted = Some(("not_found", Method::GET, p.to_owned()));
+                        ProxyError::NotFound(p.to_owned()).into_response()
+                    }
                 },
             }
         } else if LOCAL.contains(&path) {
+            unrouted = Some(("method_not_allowed", req.method().clone(), path.to_owned()));
             method_not_allowed(req.method(), path, "GET", Dialect::OpenAi)
         } else {
+            unrouted = Some(("not_found", req.method().clone(), path.to_owned()));
             ProxyError::NotFound(path.to_owned()).into_response()
         };
+        if let Some((reason, method, path)) = unrouted {
+            self.routing.recorder.metrics.unrouted(reason);
+            log_unrouted(&id, &method, &path, response.status().as_u16(), reason);
+        }
         let headers = response.headers_mut();
         headers.insert(X_REQUEST_ID, id);
         if !headers.contains_key(SERVER_TIMING) {
@@ -204,6 +216,19 @@ impl Router {
         }
         response
     }
+}
+
+/// The access line of a request for nothing Switchyard serves (an unknown path, a method a
+/// path does not take): who asked for what, and what they were told.
+fn log_unrouted(id: &HeaderValue, method: &Method, path: &str, status: u16, reason: &str) {
+    switchyard_observe::log::sink::access(switchyard_observe::log::sink::Access::Request, |line| {
+        line.shown("request_id", id.to_str().unwrap_or("-"));
+        line.shown("method", method.as_str());
+        line.text("path", path);
+        line.number("status", status.into());
+        line.text("error_class", "client");
+        line.text("error", reason);
+    });
 }
 
 /// The client key the request was admitted with, when `[auth]` asks for one.
