@@ -190,7 +190,13 @@ impl Recorder {
                 line.shown("key", key);
             }
             line.text("model", r.model.as_deref().unwrap_or("-"));
-            if let Some(sent) = &r.model_sent {
+            // The name sent, when it is not the model's own (an alias, a pattern's match, a
+            // name nothing claims); the ledger keeps it always.
+            if let Some(sent) = r
+                .model_sent
+                .as_deref()
+                .filter(|s| Some(*s) != r.model.as_deref())
+            {
                 line.text("model_sent", sent);
             }
             if let Some(pattern) = &r.model_pattern {
