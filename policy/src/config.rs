@@ -482,3 +482,6 @@ impl ShadowWhen {
 
 #[cfg(test)]
 mod tests;
+
+#[cfg(test)]
+mod keys;
