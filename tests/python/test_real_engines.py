@@ -1019,10 +1019,16 @@ primary = "llama"
 def test_init_writes_a_config_that_serves_both_engines(engines: Engines, tmp_path: Path) -> None:
     """`switchyard init` pointed at the running llama-server and mlx_lm.server identifies each,
     fills in the artifact each names, and writes a configuration that `switchyard check`
-    accepts and that serves both, verified."""
+    accepts and that serves both, verified. Asked to set up Claude Code, it gives the
+    llama-server's model (the engine that serves the Messages API) every other name, and says
+    how to point Claude Code at it."""
     out = tmp_path / "conf" / "switchyard.toml"
-    printed = run_switchyard("init", "--no-scan", "--engine", engines.llama_url, "--engine", engines.mlx_url, "--output", str(out))
+    printed = run_switchyard(
+        "init", "--no-scan", "--engine", engines.mlx_url, "--engine", engines.llama_url, "--output", str(out),
+        "--agent", "claude-code",
+    )
     assert f"at {engines.llama_url}" in printed and f"at {engines.mlx_url}" in printed, printed
+    assert "export ANTHROPIC_BASE_URL=http://" in printed, printed
     text = out.read_text()
     assert 'engine = "llama.cpp"' in text and 'engine = "mlx"' in text, text
     run_switchyard("check", "--config", str(out))
@@ -1041,6 +1047,12 @@ def test_init_writes_a_config_that_serves_both_engines(engines: Engines, tmp_pat
                 assert answer.headers["x-switchyard-artifact"].startswith("sha256:"), answer.headers
                 backends.add(answer.headers["x-switchyard-backend"])
             assert backends == {"llama", "mlx"}
+            # A name no model has, as Claude Code sends it, reaches llama-server.
+            body = {"model": "claude-opus-5-5", "max_tokens": 4, "messages": [{"role": "user", "content": "Hi"}]}
+            answer = http.post(f"{url}/v1/messages", json=body)
+            assert answer.status_code == 200, answer.text
+            assert answer.headers["x-switchyard-backend"] == "llama", answer.headers
+            assert answer.headers["x-switchyard-model-pattern"] == "*", answer.headers
     finally:
         proxy.stop()
 

@@ -41,6 +41,10 @@ pub struct InitArgs {
     /// Replace an existing file.
     #[arg(long)]
     force: bool,
+    /// A coding agent to set up (repeatable): a model whose engine serves its API takes every
+    /// model name it sends (`patterns = ["*"]`), and its settings are printed.
+    #[arg(long, value_enum, value_name = "AGENT")]
+    agent: Vec<super::agents::Agent>,
 }
 
 /// An engine that answered, as it will be configured.
@@ -87,10 +91,27 @@ pub(super) async fn run(args: InitArgs) -> anyhow::Result<i32> {
     }
     let taken: Vec<u16> = found.iter().filter_map(|f| port_of(&f.url)).collect();
     let listen = free_listen(&taken);
-    let text = render(&found, listen);
+    let catch_all = if args.agent.is_empty() {
+        None
+    } else {
+        let engines: Vec<EngineKind> = found.iter().map(|f| f.engine).collect();
+        match super::agents::catch_all(&engines, &args.agent) {
+            Ok(i) => Some(i),
+            Err(why) => {
+                super::admin::eprintln(&why);
+                return Ok(1);
+            }
+        }
+    };
+    let (text, names) = render(&found, listen, catch_all);
+    let told = catch_all.map(|i| super::agents::instructions(&args.agent, listen, &names[i]));
     let output = match args.output {
         Some(p) if p.as_os_str() == "-" => {
             std::io::stdout().lock().write_all(text.as_bytes())?;
+            if let Some(told) = &told {
+                // The configuration is on stdout: the agents' settings go beside it.
+                super::admin::eprintln(told);
+            }
             return Ok(0);
         }
         Some(p) => p,
@@ -122,6 +143,9 @@ pub(super) async fn run(args: InitArgs) -> anyhow::Result<i32> {
         "wrote {}; check it with `switchyard check --config {0}`",
         output.display()
     )?;
+    if let Some(told) = &told {
+        write!(out, "\n{told}")?;
+    }
     Ok(0)
 }
 
@@ -314,9 +338,10 @@ fn unique(name: String, taken: &mut Vec<String>) -> String {
     candidate
 }
 
-/// The configuration text: the server, a ledger beside the file, and one backend and one
-/// model per engine and model found.
-fn render(found: &[Found], listen: SocketAddr) -> String {
+/// The configuration text (the server, a ledger beside the file, and one backend and one model
+/// per engine and model found) and each one's public model name; the model at `catch_all`
+/// takes every name no other model has.
+fn render(found: &[Found], listen: SocketAddr, catch_all: Option<usize>) -> (String, Vec<String>) {
     let mut text = format!(
         "# Switchyard configuration written by `switchyard init` for the engines it found.\n\
          # Every key and its default: deploy/configs/example.toml. Check: switchyard check.\n\
@@ -327,7 +352,7 @@ fn render(found: &[Found], listen: SocketAddr) -> String {
          path = \"switchyard.db\"\n"
     );
     let (mut backends, mut models) = (Vec::new(), Vec::new());
-    for f in found {
+    for (i, f) in found.iter().enumerate() {
         let kind = match f.engine {
             EngineKind::LlamaCpp => "llama",
             EngineKind::Mlx => "mlx",
@@ -359,8 +384,11 @@ fn render(found: &[Found], listen: SocketAddr) -> String {
             "\n[models.{}]\nprimary = \"{backend}\"\n",
             toml_key(&model)
         );
+        if catch_all == Some(i) {
+            text.push_str("# Coding agents send model names of their own, changed with each release: this\n# model takes every name no other model or alias has.\npatterns = [\"*\"]\n");
+        }
     }
-    text
+    (text, models)
 }
 
 #[cfg(test)]

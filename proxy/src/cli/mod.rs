@@ -7,6 +7,7 @@ use clap::{Parser, Subcommand};
 
 mod admin;
 mod admin_backends;
+mod agents;
 mod discover;
 mod init;
 mod keys;

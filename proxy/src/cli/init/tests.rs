@@ -57,7 +57,7 @@ fn the_written_configuration_is_valid_and_names_what_was_found() {
             None,
         ),
     ];
-    let text = render(&found, SocketAddr::from(([127, 0, 0, 1], 8080)));
+    let (text, _) = render(&found, SocketAddr::from(([127, 0, 0, 1], 8080)), None);
     let config = crate::config::from_figment(
         figment::Figment::new()
             .merge(<figment::providers::Toml as figment::providers::Format>::string(&text)),
@@ -78,4 +78,59 @@ fn the_written_configuration_is_valid_and_names_what_was_found() {
         Some("qwen3:8b")
     );
     assert!(text.contains("# artifact = "), "{text}");
+}
+
+#[test]
+fn an_agent_gets_a_catch_all_model_on_an_engine_that_serves_its_api() {
+    use super::super::agents::{catch_all, instructions, Agent};
+    let engines = [EngineKind::Mlx, EngineKind::LlamaCpp];
+    // Claude Code speaks the Messages API, which only llama-server serves here.
+    assert_eq!(
+        catch_all(&engines, &[Agent::ClaudeCode, Agent::Aider]),
+        Ok(1)
+    );
+    assert_eq!(catch_all(&engines, &[Agent::Aider]), Ok(0));
+    let refused = catch_all(&[EngineKind::Mlx], &[Agent::Codex]).unwrap_err();
+    assert!(
+        refused.contains("Codex CLI need a llama-server"),
+        "{refused}"
+    );
+
+    let found = [
+        found(
+            EngineKind::Mlx,
+            "http://127.0.0.1:8082",
+            "mlx-community/SmolLM2",
+            None,
+        ),
+        found(
+            EngineKind::LlamaCpp,
+            "http://127.0.0.1:8081",
+            "/m/coder.gguf",
+            None,
+        ),
+    ];
+    let listen = SocketAddr::from(([127, 0, 0, 1], 8090));
+    let (text, names) = render(&found, listen, Some(1));
+    let config = crate::config::from_figment(
+        figment::Figment::new()
+            .merge(<figment::providers::Toml as figment::providers::Format>::string(&text)),
+    )
+    .unwrap_or_else(|e| panic!("{e}\n{text}"));
+    assert_eq!(names, ["smollm2", "coder"]);
+    assert_eq!(config.models["coder"].patterns, ["*"]);
+    assert!(config.models["smollm2"].patterns.is_empty());
+    let told = instructions(&[Agent::ClaudeCode, Agent::Codex], listen, "coder");
+    assert!(
+        told.contains("export ANTHROPIC_BASE_URL=http://127.0.0.1:8090"),
+        "{told}"
+    );
+    assert!(
+        told.contains("base_url = \"http://127.0.0.1:8090/v1\""),
+        "{told}"
+    );
+    assert!(
+        told.contains("The model coder takes every model name"),
+        "{told}"
+    );
 }
