@@ -165,16 +165,16 @@ impl Routing {
         let Some((route, pattern)) = snapshot.routes.lookup(&model) else {
             return Err(ctx.fail(unknown_model(&snapshot, &model, caller)));
         };
-        let route = route.clone();
-        if let Some(pattern) = pattern {
-            ctx.stamp.model_pattern = HeaderValue::from_str(pattern).ok();
-            ctx.recording.model_pattern = Some(pattern.clone());
-        }
+        let (route, pattern) = (route.clone(), pattern.cloned());
         if let Some(key) = caller.filter(|key| !key.allows(&route.model)) {
             // Answered as a model that does not exist: the key cannot tell it does.
             key.count(keys::Outcome::ModelDenied);
             tracing::info!(target: "switchyard::auth", key = %key.name, model = %route.model, "request refused: the key may not use this model");
             return Err(ctx.fail(unknown_model(&snapshot, &model, caller)));
+        }
+        if let Some(pattern) = pattern {
+            ctx.stamp.model_pattern = HeaderValue::from_str(&pattern).ok();
+            ctx.recording.model_pattern = Some(pattern);
         }
         let streamed = parsed
             .fields
