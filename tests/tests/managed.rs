@@ -166,17 +166,17 @@ shadow = {{ backend = "cand" }}
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_differing_pair_whose_replay_finds_the_candidate_unloaded_is_judged_as_it_is() {
     let dir = tempfile::tempdir().unwrap();
-    // Each answer pauses after its first token: room to unload the candidate while the primary
-    // replays.
     // Both sides serve the same artifact: a pair of known identities is comparable.
     let artifact = dir.path().join("model.gguf");
     std::fs::write(&artifact, b"GGUF weights").unwrap();
     let mut main = FakeEngine::llama_cpp()
         .model_path(artifact.display().to_string())
-        .pause_after_first_ms(2000)
         .spawn()
         .await
         .unwrap();
+    // The primary keeps the replay (the one request asking for logprobs) unanswered until the
+    // candidate is gone: the replay's turn on the candidate comes after it stopped.
+    main.hold(|body| body["logprobs"] == true);
     let ledger = dir.path().join("ledger.db");
     let config = format!(
         r#"
@@ -240,6 +240,7 @@ shadow = {{ backend = "cand", replay = {{ max_tokens = 8 }}, equivalence = {{ ne
     cand.unload("the test unloads the candidate mid-replay")
         .unwrap();
     status_until(&cand, |s| s.phase == Phase::Stopped).await;
+    main.release();
     tokio::time::timeout(Duration::from_secs(10), recorded.wait_for(|n| *n >= 1))
         .await
         .unwrap()

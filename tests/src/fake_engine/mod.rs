@@ -26,7 +26,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 use tokio::net::{TcpListener, TcpSocket, TcpStream};
-use tokio::sync::{mpsc, Mutex};
+use tokio::sync::{mpsc, watch, Mutex};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
@@ -63,6 +63,9 @@ pub enum Fault {
     /// connection before the request reached it).
     CloseOnReuse,
 }
+
+/// Which received requests a hold keeps from being answered (see [`FakeEngineHandle::hold`]).
+pub type Held = fn(&Value) -> bool;
 
 /// Something the fake engine did, with when it did it.
 #[derive(Debug, Clone, PartialEq)]
@@ -232,6 +235,7 @@ impl FakeEngine {
         let accepted = Arc::new(AtomicU64::new(0));
         let seen = Arc::new(AtomicU64::new(0));
         let unauthorized = Arc::new(AtomicU64::new(0));
+        let hold = Arc::new(watch::Sender::new(None));
         let serving = Arc::new(std::sync::Mutex::new(Serving {
             model_path: self.config.model_path.clone(),
             build_info: self.config.build_info.clone(),
@@ -258,7 +262,7 @@ impl FakeEngine {
                         keep_alive.push(s);
                     }
                 }
-                tasks.spawn(hold(listener, keep_alive, stop.clone()));
+                tasks.spawn(hold_backlog(listener, keep_alive, stop.clone()));
                 local
             }
             _ => {
@@ -273,6 +277,7 @@ impl FakeEngine {
                     started: Instant::now(),
                     events: events_tx,
                     requests: Mutex::new(0),
+                    hold: hold.clone(),
                 });
                 tasks.spawn(accept_loop(listener, shared, stop.clone(), tasks.clone()));
                 local
@@ -284,6 +289,7 @@ impl FakeEngine {
             seen,
             unauthorized,
             serving,
+            hold,
             events: events_rx,
             stop,
             tasks,
@@ -291,7 +297,7 @@ impl FakeEngine {
     }
 }
 
-async fn hold(listener: TcpListener, conns: Vec<TcpStream>, stop: CancellationToken) {
+async fn hold_backlog(listener: TcpListener, conns: Vec<TcpStream>, stop: CancellationToken) {
     stop.cancelled().await;
     drop(conns);
     drop(listener);
@@ -305,6 +311,7 @@ pub struct FakeEngineHandle {
     seen: Arc<AtomicU64>,
     unauthorized: Arc<AtomicU64>,
     serving: Arc<std::sync::Mutex<Serving>>,
+    hold: Arc<watch::Sender<Option<Held>>>,
     events: mpsc::UnboundedReceiver<Event>,
     stop: CancellationToken,
     tasks: TaskTracker,
@@ -329,6 +336,17 @@ impl FakeEngineHandle {
     /// `Hang`, `CloseMidStream`, `Error500`, `LingerAfterDone`, or `None` again).
     pub fn set_fault(&self, fault: Fault) {
         self.serving.lock().unwrap_or_else(|e| e.into_inner()).fault = fault;
+    }
+
+    /// From now on, a received request that `takes` accepts (its event sent) waits unanswered
+    /// until [`FakeEngineHandle::release`]: the test decides when the engine answers.
+    pub fn hold(&self, takes: Held) {
+        self.hold.send_replace(Some(takes));
+    }
+
+    /// Lets held requests go, and holds no more.
+    pub fn release(&self) {
+        self.hold.send_replace(None);
     }
 
     /// Connections accepted so far.

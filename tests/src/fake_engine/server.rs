@@ -15,7 +15,7 @@ use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use serde_json::{json, Value};
 use tokio::net::TcpListener;
-use tokio::sync::{mpsc, Mutex};
+use tokio::sync::{mpsc, watch, Mutex};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
@@ -43,6 +43,9 @@ pub(super) struct Shared {
     pub(super) started: Instant,
     pub(super) events: mpsc::UnboundedSender<Event>,
     pub(super) requests: Mutex<u64>,
+    /// Which requests wait, once received, until the test lets them go (see
+    /// [`super::FakeEngineHandle::hold`]).
+    pub(super) hold: Arc<watch::Sender<Option<super::Held>>>,
 }
 
 impl Shared {
@@ -234,6 +237,12 @@ async fn route(shared: Arc<Shared>, req: Request<Incoming>) -> Response<FakeBody
                 at: Instant::now(),
             });
             *shared.requests.lock().await += 1;
+            let mut held = shared.hold.subscribe();
+            // Waits while the hold set now (or any set later) takes this request; a client that
+            // leaves meanwhile drops this future, as it would an answer being written.
+            let _ = held
+                .wait_for(|hold| !hold.is_some_and(|takes| takes(&body)))
+                .await;
             if loading(&shared) {
                 guard.done();
                 return json_response(StatusCode::SERVICE_UNAVAILABLE, loading_error());
