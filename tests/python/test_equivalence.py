@@ -79,7 +79,7 @@ MAX_TOKENS = 24
 #: The plan's rule. A near tie: both sides within a factor of e (1 nat) between the two tokens.
 #: The bounds sit between what the same weights requantized or converted measure here (same top
 #: at least ~0.9 of compared positions, mean KL at most ~0.02) and what a Q2_K requantization
-#: measures (README, "Evidence across engines").
+#: measures (docs/shadow.md, "Replays and the equivalence rule").
 RULE = "{ near_tie_logprob = 1.0, min_same_top = 0.85, max_mean_kl = 0.1 }"
 
 
@@ -104,9 +104,10 @@ def requantized(engines: Engines, tmp_path_factory: pytest.TempPathFactory) -> d
 
 
 def kl_divergence(base: Path, other: Path, workdir: Path) -> dict[str, float]:
-    """`llama-perplexity --kl-divergence` of `other` against `base`, on the README's first 6 KB."""
-    text = workdir / "kld.txt"
-    text.write_bytes((Path(__file__).resolve().parents[2] / "README.md").read_bytes()[:6000])
+    """`llama-perplexity --kl-divergence` of `other` against `base`, on a fixed 6 KB of English
+    (tests/prompts/kl-divergence.txt: the README's first 6 KB when the figures in docs/shadow.md
+    were measured)."""
+    text = Path(__file__).resolve().parents[1] / "prompts" / "kl-divergence.txt"
     logits = workdir / f"{base.stem}.kld"
     perplexity = str(tools() / "llama-perplexity")
     if not logits.exists():

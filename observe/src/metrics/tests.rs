@@ -386,7 +386,7 @@ fn trace_span_counters_are_written_when_given() {
     );
 }
 
-/// The families as README.md's `## Metrics` documents them: name, type, label names.
+/// The families as docs/observability.md documents them: name, type, label names.
 const DOCUMENTED: &[(&str, &str, &[&str])] = &[
     (
         "gen_ai_server_request_duration_seconds",

@@ -1,7 +1,9 @@
 //! Every key the configuration types read, as dotted paths (`server.listen`,
 //! `backends.NAME.launch.command`), found by walking the types' own `Deserialize` impls; and the
-//! test that `deploy/configs/example.toml`, which says it lists every key, names each of them
-//! (set, or commented out with its default), so that a key added to a type cannot be left out.
+//! tests that `deploy/configs/example.toml`, which says it lists every key, names each of them
+//! (set, or commented out with its default), and that the configuration reference
+//! (`docs/configuration.md`) documents each of them and no other, so that a key added to a type
+//! cannot be left out of either.
 //!
 //! The walk is a serde `Deserializer` that answers every struct with all of its fields, every
 //! map with one entry named `NAME`, every option with `Some`, every enum with its first
@@ -311,6 +313,45 @@ mod tests {
         assert!(
             missing.is_empty(),
             "deploy/configs/example.toml does not name {missing:#?}"
+        );
+    }
+
+    /// The dotted keys the configuration reference documents: each table row's first cell, in
+    /// backticks (`| `server.listen` | … |`, or two keys in one cell).
+    fn documented_in(text: &str) -> BTreeSet<String> {
+        text.lines()
+            .filter_map(|line| line.strip_prefix("| `"))
+            .filter_map(|row| row.split(" | ").next())
+            .flat_map(|cell| cell.split('`'))
+            .map(str::trim)
+            .filter(|key| {
+                !key.is_empty()
+                    && key
+                        .chars()
+                        .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '.')
+            })
+            .map(str::to_owned)
+            .collect()
+    }
+
+    #[test]
+    fn the_configuration_reference_documents_every_key_and_no_other() {
+        let documented = documented_in(include_str!("../../../docs/configuration.md"));
+        let keys = keys_of::<Config>();
+        let missing: Vec<&String> = keys.iter().filter(|k| !documented.contains(*k)).collect();
+        assert!(
+            missing.is_empty(),
+            "docs/configuration.md does not document {missing:#?}"
+        );
+        // A table's own row (`plans.NAME`) is a key when keys lie under it.
+        let exists = |k: &String| {
+            keys.iter()
+                .any(|key| key == k || key.starts_with(&format!("{k}.")))
+        };
+        let unknown: Vec<&String> = documented.iter().filter(|k| !exists(k)).collect();
+        assert!(
+            unknown.is_empty(),
+            "docs/configuration.md documents keys that do not exist: {unknown:#?}"
         );
     }
 

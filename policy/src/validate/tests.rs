@@ -530,3 +530,36 @@ fn a_name_pattern_needs_a_wildcard_and_one_owner() {
         problems[1]
     );
 }
+
+/// The configurations the repository ships read and validate as they are (the files their
+/// artifacts name aside: `switchyard check` looks for those on the user's machine).
+#[test]
+fn the_shipped_configurations_are_valid() {
+    for (name, text) in [
+        (
+            "example.toml",
+            include_str!("../../../deploy/configs/example.toml"),
+        ),
+        (
+            "llama-to-mlx.toml",
+            include_str!("../../../deploy/configs/llama-to-mlx.toml"),
+        ),
+    ] {
+        let config: Config = toml::from_str(text).unwrap_or_else(|e| panic!("{name}: {e}"));
+        assert_eq!(validate(&config), vec![], "{name}");
+    }
+}
+
+/// The README's worked configuration is `deploy/configs/llama-to-mlx.toml`, whole: the one a
+/// user copies from the README is the one the tests run.
+#[test]
+fn the_readmes_worked_configuration_is_the_shipped_file() {
+    let readme = include_str!("../../../README.md");
+    let shipped = include_str!("../../../deploy/configs/llama-to-mlx.toml");
+    let start = readme
+        .find("```toml\n# A model served by llama-server")
+        .expect("the README shows deploy/configs/llama-to-mlx.toml in a ```toml block");
+    let block = &readme[start + "```toml\n".len()..];
+    let block = &block[..block.find("```").expect("the block ends")];
+    assert_eq!(block, shipped);
+}
