@@ -1,18 +1,20 @@
-//! Model-level routing: a proxied request is read and parsed, its `model` resolved to a route,
-//! its shadow planned, and it is tried on the route's primary backend and then on each
-//! configured fallback, in order, for as long as nothing of it reached an engine.
+//! Model-level routing: a proxied request is read and planned ([`plan`]: parsed, its `model`
+//! resolved to a route, its release arm chosen, its copies planned), then tried on the route's
+//! primary backend and on each configured fallback, in order, for as long as nothing of it
+//! reached an engine.
 //!
 //! The routing table and the backends come from the live snapshot ([`state`]), loaded once when
 //! the request arrives.
 
 pub(crate) mod keys;
+mod plan;
 pub(crate) mod release;
 pub(crate) mod state;
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
-use http::header::{self, HeaderValue};
+use http::header::HeaderValue;
 use http::{Request, Response};
 use hyper::body::Incoming;
 use switchyard_adapters::{Endpoint, Health};
@@ -20,20 +22,13 @@ use switchyard_engine::Backend;
 use switchyard_record::RequestRecord;
 use tower::ServiceExt as _;
 
-use crate::forward::request::{
-    fingerprint_fields, insert_model, is_json, parse_body, quoted_name, read_body, value_range,
-    Head, Outgoing,
-};
+use crate::forward::request::{quoted_name, Outgoing};
 use crate::forward::{Attempt, Ctx, Failed};
 use crate::http::gate::Gate;
-use crate::http::headers::header_value;
 use crate::http::{ProxyBody, ProxyError};
 use crate::recording::{Recorder, Recording};
-use crate::shadow::{Shadowing, Target};
+use crate::shadow::Shadowing;
 use switchyard_observe::telemetry::Telemetry;
-use switchyard_policy::release::Arm;
-use switchyard_policy::Route;
-use switchyard_record::ReleaseMark;
 
 use keys::{Caller, Key};
 pub use state::{Live, Snapshot};
@@ -110,6 +105,9 @@ impl Routing {
             .into_response()
     }
 
+    /// The request's stages: its body read, then planned (parsed, its model and key resolved,
+    /// its release arm chosen, what is sent built, its copies planned), then sent to the
+    /// serving backend and, while nothing of it reached an engine, to each fallback.
     async fn route(
         &self,
         req: Request<Incoming>,
@@ -118,200 +116,16 @@ impl Routing {
     ) -> Result<Response<ProxyBody>, Failed> {
         let caller = caller.as_ref().map(|c| &*c.0);
         let snapshot = self.live.load();
-        let server = &snapshot.config.server;
         let (parts, body) = req.into_parts();
-        if let Err(error) = is_json(&parts.headers) {
-            return Err(ctx.fail(error));
-        }
-        let declared = parts
-            .headers
-            .get(header::CONTENT_LENGTH)
-            .and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
-        let expects_continue = parts
-            .headers
-            .get(header::EXPECT)
-            .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"100-continue"));
-        let idle = Duration::from_millis(server.client_idle_timeout_ms);
-        let body = match read_body(
-            body,
-            server.max_body_bytes,
-            declared,
-            expects_continue,
-            idle,
-        )
-        .await
-        {
+        let body = match plan::read_request(&parts.headers, body, &snapshot.config.server).await {
             Ok(body) => body,
             Err(error) => return Err(ctx.fail(error)),
         };
-        let parsed = match parse_body(&body) {
-            Ok(parsed) => parsed,
+        let planned = match self.plan(&snapshot, parts, body, caller, &mut ctx) {
+            Ok(planned) => planned,
             Err(error) => return Err(ctx.fail(error)),
         };
-        // A request without `model` goes to `server.default_model` when one is configured
-        // (stamped and recorded as defaulted), else it is refused: no silent routing.
-        let (model, raw_model) = match (parsed.model(), &server.default_model) {
-            (Ok((model, raw)), _) => {
-                ctx.recording.sent_model(&model);
-                (model, Some(raw))
-            }
-            (Err(ProxyError::MissingModel), Some(default)) => {
-                ctx.stamp.model_defaulted = true;
-                ctx.recording.model_defaulted = true;
-                (default.clone(), None)
-            }
-            (Err(error), _) => return Err(ctx.fail(error)),
-        };
-        let Some((route, pattern)) = snapshot.routes.lookup(&model) else {
-            return Err(ctx.fail(unknown_model(&snapshot, &model, caller)));
-        };
-        let (route, pattern) = (route.clone(), pattern.cloned());
-        if let Some(key) = caller.filter(|key| !key.allows(&route.model)) {
-            // Answered as a model that does not exist: the key cannot tell it does.
-            key.count(keys::Outcome::ModelDenied);
-            tracing::info!(target: "switchyard::auth", key = %key.name, model = %route.model, "request refused: the key may not use this model");
-            return Err(ctx.fail(unknown_model(&snapshot, &model, caller)));
-        }
-        if let Some(pattern) = pattern {
-            ctx.stamp.model_pattern = HeaderValue::from_str(&pattern).ok();
-            ctx.recording.model_pattern = Some(pattern);
-        }
-        let streamed = parsed
-            .fields
-            .get("stream")
-            .is_some_and(|v| v.get().trim() == "true");
-        // A model under a canary release: which side serves this request, by its sticky key.
-        let release = snapshot.releases.get(&*route.model).cloned();
-        let split = match &release {
-            Some(r) => match release::forced(&parts.headers, &snapshot.config, &route.model) {
-                Ok(Some(arm)) => Some((arm, "forced")),
-                Ok(None) => match r.split(&parts.headers, &parsed) {
-                    // A session on the candidate's side asking for an endpoint the candidate's
-                    // engine lacks (the Messages API of an MLX candidate) is served by the
-                    // primary this time, and recorded so: a canary never turns a working
-                    // endpoint into a 404.
-                    (Arm::Candidate, _)
-                        if !r.promoted
-                            && snapshot
-                                .backends
-                                .get(&r.candidate)
-                                .is_some_and(|b| !b.adapter.serves(ctx.endpoint)) =>
-                    {
-                        Some((Arm::Primary, "endpoint"))
-                    }
-                    (arm, key) => Some((arm, key.as_str())),
-                },
-                Err(error) => return Err(ctx.fail(error)),
-            },
-            None => None,
-        };
-        let fingerprint = fingerprint_fields(&route.model, &parsed);
-        ctx.stamp.workload = Some(header_value(&fingerprint.workload));
-        let want_trailers = parts.headers.get_all(header::TE).iter().any(|v| {
-            v.to_str().is_ok_and(|s| {
-                s.split(',')
-                    .any(|t| t.trim().eq_ignore_ascii_case("trailers"))
-            })
-        });
-        let model_at = match raw_model.map(|raw| value_range(&body, raw)).transpose() {
-            Ok(range) => range,
-            Err(error) => return Err(ctx.fail(error)),
-        };
-        drop(parsed);
-        // A defaulted request's body gets the model it is sent to, as a client would have named it.
-        let (body, model_range) = match model_at {
-            Some(range) => (body, range),
-            None => match insert_model(&body, &route.model) {
-                Ok(inserted) => inserted,
-                Err(error) => return Err(ctx.fail(error)),
-            },
-        };
-        let outgoing = Arc::new(Outgoing {
-            endpoint: ctx.endpoint,
-            head: Head {
-                method: parts.method,
-                uri: parts.uri,
-                headers: parts.headers,
-            },
-            model_range,
-            body,
-            want_trailers,
-        });
-        let on_candidate = split.is_some_and(|(arm, _)| arm == Arm::Candidate);
-        // The route as it serves this request: the candidate as its primary on the candidate's
-        // side of a release.
-        let serving = match &release {
-            Some(release) if on_candidate => Arc::new(Route {
-                primary: release.candidate.clone(),
-                ..route.as_ref().clone()
-            }),
-            _ => route.clone(),
-        };
-        // A release's copies replace the model's configured shadow while it runs.
-        let copy = match (&release, split) {
-            (Some(release), Some((arm, key))) => {
-                ctx.recording.release = Some(ReleaseMark {
-                    id: release.id.clone(),
-                    arm: arm.as_str(),
-                    key,
-                });
-                // A forced request is an operator's look, not evidence: no copy.
-                let evidence = key != "forced";
-                release
-                    .copy_of(arm)
-                    .filter(|_| evidence)
-                    .map(|(shadow, pool)| (shadow, Some(pool)))
-            }
-            _ => route.shadow.clone().map(|shadow| (shadow, None)),
-        };
-        if let Some((shadow, pool)) = copy.filter(|(s, _)| self.shadowing.sampled(s)) {
-            let target = match pool {
-                Some(pool) => snapshot.candidate(&shadow.backend).map(|candidate| Target {
-                    candidate,
-                    pool,
-                    served: None,
-                }),
-                None => snapshot.shadow_target(&route.model, &shadow.backend),
-            };
-            // A replay goes to the serving backend too.
-            let target = target.and_then(|mut target| {
-                if shadow.replay.is_some() {
-                    target.served = Some(snapshot.candidate(&serving.primary)?);
-                }
-                Ok(target)
-            });
-            let target = match target {
-                Ok(target) => target,
-                Err(error) => return Err(ctx.fail(error)),
-            };
-            let ticket =
-                self.shadowing
-                    .plan(&serving, &shadow, target, &outgoing, streamed, &fingerprint);
-            ctx.recording.set_hook(ticket.into_hook());
-        }
-        ctx.recording.describe(&route.model, fingerprint, streamed);
-
-        // Each backend is looked up when its turn comes (most requests never reach a fallback).
-        // The lookup owns the route and the snapshot: nothing borrowed is held across a try.
-        // On a release's candidate side, the candidate is tried first and the primary is its
-        // fallback; once promoted for good, the candidate serves as the primary.
-        let (lead, first_variant) = match &release {
-            Some(release) if release.promoted => (Some(release.candidate.clone()), "primary"),
-            Some(release) if on_candidate => (Some(release.candidate.clone()), "canary"),
-            _ => (None, "primary"),
-        };
-        let skip = usize::from(lead.is_some());
-        let tries = (0..skip + 1 + route.fallback.len()).map(move |n| {
-            let name = match (n, &lead) {
-                (0, Some(lead)) => lead,
-                (n, _) if n == skip => &route.primary,
-                (n, _) => &route.fallback[n - skip - 1],
-            };
-            snapshot
-                .candidate(name)
-                .map(|candidate| (candidate.backend, candidate.stack))
-        });
-        fallback(tries, first_variant, ctx, outgoing).await
+        plan::send(snapshot, planned, ctx).await
     }
 }
 
