@@ -33,6 +33,7 @@ from test_real_engines import (  # noqa: F401 - the fixtures are used by name
     engines,
     free_port,
     http_client,
+    identities_settled,
     poll,
     required_path,
     run_switchyard,
@@ -173,15 +174,7 @@ def run_release(config: str, workdir: Path) -> tuple[dict, list[tuple]]:
     db = Path(re.search(r'path = "([^"]+)"', config).group(1))
     admin = re.search(r'\[admin\]\nlisten = "([^"]+)"', config).group(1)
 
-    def ready(readyz: dict) -> bool:
-        # Both verified, and both builds known (a release refuses to pin one still unknown).
-        backends = readyz.get("backends", {})
-        return all(
-            backends.get(b, {}).get("identity") == "verified" and not backends[b]["engine"].endswith("/unknown")
-            for b in ("primary", "cand")
-        )
-
-    with start_switchyard(workdir, config, ready) as p, http_client(timeout=10.0) as http:
+    with start_switchyard(workdir, config, identities_settled("primary", "cand")) as p, http_client(timeout=10.0) as http:
         started = http.post(f"http://{admin}/admin/releases", json={"model": "smollm2", "candidate": "cand", "plan": "evidence"})
         assert started.status_code == 201, started.text
         rid = started.json()["id"]

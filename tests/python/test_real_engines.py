@@ -55,6 +55,20 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def identities_settled(*names: str):  # noqa: ANN201
+    """A `/readyz` check: the backends `names` are verified and their engine builds known (a
+    release refuses to pin an identity still unknown)."""
+
+    def check(readyz: dict) -> bool:
+        backends = readyz.get("backends", {})
+        return all(
+            backends.get(b, {}).get("identity") == "verified" and not backends[b]["engine"].endswith("/unknown")
+            for b in names
+        )
+
+    return check
+
+
 def poll(what: str, check, proc: Proc, timeout: float = ENGINE_READY_TIMEOUT_S):  # noqa: ANN001, ANN201
     """Polls `check()` (a readiness endpoint: no signal crosses the process boundary) until it
     returns something truthy, failing early if the process died."""

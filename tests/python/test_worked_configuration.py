@@ -19,7 +19,16 @@ import sqlite3
 from pathlib import Path
 
 from test_equivalence import PROMPTS
-from test_real_engines import REQUEST_TIMEOUT_S, free_port, http_client, poll, required_path, run_switchyard, start_switchyard
+from test_real_engines import (
+    REQUEST_TIMEOUT_S,
+    free_port,
+    http_client,
+    identities_settled,
+    poll,
+    required_path,
+    run_switchyard,
+    start_switchyard,
+)
 
 SHIPPED = Path(__file__).resolve().parents[2] / "deploy" / "configs" / "llama-to-mlx.toml"
 #: Requests sent, each sampled as an agent's are (temperature 0.7), under a name of the agent's.
@@ -62,15 +71,8 @@ def test_the_readmes_worked_configuration_shadows_then_releases(tmp_path: Path) 
     checked = run_switchyard("check", "--config", str(path))
     assert checked.strip() == f"{path}: ok (2 backends, 1 models)", checked
 
-    def ready(readyz: dict) -> bool:
-        # Both engines started at boot, their identities verified and their builds known.
-        backends = readyz.get("backends", {})
-        return all(
-            backends.get(b, {}).get("identity") == "verified" and not backends[b]["engine"].endswith("/unknown")
-            for b in ("llama", "mlx")
-        )
-
-    with start_switchyard(tmp_path, config, ready) as p, http_client(timeout=10.0) as http:
+    # Both engines started at boot, their identities verified and their builds known.
+    with start_switchyard(tmp_path, config, identities_settled("llama", "mlx")) as p, http_client(timeout=10.0) as http:
 
         def settled() -> float:
             """Sampled requests whose evidence is in: a replayed pair judged, or a replay that
