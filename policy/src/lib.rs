@@ -10,6 +10,7 @@ pub mod launch;
 pub mod release;
 pub mod replay;
 pub mod routing;
+pub mod stats;
 pub mod validate;
 
 pub use config::{

@@ -15,6 +15,7 @@ use tokio::sync::Semaphore;
 
 mod identity;
 
+use crate::client::Endpoint;
 use crate::managed::Managed;
 
 use identity::{compute_headers, names_differ};
@@ -51,8 +52,8 @@ pub struct Backend {
     pub name: Arc<str>,
     pub config: BackendConfig,
     pub adapter: Box<dyn Adapter>,
-    /// `host:port` of the engine.
-    pub authority: http::uri::Authority,
+    /// Where the engine is, its key, and the kept-alive connections to it.
+    pub endpoint: Endpoint,
     state: ArcSwap<BackendState>,
     headers: ArcSwap<IdentityHeaders>,
     admission: ArcSwapOption<Semaphore>,
@@ -63,8 +64,6 @@ pub struct Backend {
     changes: tokio::sync::watch::Sender<u64>,
     /// Requests forwarded since the engine last became ready; the first one meets cold caches.
     served: std::sync::atomic::AtomicU64,
-    /// Kept-alive connections to the engine, waiting for the next request.
-    pub(crate) connections: Arc<crate::client::Connections>,
     /// Asks the backend's prober to look again now (an answer contradicted its identity).
     reprobe: tokio::sync::Notify,
     /// The last contradiction warned about and probed again for, until a probe finds another
@@ -74,9 +73,6 @@ pub struct Backend {
     contradiction: std::sync::Mutex<Option<String>>,
     /// The engine's process, when Switchyard runs it (`launch`).
     pub managed: Option<Arc<Managed>>,
-    /// `Bearer` and the backend's own key (`api_key_env`), sent on every request and probe to
-    /// the engine; marked sensitive, so that its `Debug` never shows it.
-    pub(crate) authorization: Option<http::HeaderValue>,
 }
 
 impl Backend {
@@ -140,19 +136,24 @@ impl Backend {
             }
             None => None,
         };
-        Ok(Self {
+        let endpoint = Endpoint {
+            name: name.clone(),
+            authority,
             authorization,
+            closes_after_stream: adapter.closes_after_stream(),
+            connections: Arc::default(),
+        };
+        Ok(Self {
             name,
             config,
             adapter,
-            authority,
+            endpoint,
             state: ArcSwap::from_pointee(state),
             headers: ArcSwap::from_pointee(headers),
             admission: ArcSwapOption::new(admission),
             revision: None,
             changes: tokio::sync::watch::Sender::new(0),
             served: std::sync::atomic::AtomicU64::new(0),
-            connections: Arc::default(),
             reprobe: tokio::sync::Notify::new(),
             contradiction: std::sync::Mutex::new(None),
             managed,
@@ -201,7 +202,7 @@ impl Backend {
         self.served = std::sync::atomic::AtomicU64::new(
             previous.served.load(std::sync::atomic::Ordering::Relaxed),
         );
-        self.connections = previous.connections.clone();
+        self.endpoint.connections = previous.endpoint.connections.clone();
         self
     }
 

@@ -32,8 +32,6 @@ use hyper_util::rt::TokioIo;
 use switchyard_adapters::ProbeResult;
 use tokio::net::TcpStream;
 
-use crate::backend::Backend;
-
 mod conn;
 
 use conn::{reuse_for, Back, Conn, Counted};
@@ -74,17 +72,34 @@ pub type Again<'a> = &'a (dyn Fn() -> Option<http::Request<Full<Bytes>>> + Send 
 /// Addresses `request` to `backend`: its `Host`, and the engine's own key, on every request and
 /// probe alike (whatever credentials a client sent stay with Switchyard: see the proxy's
 /// forwarding rules).
-fn address(backend: &Backend, request: &mut http::Request<Full<Bytes>>) {
+fn address(endpoint: &Endpoint, request: &mut http::Request<Full<Bytes>>) {
     if !request.headers().contains_key(http::header::HOST) {
-        if let Ok(host) = http::HeaderValue::from_str(backend.authority.as_str()) {
+        if let Ok(host) = http::HeaderValue::from_str(endpoint.authority.as_str()) {
             request.headers_mut().insert(http::header::HOST, host);
         }
     }
-    if let Some(authorization) = &backend.authorization {
+    if let Some(authorization) = &endpoint.authorization {
         request
             .headers_mut()
             .insert(http::header::AUTHORIZATION, authorization.clone());
     }
+}
+
+/// Where and how to reach one engine: what the client needs of a backend. Each backend owns one
+/// (`Backend::endpoint`), and with it the engine's kept-alive connections.
+#[derive(Debug)]
+pub struct Endpoint {
+    /// The backend's name, for the log and the retry observer.
+    pub name: Arc<str>,
+    /// `host:port` of the engine.
+    pub authority: http::uri::Authority,
+    /// `Bearer` and the backend's own key, sent on every request and probe; marked sensitive,
+    /// so that its `Debug` never shows it.
+    pub authorization: Option<http::HeaderValue>,
+    /// The engine closes its connection after a streamed answer (it is then not kept).
+    pub closes_after_stream: bool,
+    /// Kept-alive connections to the engine, waiting for the next request.
+    pub connections: Arc<Connections>,
 }
 
 /// The client to every engine: timeouts, and who is told of retries; the connections themselves
@@ -120,10 +135,10 @@ impl Upstream {
         self
     }
 
-    fn retried(&self, backend: &Backend, why: Retry) {
-        tracing::debug!(backend = %backend.name, reason = why.as_str(), "request sent again on a new connection: the kept-alive one was closed before any byte of the answer");
+    fn retried(&self, endpoint: &Endpoint, why: Retry) {
+        tracing::debug!(backend = %endpoint.name, reason = why.as_str(), "request sent again on a new connection: the kept-alive one was closed before any byte of the answer");
         if let Some(observer) = &self.on_retry {
-            observer(&backend.name, why);
+            observer(&endpoint.name, why);
         }
     }
 
@@ -133,13 +148,13 @@ impl Upstream {
     /// not copied on the way of every request for a retry that is rare).
     pub async fn send(
         &self,
-        backend: &Backend,
+        endpoint: &Endpoint,
         request: http::Request<Full<Bytes>>,
         again: Again<'_>,
     ) -> Result<http::Response<UpstreamBody>, Error> {
         match tokio::time::timeout(
             self.first_byte_timeout,
-            self.exchange(backend, request, again),
+            self.exchange(endpoint, request, again),
         )
         .await
         {
@@ -155,22 +170,22 @@ impl Upstream {
     /// nothing: the request is sent again, once, on a new connection.
     async fn exchange(
         &self,
-        backend: &Backend,
+        endpoint: &Endpoint,
         mut request: http::Request<Full<Bytes>>,
         again: Again<'_>,
     ) -> Result<http::Response<UpstreamBody>, Failure> {
-        address(backend, &mut request);
+        address(endpoint, &mut request);
         // After one retry, only a new connection: every idle one may be as stale as the last.
         let mut retried = false;
         loop {
             let pooled = if retried {
                 None
             } else {
-                backend.connections.checkout()
+                endpoint.connections.checkout()
             };
             let (mut conn, reused) = match pooled {
                 Some(conn) => (conn, true),
-                None => (self.connect(backend).await?, false),
+                None => (self.connect(endpoint).await?, false),
             };
             // A reused connection may still be finishing its previous response, or be found
             // closed here: then nothing was handed to it, and the next one is taken.
@@ -186,12 +201,12 @@ impl Upstream {
                     let keep = reuse_for(
                         response.version(),
                         response.headers(),
-                        backend.adapter.closes_after_stream(),
+                        endpoint.closes_after_stream,
                     );
                     let (parts, inner) = response.into_parts();
                     let back = keep.map(|keep| Back {
                         conn,
-                        connections: backend.connections.clone(),
+                        connections: endpoint.connections.clone(),
                         keep,
                     });
                     let body = UpstreamBody { inner, back };
@@ -202,15 +217,15 @@ impl Upstream {
                     let retry = reused && !retried;
                     match e.take_message() {
                         Some(unsent) if retry => {
-                            self.retried(backend, Retry::Unsent);
+                            self.retried(endpoint, Retry::Unsent);
                             request = unsent;
                         }
                         None if retry && !answered => {
                             let Some(mut anew) = again() else {
                                 return Err(Failure::Unanswered(describe_chain(e.error())));
                             };
-                            address(backend, &mut anew);
-                            self.retried(backend, Retry::Closed);
+                            address(endpoint, &mut anew);
+                            self.retried(endpoint, Retry::Closed);
                             request = anew;
                         }
                         // Handed back unwritten by a new connection: nothing reached the
@@ -231,8 +246,8 @@ impl Upstream {
     }
 
     /// Opens a connection to `backend` and starts the task that drives it.
-    async fn connect(&self, backend: &Backend) -> Result<Conn, Failure> {
-        let (host, port) = host_and_port(&backend.authority);
+    async fn connect(&self, endpoint: &Endpoint) -> Result<Conn, Failure> {
+        let (host, port) = host_and_port(&endpoint.authority);
         let stream = match tokio::time::timeout(
             self.connect_timeout,
             TcpStream::connect((host, port)),
@@ -258,7 +273,7 @@ impl Upstream {
         let (sender, connection) = http1::handshake(TokioIo::new(counted))
             .await
             .map_err(|e| Failure::Connect(describe_chain(&e)))?;
-        let name = backend.name.clone();
+        let name = endpoint.name.clone();
         #[allow(clippy::disallowed_methods)] // lives as long as the connection; ends with it
         tokio::spawn(async move {
             if let Err(e) = connection.await {
@@ -269,15 +284,15 @@ impl Upstream {
     }
 
     /// `GET path` on the engine, for probes: status and body (at most 1 MiB), or why not.
-    pub async fn probe(&self, backend: &Backend, path: &str, timeout: Duration) -> ProbeResult {
-        self.probe_with(backend, http::Method::GET, path, None, timeout)
+    pub async fn probe(&self, endpoint: &Endpoint, path: &str, timeout: Duration) -> ProbeResult {
+        self.probe_with(endpoint, http::Method::GET, path, None, timeout)
             .await
     }
 
     /// A probe with a method and an optional JSON body.
     pub async fn probe_with(
         &self,
-        backend: &Backend,
+        endpoint: &Endpoint,
         method: http::Method,
         path: &str,
         json: Option<String>,
@@ -306,7 +321,7 @@ impl Upstream {
         };
         let fetch = async {
             let response = self
-                .exchange(backend, request, &again)
+                .exchange(endpoint, request, &again)
                 .await
                 .map_err(|e| e.describe(self.connect_timeout))?;
             let status = response.status().as_u16();

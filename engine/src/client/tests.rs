@@ -1,6 +1,7 @@
 #![allow(clippy::disallowed_methods)] // tokio::spawn: the scripted engine's own tasks, not the request path
 
 use super::*;
+use crate::Backend;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -135,7 +136,9 @@ async fn get(upstream: &Upstream, backend: &Backend) -> Result<Bytes, Error> {
                 .unwrap(),
         )
     };
-    let response = upstream.send(backend, make().unwrap(), &make).await?;
+    let response = upstream
+        .send(&backend.endpoint, make().unwrap(), &make)
+        .await?;
     Ok(response.into_body().collect().await.unwrap().to_bytes())
 }
 

@@ -1,6 +1,6 @@
 //! A managed engine: a backend whose process Switchyard starts, watches and stops.
 //!
-//! One owner task ([`owner::run`]) takes every decision about the process — start, stop, idle
+//! One owner task (`crate::supervisor::run`) takes every decision about the process — start, stop, idle
 //! unload, restart after a crash, quarantine. Requests take a [`Lease`] while they need the
 //! engine; a lease is only granted while the engine is ready, and the owner only decides to
 //! unload while no lease is held and nobody waits, both under the same lock, so an idle unload
@@ -9,7 +9,6 @@
 //! cancelled.
 
 pub mod group;
-pub(crate) mod owner;
 pub(crate) mod process;
 #[cfg(test)]
 mod tests;
@@ -21,7 +20,6 @@ use std::time::{Duration, Instant, SystemTime};
 use switchyard_policy::LaunchConfig;
 use tokio::sync::{watch, Notify};
 
-pub use owner::run;
 pub use process::pid_file;
 
 /// Where a managed engine stands.

@@ -425,7 +425,7 @@ pub fn aggregate_holds(a: &Aggregate, rule: &Rule) -> Result<(), String> {
     }
     let n = a.positions as u64;
     let same = (a.same_top_share * a.positions as f64).round() as u64;
-    let upper = 1.0 - crate::release::decide::wilson_lower(n - same.min(n), n);
+    let upper = 1.0 - crate::stats::wilson_lower(n - same.min(n), n);
     if upper < rule.min_same_top {
         return Err(format!(
             "the same top token at {:.1} % of {} positions (95 % interval up to {:.1} %), below {:.1} %",

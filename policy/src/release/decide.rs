@@ -7,6 +7,7 @@
 //! evaluate holds too, and never counts against the candidate.
 
 use super::plan::{OnMismatch, Plan, Step};
+use crate::stats::wilson_lower;
 
 /// What the ledger says of a release's current step, counted from the step's start, from
 /// answers stamped with the identities the release pinned.
@@ -169,19 +170,6 @@ pub fn decide(plan: &Plan, step: &Step, ev: &Evidence) -> Decision {
         }
     }
     enough(step, ev)
-}
-
-/// The lower bound of the 95 % Wilson score interval of `hits` in `n`.
-pub fn wilson_lower(hits: u64, n: u64) -> f64 {
-    if n == 0 {
-        return 0.0;
-    }
-    let z = 1.96_f64;
-    let n = n as f64;
-    let p = hits as f64 / n;
-    let centre = p + z * z / (2.0 * n);
-    let margin = z * (p * (1.0 - p) / n + z * z / (4.0 * n * n)).sqrt();
-    ((centre - margin) / (1.0 + z * z / n)).max(0.0)
 }
 
 /// Whether the step has what it needs to move on.

@@ -23,7 +23,7 @@ pub(super) fn backends(state: &AppState) -> Value {
             let admission = backend.admission();
             fields.insert(
                 "url".to_owned(),
-                Value::from(format!("http://{}", backend.authority)),
+                Value::from(format!("http://{}", backend.endpoint.authority)),
             );
             if let Some(managed) = &backend.managed {
                 fields.insert(

@@ -48,7 +48,7 @@ pub(super) fn own(state: &Arc<AppState>, backend: &Arc<Backend>, stop: Cancellat
             state.swap_group(name, max_wait)
         })
         .collect();
-    state.engines.spawn(switchyard_engine::managed::run(
+    state.engines.spawn(switchyard_engine::supervisor::run(
         backend.clone(),
         state.shared.upstream.clone(),
         stop,

@@ -106,7 +106,13 @@ pub(super) async fn probe_loop(
         let timeout = Backend::probe_timeout(interval);
         let mut results = Vec::with_capacity(backend.adapter.probes().len());
         for path in backend.adapter.probes() {
-            results.push(state.shared.upstream.probe(&backend, path, timeout).await);
+            results.push(
+                state
+                    .shared
+                    .upstream
+                    .probe(&backend.endpoint, path, timeout)
+                    .await,
+            );
         }
         // An engine working on requests may not answer a probe in time (mlx_lm.server answers
         // one request at a time; a starved CPU delays any engine). Its identity did not change
@@ -232,7 +238,7 @@ async fn learn_build(state: &AppState, backend: &Backend, path: &str, body: Stri
         .shared
         .upstream
         .probe_with(
-            backend,
+            &backend.endpoint,
             http::Method::POST,
             path,
             Some(body),

@@ -6,7 +6,6 @@ use std::path::PathBuf;
 use clap::{Parser, Subcommand};
 
 mod admin;
-mod admin_backends;
 mod agents;
 mod discover;
 mod init;

@@ -12,129 +12,20 @@
 
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use futures_util::future::Either;
 use switchyard_engine::Backend;
-use switchyard_observe::metrics::GaugeGuard;
 use switchyard_record::between;
-use tokio::sync::{OwnedSemaphorePermit, Semaphore, TryAcquireError};
+use tokio::sync::{Semaphore, TryAcquireError};
 use tokio_util::sync::CancellationToken;
 
 use super::context::{Attempt, Failed};
+use super::queue::Queue;
 use crate::http::ProxyError;
 use crate::recording::Recorder;
-
-/// One backend's queue: how many requests wait for a slot, how many slots are held, and how
-/// long a slot was held lately. One per backend stack, which lives as long as its backend and
-/// its slots (the live snapshot keeps the three together).
-#[derive(Debug, Default)]
-pub(crate) struct Queue {
-    /// Requests waiting now, each counted by its [`Place`]: exact however it stops waiting.
-    waiting: AtomicU32,
-    /// Slots held now, each counted by its [`Slot`].
-    held: AtomicU32,
-    /// How long a slot was held, in microseconds, averaged with the recent ones weighted most
-    /// (each new one counts for a fifth); 0 until a slot was released.
-    service_us: AtomicU64,
-    /// Told each time a slot is released (its permit returned), for a replay that waits for
-    /// one no live request waits for.
-    released: tokio::sync::Notify,
-}
-
-impl Queue {
-    /// A place in the queue, unless `max` requests wait already.
-    fn enter(self: &Arc<Self>, max: Option<u32>, gauge: GaugeGuard) -> Option<Place> {
-        self.waiting
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| match max {
-                Some(max) if n >= max => None,
-                _ => Some(n + 1),
-            })
-            .ok()?;
-        Some(Place {
-            queue: self.clone(),
-            _waiting: gauge,
-        })
-    }
-
-    /// Holds `permit` as one of the backend's slots, timed for [`Queue::retry_after`].
-    fn slot(self: &Arc<Self>, permit: OwnedSemaphorePermit) -> Slot {
-        self.held.fetch_add(1, Ordering::AcqRel);
-        Slot {
-            permit: Some(permit),
-            queue: self.clone(),
-            since: Instant::now(),
-        }
-    }
-
-    /// Requests waiting now.
-    pub(crate) fn waiting(&self) -> u32 {
-        self.waiting.load(Ordering::Acquire)
-    }
-
-    /// `Retry-After` for a request that would be served after `ahead` more slots are released:
-    /// the seconds the backend takes for that at its recent pace (the mean time a slot was held,
-    /// over the slots held now), rounded up and at least 1. Before any slot was released there
-    /// is no pace to go by, and it is 1.
-    pub(crate) fn retry_after(&self, ahead: u32) -> u64 {
-        let service = self.service_us.load(Ordering::Acquire);
-        let slots = u64::from(self.held.load(Ordering::Acquire).max(1));
-        let wait_us = service.saturating_mul(u64::from(ahead)) / slots;
-        wait_us.div_ceil(1_000_000).max(1)
-    }
-
-    /// A slot was held for `held`.
-    fn served(&self, held: Duration) {
-        let sample = u64::try_from(held.as_micros()).unwrap_or(u64::MAX).max(1);
-        let _ = self
-            .service_us
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |mean| {
-                Some(if mean == 0 {
-                    sample
-                } else {
-                    // Within u64: both are durations in microseconds.
-                    let mean = i128::from(mean);
-                    (mean + (i128::from(sample) - mean) / 5).max(1) as u64
-                })
-            });
-    }
-}
-
-/// A request's place in its backend's queue, and in `switchyard_waiting_requests`, until
-/// dropped.
-#[derive(Debug)]
-struct Place {
-    queue: Arc<Queue>,
-    _waiting: GaugeGuard,
-}
-
-impl Drop for Place {
-    fn drop(&mut self) {
-        self.queue.waiting.fetch_sub(1, Ordering::AcqRel);
-    }
-}
-
-/// One of a backend's slots, held until the engine's answer is complete (or drained), or the
-/// client leaves.
-#[derive(Debug)]
-pub(crate) struct Slot {
-    permit: Option<OwnedSemaphorePermit>,
-    queue: Arc<Queue>,
-    since: Instant,
-}
-
-impl Drop for Slot {
-    fn drop(&mut self) {
-        // The permit first: whoever is told of the release finds it free.
-        drop(self.permit.take());
-        self.queue.held.fetch_sub(1, Ordering::AcqRel);
-        self.queue.served(self.since.elapsed());
-        self.queue.released.notify_waiters();
-    }
-}
 
 /// The longest a replay waits for a slot no live request waits for.
 const REPLAY_WAIT: Duration = Duration::from_secs(5);

@@ -102,7 +102,7 @@ pub(crate) struct Attempt {
     /// `primary`, `fallback`, `shadow` or `compare`: how this backend came to serve it.
     pub(crate) variant: &'static str,
     /// The admission slot, once admission granted one (when the backend limits concurrency).
-    pub(crate) permit: Option<super::admission::Slot>,
+    pub(crate) permit: Option<super::queue::Slot>,
     /// The hold on a managed engine, once it is ready (see [`super::launch`]).
     pub(crate) lease: Option<switchyard_engine::managed::Lease>,
 }

@@ -23,6 +23,7 @@ pub(crate) mod drain;
 pub(crate) mod gate;
 pub(crate) mod inspect;
 pub(crate) mod launch;
+pub(crate) mod queue;
 pub(crate) mod request;
 pub(crate) mod send;
 pub(crate) mod serves;
@@ -46,7 +47,7 @@ pub(crate) use request::Outgoing;
 #[derive(Debug)]
 #[allow(dead_code)]
 pub(crate) struct Held {
-    pub(crate) permit: Option<admission::Slot>,
+    pub(crate) permit: Option<queue::Slot>,
     pub(crate) lease: Option<switchyard_engine::managed::Lease>,
     pub(crate) in_flight: GaugeGuard,
 }

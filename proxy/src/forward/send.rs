@@ -206,7 +206,7 @@ impl tower::Service<Attempt> for Send {
                 }
                 Some(anew)
             };
-            upstream.send(&backend, request, &again).await
+            upstream.send(&backend.endpoint, request, &again).await
         }));
         exchange.forwarded = forwarded;
         exchange.ctx = Some(ctx);

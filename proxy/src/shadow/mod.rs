@@ -27,13 +27,17 @@ use tokio_util::task::TaskTracker;
 use crate::forward::Outgoing;
 use crate::recording::Recorder;
 
+mod pair;
 mod replay;
 mod run;
+mod send;
 mod skip;
 pub mod suite;
 
-pub(crate) use run::{run_on, Candidate, Target, Ticket};
-use run::{Planned, PlannedJob, ShadowJob};
+pub(crate) use pair::Target;
+use pair::{Planned, PlannedJob, ShadowJob};
+pub(crate) use run::Ticket;
+pub(crate) use send::Candidate;
 pub(crate) use skip::Skip;
 
 /// The shadows' tasks and what they share. The pools (one per shadowed model) belong to the
@@ -166,7 +170,7 @@ impl Shadowing {
             Some(Skip::NotCompared(outgoing.endpoint))
         } else if self.stop.is_cancelled() {
             Some(Skip::ShuttingDown)
-        } else if run::not_running(&plan.target.backend) {
+        } else if pair::not_running(&plan.target.backend) {
             Some(Skip::EngineNotRunning)
         } else {
             None

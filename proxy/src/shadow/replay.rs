@@ -23,7 +23,8 @@ use switchyard_record::RequestRecord;
 use tokio::sync::OwnedSemaphorePermit;
 use tokio_util::sync::CancellationToken;
 
-use super::run::{run_on, Candidate, Comparison, Planned, Ran, ShadowJob};
+use super::pair::{Comparison, Planned, ShadowJob};
+use super::send::{run_on, Candidate, Ran};
 use crate::forward::Outgoing;
 
 /// A request chosen for a replay, with its tokens reserved from the pool's budget.

@@ -9,7 +9,8 @@ use bytes::Bytes;
 use serde_json::Value;
 use switchyard_policy::compare::{judge, Pair, Side, Verdict};
 
-use super::{run_on, Candidate, Skip};
+use super::send::{run_on, Candidate};
+use super::skip::Skip;
 use crate::forward::Outgoing;
 use crate::recording::Recorder;
 

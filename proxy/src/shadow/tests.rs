@@ -11,8 +11,9 @@ use switchyard_policy::compare::{Pair, Verdict};
 use switchyard_policy::Config;
 use switchyard_record::RequestRecord;
 
+use super::send::run_on;
 use super::skip::not_ready;
-use super::{run_on, Shadowing, Skip, Ticket};
+use super::{Shadowing, Skip, Ticket};
 use crate::forward::tests::{config, shared};
 use crate::forward::Outgoing;
 use crate::http::ProxyError;

@@ -12,8 +12,8 @@ use http::{Response, StatusCode};
 use serde_json::{json, Value};
 use tokio::sync::mpsc;
 
-use super::completion::{answer_tokens, pause, ChannelBody};
-use super::server::{json_response, now_secs, AbortGuard, FakeBody, Shared};
+use super::completion::{answer_tokens, pause};
+use super::shared::{json_response, now_secs, AbortGuard, ChannelBody, FakeBody, Shared};
 use super::{Event, Fault};
 
 /// What one request asks for: its prompt (as the key of its deterministic answer), and how many

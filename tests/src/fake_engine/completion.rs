@@ -2,42 +2,18 @@
 //! and `usage`, then either one JSON body or an event stream written chunk by chunk at the
 //! configured pace, with the stream faults.
 
-use std::pin::Pin;
 use std::sync::Arc;
-use std::task::{Context, Poll};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
 use http::{Response, StatusCode};
-use http_body::{Body, Frame};
 use serde_json::{json, Value};
 use sha2::{Digest, Sha256};
 use tokio::sync::mpsc;
 
-use super::server::{json_response, now_secs, AbortGuard, FakeBody, Shared};
+use super::shared::{json_response, now_secs, AbortGuard, ChannelBody, FakeBody, Shared};
 use super::{Event, Fault};
 
-/// Body fed by the chunk generator through a channel.
-pub(super) struct ChannelBody {
-    pub(super) rx: mpsc::Receiver<Result<Bytes, std::io::Error>>,
-}
-
-impl Body for ChannelBody {
-    type Data = Bytes;
-    type Error = std::io::Error;
-
-    fn poll_frame(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, std::io::Error>>> {
-        match self.rx.poll_recv(cx) {
-            Poll::Ready(Some(Ok(bytes))) => Poll::Ready(Some(Ok(Frame::data(bytes)))),
-            Poll::Ready(Some(Err(e))) => Poll::Ready(Some(Err(e))),
-            Poll::Ready(None) => Poll::Ready(None),
-            Poll::Pending => Poll::Pending,
-        }
-    }
-}
 /// Sleeps for `d`; a zero delay returns at once (tokio's timer would round it up to a tick).
 pub(super) async fn pause(d: Duration) {
     if !d.is_zero() {

@@ -16,6 +16,7 @@
 mod agents;
 mod completion;
 mod server;
+mod shared;
 #[cfg(test)]
 mod tests;
 
@@ -31,7 +32,8 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 pub use completion::answer_tokens;
-use server::{accept_loop, Serving, Shared};
+use server::accept_loop;
+use shared::{Serving, Shared};
 
 /// A fault to inject.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]

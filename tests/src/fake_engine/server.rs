@@ -1,13 +1,10 @@
-//! The fake engine's HTTP side: the state its connections share, the accept loop, and the routes
-//! llama-server answers (`/health`, `/props`, `/v1/models`, completions, the agents' endpoints),
-//! with the response helpers
-//! and the guard that reports a client leaving early.
+//! The fake engine's HTTP side: the accept loop, and the routes llama-server answers (`/health`,
+//! `/props`, `/v1/models`, completions, the agents' endpoints).
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::{Instant, SystemTime, UNIX_EPOCH};
+use std::time::Instant;
 
-use bytes::Bytes;
 use http::{Request, Response, StatusCode};
 use http_body_util::BodyExt;
 use hyper::body::Incoming;
@@ -15,51 +12,13 @@ use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use serde_json::{json, Value};
 use tokio::net::TcpListener;
-use tokio::sync::{mpsc, watch, Mutex};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use super::agents::{answer, PATHS};
-use super::completion::{complete, ChannelBody};
-use super::{Event, FakeEngineConfig, Fault};
-
-/// The model path and build an engine names in its probes and answers.
-#[derive(Debug)]
-pub(super) struct Serving {
-    pub(super) model_path: String,
-    pub(super) build_info: String,
-    /// The fault completions meet now (see [`super::FakeEngineHandle::set_fault`]).
-    pub(super) fault: Fault,
-}
-
-pub(super) struct Shared {
-    pub(super) config: FakeEngineConfig,
-    pub(super) serving: Arc<std::sync::Mutex<Serving>>,
-    pub(super) accepted: Arc<AtomicU64>,
-    /// Completion requests received so far.
-    pub(super) seen: Arc<AtomicU64>,
-    /// Requests refused for want of the configured key.
-    pub(super) unauthorized: Arc<AtomicU64>,
-    pub(super) started: Instant,
-    pub(super) events: mpsc::UnboundedSender<Event>,
-    pub(super) requests: Mutex<u64>,
-    /// Which requests wait, once received, until the test lets them go (see
-    /// [`super::FakeEngineHandle::hold`]).
-    pub(super) hold: Arc<watch::Sender<Option<super::Held>>>,
-}
-
-impl Shared {
-    /// The fault completions meet now.
-    pub(super) fn fault(&self) -> Fault {
-        self.serving.lock().unwrap_or_else(|e| e.into_inner()).fault
-    }
-
-    /// The model path and build named now.
-    pub(super) fn serving(&self) -> (String, String) {
-        let serving = self.serving.lock().unwrap_or_else(|e| e.into_inner());
-        (serving.model_path.clone(), serving.build_info.clone())
-    }
-}
+use super::completion::complete;
+use super::shared::{json_response, now_secs, AbortGuard, FakeBody, Shared};
+use super::{Event, Fault};
 
 pub(super) async fn accept_loop(
     listener: TcpListener,
@@ -101,24 +60,6 @@ pub(super) async fn accept_loop(
         });
     }
 }
-pub(super) type FakeBody = http_body_util::Either<http_body_util::Full<Bytes>, ChannelBody>;
-
-pub(super) fn json_response(status: StatusCode, body: Value) -> Response<FakeBody> {
-    let mut response = Response::new(http_body_util::Either::Left(http_body_util::Full::new(
-        Bytes::from(body.to_string()),
-    )));
-    *response.status_mut() = status;
-    response.headers_mut().insert(
-        http::header::CONTENT_TYPE,
-        http::HeaderValue::from_static("application/json; charset=utf-8"),
-    );
-    response.headers_mut().insert(
-        http::header::SERVER,
-        http::HeaderValue::from_static("llama.cpp"),
-    );
-    response
-}
-
 fn loading(shared: &Shared) -> bool {
     shared.started.elapsed() < shared.config.loading
 }
@@ -127,26 +68,6 @@ fn loading_error() -> Value {
     json!({"error": {"message": "Loading model", "type": "unavailable_error", "code": 503}})
 }
 
-/// Reports an abort when dropped before `done` is called: the client went away.
-pub(super) struct AbortGuard {
-    events: mpsc::UnboundedSender<Event>,
-    done: bool,
-}
-
-impl AbortGuard {
-    pub(super) fn done(mut self) {
-        self.done = true;
-        let _ = self.events.send(Event::Completed { at: Instant::now() });
-    }
-}
-
-impl Drop for AbortGuard {
-    fn drop(&mut self) {
-        if !self.done {
-            let _ = self.events.send(Event::Aborted { at: Instant::now() });
-        }
-    }
-}
 async fn route(shared: Arc<Shared>, req: Request<Incoming>) -> Response<FakeBody> {
     let path = req.uri().path().to_owned();
     let method = req.method().clone();
@@ -206,10 +127,7 @@ async fn route(shared: Arc<Shared>, req: Request<Incoming>) -> Response<FakeBody
                     std::process::exit(137);
                 }
             }
-            let guard = AbortGuard {
-                events: shared.events.clone(),
-                done: false,
-            };
+            let guard = AbortGuard::new(shared.events.clone());
             let headers = req.headers().clone();
             let body = match req.into_body().collect().await {
                 Ok(b) => b.to_bytes(),
@@ -274,10 +192,4 @@ async fn route(shared: Arc<Shared>, req: Request<Incoming>) -> Response<FakeBody
 }
 fn unreachable_response() -> Response<FakeBody> {
     json_response(StatusCode::INTERNAL_SERVER_ERROR, json!({}))
-}
-pub(super) fn now_secs() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_secs())
-        .unwrap_or(0)
 }

@@ -19,6 +19,10 @@ use std::path::Path;
 use proc_macro2::{Span, TokenStream, TokenTree};
 use syn::visit::{self, Visit};
 
+mod circles;
+
+pub(crate) use circles::check_circles;
+
 /// The top-level modules of `proxy/src`, outermost first: a module may use itself and the modules
 /// AFTER it in this list, never one before it. `docs/ARCHITECTURE.md` describes the layers; change
 /// this list and that document together. `lib.rs` and `main.rs` are the crate roots and may use

@@ -14,6 +14,20 @@ fn workspace_root() -> PathBuf {
     manifest.parent().unwrap_or(manifest).to_path_buf()
 }
 
+/// Every workspace crate: a folder of the root with a `Cargo.toml`, new ones included.
+fn workspace_crates() -> std::io::Result<Vec<PathBuf>> {
+    let root = workspace_root();
+    let mut crates = Vec::new();
+    for entry in std::fs::read_dir(&root)? {
+        let path = entry?.path();
+        if path.join("Cargo.toml").is_file() {
+            crates.push(path);
+        }
+    }
+    crates.sort();
+    Ok(crates)
+}
+
 fn report(what: &str, violations: &[check::Violation]) -> String {
     let lines: Vec<String> = violations.iter().map(ToString::to_string).collect();
     format!("{} {what}:\n{}\n", violations.len(), lines.join("\n"))
@@ -36,23 +50,34 @@ fn proxy_modules_import_only_down_the_layer_order() {
     );
 }
 
+/// No two sibling modules of any workspace crate's library use each other, at any depth. The
+/// small tools under `src/bin/` are crates of their own and are left out.
+#[test]
+fn no_modules_of_a_crate_use_each_other_in_a_circle() {
+    let mut violations = Vec::new();
+    for dir in workspace_crates().unwrap() {
+        let name = dir.file_name().unwrap_or_default().to_string_lossy();
+        let mut sources = check::read_sources(&dir.join("src")).unwrap();
+        sources.retain(|source| !source.path.starts_with("bin/"));
+        violations.extend(check::check_circles(&format!("{name}/src/"), &sources));
+    }
+    assert!(
+        violations.is_empty(),
+        "{}",
+        report("circles between the modules of a crate", &violations)
+    );
+}
+
 /// Every workspace crate (a folder of the root with a `Cargo.toml`), new ones included, all its
 /// Rust files except test code: `src/`, and benchmarks or tools beside it.
 #[test]
 fn no_source_file_is_over_the_size_limit() {
-    let root = workspace_root();
-    let mut crates: Vec<PathBuf> = std::fs::read_dir(&root)
-        .unwrap()
-        .map(|entry| entry.unwrap().path())
-        .filter(|path| path.join("Cargo.toml").is_file())
-        .collect();
-    crates.sort();
+    let crates = workspace_crates().unwrap();
     assert!(
         crates.iter().any(|c| c.ends_with("proxy")),
         "no crates found in {}",
-        root.display()
+        workspace_root().display()
     );
-
     let mut violations = Vec::new();
     for dir in &crates {
         let name = dir.file_name().unwrap_or_default().to_string_lossy();

@@ -80,7 +80,7 @@ impl AppState {
                     .unwrap_or(1)
                     .max(1);
                 let tolerated = plan.tolerance.is_some_and(|t| {
-                    switchyard_policy::release::decide::wilson_lower(
+                    switchyard_policy::stats::wilson_lower(
                         evidence.mismatches,
                         evidence.comparable_pairs,
                     ) <= t.max_mismatch_share

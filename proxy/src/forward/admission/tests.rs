@@ -1,15 +1,13 @@
 //! Unit tests of admission's bounded queue, against a mocked inner stage: the length and wait
-//! bounds, their answers, the exact count of waiting requests, and `Retry-After`'s estimate.
+//! bounds, their answers, and the exact count of waiting requests.
 
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::time::Duration;
 
 use futures_util::FutureExt as _;
 use tokio_util::sync::CancellationToken;
 use tower::{Service, ServiceExt as _};
 
-use super::{Admission, Queue};
+use super::Admission;
 use crate::forward::tests::{attempt, backend, mocked};
 use crate::http::ProxyError;
 use crate::recording::Recorder;
@@ -145,23 +143,6 @@ async fn a_wait_past_queue_timeout_is_answered_503_and_never_sent() {
     assert!(handle.next_request().now_or_never().is_none(), "never sent");
     assert_eq!(admission.queue().waiting(), 0);
     assert!(rejected(&recorder, "queue_timeout"));
-}
-
-#[test]
-fn retry_after_goes_by_the_recent_pace_of_the_slots() {
-    let queue = Queue::default();
-    assert_eq!(queue.retry_after(10), 1, "no pace yet: the least");
-    queue.served(Duration::from_secs(4));
-    queue.held.store(2, Ordering::Relaxed);
-    // Five requests ahead, two slots, 4 s each: 10 s.
-    assert_eq!(queue.retry_after(5), 10);
-    // A faster one counts for a fifth: (4 + (1 - 4) / 5) s = 3.4 s; three ahead, two slots.
-    queue.served(Duration::from_secs(1));
-    assert_eq!(queue.retry_after(3), 6);
-    // Short services round up to a whole second, never 0.
-    let fast = Queue::default();
-    fast.served(Duration::from_millis(3));
-    assert_eq!(fast.retry_after(1), 1);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

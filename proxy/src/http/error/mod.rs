@@ -1,4 +1,5 @@
-//! The proxy's errors and the one place they become HTTP responses.
+//! The proxy's errors: what each says, to whom, with which status, in which API's shape. They
+//! become HTTP responses in [`super`] (`ProxyError::into_response`).
 //!
 //! Every error a client sees is in OpenAI's shape `{"error":{"message","type","param","code"}}`,
 //! or, for clients of Anthropic's Messages API, the same error in Anthropic's shape
@@ -11,11 +12,10 @@ mod dialect;
 mod tests;
 
 use bytes::Bytes;
-use http::{header, HeaderValue, StatusCode};
+use http::StatusCode;
 use serde_json::json;
 use switchyard_adapters::{Dialect, Endpoint};
 
-use super::body::ProxyBody;
 pub(crate) use dialect::{anthropic_from_engine, sse_event};
 
 /// Why a request was not served.
@@ -394,40 +394,6 @@ impl ProxyError {
             (self.error_type(), self.param(), self.code()),
             self.status(),
         )
-    }
-
-    /// The response for this error, in OpenAI's shape. Identity headers are added by the
-    /// caller, who knows them.
-    pub fn into_response(self) -> http::Response<ProxyBody> {
-        self.into_response_in(Dialect::OpenAi)
-    }
-
-    /// The response for this error, in the error shape of `dialect` (the API the client
-    /// speaks); status and headers are the same in either.
-    pub fn into_response_in(self, dialect: Dialect) -> http::Response<ProxyBody> {
-        let mut response = http::Response::new(ProxyBody::full(self.body_in(dialect)));
-        *response.status_mut() = self.status();
-        response.headers_mut().insert(
-            header::CONTENT_TYPE,
-            HeaderValue::from_static("application/json"),
-        );
-        if let Some(seconds) = self.retry_after() {
-            response
-                .headers_mut()
-                .insert(header::RETRY_AFTER, HeaderValue::from(seconds));
-        }
-        if matches!(self, Self::MissingApiKey | Self::InvalidApiKey) {
-            // RFC 9110, section 15.5.2: a 401 names the scheme it wants.
-            response.headers_mut().insert(
-                header::WWW_AUTHENTICATE,
-                HeaderValue::from_static("Bearer realm=\"switchyard\""),
-            );
-        }
-        response.headers_mut().insert(
-            super::headers::X_SHOULD_RETRY,
-            HeaderValue::from_static(if self.should_retry() { "true" } else { "false" }),
-        );
-        response
     }
 }
 

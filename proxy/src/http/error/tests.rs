@@ -1,6 +1,7 @@
 //! Statuses, shapes and retry advice of the errors Switchyard writes.
 
 use super::*;
+use http::header;
 
 #[test]
 fn clients_are_told_whether_a_retry_can_help() {

@@ -37,7 +37,10 @@ fn a_new_snapshot_keeps_the_backends_whose_configuration_did_not_change() {
         &first.backends["mlx"],
         &second.backends["mlx"]
     ));
-    assert_eq!(second.backends["mlx"].authority.as_str(), "127.0.0.1:9082");
+    assert_eq!(
+        second.backends["mlx"].endpoint.authority.as_str(),
+        "127.0.0.1:9082"
+    );
 }
 
 #[test]

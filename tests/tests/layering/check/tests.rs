@@ -198,3 +198,115 @@ fn the_order_names_each_module_once() {
     let unique: HashSet<&str> = PROXY_LAYERS.iter().copied().collect();
     assert_eq!(unique.len(), PROXY_LAYERS.len(), "{PROXY_LAYERS:?}");
 }
+
+fn circles(sources: &[(&str, &str)]) -> Vec<String> {
+    let sources: Vec<Source> = sources.iter().map(|(p, t)| Source::new(p, t)).collect();
+    check_circles("engine/src/", &sources)
+        .iter()
+        .map(ToString::to_string)
+        .collect()
+}
+
+#[test]
+fn two_top_level_modules_that_use_each_other_are_one_circle_with_both_references() {
+    let found = circles(&[
+        ("lib.rs", "pub mod backend;\npub mod client;\n"),
+        (
+            "backend.rs",
+            "use crate::client::Pool;\npub struct Backend;\n",
+        ),
+        (
+            "client.rs",
+            "pub struct Pool;\nfn send(b: &crate::backend::Backend) {}\n",
+        ),
+    ]);
+    assert_eq!(
+        found,
+        [
+            "engine/src/backend.rs:1: the modules backend, client use each other in a circle: \
+             engine/src/backend.rs:1 uses `crate::client::Pool`; engine/src/client.rs:2 uses \
+             `crate::backend::Backend`"
+        ]
+    );
+}
+
+#[test]
+fn a_circle_of_three_nested_siblings_through_super_and_a_reexport_is_found() {
+    let found = circles(&[
+        ("lib.rs", "mod shadow;\n"),
+        (
+            "shadow/mod.rs",
+            "mod run;\nmod replay;\nmod skip;\npub(crate) use skip::Skip;\n",
+        ),
+        ("shadow/run.rs", "use super::replay::Job;\n"),
+        (
+            "shadow/replay.rs",
+            "pub struct Job;\nfn f() -> super::Skip { todo!() }\n",
+        ),
+        (
+            "shadow/skip.rs",
+            "pub enum Skip {}\nfn g() { super::run::go(); }\n",
+        ),
+    ]);
+    assert_eq!(found.len(), 1, "{found:#?}");
+    assert!(
+        found[0].contains("the modules shadow::replay, shadow::run, shadow::skip use each other"),
+        "{found:#?}"
+    );
+    assert!(
+        found[0].contains("shadow/replay.rs:2 uses `super::Skip`"),
+        "{found:#?}"
+    );
+}
+
+#[test]
+fn uses_of_ancestors_descendants_and_one_way_siblings_are_no_circle() {
+    let found = circles(&[
+        ("lib.rs", "mod http;\nmod route;\npub use http::Body;\n"),
+        (
+            "http/mod.rs",
+            "mod body;\nmod error;\npub use body::Body;\nfn f() { error::g(); }\n",
+        ),
+        (
+            "http/body.rs",
+            "use super::error::Error;\nuse super::*;\npub struct Body;\n",
+        ),
+        (
+            "http/error.rs",
+            "pub struct Error;\nfn h() -> crate::Body { todo!() }\n",
+        ),
+        ("route.rs", "use crate::http::Body;\n"),
+    ]);
+    // `crate::Body` is `http::body`, re-exported twice: error reaches body, and body error.
+    assert_eq!(found.len(), 1, "{found:#?}");
+    assert!(found[0].contains("http::body, http::error"), "{found:#?}");
+
+    let found = circles(&[
+        ("lib.rs", "mod http;\nmod route;\n"),
+        (
+            "http/mod.rs",
+            "mod body;\nmod error;\nfn f() { error::g(); body::h(); }\n",
+        ),
+        ("http/body.rs", "use super::error::Error;\nuse super::*;\n"),
+        (
+            "http/error.rs",
+            "pub struct Error;\nfn g() { super::g(); }\n",
+        ),
+        ("route.rs", "use crate::http::body;\n"),
+    ]);
+    assert_eq!(found, Vec::<String>::new());
+}
+
+#[test]
+fn test_code_may_close_a_circle() {
+    let found = circles(&[
+        ("lib.rs", "mod a;\nmod b;\n"),
+        ("a.rs", "use crate::b::B;\npub struct A;\n#[cfg(test)]\nmod tests;\n"),
+        ("a/tests.rs", "use crate::a::A;\n"),
+        (
+            "b.rs",
+            "pub struct B;\n#[cfg(test)]\nmod tests {\n    use crate::a::A;\n}\n#[cfg(test)]\nfn t(_: crate::a::A) {}\n",
+        ),
+    ]);
+    assert_eq!(found, Vec::<String>::new());
+}

@@ -21,14 +21,14 @@ pub(super) async fn check_ready(backend: &Backend, upstream: &Upstream) -> Optio
         .as_ref()
         .and_then(|m| m.config.ready_path.as_deref())
     {
-        match upstream.probe(backend, path, READY_TIMEOUT).await {
+        match upstream.probe(&backend.endpoint, path, READY_TIMEOUT).await {
             switchyard_adapters::ProbeResult::Response { status: 200, .. } => {}
             _ => return None,
         }
     }
     let mut results = Vec::with_capacity(backend.adapter.probes().len());
     for path in backend.adapter.probes() {
-        results.push(upstream.probe(backend, path, READY_TIMEOUT).await);
+        results.push(upstream.probe(&backend.endpoint, path, READY_TIMEOUT).await);
     }
     let report = backend.adapter.interpret(&results);
     if !report.health.is_ready() {
@@ -42,7 +42,7 @@ pub(super) async fn check_ready(backend: &Backend, upstream: &Upstream) -> Optio
     if let Some((path, body)) = warm_up {
         let answer = upstream
             .probe_with(
-                backend,
+                &backend.endpoint,
                 http::Method::POST,
                 path,
                 Some(body),

@@ -11,15 +11,15 @@ use switchyard_adapters::{EngineReport, Health};
 use switchyard_policy::StartMode;
 use tokio_util::sync::CancellationToken;
 
-use super::group::Group;
+use crate::managed::group::Group;
 mod crash;
 mod groups;
 mod ready;
 
 use ready::check_ready;
 
-use super::process::{self, PidRecord, Process};
-use super::{Managed, Phase};
+use crate::managed::process::{self, PidRecord, Process};
+use crate::managed::{Managed, Phase};
 use crate::{Backend, Upstream};
 
 /// How often a starting engine is asked whether it is ready.

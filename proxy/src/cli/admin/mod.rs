@@ -16,7 +16,9 @@ use serde_json::Value;
 
 use crate::config::{self, tokens};
 
-use super::admin_backends::{backends, engine_action, BackendAction};
+mod backends;
+
+use backends::{backends, engine_action, BackendAction};
 
 #[derive(Debug, Subcommand)]
 pub enum AdminCommand {

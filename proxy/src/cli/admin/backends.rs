@@ -7,7 +7,7 @@ use std::io::Write as _;
 use clap::{Args, Subcommand};
 use serde_json::Value;
 
-use super::admin::{call, table, text, Remote};
+use super::{call, table, text, Remote};
 
 /// What an operator asks of a managed engine. Each is recorded with the token's name and the
 /// reason.
