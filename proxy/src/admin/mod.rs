@@ -29,14 +29,12 @@ use bytes::Bytes;
 use http::header::{self, HeaderMap, HeaderValue};
 use http::{Method, Request, Response, StatusCode};
 use hyper::body::Incoming;
-use hyper_util::rt::{TokioIo, TokioTimer};
-use hyper_util::server::graceful::GracefulShutdown;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
-use tokio_util::task::TaskTracker;
 
 use crate::app::AppState;
 use crate::config::tokens;
+use crate::http::listen::serve_http1;
 use crate::http::{error_body, json_response, ProxyBody};
 
 /// The admin API's paths, with the method each answers.
@@ -74,42 +72,17 @@ pub(crate) async fn serve(state: Arc<AppState>, listener: TcpListener, stop: Can
             tracing::info!(%addr, "admin API listening");
         }
     }
-    let tasks = TaskTracker::new();
-    let graceful = GracefulShutdown::new();
-    let mut builder = hyper::server::conn::http1::Builder::new();
-    builder
-        .timer(TokioTimer::new())
-        .header_read_timeout(Duration::from_millis(
-            state.config().server.client_idle_timeout_ms,
-        ));
-    loop {
-        let (stream, peer) = tokio::select! {
-            _ = stop.cancelled() => break,
-            accepted = listener.accept() => match accepted {
-                Ok(pair) => pair,
-                Err(e) => {
-                    tracing::warn!(listener = "admin", error = %e, "accept failed");
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                    continue;
-                }
-            },
-        };
-        let (state, stop) = (state.clone(), stop.clone());
-        let service = hyper::service::service_fn(move |req: Request<Incoming>| {
+    let idle = Duration::from_millis(state.config().server.client_idle_timeout_ms);
+    let metrics = state.recorder.metrics.clone();
+    let admin_stop = stop.clone();
+    serve_http1(listener, stop, "admin", idle, metrics, || {
+        let (state, stop) = (state.clone(), admin_stop.clone());
+        hyper::service::service_fn(move |req: Request<Incoming>| {
             let (state, stop) = (state.clone(), stop.clone());
             async move { Ok::<_, Infallible>(handle(&state, &stop, req).await) }
-        });
-        let connection = graceful.watch(builder.serve_connection(TokioIo::new(stream), service));
-        tasks.spawn(async move {
-            if let Err(e) = connection.await {
-                tracing::debug!(%peer, error = %e, "admin connection ended with an error");
-            }
-        });
-    }
-    drop(listener);
-    let _ = tokio::time::timeout(Duration::from_secs(1), graceful.shutdown()).await;
-    tasks.close();
-    let _ = tokio::time::timeout(Duration::from_secs(1), tasks.wait()).await;
+        })
+    })
+    .await;
 }
 
 /// Answers one admin call, and logs it with the caller's token name.

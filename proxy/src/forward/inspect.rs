@@ -18,7 +18,7 @@ use http_body::Body;
 use http_body_util::combinators::Collect;
 use http_body_util::{BodyExt, Collected, LengthLimitError, Limited};
 use switchyard_adapters::{inspect_response_for, Dialect};
-use switchyard_engine::Backend;
+use switchyard_engine::{Backend, IdentityHeaders};
 use switchyard_record::between;
 
 use super::context::{Attempt, Ctx, Failed};
@@ -268,86 +268,20 @@ fn finish(
     } = whole;
     let bytes = match read {
         Ok(collected) => collected.to_bytes(),
-        Err(e) => {
-            let error = if e.downcast_ref::<LengthLimitError>().is_some() {
-                ProxyError::UpstreamTooLarge {
-                    backend: backend.name.to_string(),
-                    limit,
-                }
-            } else {
-                ProxyError::UpstreamBroken {
-                    backend: backend.name.to_string(),
-                    why: switchyard_engine::describe_chain(e.as_ref()),
-                }
-            };
-            return Err(ctx.fail(error));
-        }
+        Err(e) => return Err(ctx.fail(read_failure(backend, limit, e.as_ref()))),
     };
     drop(held);
 
-    let mut status = parts.status;
-    let mut out_body = bytes;
-    let mut identity = backend.identity_headers();
-    let mut contradicted = false;
-    let mut replaced_content_type = false;
-    let record = &mut ctx.recording;
-    if status.is_success() {
-        let facts = inspect_response_for(ctx.endpoint.wire(), &out_body, record.keeps_text());
-        if let Some(t) = &facts.timings {
-            record.phases.apply_engine_timings(t);
-        }
-        let answered = backend.check_answer(
-            &record.path,
-            facts.model.as_deref(),
-            facts.system_fingerprint.as_deref(),
-        );
-        record.facts = Some(facts);
-        match answered {
-            Some(unverified) => {
-                contradicted = true;
-                identity = unverified;
-                record.identity_contradicted = true;
-                record.artifact = identity.artifact_text.clone();
-                ctx.stamp.identity = Some(identity.clone());
-            }
-            // The answer may just have named the engine's build: stamp what is known now.
-            None => identity = backend.identity_headers(),
-        }
-        record.engine = identity.engine_text.clone();
-        if contradicted && backend.config.require_verified_identity {
-            // The answer is from an engine other than the one verified: it is not forwarded.
-            let why = identity.verification.reason().to_owned();
-            return Err(ctx.fail(ProxyError::IdentityUnverified {
-                backend: backend.name.to_string(),
-                why,
-            }));
+    let (status, out_body, identity, replaced_content_type) = if parts.status.is_success() {
+        match answered(backend, &mut ctx, &bytes) {
+            Ok(identity) => (parts.status, bytes, identity, false),
+            Err(error) => return Err(ctx.fail(error)),
         }
     } else {
-        if let Some((new_status, new_body)) =
-            backend.adapter.normalize_error(status.as_u16(), &out_body)
-        {
-            status = StatusCode::from_u16(new_status).unwrap_or(StatusCode::BAD_GATEWAY);
-            out_body = new_body;
-            replaced_content_type = true;
-        }
-        if ctx.endpoint.dialect() == Dialect::Anthropic {
-            // An Anthropic client reads one error shape, whoever failed.
-            if let Some(rewritten) = anthropic_from_engine(status, &out_body) {
-                out_body = rewritten;
-                replaced_content_type = true;
-            }
-        }
-        record.error_class = Some(if status.is_server_error() {
-            "upstream"
-        } else {
-            "client"
-        });
-        record.error = Some(format!(
-            "engine answered {}: {}",
-            parts.status.as_u16(),
-            String::from_utf8_lossy(&out_body[..out_body.len().min(300)])
-        ));
-    }
+        let (status, body, replaced) = engine_error(backend, &mut ctx, parts.status, bytes);
+        (status, body, backend.identity_headers(), replaced)
+    };
+    let record = &mut ctx.recording;
     record.status = status.as_u16();
     record.phases.total = Some(between(record.received, Instant::now()));
 
@@ -366,4 +300,105 @@ fn finish(
         .insert(SERVER_TIMING, ctx.recording.server_timing());
     ctx.recording.finish_after_response();
     Ok(out)
+}
+
+/// Why a whole answer could not be read: over the size limit, or broken off.
+fn read_failure(
+    backend: &Backend,
+    limit: u64,
+    error: &(dyn std::error::Error + Send + Sync + 'static),
+) -> ProxyError {
+    if error.downcast_ref::<LengthLimitError>().is_some() {
+        ProxyError::UpstreamTooLarge {
+            backend: backend.name.to_string(),
+            limit,
+        }
+    } else {
+        ProxyError::UpstreamBroken {
+            backend: backend.name.to_string(),
+            why: switchyard_engine::describe_chain(error),
+        }
+    }
+}
+
+/// A successful answer's facts recorded and its identity checked: the identity to stamp, or,
+/// when the answer contradicts a verified identity the backend requires, the refusal (the
+/// answer is from an engine other than the one verified, and is not forwarded).
+fn answered(
+    backend: &Backend,
+    ctx: &mut Ctx,
+    body: &Bytes,
+) -> Result<Arc<IdentityHeaders>, ProxyError> {
+    let record = &mut ctx.recording;
+    let facts = inspect_response_for(ctx.endpoint.wire(), body, record.keeps_text());
+    if let Some(t) = &facts.timings {
+        record.phases.apply_engine_timings(t);
+    }
+    let answered = backend.check_answer(
+        &record.path,
+        facts.model.as_deref(),
+        facts.system_fingerprint.as_deref(),
+    );
+    record.facts = Some(facts);
+    let identity = match answered {
+        Some(unverified) => {
+            record.identity_contradicted = true;
+            record.artifact = unverified.artifact_text.clone();
+            ctx.stamp.identity = Some(unverified.clone());
+            record.engine = unverified.engine_text.clone();
+            if backend.config.require_verified_identity {
+                let why = unverified.verification.reason().to_owned();
+                return Err(ProxyError::IdentityUnverified {
+                    backend: backend.name.to_string(),
+                    why,
+                });
+            }
+            unverified
+        }
+        // The answer may just have named the engine's build: stamp what is known now.
+        None => {
+            let identity = backend.identity_headers();
+            record.engine = identity.engine_text.clone();
+            identity
+        }
+    };
+    Ok(identity)
+}
+
+/// An engine's error answer as the client gets it: normalised by the adapter, in Anthropic's
+/// shape for an Anthropic client, and recorded with its class. Returns the status, the body,
+/// and whether the body was replaced (its content type is then JSON).
+fn engine_error(
+    backend: &Backend,
+    ctx: &mut Ctx,
+    sent_status: StatusCode,
+    body: Bytes,
+) -> (StatusCode, Bytes, bool) {
+    let mut status = sent_status;
+    let mut body = body;
+    let mut replaced = false;
+    if let Some((new_status, new_body)) = backend.adapter.normalize_error(status.as_u16(), &body) {
+        status = StatusCode::from_u16(new_status).unwrap_or(StatusCode::BAD_GATEWAY);
+        body = new_body;
+        replaced = true;
+    }
+    if ctx.endpoint.dialect() == Dialect::Anthropic {
+        // An Anthropic client reads one error shape, whoever failed.
+        if let Some(rewritten) = anthropic_from_engine(status, &body) {
+            body = rewritten;
+            replaced = true;
+        }
+    }
+    let record = &mut ctx.recording;
+    record.error_class = Some(if status.is_server_error() {
+        "upstream"
+    } else {
+        "client"
+    });
+    record.error = Some(format!(
+        "engine answered {}: {}",
+        sent_status.as_u16(),
+        String::from_utf8_lossy(&body[..body.len().min(300)])
+    ));
+    (status, body, replaced)
 }

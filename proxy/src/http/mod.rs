@@ -5,7 +5,9 @@
 pub(crate) mod body;
 pub(crate) mod error;
 pub(crate) mod gate;
+pub(crate) mod head_errors;
 pub(crate) mod headers;
+pub(crate) mod listen;
 
 use bytes::Bytes;
 use http::header::{self, HeaderValue};

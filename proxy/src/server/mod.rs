@@ -9,19 +9,18 @@ use http::Request;
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
-use hyper_util::server::graceful::GracefulShutdown;
 use hyper_util::service::TowerToHyperService;
 use tokio::net::{TcpListener, TcpSocket};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::app::{App, AppState};
+use crate::http::head_errors::{is_rejected_head, HeadErrors};
+use crate::http::listen::{accept_each, serve_http1};
 use crate::stack::activity::Activity;
-use head_errors::HeadErrors;
 
 pub mod budget;
 pub mod files;
-pub(crate) mod head_errors;
 mod overload;
 mod shutdown;
 
@@ -150,12 +149,6 @@ pub fn start_on(app: App, listener: TcpListener) -> std::io::Result<Running> {
     })
 }
 
-/// Whether a connection ended on a head hyper could not parse, and answered itself (in OpenAI's
-/// shape, by [`HeadErrors`]).
-fn is_rejected_head(e: &hyper::Error) -> bool {
-    e.is_parse() || e.is_parse_too_large()
-}
-
 /// Whether a connection that began with `first` bytes may be HTTP/2 with prior knowledge
 /// (its preface begins `PRI`). Fewer than three bytes beginning with `P` may be either.
 fn maybe_http2(first: &[u8]) -> bool {
@@ -185,105 +178,113 @@ async fn serve(
     // Connections counted against `server.max_connections` (read at each accept, so a reload
     // applies to the next connection); one over it is answered 503 and closed.
     let limit = overload::Limit::default();
-    while let Some((stream, peer)) = accept(&listener, &stop, "main listener").await {
+    accept_each(listener, &stop, "main listener", |stream, peer| {
         let max = app.state().live.max_connections();
         let Some(pass) = limit.open.try_enter(max) else {
             limit.refuse(stream, max, &connections, &app.state().recorder.metrics);
-            continue;
+            return;
         };
         let counted = (pass, app.state().recorder.metrics.client_connection());
         let _ = stream.set_nodelay(true);
-        let builder = builder.clone();
-        let stop = stop.clone();
-        let cut = cut.clone();
-        let app = app.clone();
+        let connection = Connection {
+            app: app.clone(),
+            builder: builder.clone(),
+            idle,
+            stop: stop.clone(),
+            cut: cut.clone(),
+        };
         connections.spawn(async move {
             // Counted until this task ends, however the connection does.
             let _counted = counted;
-            let state = app.state();
-            // hyper's protocol detection (HTTP/1 or HTTP/2) waits for the first bytes with no
-            // timer, and the head's timeout starts only after it: a client that connects and
-            // says nothing would hold its socket for good. It gets `idle` to start.
-            // (`readable()` may report readiness with nothing to read; `peek` waits for a byte
-            // or the end of the stream, and leaves it for hyper.)
-            let mut first = [0u8; 3];
-            let peeked = tokio::select! {
-                biased;
-                peeked = tokio::time::timeout(idle, stream.peek(&mut first)) => match peeked {
-                    Ok(Ok(n)) => n,
-                    Ok(Err(_)) => 0,
-                    Err(_) => {
-                        state.recorder.metrics.idle_connection_closed();
-                        tracing::debug!(%peer, "connection closed: nothing received within the idle timeout");
-                        return;
-                    }
-                },
-                _ = stop.cancelled() => return,
-            };
-            let activity = maybe_http2(&first[..peeked]).then(Arc::<Activity>::default);
-            let service = TowerToHyperService::new(app.service_on(activity.clone()));
-            let connection = builder
-                .serve_connection_with_upgrades(
-                    TokioIo::new(HeadErrors::new(stream, state.recorder.metrics.clone())),
-                    service,
-                )
-                .into_owned();
-            tokio::pin!(connection);
-            let idle_watch = async {
-                match &activity {
-                    Some(activity) => activity.idle_for(idle).await,
-                    None => std::future::pending().await,
-                }
-            };
-            tokio::pin!(idle_watch);
-            let mut closing = false;
-            let ended = loop {
-                tokio::select! {
-                    ended = connection.as_mut() => break ended,
-                    _ = stop.cancelled(), if !closing => {
-                        // Drain: no new requests; those under way finish.
-                        connection.as_mut().graceful_shutdown();
-                        closing = true;
-                    }
-                    () = &mut idle_watch, if !closing => {
-                        state.recorder.metrics.idle_connection_closed();
-                        tracing::debug!(%peer, "connection closed: no request under way within the idle timeout");
-                        connection.as_mut().graceful_shutdown();
-                        closing = true;
-                    }
-                    _ = cut.cancelled() => break Ok(()),
-                }
-            };
-            match ended {
-                Err(e) if e.downcast_ref().is_some_and(is_rejected_head) => {
-                    tracing::info!(%peer, error = %e, "request head rejected before routing");
-                }
-                Err(e) => tracing::debug!(%peer, error = %e, "connection ended with an error"),
-                Ok(()) => {}
-            }
+            connection.serve(stream, peer).await;
         });
-    }
-    drop(listener);
+    })
+    .await;
     shutdown::finish(&app, &connections, &cut, &tasks, &now).await;
 }
 
-/// The next connection, or `None` once `stop` is cancelled. Accept errors (EMFILE and friends)
-/// are logged and retried after a short pause instead of spinning.
-async fn accept(
-    listener: &TcpListener,
-    stop: &CancellationToken,
-    which: &str,
-) -> Option<(tokio::net::TcpStream, SocketAddr)> {
-    loop {
-        tokio::select! {
-            _ = stop.cancelled() => return None,
-            accepted = listener.accept() => match accepted {
-                Ok(pair) => return Some(pair),
-                Err(e) => {
-                    tracing::warn!(listener = which, error = %e, "accept failed");
-                    tokio::time::sleep(Duration::from_millis(50)).await;
+/// What serving one client connection needs.
+struct Connection {
+    app: App,
+    builder: auto::Builder<TokioExecutor>,
+    /// How long a connection may stay without a request under way.
+    idle: Duration,
+    stop: CancellationToken,
+    /// Cancelled when the drain times out: the connection is dropped with its requests.
+    cut: CancellationToken,
+}
+
+impl Connection {
+    /// Serves the connection to its end: HTTP/1 or HTTP/2, closed when idle, drained at `stop`,
+    /// dropped at `cut`.
+    async fn serve(self, stream: tokio::net::TcpStream, peer: SocketAddr) {
+        let Self {
+            app,
+            builder,
+            idle,
+            stop,
+            cut,
+        } = self;
+        let state = app.state();
+        // hyper's protocol detection (HTTP/1 or HTTP/2) waits for the first bytes with no
+        // timer, and the head's timeout starts only after it: a client that connects and
+        // says nothing would hold its socket for good. It gets `idle` to start.
+        // (`readable()` may report readiness with nothing to read; `peek` waits for a byte
+        // or the end of the stream, and leaves it for hyper.)
+        let mut first = [0u8; 3];
+        let peeked = tokio::select! {
+            biased;
+            peeked = tokio::time::timeout(idle, stream.peek(&mut first)) => match peeked {
+                Ok(Ok(n)) => n,
+                Ok(Err(_)) => 0,
+                Err(_) => {
+                    state.recorder.metrics.idle_connection_closed();
+                    tracing::debug!(%peer, "connection closed: nothing received within the idle timeout");
+                    return;
                 }
             },
+            _ = stop.cancelled() => return,
+        };
+        let activity = maybe_http2(&first[..peeked]).then(Arc::<Activity>::default);
+        let service = TowerToHyperService::new(app.service_on(activity.clone()));
+        let connection = builder
+            .serve_connection_with_upgrades(
+                TokioIo::new(HeadErrors::new(stream, state.recorder.metrics.clone())),
+                service,
+            )
+            .into_owned();
+        tokio::pin!(connection);
+        let idle_watch = async {
+            match &activity {
+                Some(activity) => activity.idle_for(idle).await,
+                None => std::future::pending().await,
+            }
+        };
+        tokio::pin!(idle_watch);
+        let mut closing = false;
+        let ended = loop {
+            tokio::select! {
+                ended = connection.as_mut() => break ended,
+                _ = stop.cancelled(), if !closing => {
+                    // Drain: no new requests; those under way finish.
+                    connection.as_mut().graceful_shutdown();
+                    closing = true;
+                }
+                () = &mut idle_watch, if !closing => {
+                    state.recorder.metrics.idle_connection_closed();
+                    tracing::debug!(%peer, "connection closed: no request under way within the idle timeout");
+                    connection.as_mut().graceful_shutdown();
+                    closing = true;
+                }
+                _ = cut.cancelled() => break Ok(()),
+            }
+        };
+        match ended {
+            Err(e) if e.downcast_ref().is_some_and(is_rejected_head) => {
+                tracing::info!(%peer, error = %e, "request head rejected before routing");
+            }
+            Err(e) => tracing::debug!(%peer, error = %e, "connection ended with an error"),
+            Ok(()) => {}
         }
     }
 }
@@ -300,50 +301,26 @@ fn bind_now(addr: SocketAddr) -> std::io::Result<TcpListener> {
     socket.listen(1024)
 }
 
-/// Serves `GET /metrics` alone on `listener` (HTTP/1) until `stop` is cancelled. Connections are
-/// tracked and drained like the main listener's, for at most a second: a scrape is quick.
+/// Serves `GET /metrics` alone on `listener` (HTTP/1) until `stop` is cancelled; a scrape is
+/// quick, and connections are drained for at most a second.
 async fn serve_metrics(app: App, listener: TcpListener, stop: CancellationToken) {
     if let Ok(addr) = listener.local_addr() {
         tracing::info!(%addr, "serving /metrics on the metrics listener");
     }
-    let tasks = TaskTracker::new();
-    let graceful = GracefulShutdown::new();
-    let mut builder = hyper::server::conn::http1::Builder::new();
-    builder
-        .timer(TokioTimer::new())
-        .header_read_timeout(Duration::from_millis(
-            app.state().config().server.client_idle_timeout_ms,
-        ));
-    while let Some((stream, peer)) = accept(&listener, &stop, "metrics listener").await {
-        let router = app.state().router();
-        let service = hyper::service::service_fn(move |req: Request<Incoming>| {
+    let state = app.state();
+    let idle = Duration::from_millis(state.config().server.client_idle_timeout_ms);
+    let metrics = state.recorder.metrics.clone();
+    serve_http1(listener, stop, "metrics listener", idle, metrics, || {
+        let router = state.router();
+        hyper::service::service_fn(move |req: Request<Incoming>| {
             let router = router.clone();
             async move {
                 let response = router.metrics_only(req.method(), req.uri().path()).await;
                 Ok::<_, Infallible>(response)
             }
-        });
-        let io = TokioIo::new(HeadErrors::new(
-            stream,
-            app.state().recorder.metrics.clone(),
-        ));
-        let connection = graceful.watch(builder.serve_connection(io, service));
-        tasks.spawn(async move {
-            match connection.await {
-                Err(e) if is_rejected_head(&e) => {
-                    tracing::info!(%peer, error = %e, "metrics listener: request head rejected");
-                }
-                Err(e) => {
-                    tracing::debug!(%peer, error = %e, "metrics connection ended with an error")
-                }
-                Ok(()) => {}
-            }
-        });
-    }
-    drop(listener);
-    let _ = tokio::time::timeout(Duration::from_secs(1), graceful.shutdown()).await;
-    tasks.close();
-    let _ = tokio::time::timeout(Duration::from_secs(1), tasks.wait()).await;
+        })
+    })
+    .await;
 }
 
 #[cfg(test)]

@@ -20,7 +20,13 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
 use switchyard_observe::metrics::Metrics;
 
-use crate::http::error_body;
+use super::error_body;
+
+/// Whether a connection ended on a head hyper could not parse, and answered itself (in OpenAI's
+/// shape, by [`HeadErrors`]).
+pub(crate) fn is_rejected_head(e: &hyper::Error) -> bool {
+    e.is_parse() || e.is_parse_too_large()
+}
 
 /// The statuses hyper answers a head with: those of
 /// [`switchyard_observe::metrics::REJECTED_HEAD_STATUSES`] but Switchyard's own 501, which
