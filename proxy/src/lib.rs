@@ -9,13 +9,14 @@
 //!   what clients and engines send, with what must hold of its answer;
 //! - [`server`]: listeners, accepting connections, draining;
 //! - `admin`: the admin API on a listener of its own (tokens, reload, events);
-//! - [`app`]: the application's shared state and background probes;
-//! - [`stack`]: the outer tower layers and the local endpoints;
+//! - [`control`]: the control plane: the application's shared state, releases, reloads, the
+//!   probes and the engines' owners;
+//! - [`ingress`]: the outer tower layers every client request passes, and the local endpoints;
 //! - [`route`]: model-level routing with fallback, over the live snapshot;
 //! - [`shadow`]: shadow traffic and its comparisons;
 //! - [`forward`]: the per-backend stages (identity gate, admission, inspection, sending) and
 //!   the observed stream;
-//! - [`recording`]: the write-once record guard and the fan-out to the sinks;
+//! - [`sinks`]: the write-once record guard and the fan-out to the sinks;
 //! - [`http`]: errors and their responses, the body type, header names;
 //! - [`config`]: reading and validating the configuration file (at start and at every reload).
 //!
@@ -24,21 +25,21 @@
 //! `switchyard-record`.
 
 pub(crate) mod admin;
-pub mod app;
 pub mod cli;
 pub mod config;
+pub mod control;
 pub(crate) mod forward;
 #[doc(hidden)]
 pub mod fuzzing;
 pub mod http;
+pub mod ingress;
 pub mod offline;
-pub mod recording;
 pub mod route;
 pub mod server;
 pub mod shadow;
-pub mod stack;
+pub mod sinks;
 
-pub use app::App;
+pub use control::App;
 pub use server::{start, start_on, Running};
 
 pub use switchyard_observe::NameMap;

@@ -14,7 +14,7 @@
 //! trace. Before the request is forwarded, [`RequestSpan::forwarding`] writes its context into
 //! the engine's request headers, replacing the client's. Kind SERVER, named like the GenAI
 //! conventions (`chat smollm2`). Its attributes are set, and it ends, when the record is written
-//! ([`RequestSpan::finish`], called by the proxy's `recording::Recorder` as it writes the record).
+//! ([`RequestSpan::finish`], called by the proxy's `sinks::Recorder` as it writes the record).
 //!
 //! **Its times** are the request's, not the `tracing` span's: it starts when the request head
 //! arrived (the span is created a little later; [`tracer::ArrivalTracer`] dates it back) and

@@ -8,8 +8,8 @@ use serde_json::{json, Map, Value};
 use switchyard_engine::managed::Loading;
 use switchyard_observe::ledger::EngineAction;
 
-use crate::app::AppState;
-use crate::stack::local::backend_status;
+use crate::control::AppState;
+use crate::ingress::local::backend_status;
 
 /// `GET /admin/backends`: each backend's health and identity (as `/readyz` has them), with its
 /// load and when it was last probed.
@@ -28,7 +28,7 @@ pub(super) fn backends(state: &AppState) -> Value {
             if let Some(managed) = &backend.managed {
                 fields.insert(
                     "managed".to_owned(),
-                    crate::stack::local::managed_status(managed, true),
+                    crate::ingress::local::managed_status(managed, true),
                 );
             }
             fields.insert(
@@ -152,7 +152,7 @@ pub(super) async fn act(
         }
         None => false,
     };
-    state.events.publish(crate::app::events::Event::new(
+    state.events.publish(crate::control::events::Event::new(
         "engine_action",
         json!({"backend": name, "action": action, "actor": actor, "reason": reason, "was": before.as_str(), "outcome": outcome}),
     ));
@@ -185,7 +185,7 @@ pub(super) async fn models(state: &Arc<AppState>) -> Value {
             let release = releases
                 .iter()
                 .find(|r| &r.model == name && r.is_open())
-                .map_or(Value::Null, crate::app::releases::describe);
+                .map_or(Value::Null, crate::control::releases::describe);
             fields.insert("release".to_owned(), release);
         }
         models.insert(name.clone(), entry);

@@ -30,7 +30,7 @@ use switchyard_observe::ledger::{
 use switchyard_policy::compare::{compare, GroupKey, Pair, Status, Verdict};
 
 use super::error;
-use crate::app::AppState;
+use crate::control::AppState;
 use crate::http::{json_response, ProxyBody};
 
 /// The window a read covers when the call names none.

@@ -32,8 +32,8 @@ use hyper::body::Incoming;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
-use crate::app::AppState;
 use crate::config::tokens;
+use crate::control::AppState;
 use crate::http::listen::serve_http1;
 use crate::http::{error_body, json_response, ProxyBody};
 
@@ -178,7 +178,7 @@ async fn route(
         (&Method::POST, "/admin/reload") => {
             let reload = state.reload(actor).await;
             let mut body = serde_json::to_value(&reload).unwrap_or_default();
-            let status = if reload.outcome == crate::app::reload::Outcome::Rejected {
+            let status = if reload.outcome == crate::control::reload::Outcome::Rejected {
                 if let serde_json::Value::Object(fields) = &mut body {
                     let message = format!(
                         "configuration refused; the configuration in force stays: {}",

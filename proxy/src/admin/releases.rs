@@ -15,8 +15,8 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 
 use super::error;
-use crate::app::releases::{describe, Action, ReleaseError};
-use crate::app::AppState;
+use crate::control::releases::{describe, Action, ReleaseError};
+use crate::control::AppState;
 use crate::http::{json_response, ProxyBody};
 
 #[derive(Deserialize)]

@@ -2,7 +2,7 @@
 //!
 //! The stream opens with one `backend` event per configured backend (its state now), then
 //! carries every event as it is published, and every finished request (`request`, the JSON of
-//! its ledger row; see [`crate::recording::tail`]). A comment line every [`KEEP_ALIVE`] keeps idle
+//! its ledger row; see [`crate::sinks::tail`]). A comment line every [`KEEP_ALIVE`] keeps idle
 //! connections (and proxies between) from timing out. A listener that falls too far behind gets
 //! a `lagged` event with the number of events it missed. The stream ends when the server stops.
 
@@ -19,8 +19,8 @@ use tokio_stream::wrappers::errors::BroadcastStreamRecvError;
 use tokio_stream::wrappers::BroadcastStream;
 use tokio_stream::Stream as _;
 
-use crate::app::events::{backend_event, Event};
-use crate::app::AppState;
+use crate::control::events::{backend_event, Event};
+use crate::control::AppState;
 use crate::http::ProxyBody;
 
 const KEEP_ALIVE: Duration = Duration::from_secs(15);
@@ -34,7 +34,7 @@ struct EventStream {
     events: BroadcastStream<Arc<Event>>,
     /// Finished requests (`event: request`), and the guard that has them built while we listen.
     requests: BroadcastStream<Arc<serde_json::Value>>,
-    _listening: crate::recording::tail::Listener,
+    _listening: crate::sinks::tail::Listener,
     keep_alive: tokio::time::Interval,
 }
 

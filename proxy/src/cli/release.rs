@@ -10,8 +10,8 @@ use switchyard_observe::ledger::ReleaseStore;
 use switchyard_policy::compare::Divergent;
 
 use super::admin::{call, eprintln, Remote};
-use crate::app::releases::explain::recompute;
 use crate::config;
+use crate::control::releases::explain::recompute;
 use crate::offline::render::divergences_markdown;
 
 #[derive(Debug, Subcommand)]

@@ -100,7 +100,10 @@ pub(super) async fn serve(
     let reloads = reload_signals(app.state().clone())?;
     let running = crate::start(app).await?;
     let _watching = if args.watch_config {
-        Some(crate::app::watch::watch(running.state().clone(), &path)?)
+        Some(crate::control::watch::watch(
+            running.state().clone(),
+            &path,
+        )?)
     } else {
         None
     };
@@ -129,7 +132,7 @@ pub(super) async fn serve(
 /// listening line is printed, as for [`ShutdownSignals`]). Never resolves.
 #[cfg(unix)]
 fn reload_signals(
-    state: std::sync::Arc<crate::app::AppState>,
+    state: std::sync::Arc<crate::control::AppState>,
 ) -> std::io::Result<impl std::future::Future<Output = ()>> {
     use tokio::signal::unix::{signal, SignalKind};
     let mut hangup = signal(SignalKind::hangup())?;
@@ -143,7 +146,7 @@ fn reload_signals(
 
 #[cfg(not(unix))]
 fn reload_signals(
-    _state: std::sync::Arc<crate::app::AppState>,
+    _state: std::sync::Arc<crate::control::AppState>,
 ) -> std::io::Result<impl std::future::Future<Output = ()>> {
     Ok(std::future::pending::<()>())
 }

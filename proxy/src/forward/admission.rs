@@ -25,7 +25,7 @@ use tokio_util::sync::CancellationToken;
 use super::context::{Attempt, Failed};
 use super::queue::Queue;
 use crate::http::ProxyError;
-use crate::recording::Recorder;
+use crate::sinks::Recorder;
 
 /// The longest a replay waits for a slot no live request waits for.
 const REPLAY_WAIT: Duration = Duration::from_secs(5);

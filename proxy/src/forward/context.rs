@@ -18,7 +18,7 @@ use crate::http::headers::{
     X_MODEL_DEFAULTED, X_MODEL_PATTERN, X_VARIANT, X_WORKLOAD,
 };
 use crate::http::{ProxyBody, ProxyError};
-use crate::recording::Recording;
+use crate::sinks::Recording;
 
 /// The identity known so far for a request, stamped on whatever response it gets.
 #[derive(Debug, Default)]

@@ -26,7 +26,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use super::Held;
-use crate::recording::Recording;
+use crate::sinks::Recording;
 
 /// The drains under way, shared by every backend's stack: shutdown waits for them with the
 /// connections, within its drain timeout, and then stops whichever still runs.

@@ -34,7 +34,7 @@ use std::sync::Arc;
 use switchyard_engine::{Backend, Upstream};
 use tokio_util::sync::CancellationToken;
 
-use crate::recording::Recorder;
+use crate::sinks::Recorder;
 use switchyard_observe::metrics::GaugeGuard;
 
 pub(crate) use context::{Attempt, Ctx, Failed};

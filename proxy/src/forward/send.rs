@@ -24,7 +24,7 @@ use super::request::{splice_model, Outgoing};
 use super::Held;
 use crate::http::headers::{connection_options, is_client_credential, is_hop_by_hop, X_REQUEST_ID};
 use crate::http::ProxyError;
-use crate::recording::Recorder;
+use crate::sinks::Recorder;
 
 /// An engine's answer, its head read: what the next stage inspects and forwards.
 #[derive(Debug)]

@@ -23,7 +23,7 @@ use super::inspect::Inspect;
 use super::send::Sent;
 use super::{Attempt, Ctx, Failed, Held, Outgoing};
 use crate::http::{ProxyBody, ProxyError};
-use crate::recording::{Recorder, Recording};
+use crate::sinks::{Recorder, Recording};
 
 pub(crate) type BoxError = Box<dyn std::error::Error + Send + Sync>;
 

@@ -35,7 +35,7 @@ pub(crate) trait StreamBody: Body<Data = Bytes, Error = BoxError> + Send + Unpin
 pub struct ProxyBody {
     kind: Kind,
     /// Kept until the body is done with: a request's mark on a connection whose idleness
-    /// Switchyard times itself (see `stack::Activity`), its client key's concurrency permit.
+    /// Switchyard times itself (see `ingress::Activity`), its client key's concurrency permit.
     held: Option<Box<dyn Send + Sync>>,
 }
 

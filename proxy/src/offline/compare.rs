@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use switchyard_policy::compare::Pair;
 
-use crate::app::AppState;
+use crate::control::AppState;
 use crate::shadow::suite::run_pair;
 pub use crate::shadow::suite::{read_suite, SuiteRequest};
 use switchyard_engine::Verification;

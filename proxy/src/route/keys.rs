@@ -3,7 +3,7 @@
 //! `[auth]`. A key whose limits did not change keeps its bucket and semaphore across a reload,
 //! so a reload neither refills a key's minute nor forgets the requests it has under way.
 //!
-//! The stack's authentication layer (`stack::auth`) finds the key a request presents and admits
+//! The stack's authentication layer (`ingress::auth`) finds the key a request presents and admits
 //! it; routing and the local endpoints then ask the [`Caller`] which models it may see.
 
 use std::num::NonZeroU32;

@@ -26,8 +26,8 @@ use crate::forward::request::{quoted_name, Outgoing};
 use crate::forward::{Attempt, Ctx, Failed};
 use crate::http::gate::Gate;
 use crate::http::{ProxyBody, ProxyError};
-use crate::recording::{Recorder, Recording};
 use crate::shadow::Shadowing;
+use crate::sinks::{Recorder, Recording};
 use switchyard_observe::telemetry::Telemetry;
 
 use keys::{Caller, Key};

@@ -1,5 +1,5 @@
 //! A model's canary release as routing sees it: which side serves a request, and where its
-//! shadow copy goes. The release's state lives in the ledger and in `app::releases`; the live
+//! shadow copy goes. The release's state lives in the ledger and in `control::releases`; the live
 //! snapshot carries this view of each open release ([`ReleaseRoute`]), swapped whenever the
 //! release moves.
 

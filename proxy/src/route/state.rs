@@ -222,7 +222,7 @@ impl Live {
     }
 
     /// Makes `next` what new requests see; requests under way keep the snapshot they loaded.
-    /// Returns the one replaced. The configuration reload (`app::reload`) is its caller.
+    /// Returns the one replaced. The configuration reload (`control::reload`) is its caller.
     pub(crate) fn swap(&self, next: Snapshot) -> Arc<Snapshot> {
         self.current.swap(Arc::new(next))
     }

@@ -8,7 +8,7 @@ use switchyard_adapters::Health;
 use super::fallback;
 use crate::forward::tests::{backend, ctx, mocked, outgoing, probed, Mocked};
 use crate::http::{ProxyBody, ProxyError};
-use crate::recording::Recorder;
+use crate::sinks::Recorder;
 
 fn unreachable(name: &str) -> ProxyError {
     ProxyError::UpstreamUnreachable {

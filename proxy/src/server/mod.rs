@@ -14,10 +14,10 @@ use tokio::net::{TcpListener, TcpSocket};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use crate::app::{App, AppState};
+use crate::control::{App, AppState};
 use crate::http::head_errors::{is_rejected_head, HeadErrors};
 use crate::http::listen::{accept_each, serve_http1};
-use crate::stack::activity::Activity;
+use crate::ingress::activity::Activity;
 
 pub mod budget;
 pub mod files;

@@ -12,7 +12,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use crate::app::App;
+use crate::control::App;
 
 /// How long, once the drain timeout has run out, connections get to send the 503 of a request
 /// that was still waiting for a slot, before every connection still open is cut.

@@ -25,7 +25,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::forward::Outgoing;
-use crate::recording::Recorder;
+use crate::sinks::Recorder;
 
 mod pair;
 mod replay;

@@ -17,7 +17,7 @@ use super::send::{run_on, Candidate, Ran};
 use super::skip::Skip;
 use super::{Pool, Shadowing};
 use crate::forward::Outgoing;
-use crate::recording::Recorder;
+use crate::sinks::Recorder;
 
 /// A sampled request's shadow as planned when the request arrived. Running it takes a copy of
 /// the primary's fingerprints ([`Planned::comparison`]); recording its skip reads them from the

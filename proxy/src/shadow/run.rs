@@ -10,7 +10,7 @@ use tokio_util::sync::CancellationToken;
 use super::pair::{not_running, Planned, PlannedJob, ShadowJob};
 use super::replay::ReplayJob;
 use super::skip::Skip;
-use crate::recording::Hook;
+use crate::sinks::Hook;
 
 /// A sampled request's shadow, by mode.
 pub(crate) enum Ticket {

@@ -16,7 +16,7 @@ use tower::ServiceExt as _;
 
 use super::skip::not_ready;
 use crate::forward::{Attempt, BackendStack, Ctx, Outgoing};
-use crate::recording::{Recorder, Recording};
+use crate::sinks::{Recorder, Recording};
 
 /// A backend with its stack: a shadow's, or one a request is tried on.
 #[derive(Debug, Clone)]

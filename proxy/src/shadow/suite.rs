@@ -12,7 +12,7 @@ use switchyard_policy::compare::{judge, Pair, Side, Verdict};
 use super::send::{run_on, Candidate};
 use super::skip::Skip;
 use crate::forward::Outgoing;
-use crate::recording::Recorder;
+use crate::sinks::Recorder;
 
 /// One request of a suite, as read from its JSONL file.
 #[derive(Debug, Clone)]

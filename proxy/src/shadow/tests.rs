@@ -17,8 +17,8 @@ use super::{Shadowing, Skip, Ticket};
 use crate::forward::tests::{config, shared};
 use crate::forward::Outgoing;
 use crate::http::ProxyError;
-use crate::recording::Recorder;
 use crate::route::Snapshot;
+use crate::sinks::Recorder;
 
 fn shadowed(sample: f64, when: &str) -> Config {
     config(&format!(

@@ -28,19 +28,8 @@ pub(crate) use circles::check_circles;
 /// this list and that document together. `lib.rs` and `main.rs` are the crate roots and may use
 /// anything; a module that is listed but does not exist (yet) is fine.
 pub(crate) const PROXY_LAYERS: &[&str] = &[
-    "cli",
-    "offline",
-    "fuzzing",
-    "server",
-    "admin",
-    "app",
-    "stack",
-    "route",
-    "shadow",
-    "forward",
-    "recording",
-    "http",
-    "config",
+    "cli", "offline", "fuzzing", "server", "admin", "control", "ingress", "route", "shadow",
+    "forward", "sinks", "http", "config",
 ];
 
 /// Where the list lives, for the messages that ask to extend it.

@@ -10,7 +10,7 @@ use tower::{Service, ServiceExt as _};
 use super::Admission;
 use crate::forward::tests::{attempt, backend, mocked};
 use crate::http::ProxyError;
-use crate::recording::Recorder;
+use crate::sinks::Recorder;
 
 fn rejected(recorder: &Recorder, reason: &str) -> bool {
     recorder.metrics.render().lines().any(|l| {

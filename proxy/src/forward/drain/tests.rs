@@ -15,7 +15,7 @@ use super::{Drain, Drains};
 use crate::forward::stream::ObservedStream;
 use crate::forward::tests::backend;
 use crate::forward::Held;
-use crate::recording::{Recorder, Recording};
+use crate::sinks::{Recorder, Recording};
 
 type Chunks = mpsc::Sender<Result<Frame<Bytes>, std::io::Error>>;
 type Body =

@@ -32,7 +32,7 @@ use switchyard_record::between;
 use super::drain::{Drain, Handoff};
 use super::Held;
 use crate::http::body::BoxError;
-use crate::recording::Recording;
+use crate::sinks::Recording;
 use deadline::Deadline;
 
 mod deadline;

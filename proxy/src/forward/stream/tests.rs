@@ -1,6 +1,6 @@
 use super::*;
 use crate::http::ProxyBody;
-use crate::recording::{Recorder, Recording};
+use crate::sinks::{Recorder, Recording};
 use http::HeaderMap;
 use http_body_util::{BodyExt, StreamBody};
 use proptest::prelude::*;

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use super::{Live, Snapshot};
 use crate::forward::tests::{self as forward_tests, config};
 use crate::forward::Shared;
-use crate::recording::Recorder;
+use crate::sinks::Recorder;
 
 const TWO: &str = r#"
     [backends.llama]

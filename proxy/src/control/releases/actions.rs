@@ -8,7 +8,7 @@ use switchyard_observe::ledger::{Release, ReleaseStore};
 use switchyard_policy::release::{Plan, Step};
 
 use super::{evaluate, ReleaseError};
-use crate::app::AppState;
+use crate::control::AppState;
 
 /// What an operator asks of a release.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -73,7 +73,7 @@ impl Events {
 pub(crate) fn backend_event(backend: &Backend) -> Value {
     let mut event = serde_json::Map::new();
     event.insert("backend".to_owned(), Value::from(&*backend.name));
-    if let Value::Object(status) = crate::stack::local::backend_status(backend) {
+    if let Value::Object(status) = crate::ingress::local::backend_status(backend) {
         for key in EVENT_FIELDS {
             if let Some(value) = status.get(*key) {
                 event.insert((*key).to_owned(), value.clone());

@@ -9,7 +9,7 @@ use switchyard_observe::ledger::Release;
 use switchyard_policy::compare::Verdict;
 use switchyard_policy::release::Plan;
 
-use crate::app::AppState;
+use crate::control::AppState;
 use crate::shadow::suite::{read_suite, run_pair};
 
 impl AppState {

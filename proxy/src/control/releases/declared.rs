@@ -9,7 +9,7 @@ use std::sync::Arc;
 use switchyard_observe::ledger::ReleaseStore;
 
 use super::{blocking, ReleaseError};
-use crate::app::AppState;
+use crate::control::AppState;
 
 impl AppState {
     /// Starts the declared releases that can start now. `waiting` keeps the ones already

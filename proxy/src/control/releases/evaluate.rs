@@ -15,7 +15,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::pairs::{mismatch, orient, pinned_pair, worst_ratio};
 use super::{blocking, ReleaseError};
-use crate::app::AppState;
+use crate::control::AppState;
 
 /// The longest the evaluator sleeps between two looks at the running releases.
 const LONGEST_TICK: Duration = Duration::from_secs(1);
@@ -161,7 +161,7 @@ impl AppState {
                 fields.insert("reason".to_owned(), why.into());
             }
             self.events
-                .publish(crate::app::events::Event::new("release", event));
+                .publish(crate::control::events::Event::new("release", event));
         }
     }
 }

@@ -20,11 +20,11 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::forward;
-use crate::recording::Recorder;
+use crate::ingress::activity::Activity;
+use crate::ingress::{Router, Stack};
 use crate::route::{Live, Routing, Snapshot};
 use crate::shadow::Shadowing;
-use crate::stack::activity::Activity;
-use crate::stack::{Router, Stack};
+use crate::sinks::Recorder;
 use switchyard_observe::ledger::{Ledger, ReleaseStore};
 use switchyard_observe::telemetry::Telemetry;
 
@@ -437,7 +437,7 @@ impl App {
         self.state.background.start(&self.state, tasks, stop);
     }
 
-    /// The whole request path as one infallible tower service (see [`crate::stack`]).
+    /// The whole request path as one infallible tower service (see [`crate::ingress`]).
     pub fn service(&self) -> Stack {
         self.service_on(None)
     }
@@ -446,6 +446,6 @@ impl App {
     /// the connection until its response body is done with.
     pub(crate) fn service_on(&self, activity: Option<Arc<Activity>>) -> Stack {
         let config = self.state.config();
-        crate::stack::stack(self.state.router(), activity, &config.server.cors_origins)
+        crate::ingress::stack(self.state.router(), activity, &config.server.cors_origins)
     }
 }
