@@ -1,5 +1,6 @@
 //! The admin API's answers, as JSON: what the backends, models and configuration in force are.
 
+use std::path::Path;
 use std::sync::Arc;
 use std::time::SystemTime;
 
@@ -7,15 +8,16 @@ use serde_json::{json, Map, Value};
 
 use switchyard_engine::managed::Loading;
 use switchyard_observe::ledger::EngineAction;
+use switchyard_observe::metrics::Metrics;
 
+use crate::control::engines::Engines;
 use crate::control::AppState;
 use crate::ingress::local::backend_status;
+use crate::route::Snapshot;
 
 /// `GET /admin/backends`: each backend's health and identity (as `/readyz` has them), with its
 /// load and when it was last probed.
-pub(super) fn backends(state: &AppState) -> Value {
-    let snapshot = state.live.load();
-    let metrics = &state.recorder.metrics;
+pub(super) fn backends(snapshot: &Snapshot, metrics: &Metrics, engines: &Engines) -> Value {
     let mut backends = Map::new();
     for (name, backend) in &snapshot.backends {
         let mut status = backend_status(backend);
@@ -51,7 +53,7 @@ pub(super) fn backends(state: &AppState) -> Value {
                     m.config
                         .groups
                         .iter()
-                        .map(|g| json!({"name": g, "holder": state.swap_group_holder(g)}))
+                        .map(|g| json!({"name": g, "holder": engines.holder(g)}))
                         .collect()
                 }),
             );
@@ -62,7 +64,7 @@ pub(super) fn backends(state: &AppState) -> Value {
         }
         backends.insert(name.to_string(), status);
     }
-    json!({"config_digest": &*snapshot.digest, "backends": backends, "swap_groups": state.swap_groups()})
+    json!({"config_digest": &*snapshot.digest, "backends": backends, "swap_groups": engines.swap_groups()})
 }
 
 /// What an operator can ask of a managed engine.
@@ -195,11 +197,10 @@ pub(super) async fn models(state: &Arc<AppState>) -> Value {
 
 /// `GET /admin/config`: the configuration in force, environment overrides applied, with its
 /// digest and the file it was read from.
-pub(super) fn config(state: &Arc<AppState>) -> Value {
-    let snapshot = state.live.load();
+pub(super) fn config(snapshot: &Snapshot, source: Option<&Path>) -> Value {
     json!({
         "digest": &*snapshot.digest,
-        "source": state.source().map(|p| p.display().to_string()),
+        "source": source.map(|p| p.display().to_string()),
         "config": &*snapshot.config,
     })
 }

@@ -135,7 +135,7 @@ async fn overview(state: &Arc<AppState>, params: &Params) -> Answer {
         "config_digest": &*snapshot.digest,
         "models": models,
         "unrouted": unrouted,
-        "swap_groups": state.swap_groups(),
+        "swap_groups": state.engines.swap_groups(),
     })))
 }
 

@@ -172,33 +172,16 @@ async fn route(
     let json =
         |value: serde_json::Value| json_response(StatusCode::OK, Bytes::from(value.to_string()));
     match (method, path) {
-        (&Method::GET, "/admin/backends") => json(api::backends(state)),
+        (&Method::GET, "/admin/backends") => json(api::backends(
+            &state.live.load(),
+            &state.recorder.metrics,
+            &state.engines,
+        )),
         (&Method::GET, "/admin/models") => json(api::models(state).await),
-        (&Method::GET, "/admin/config") => json(api::config(state)),
-        (&Method::POST, "/admin/reload") => {
-            let reload = state.reload(actor).await;
-            let mut body = serde_json::to_value(&reload).unwrap_or_default();
-            let status = if reload.outcome == crate::control::reload::Outcome::Rejected {
-                if let serde_json::Value::Object(fields) = &mut body {
-                    let message = format!(
-                        "configuration refused; the configuration in force stays: {}",
-                        reload.problems.join("; ")
-                    );
-                    let error: serde_json::Value = serde_json::from_slice(&error_body(
-                        &message,
-                        "invalid_request_error",
-                        None,
-                        "invalid_configuration",
-                    ))
-                    .unwrap_or_default();
-                    fields.insert("error".to_owned(), error["error"].clone());
-                }
-                StatusCode::UNPROCESSABLE_ENTITY
-            } else {
-                StatusCode::OK
-            };
-            json_response(status, Bytes::from(body.to_string()))
+        (&Method::GET, "/admin/config") => {
+            json(api::config(&state.live.load(), state.reloads.source()))
         }
+        (&Method::POST, "/admin/reload") => reload_answer(state.reload(actor).await),
         (&Method::POST, p) if p.starts_with("/admin/backends/") => {
             let rest = &p["/admin/backends/".len()..];
             let Some((name, action)) = rest.rsplit_once('/') else {
@@ -221,7 +204,9 @@ async fn route(
             }
         }
         (&Method::GET, "/admin/events") => {
-            let mut response = Response::new(sse::stream(state, stop));
+            let live = &state.live;
+            let stream = sse::stream(&state.events, &state.recorder.tail, live, stop);
+            let mut response = Response::new(stream);
             let headers = response.headers_mut();
             headers.insert(
                 header::CONTENT_TYPE,
@@ -230,34 +215,65 @@ async fn route(
             headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
             response
         }
-        (method, path) => match PATHS
-            .iter()
-            .find(|(p, _)| *p == path || (*p == "/ui" && ui::is_ui(path)))
-        {
-            Some((_, allowed)) => {
-                let mut response = error(
-                    StatusCode::METHOD_NOT_ALLOWED,
-                    &format!("{method} is not allowed on {path}; use {allowed}"),
-                    "method_not_allowed",
-                );
-                if let Ok(allow) = HeaderValue::from_str(allowed.as_str()) {
-                    response.headers_mut().insert(header::ALLOW, allow);
-                }
-                response
+        (method, path) => unrouted(method, path),
+    }
+}
+
+/// The answer to a reload: 200 with what changed, or 422 with why the configuration was refused
+/// (the one in force stays).
+fn reload_answer(reload: crate::control::reload::Reload) -> Response<ProxyBody> {
+    let mut body = serde_json::to_value(&reload).unwrap_or_default();
+    let status = if reload.outcome == crate::control::reload::Outcome::Rejected {
+        if let serde_json::Value::Object(fields) = &mut body {
+            let message = format!(
+                "configuration refused; the configuration in force stays: {}",
+                reload.problems.join("; ")
+            );
+            let error: serde_json::Value = serde_json::from_slice(&error_body(
+                &message,
+                "invalid_request_error",
+                None,
+                "invalid_configuration",
+            ))
+            .unwrap_or_default();
+            fields.insert("error".to_owned(), error["error"].clone());
+        }
+        StatusCode::UNPROCESSABLE_ENTITY
+    } else {
+        StatusCode::OK
+    };
+    json_response(status, Bytes::from(body.to_string()))
+}
+
+/// A call no admin endpoint takes: 405 with `Allow` on a known path, else 404 naming them all.
+fn unrouted(method: &Method, path: &str) -> Response<ProxyBody> {
+    match PATHS
+        .iter()
+        .find(|(p, _)| *p == path || (*p == "/ui" && ui::is_ui(path)))
+    {
+        Some((_, allowed)) => {
+            let mut response = error(
+                StatusCode::METHOD_NOT_ALLOWED,
+                &format!("{method} is not allowed on {path}; use {allowed}"),
+                "method_not_allowed",
+            );
+            if let Ok(allow) = HeaderValue::from_str(allowed.as_str()) {
+                response.headers_mut().insert(header::ALLOW, allow);
             }
-            None => error(
-                StatusCode::NOT_FOUND,
-                &format!(
-                    "no admin endpoint at {path}; there are {}",
-                    PATHS
-                        .iter()
-                        .map(|(p, m)| format!("{m} {p}"))
-                        .collect::<Vec<_>>()
-                        .join(", ")
-                ),
-                "not_found",
+            response
+        }
+        None => error(
+            StatusCode::NOT_FOUND,
+            &format!(
+                "no admin endpoint at {path}; there are {}",
+                PATHS
+                    .iter()
+                    .map(|(p, m)| format!("{m} {p}"))
+                    .collect::<Vec<_>>()
+                    .join(", ")
             ),
-        },
+            "not_found",
+        ),
     }
 }
 

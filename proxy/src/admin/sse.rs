@@ -19,9 +19,10 @@ use tokio_stream::wrappers::errors::BroadcastStreamRecvError;
 use tokio_stream::wrappers::BroadcastStream;
 use tokio_stream::Stream as _;
 
-use crate::control::events::{backend_event, Event};
-use crate::control::AppState;
+use crate::control::events::{backend_event, Event, Events};
 use crate::http::ProxyBody;
+use crate::route::Live;
+use crate::sinks::tail::Tail;
 
 const KEEP_ALIVE: Duration = Duration::from_secs(15);
 
@@ -39,13 +40,17 @@ struct EventStream {
 }
 
 /// A new listener's event stream, as a response body, until `stop` is cancelled.
-pub(super) fn stream(state: &AppState, stop: &tokio_util::sync::CancellationToken) -> ProxyBody {
+pub(super) fn stream(
+    events: &Events,
+    tail: &Tail,
+    live: &Live,
+    stop: &tokio_util::sync::CancellationToken,
+) -> ProxyBody {
     // Subscribed before the opening states are read: a change in between is sent twice rather
     // than not at all.
-    let events = BroadcastStream::new(state.events.subscribe());
-    let (requests, listening) = state.recorder.tail.subscribe();
-    let opening = state
-        .live
+    let events = BroadcastStream::new(events.subscribe());
+    let (requests, listening) = tail.subscribe();
+    let opening = live
         .load()
         .backends
         .values()

@@ -149,9 +149,7 @@ pub(super) async fn compare(args: CompareArgs, log: &str) -> anyhow::Result<i32>
         tracing::warn!("the ledger did not finish writing within 5 s");
     }
     // The engines it ran itself stop with it.
-    state
-        .engines_stopped(std::time::Duration::from_secs(60))
-        .await;
+    crate::control::engines::stopped(&state, std::time::Duration::from_secs(60)).await;
     let pairs = match result {
         Ok(p) => p,
         Err(e) => {

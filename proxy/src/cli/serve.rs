@@ -94,7 +94,7 @@ pub(super) async fn serve(
     let path = source.path.clone();
     let app = App::from_file(config, source).map_err(anyhow::Error::msg)?;
     if args.insecure_no_auth {
-        app.state().allow_no_auth();
+        app.state().reloads.allow_no_auth();
     }
     let mut signals = ShutdownSignals::install()?;
     let reloads = reload_signals(app.state().clone())?;

@@ -1,17 +1,79 @@
 //! The engines Switchyard runs itself (`launch`): one owner task per managed backend, started
 //! with the backend's probes and stopped with them (when a reload removes the backend, or at
-//! shutdown), each tracked apart so that shutdown can wait until every engine has stopped.
+//! shutdown), each tracked apart so that shutdown can wait until every engine has stopped; and
+//! the swap groups their members take turns in.
 
+use std::collections::BTreeMap;
 use std::path::PathBuf;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
+use switchyard_engine::managed::group::Group;
 use switchyard_engine::managed::Phase;
 use switchyard_engine::Backend;
 use switchyard_policy::ServerConfig;
 use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 
 use super::AppState;
+
+/// The managed engines' side of the application: their owners' tasks, awaited at shutdown, and
+/// the swap groups by name, kept across reloads so that the members of one configuration and of
+/// the next take turns in the same group.
+#[derive(Debug, Default)]
+pub(crate) struct Engines {
+    tasks: TaskTracker,
+    swap_groups: Mutex<BTreeMap<String, Arc<Group>>>,
+}
+
+impl Engines {
+    /// The swap group `name`, created on first use; its settings are `max_wait`'s from now on.
+    fn swap_group(&self, name: &str, max_wait: Duration) -> Arc<Group> {
+        let mut groups = self
+            .swap_groups
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        let group = groups
+            .entry(name.to_owned())
+            .or_insert_with(|| Arc::new(Group::new(name, max_wait)));
+        group.configure(max_wait);
+        group.clone()
+    }
+
+    /// Every swap group in use, with its holder and how often it changed hands.
+    pub(crate) fn swap_groups(&self) -> serde_json::Value {
+        let groups = self
+            .swap_groups
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        groups
+            .iter()
+            .map(|(name, g)| {
+                (
+                    name.clone(),
+                    serde_json::json!({
+                        "holder": g.holder().map(|m| m.backend.to_string()),
+                        "swaps": g.swaps(),
+                        "max_wait_ms": g.max_wait().as_millis() as u64,
+                    }),
+                )
+            })
+            .collect::<serde_json::Map<_, _>>()
+            .into()
+    }
+
+    /// The backend holding swap group `name` now, if any.
+    pub(crate) fn holder(&self, name: &str) -> Option<String> {
+        let groups = self
+            .swap_groups
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        groups
+            .get(name)
+            .and_then(|g| g.holder())
+            .map(|m| m.backend.to_string())
+    }
+}
 
 /// Starts the owner of `backend`'s engine, if Switchyard runs it.
 pub(super) fn own(state: &Arc<AppState>, backend: &Arc<Backend>, stop: CancellationToken) {
@@ -31,8 +93,9 @@ pub(super) fn own(state: &Arc<AppState>, backend: &Arc<Backend>, stop: Cancellat
         }
     };
     tracing::info!(backend = %backend.name, port = managed.port, start = ?managed.config.start, "managing the engine's process");
-    state
-        .engines
+    let engines = &state.engines;
+    engines
+        .tasks
         .spawn(metrics(state.clone(), backend.clone(), stop.clone()));
     let groups = managed
         .config
@@ -45,10 +108,10 @@ pub(super) fn own(state: &Arc<AppState>, backend: &Arc<Backend>, stop: Cancellat
                 .map_or(Duration::from_secs(5), |g| {
                     Duration::from_millis(g.max_wait_ms)
                 });
-            state.swap_group(name, max_wait)
+            engines.swap_group(name, max_wait)
         })
         .collect();
-    state.engines.spawn(switchyard_engine::supervisor::run(
+    engines.tasks.spawn(switchyard_engine::supervisor::run(
         backend.clone(),
         state.shared.upstream.clone(),
         stop,
@@ -88,12 +151,10 @@ async fn metrics(state: Arc<AppState>, backend: Arc<Backend>, stop: Cancellation
 /// Waits, for at most `within`, until every managed engine has stopped (their owners stop them
 /// once their requests are done). Any still running then is killed (SIGKILL to its process
 /// group), so that none outlives a shutdown that ran out of time.
-pub(super) async fn stopped(state: &AppState, within: Duration) {
-    state.engines.close();
-    if tokio::time::timeout(within, state.engines.wait())
-        .await
-        .is_ok()
-    {
+pub(crate) async fn stopped(state: &AppState, within: Duration) {
+    let tasks = &state.engines.tasks;
+    tasks.close();
+    if tokio::time::timeout(within, tasks.wait()).await.is_ok() {
         return;
     }
     let killed: Vec<String> = state
@@ -111,7 +172,7 @@ pub(super) async fn stopped(state: &AppState, within: Duration) {
     );
     // Their owners reap them and remove their pid files; a pid file left behind is cleared
     // by the next start, which finds its process gone.
-    let _ = tokio::time::timeout(KILLED_REAP, state.engines.wait()).await;
+    let _ = tokio::time::timeout(KILLED_REAP, tasks.wait()).await;
 }
 
 /// How long the owners of engines killed at shutdown get to reap them.

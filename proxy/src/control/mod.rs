@@ -2,7 +2,7 @@
 //! shadow pools, the engine client), the stack each connection is served by, and the
 //! background work ([`probes`]) that keeps identity current off the request path.
 
-mod engines;
+pub(crate) mod engines;
 pub mod events;
 mod probes;
 pub mod releases;
@@ -13,7 +13,6 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, SystemTime};
 
 use switchyard_adapters::fingerprint::DigestCache;
-use switchyard_engine::managed::group::Group;
 use switchyard_engine::{Backend, Upstream};
 use switchyard_policy::Config;
 use tokio_util::sync::CancellationToken;
@@ -28,7 +27,13 @@ use crate::sinks::Recorder;
 use switchyard_observe::ledger::{Ledger, ReleaseStore};
 use switchyard_observe::telemetry::Telemetry;
 
-/// State shared by every request.
+/// The application's state. What requests read comes first (the live snapshot, the recorder,
+/// traces, shadows, what every backend's stack shares, the in-flight count); then the control
+/// plane, one part per concern, each with its own state and methods: the events
+/// ([`events::Events`]), reloads ([`reload::Reloads`]), the background probes, releases
+/// ([`releases::Releases`]) and the managed engines ([`engines::Engines`]). The admin API's
+/// reads take only the parts they show; its actions (a reload, a release's, an engine's) are
+/// the control plane's own methods.
 #[derive(Debug)]
 pub struct AppState {
     /// The configuration, routes and backends requests see, swappable while they run.
@@ -47,25 +52,16 @@ pub struct AppState {
     started: SystemTime,
     /// Bumped whenever a backend's health or identity changes.
     revision: Arc<tokio::sync::watch::Sender<u64>>,
-    /// The configuration file (and the command line's settings over it), re-read by a reload;
-    /// `None` for a configuration built in memory.
-    source: Option<crate::config::Source>,
     /// State changes, for the admin API's event stream.
     pub events: events::Events,
-    /// Held by the reload under way.
-    reloading: tokio::sync::Mutex<()>,
+    /// How the configuration in force changes: its file, one change at a time.
+    pub(crate) reloads: reload::Reloads,
     /// The background tasks, once started: each backend's probes, the event watcher.
     background: Background,
     /// Canary releases: their store in the ledger, and their copies' pools.
     pub(crate) releases: releases::Releases,
-    /// The owners of the engines Switchyard runs (`launch`), awaited at shutdown.
-    engines: TaskTracker,
-    /// Swap groups by name, kept across reloads: the members of one configuration and of the
-    /// next take turns in the same group.
-    swap_groups: Mutex<std::collections::BTreeMap<String, Arc<Group>>>,
-    /// Started with `--insecure-no-auth`: a reload may leave a client listener off loopback
-    /// without `[auth]`.
-    no_auth_allowed: std::sync::atomic::AtomicBool,
+    /// The engines Switchyard runs (`launch`): their owners' tasks, and the swap groups.
+    pub(crate) engines: engines::Engines,
 }
 
 /// The background work of a running application, kept so that a reload can start the probes
@@ -180,13 +176,6 @@ impl Running {
 }
 
 impl AppState {
-    /// Lets a reload leave the client listener off loopback without client keys, as
-    /// `serve --insecure-no-auth` started it.
-    pub fn allow_no_auth(&self) {
-        self.no_auth_allowed
-            .store(true, std::sync::atomic::Ordering::Relaxed);
-    }
-
     /// The configuration of the current snapshot.
     pub fn config(&self) -> Arc<Config> {
         self.live.load().config.clone()
@@ -218,59 +207,6 @@ impl AppState {
         }
     }
 
-    /// The swap group `name`, created on first use; its settings are `max_wait`'s from now on.
-    pub(crate) fn swap_group(&self, name: &str, max_wait: Duration) -> Arc<Group> {
-        let mut groups = self
-            .swap_groups
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
-        let group = groups
-            .entry(name.to_owned())
-            .or_insert_with(|| Arc::new(Group::new(name, max_wait)));
-        group.configure(max_wait);
-        group.clone()
-    }
-
-    /// Every swap group in use, with its holder and how often it changed hands.
-    pub fn swap_groups(&self) -> serde_json::Value {
-        let groups = self
-            .swap_groups
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
-        groups
-            .iter()
-            .map(|(name, g)| {
-                (
-                    name.clone(),
-                    serde_json::json!({
-                        "holder": g.holder().map(|m| m.backend.to_string()),
-                        "swaps": g.swaps(),
-                        "max_wait_ms": g.max_wait().as_millis() as u64,
-                    }),
-                )
-            })
-            .collect::<serde_json::Map<_, _>>()
-            .into()
-    }
-
-    /// The backend holding swap group `name` now, if any.
-    pub fn swap_group_holder(&self, name: &str) -> Option<String> {
-        let groups = self
-            .swap_groups
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
-        groups
-            .get(name)
-            .and_then(|g| g.holder())
-            .map(|m| m.backend.to_string())
-    }
-
-    /// Waits until the engines Switchyard runs have stopped; called last at shutdown, once
-    /// their requests are done.
-    pub(crate) async fn engines_stopped(&self, within: Duration) {
-        engines::stopped(self, within).await;
-    }
-
     /// The drains of engines' answers whose clients left (see [`forward::drain`]).
     pub(crate) fn drains(&self) -> &forward::drain::Drains {
         &self.shared.drains
@@ -297,11 +233,6 @@ impl AppState {
         })
         .await
         .unwrap_or(false)
-    }
-
-    /// The configuration file a reload reads, when there is one.
-    pub fn source(&self) -> Option<&std::path::Path> {
-        self.source.as_ref().map(|s| s.path.as_path())
     }
 
     /// The digest of the configuration in force.
@@ -415,14 +346,11 @@ impl App {
                 digests: DigestCache::new(),
                 started,
                 revision,
-                source,
+                reloads: reload::Reloads::new(source),
                 events: events::Events::default(),
-                reloading: tokio::sync::Mutex::new(()),
                 background: Background::default(),
                 releases,
-                engines: TaskTracker::new(),
-                swap_groups: Mutex::default(),
-                no_auth_allowed: std::sync::atomic::AtomicBool::new(false),
+                engines: engines::Engines::default(),
             }),
         })
     }

@@ -9,6 +9,7 @@
 //! request ends). Every attempt is logged, counted, published as an event and, with a ledger,
 //! written to `config_changes`.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use serde::Serialize;
@@ -36,6 +37,42 @@ const FIXED: &[&str] = &[
     "telemetry",
     "admin.listen",
 ];
+
+/// How the configuration in force changes: the file a reload reads, the lock that lets one
+/// change of the snapshot happen at a time (a reload, a release's step or action), and whether
+/// the client listener may be left off loopback without client keys.
+#[derive(Debug)]
+pub(crate) struct Reloads {
+    /// The configuration file (and the command line's settings over it), re-read by a reload;
+    /// `None` for a configuration built in memory.
+    source: Option<config::Source>,
+    /// Held by the change under way.
+    pub(crate) changing: tokio::sync::Mutex<()>,
+    /// Started with `--insecure-no-auth`: a reload may leave a client listener off loopback
+    /// without `[auth]`.
+    no_auth_allowed: AtomicBool,
+}
+
+impl Reloads {
+    pub(crate) fn new(source: Option<config::Source>) -> Self {
+        Self {
+            source,
+            changing: tokio::sync::Mutex::new(()),
+            no_auth_allowed: AtomicBool::new(false),
+        }
+    }
+
+    /// Lets a reload leave the client listener off loopback without client keys, as
+    /// `serve --insecure-no-auth` started it.
+    pub(crate) fn allow_no_auth(&self) {
+        self.no_auth_allowed.store(true, Ordering::Relaxed);
+    }
+
+    /// The configuration file a reload reads, when there is one.
+    pub(crate) fn source(&self) -> Option<&std::path::Path> {
+        self.source.as_ref().map(|s| s.path.as_path())
+    }
+}
 
 /// How a reload ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -81,9 +118,9 @@ impl AppState {
     /// Re-reads the configuration file this process was started with and applies it. The file
     /// is read under the reload lock: two reloads never apply an older file over a newer one.
     pub async fn reload(self: &Arc<Self>, actor: &str) -> Reload {
-        let _one_at_a_time = self.reloading.lock().await;
+        let _one_at_a_time = self.reloads.changing.lock().await;
         let in_force = self.live.load().config.clone();
-        let loaded = match self.source.clone() {
+        let loaded = match self.reloads.source.clone() {
             Some(source) => tokio::task::spawn_blocking(move || read(&source, &in_force))
                 .await
                 .unwrap_or_else(|e| Err(problem("--config", format!("reading failed: {e}")))),
@@ -102,7 +139,7 @@ impl AppState {
         loaded: Result<Config, ConfigError>,
         actor: &str,
     ) -> Reload {
-        let _one_at_a_time = self.reloading.lock().await;
+        let _one_at_a_time = self.reloads.changing.lock().await;
         self.apply_locked(loaded, actor).await
     }
 
@@ -144,9 +181,7 @@ impl AppState {
                     .collect();
                 // A reload does not open a client listener off loopback that `serve` would
                 // have refused to open.
-                let allowed = self
-                    .no_auth_allowed
-                    .load(std::sync::atomic::Ordering::Relaxed);
+                let allowed = self.reloads.no_auth_allowed.load(Ordering::Relaxed);
                 if let Some(why) = switchyard_policy::auth::exposure_problem(
                     config.server.listen,
                     config.auth.as_ref(),

@@ -137,7 +137,7 @@ pub(super) async fn finish(
             "the ledger did not finish writing at shutdown"
         );
     }
-    state.engines_stopped(budget.left(Duration::MAX)).await;
+    crate::control::engines::stopped(state, budget.left(Duration::MAX)).await;
     if state.telemetry.is_some() {
         // Every drained request's span has ended: export them all before returning. The export
         // runs on this runtime while a blocking thread waits for it.

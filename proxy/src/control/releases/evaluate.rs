@@ -62,7 +62,7 @@ pub(crate) async fn evaluator(state: Arc<AppState>, stop: CancellationToken) {
 impl AppState {
     /// Evaluates release `id` once, if it is running, and applies the decision.
     pub(crate) async fn evaluate_release(self: &Arc<Self>, store: &Arc<ReleaseStore>, id: &str) {
-        let _changing = self.reloading.lock().await;
+        let _changing = self.reloads.changing.lock().await;
         let key = id.to_owned();
         let release = match blocking(store, move |s| s.get(&key)).await {
             Ok(Some(r)) if r.state == "running" => r,

@@ -207,7 +207,7 @@ impl AppState {
         force: bool,
         actor: &str,
     ) -> Result<Release, ReleaseError> {
-        let _changing = self.reloading.lock().await;
+        let _changing = self.reloads.changing.lock().await;
         let store = self.releases.store()?.clone();
         let snapshot = self.live.load();
         let config = &snapshot.config;
@@ -332,7 +332,7 @@ impl AppState {
         reason: &str,
     ) -> Result<Release, ReleaseError> {
         let store = {
-            let _changing = self.reloading.lock().await;
+            let _changing = self.reloads.changing.lock().await;
             let store = self.releases.store()?.clone();
             let key = id.to_owned();
             let release = blocking(&store, move |s| s.get(&key))
@@ -375,7 +375,7 @@ impl AppState {
     ) -> Result<(Release, Vec<ReleaseEvent>, Vec<Evaluation>), ReleaseError> {
         let store = self.releases.store()?.clone();
         // Read between changes: a release read here routes as it says.
-        let _settled = self.reloading.lock().await;
+        let _settled = self.reloads.changing.lock().await;
         let key = id.to_owned();
         let (release, events, evaluations) = blocking(&store, move |s| {
             Ok((s.get(&key)?, s.events(&key)?, s.evaluations(&key)?))
@@ -400,7 +400,7 @@ impl AppState {
     pub async fn releases(self: &Arc<Self>) -> Result<Vec<Release>, ReleaseError> {
         let store = self.releases.store()?.clone();
         // Read between changes: a release read here routes as it says.
-        let _settled = self.reloading.lock().await;
+        let _settled = self.reloads.changing.lock().await;
         blocking(&store, |s| s.all()).await
     }
 
