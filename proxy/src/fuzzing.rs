@@ -8,8 +8,8 @@
 
 use bytes::Bytes;
 
-use crate::forward::request::{insert_model, parse_body, splice_model, value_range};
 use crate::http::ProxyError;
+use crate::incoming::{insert_model, parse_body, splice_model, value_range};
 
 /// Names a request's `model` may be replaced with: plain, one needing escapes, one not ASCII.
 const NAMES: &[&str] = &["smollm2", "a\"b\\c\u{1}", "模型-é"];

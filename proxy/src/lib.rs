@@ -16,6 +16,8 @@
 //! - [`shadow`]: shadow traffic and its comparisons;
 //! - [`forward`]: the per-backend stages (identity gate, admission, inspection, sending) and
 //!   the observed stream;
+//! - `incoming`: reading a client's request (the body, its fields, `model`, its fingerprints)
+//!   and what is sent on to a backend;
 //! - [`sinks`]: the write-once record guard and the fan-out to the sinks;
 //! - [`http`]: errors and their responses, the body type, header names;
 //! - [`config`]: reading and validating the configuration file (at start and at every reload).
@@ -32,6 +34,7 @@ pub(crate) mod forward;
 #[doc(hidden)]
 pub mod fuzzing;
 pub mod http;
+pub(crate) mod incoming;
 pub mod ingress;
 pub mod offline;
 pub mod route;

@@ -12,12 +12,12 @@ use switchyard_adapters::Endpoint;
 use switchyard_engine::IdentityHeaders;
 use switchyard_record::between;
 
-use super::request::Outgoing;
 use crate::http::headers::{
     header_value, SERVER_TIMING, X_ARTIFACT, X_BACKEND, X_ENGINE, X_FALLBACK_FROM,
     X_MODEL_DEFAULTED, X_MODEL_PATTERN, X_VARIANT, X_WORKLOAD,
 };
 use crate::http::{ProxyBody, ProxyError};
+use crate::incoming::Outgoing;
 use crate::sinks::Recording;
 
 /// The identity known so far for a request, stamped on whatever response it gets.

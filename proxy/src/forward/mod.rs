@@ -13,8 +13,8 @@
 //! enters as an [`Attempt`] that owns its context, and leaves as a response that carries it (a
 //! stream's body owns the record until the stream ends) or as a [`Failed`] that hands it back.
 //!
-//! [`request`] reads and parses what the client sent, before any backend is chosen. When a client
-//! leaves and its backend drains (`on_client_disconnect = "drain"`), [`drain`] reads the
+//! What the client sent is read and parsed before any backend is chosen, by
+//! [`crate::incoming`]. When a client leaves and its backend drains (`on_client_disconnect = "drain"`), [`drain`] reads the
 //! engine's answer to its end off the client's task.
 
 pub(crate) mod admission;
@@ -24,7 +24,6 @@ pub(crate) mod gate;
 pub(crate) mod inspect;
 pub(crate) mod launch;
 pub(crate) mod queue;
-pub(crate) mod request;
 pub(crate) mod send;
 pub(crate) mod serves;
 pub(crate) mod stream;
@@ -37,8 +36,8 @@ use tokio_util::sync::CancellationToken;
 use crate::sinks::Recorder;
 use switchyard_observe::metrics::GaugeGuard;
 
+pub(crate) use crate::incoming::Outgoing;
 pub(crate) use context::{Attempt, Ctx, Failed};
-pub(crate) use request::Outgoing;
 
 /// What a request forwarded to a backend holds while the engine works on it: its admission slot
 /// (when the backend limits concurrency) and its place in `switchyard_in_flight_requests`. Both

@@ -20,10 +20,10 @@ use switchyard_record::between;
 
 use super::context::{Attempt, Ctx, Failed};
 use super::drain::Drain;
-use super::request::{splice_model, Outgoing};
 use super::Held;
 use crate::http::headers::{connection_options, is_client_credential, is_hop_by_hop, X_REQUEST_ID};
 use crate::http::ProxyError;
+use crate::incoming::{splice_model, Outgoing};
 use crate::sinks::Recorder;
 
 /// An engine's answer, its head read: what the next stage inspects and forwards.

@@ -256,7 +256,7 @@ fn unsupported_coding(headers: &HeaderMap) -> Option<String> {
             .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned())
             .collect();
         // Quoted back in the answer and the log: bounded like a model name.
-        crate::forward::request::quoted_name(&all.join(", "))
+        crate::incoming::quoted_name(&all.join(", "))
     })
 }
 

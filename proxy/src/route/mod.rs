@@ -22,10 +22,10 @@ use switchyard_engine::Backend;
 use switchyard_record::RequestRecord;
 use tower::ServiceExt as _;
 
-use crate::forward::request::{quoted_name, Outgoing};
 use crate::forward::{Attempt, Ctx, Failed};
 use crate::http::gate::Gate;
 use crate::http::{ProxyBody, ProxyError};
+use crate::incoming::{quoted_name, Outgoing};
 use crate::shadow::Shadowing;
 use crate::sinks::{Recorder, Recording};
 use switchyard_observe::telemetry::Telemetry;

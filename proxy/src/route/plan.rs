@@ -23,13 +23,13 @@ use switchyard_record::ReleaseMark;
 use super::keys::{self, Key};
 use super::release::{self, ReleaseRoute};
 use super::{fallback, unknown_model, Routing, Snapshot};
-use crate::forward::request::{
-    fingerprint_fields, insert_model, is_json, parse_body, read_body, value_range, Head, Outgoing,
-    ParsedBody,
-};
 use crate::forward::{Ctx, Failed};
 use crate::http::headers::header_value;
 use crate::http::{ProxyBody, ProxyError};
+use crate::incoming::{
+    fingerprint_fields, insert_model, is_json, parse_body, read_body, value_range, Head, Outgoing,
+    ParsedBody,
+};
 use crate::shadow::{self, Target};
 
 /// A request ready to send: what goes to the engine, the model's route, and the release (if

@@ -11,9 +11,9 @@ use sha2::{Digest as _, Sha256};
 use switchyard_policy::release::{arm, point, Arm, KeySource};
 use switchyard_policy::{ShadowRoute, ShadowWhen};
 
-use crate::forward::request::ParsedBody;
 use crate::http::headers::X_ADMIN_TOKEN;
 use crate::http::headers::X_ARM;
+use crate::incoming::ParsedBody;
 use crate::shadow;
 
 /// One open release of a model, as requests are routed by it.

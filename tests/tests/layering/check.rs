@@ -29,7 +29,7 @@ pub(crate) use circles::check_circles;
 /// anything; a module that is listed but does not exist (yet) is fine.
 pub(crate) const PROXY_LAYERS: &[&str] = &[
     "cli", "offline", "fuzzing", "server", "admin", "control", "ingress", "route", "shadow",
-    "forward", "sinks", "http", "config",
+    "forward", "incoming", "sinks", "http", "config",
 ];
 
 /// Where the list lives, for the messages that ask to extend it.
