@@ -1,5 +1,5 @@
 //! Entry points for the fuzz targets in `tests/fuzz`, and for the replay of their corpus in
-//! `tests/tests/fuzz_corpus.rs`: each runs a parser that reads what a client or an engine sends
+//! `tests/tests/e2e/fuzz_corpus.rs`: each runs a parser that reads what a client or an engine sends
 //! on an arbitrary input and checks what must hold of its answer, panicking when it does not,
 //! so the fuzzer records the input. Not part of the API (hidden from the docs).
 

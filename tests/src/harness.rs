@@ -81,20 +81,27 @@ pub fn serve_command(config: &std::path::Path) -> anyhow::Result<std::process::C
 }
 
 /// `switchyard serve` on the configuration `text` (written to `dir/switchyard.toml`) with `env`,
-/// once it says where it listens: the process, that base URL, and its log's lines on a channel
-/// (read by a thread of their own, so a quiet reader never blocks the process).
+/// once it says where it listens: see [`spawn_logged`].
 pub async fn serve_logged(
     dir: &std::path::Path,
     text: &str,
     env: &[(&str, &str)],
 ) -> anyhow::Result<(KillOnDrop, String, std::sync::mpsc::Receiver<String>)> {
-    use std::io::{BufRead, BufReader};
     let path = dir.join("switchyard.toml");
     std::fs::write(&path, text)?;
     let mut command = serve_command(&path)?;
-    command
-        .envs(env.iter().copied())
-        .stderr(std::process::Stdio::piped());
+    command.envs(env.iter().copied());
+    spawn_logged(command).await
+}
+
+/// Spawns `command` (a [`serve_command`]) and waits until it says where it listens: the
+/// process, that base URL, and its log's lines on a channel (read by a thread of their own, so
+/// a quiet reader never blocks the process; the channel ends when the process does).
+pub async fn spawn_logged(
+    mut command: std::process::Command,
+) -> anyhow::Result<(KillOnDrop, String, std::sync::mpsc::Receiver<String>)> {
+    use std::io::{BufRead, BufReader};
+    command.stderr(std::process::Stdio::piped());
     let mut child = KillOnDrop(command.spawn()?);
     let stderr = child
         .stderr
