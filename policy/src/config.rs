@@ -275,8 +275,9 @@ impl EngineKind {
 #[serde(deny_unknown_fields)]
 pub struct BackendConfig {
     pub engine: EngineKind,
-    /// Base URL of the engine, `http://host:port` (no path). May be left out for a managed
-    /// engine (`launch`): Switchyard then chooses a free loopback port for it.
+    /// Base URL of the engine: `http://host:port`, or `https://host[:port]`, optionally with the
+    /// path prefix the engine is served under (see [`crate::engine_url`]). May be left out for a
+    /// managed engine (`launch`): Switchyard then chooses a free loopback port for it.
     #[serde(default)]
     pub url: String,
     /// The model file (GGUF) or folder (MLX) the engine is meant to serve; its digest is the
@@ -330,6 +331,14 @@ pub struct BackendConfig {
     /// written out (not serialized, `[redacted]` in `Debug`).
     #[serde(skip)]
     pub api_key: Option<Secret>,
+    /// PEM certificates trusted for an `https://` engine, besides the system's roots (a private
+    /// CA, or the engine's own self-signed certificate).
+    #[serde(default)]
+    pub ca_file: Option<PathBuf>,
+    /// Sends `api_key_env`'s key over plain `http://` to a host that is not this machine. Off:
+    /// such a configuration is refused, since anyone on the path could read the key.
+    #[serde(default)]
+    pub allow_api_key_over_http: bool,
 }
 
 /// A value that must never be shown: a backend's own API key. Its `Debug` says `[redacted]`, it

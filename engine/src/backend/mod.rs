@@ -15,8 +15,9 @@ use tokio::sync::Semaphore;
 
 mod identity;
 
-use crate::client::Endpoint;
+use crate::client::{Endpoint, Tls};
 use crate::managed::Managed;
+use switchyard_policy::engine_url::EngineUrl;
 
 use identity::{compute_headers, names_differ};
 pub use identity::{header_value, Digest, IdentityHeaders, Verification};
@@ -77,7 +78,7 @@ pub struct Backend {
 
 impl Backend {
     pub fn new(name: &str, config: BackendConfig) -> Result<Self, String> {
-        let authority = if config.url.is_empty() && config.launch.is_some() {
+        let url = if config.url.is_empty() && config.launch.is_some() {
             // A managed engine on a port chosen here: free now, and handed to the engine when
             // it starts. Another process could take it in between; the engine then fails to
             // start, which is logged and retried like any failed start.
@@ -85,16 +86,26 @@ impl Backend {
                 .and_then(|l| l.local_addr())
                 .map_err(|e| format!("backends.{name}: no free loopback port for the engine: {e}"))?
                 .port();
-            format!("127.0.0.1:{port}")
+            EngineUrl {
+                tls: false,
+                host: "127.0.0.1".to_owned(),
+                port,
+                prefix: String::new(),
+            }
         } else {
-            config
-                .url
-                .trim_start_matches("http://")
-                .trim_end_matches('/')
-                .to_owned()
-        }
-        .parse::<http::uri::Authority>()
-        .map_err(|e| format!("backends.{name}.url: {e}"))?;
+            EngineUrl::parse(&config.url).map_err(|e| format!("backends.{name}.url: {e}"))?
+        };
+        let authority = url
+            .authority()
+            .parse::<http::uri::Authority>()
+            .map_err(|e| format!("backends.{name}.url: {e}"))?;
+        let tls = if url.tls {
+            let tls = Tls::new(&url.host, config.ca_file.as_deref())
+                .map_err(|e| format!("backends.{name}: {e}"))?;
+            Some(tls)
+        } else {
+            None
+        };
         let adapter = switchyard_adapters::for_kind(config.engine);
         let state = BackendState {
             report: None,
@@ -141,6 +152,8 @@ impl Backend {
             authority,
             authorization,
             closes_after_stream: adapter.closes_after_stream(),
+            tls,
+            prefix: url.prefix,
             connections: Arc::default(),
         };
         Ok(Self {
@@ -178,6 +191,7 @@ impl Backend {
             && a.url == b.url
             && a.artifact == b.artifact
             && a.binary == b.binary
+            && a.ca_file == b.ca_file
     }
 
     /// Takes over what `previous`, the same engine configured for other use

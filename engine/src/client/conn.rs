@@ -15,7 +15,6 @@ use http_body_util::Full;
 use hyper::body::Incoming;
 use hyper::client::conn::http1::SendRequest;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
-use tokio::net::TcpStream;
 
 /// How long a connection may wait idle before it is closed rather than reused: below
 /// llama-server's own keep-alive of 5 s, so a reused connection is never one the engine is
@@ -139,15 +138,17 @@ fn keep_alive_timeout(value: &[u8]) -> Option<u64> {
     })
 }
 
-/// An engine connection's socket, counting the bytes read from it: whether any byte of an
-/// answer arrived decides whether a failed request may be sent again.
+/// An engine connection's stream, counting the bytes read from it: whether any byte of an
+/// answer arrived decides whether a failed request may be sent again. Over TLS it wraps the TLS
+/// stream, so that only the engine's HTTP bytes count (not a `close_notify` on a connection the
+/// engine closed while it was idle).
 #[derive(Debug)]
-pub(super) struct Counted {
-    pub(super) stream: TcpStream,
+pub(super) struct Counted<S> {
+    pub(super) stream: S,
     pub(super) read: Arc<AtomicU64>,
 }
 
-impl AsyncRead for Counted {
+impl<S: AsyncRead + Unpin> AsyncRead for Counted<S> {
     fn poll_read(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
@@ -163,7 +164,7 @@ impl AsyncRead for Counted {
     }
 }
 
-impl AsyncWrite for Counted {
+impl<S: AsyncWrite + Unpin> AsyncWrite for Counted<S> {
     fn poll_write(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,

@@ -27,15 +27,17 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full, Limited};
-use hyper::client::conn::http1;
+use hyper::client::conn::http1::{self, SendRequest};
 use hyper_util::rt::TokioIo;
 use switchyard_adapters::ProbeResult;
 use tokio::net::TcpStream;
 
 mod conn;
+mod tls;
 
 use conn::{reuse_for, Back, Conn, Counted};
 pub use conn::{Connections, UpstreamBody};
+pub use tls::Tls;
 
 /// TCP keep-alive on engine connections (a long generation may leave one silent for minutes).
 const TCP_KEEPALIVE: Duration = Duration::from_secs(30);
@@ -83,6 +85,12 @@ fn address(endpoint: &Endpoint, request: &mut http::Request<Full<Bytes>>) {
             .headers_mut()
             .insert(http::header::AUTHORIZATION, authorization.clone());
     }
+    if !endpoint.prefix.is_empty() {
+        let path = request.uri().path_and_query().map_or("/", |pq| pq.as_str());
+        if let Ok(uri) = format!("{}{path}", endpoint.prefix).parse() {
+            *request.uri_mut() = uri;
+        }
+    }
 }
 
 /// Where and how to reach one engine: what the client needs of a backend. Each backend owns one
@@ -98,6 +106,11 @@ pub struct Endpoint {
     pub authorization: Option<http::HeaderValue>,
     /// The engine closes its connection after a streamed answer (it is then not kept).
     pub closes_after_stream: bool,
+    /// For an `https://` engine: how its connections are secured.
+    pub tls: Option<Tls>,
+    /// The path the engine is served under (`/llama`), put before every request's and probe's
+    /// path; empty for none.
+    pub prefix: String,
     /// Kept-alive connections to the engine, waiting for the next request.
     pub connections: Arc<Connections>,
 }
@@ -266,20 +279,28 @@ impl Upstream {
         let _ = socket2::SockRef::from(&stream)
             .set_tcp_keepalive(&socket2::TcpKeepalive::new().with_time(TCP_KEEPALIVE));
         let read = Arc::new(AtomicU64::new(0));
-        let counted = Counted {
-            stream,
-            read: read.clone(),
-        };
-        let (sender, connection) = http1::handshake(TokioIo::new(counted))
-            .await
-            .map_err(|e| Failure::Connect(describe_chain(&e)))?;
-        let name = endpoint.name.clone();
-        #[allow(clippy::disallowed_methods)] // lives as long as the connection; ends with it
-        tokio::spawn(async move {
-            if let Err(e) = connection.await {
-                tracing::debug!(backend = %name, error = %describe_chain(&e), "engine connection ended");
+        let sender = match &endpoint.tls {
+            None => {
+                let counted = Counted {
+                    stream,
+                    read: read.clone(),
+                };
+                handshake(counted, &endpoint.name).await?
             }
-        });
+            Some(tls) => {
+                let secured =
+                    match tokio::time::timeout(self.connect_timeout, tls.connect(stream)).await {
+                        Err(_) => return Err(Failure::ConnectTimeout),
+                        Ok(Err(e)) => return Err(Failure::Connect(format!("TLS handshake: {e}"))),
+                        Ok(Ok(secured)) => secured,
+                    };
+                let counted = Counted {
+                    stream: secured,
+                    read: read.clone(),
+                };
+                handshake(counted, &endpoint.name).await?
+            }
+        };
         Ok(Conn { sender, read })
     }
 
@@ -340,6 +361,24 @@ impl Upstream {
             },
         }
     }
+}
+
+/// The HTTP/1 handshake on `io`, and the task that drives the connection until it ends.
+async fn handshake<S>(io: S, name: &Arc<str>) -> Result<SendRequest<Full<Bytes>>, Failure>
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
+    let (sender, connection) = http1::handshake(TokioIo::new(io))
+        .await
+        .map_err(|e| Failure::Connect(describe_chain(&e)))?;
+    let name = name.clone();
+    #[allow(clippy::disallowed_methods)] // lives as long as the connection; ends with it
+    tokio::spawn(async move {
+        if let Err(e) = connection.await {
+            tracing::debug!(backend = %name, error = %describe_chain(&e), "engine connection ended");
+        }
+    });
+    Ok(sender)
 }
 
 /// Where to connect for `authority`: the host without an IPv6 literal's brackets, and the port

@@ -1,6 +1,8 @@
 //! Checks of single configuration values: names, backend and collector URLs, and whether two
 //! listen addresses (or a URL and a listener) are the same place.
 
+use crate::engine_url::EngineUrl;
+
 pub(super) fn is_valid_name(name: &str) -> bool {
     !name.is_empty()
         && name
@@ -27,21 +29,19 @@ pub(super) fn same_listener(a: std::net::SocketAddr, b: std::net::SocketAddr) ->
 /// `own`: the same port on the same address, on `localhost` or a loopback address when `own` is
 /// loopback or unspecified. Other host names are not resolved here.
 pub(super) fn url_reaches(url: &str, own: std::net::SocketAddr) -> bool {
-    let authority = url.trim_start_matches("http://").trim_end_matches('/');
-    let Some((host, port)) = authority.rsplit_once(':') else {
+    let Ok(url) = EngineUrl::parse(url) else {
         return false;
     };
-    if own.port() == 0 || port.parse::<u16>() != Ok(own.port()) {
+    if own.port() == 0 || url.port != own.port() {
         return false;
     }
-    let host = host.trim_start_matches('[').trim_end_matches(']');
-    match host.parse::<std::net::IpAddr>() {
+    match url.host.parse::<std::net::IpAddr>() {
         Ok(ip) => {
             ip == own.ip()
                 || (own.ip().is_unspecified() && (ip.is_loopback() || ip.is_unspecified()))
         }
         Err(_) => {
-            host.eq_ignore_ascii_case("localhost")
+            url.host.eq_ignore_ascii_case("localhost")
                 && (own.ip().is_loopback() || own.ip().is_unspecified())
         }
     }
@@ -50,42 +50,12 @@ pub(super) fn url_reaches(url: &str, own: std::net::SocketAddr) -> bool {
 /// Whether a backend URL (already checked by [`check_url`]) names this machine: `localhost` or
 /// a loopback address.
 pub(super) fn url_is_loopback(url: &str) -> bool {
-    let authority = url.trim_start_matches("http://").trim_end_matches('/');
-    let Some((host, _)) = authority.rsplit_once(':') else {
-        return false;
-    };
-    let host = host.trim_start_matches('[').trim_end_matches(']');
-    match host.parse::<std::net::IpAddr>() {
-        Ok(ip) => ip.is_loopback(),
-        Err(_) => host.eq_ignore_ascii_case("localhost"),
-    }
+    EngineUrl::parse(url).is_ok_and(|u| u.is_loopback())
 }
 
-/// Engines are reached over plain HTTP on a host and port; a path, query or TLS is not supported.
-pub(super) fn check_url(url: &str) -> Result<(), String> {
-    let Some(rest) = url.strip_prefix("http://") else {
-        return Err(format!(
-            "\"{url}\" must start with http:// (engines are reached over plain HTTP)"
-        ));
-    };
-    let authority = rest.strip_suffix('/').unwrap_or(rest);
-    if authority.is_empty() || authority.contains(['/', '?', '#', '@']) {
-        return Err(format!(
-            "\"{url}\" must be http://host:port with no path, query or credentials"
-        ));
-    }
-    let Some((host, port)) = authority.rsplit_once(':') else {
-        return Err(format!(
-            "\"{url}\" must name a port, e.g. http://127.0.0.1:8081"
-        ));
-    };
-    if host.is_empty() {
-        return Err(format!("\"{url}\" has no host"));
-    }
-    match port.parse::<u16>() {
-        Ok(p) if p > 0 => Ok(()),
-        _ => Err(format!("\"{url}\" has an invalid port \"{port}\"")),
-    }
+/// A backend's URL: see [`EngineUrl::parse`].
+pub(super) fn check_url(url: &str) -> Result<EngineUrl, String> {
+    EngineUrl::parse(url)
 }
 
 /// An OTLP/HTTP collector's base URL: `http://host:port`, optionally with a path prefix; the

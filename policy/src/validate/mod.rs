@@ -223,6 +223,11 @@ pub fn validate(config: &Config) -> Vec<Problem> {
             // A managed engine on a port Switchyard chooses.
         } else if let Err(why) = check_url(&backend.url) {
             problems.push(Problem::new(format!("{at}.url"), why));
+        } else if backend.launch.is_some() && backend.url.starts_with("https://") {
+            problems.push(Problem::new(
+                format!("{at}.url"),
+                "a managed engine (launch) is reached over plain HTTP on a loopback address",
+            ));
         } else if backend.launch.is_some() && !url_is_loopback(&backend.url) {
             problems.push(Problem::new(
                 format!("{at}.url"),
@@ -266,7 +271,20 @@ pub fn validate(config: &Config) -> Vec<Problem> {
                     format!("{at}.api_key_env"),
                     format!("\"{env}\": names starting with SWITCHYARD_ are Switchyard's own settings; name the engine's key otherwise (e.g. ENGINE_API_KEY)"),
                 ));
+            } else if let Ok(url) = check_url(&backend.url) {
+                if !url.tls && !url.is_loopback() && !backend.allow_api_key_over_http {
+                    problems.push(Problem::new(
+                        format!("{at}.api_key_env"),
+                        format!("the key would go to {} over plain HTTP, readable by anyone on the way: use https://, or set allow_api_key_over_http = true", url.authority()),
+                    ));
+                }
             }
+        }
+        if backend.ca_file.is_some() && !backend.url.starts_with("https://") {
+            problems.push(Problem::new(
+                format!("{at}.ca_file"),
+                "only an https:// engine is reached over TLS",
+            ));
         }
         if let Some(upstream) = &backend.upstream_model {
             if upstream.is_empty() {

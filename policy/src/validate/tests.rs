@@ -194,9 +194,10 @@ fn telemetry_is_checked() {
 fn urls_are_checked() {
     assert!(check_url("http://127.0.0.1:8081").is_ok());
     assert!(check_url("http://localhost:8081/").is_ok());
-    assert!(check_url("https://127.0.0.1:8081").is_err());
+    assert!(check_url("https://127.0.0.1:8081").is_ok());
     assert!(check_url("http://127.0.0.1").is_err());
-    assert!(check_url("http://127.0.0.1:8081/v1").is_err());
+    assert!(check_url("http://127.0.0.1:8081/v1").is_ok());
+    assert!(check_url("http://127.0.0.1:8081/v1?x").is_err());
     assert!(check_url("http://127.0.0.1:0").is_err());
     assert!(check_url("http://:80").is_err());
 }
@@ -562,4 +563,57 @@ fn the_readmes_worked_configuration_is_the_shipped_file() {
     let block = &readme[start + "```toml\n".len()..];
     let block = &block[..block.find("```").expect("the block ends")];
     assert_eq!(block, shipped);
+}
+
+#[test]
+fn an_engine_key_goes_over_tls_or_to_this_machine_unless_plain_http_is_allowed() {
+    let config = parse(
+        r#"
+        [backends.plain]
+        engine = "openai"
+        url = "http://10.0.0.7:8080"
+        api_key_env = "REMOTE_KEY"
+        [backends.allowed]
+        engine = "openai"
+        url = "http://10.0.0.8:8080"
+        api_key_env = "REMOTE_KEY"
+        allow_api_key_over_http = true
+        [backends.tls]
+        engine = "openai"
+        url = "https://gpu.example/v1-proxy"
+        api_key_env = "REMOTE_KEY"
+        ca_file = "/etc/switchyard/ca.pem"
+        [backends.local]
+        engine = "openai"
+        url = "http://localhost:9080"
+        api_key_env = "REMOTE_KEY"
+        ca_file = "/etc/switchyard/ca.pem"
+        [backends.managed]
+        engine = "llama.cpp"
+        url = "https://127.0.0.1:8443"
+        [backends.managed.launch]
+        command = ["llama-server", "--port", "${port}"]
+        [models.smollm2]
+        primary = "plain"
+        fallback = ["allowed", "tls", "local", "managed"]
+    "#,
+    );
+    let problems: Vec<(String, String)> = validate(&config)
+        .into_iter()
+        .map(|p| (p.path, p.message))
+        .collect();
+    let paths: Vec<&str> = problems.iter().map(|(p, _)| p.as_str()).collect();
+    assert_eq!(
+        paths,
+        [
+            "backends.local.ca_file",
+            "backends.managed.url",
+            "backends.plain.api_key_env",
+        ],
+        "{problems:#?}"
+    );
+    assert!(
+        problems[2].1.contains("10.0.0.7:8080 over plain HTTP"),
+        "{problems:#?}"
+    );
 }

@@ -61,6 +61,7 @@ async fn main() -> anyhow::Result<()> {
         deterministic: false,
         api_key: None,
         exit_once: a.exit_once,
+        ..FakeEngineConfig::default()
     };
     let mut engine = FakeEngine::with_config(config).spawn_on(a.listen).await?;
     // Nobody reads this process's events.

@@ -119,6 +119,12 @@ pub struct FakeEngineConfig {
     /// `kill -9` that arrives with the request, deterministically. The engine started next
     /// finds the file and serves.
     pub exit_once: Option<std::path::PathBuf>,
+    /// Serves over TLS with this configuration (its certificate and key), as an engine behind an
+    /// HTTPS reverse proxy on another host is reached.
+    pub tls: Option<Arc<rustls::ServerConfig>>,
+    /// Serves under this path (`/llama`), as behind a reverse proxy that mounts the engine
+    /// there: a request outside it is answered 404, one inside it as its path without it.
+    pub path_prefix: Option<String>,
 }
 
 impl Default for FakeEngineConfig {
@@ -138,6 +144,8 @@ impl Default for FakeEngineConfig {
             deterministic: false,
             api_key: None,
             exit_once: None,
+            tls: None,
+            path_prefix: None,
         }
     }
 }

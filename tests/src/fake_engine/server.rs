@@ -12,6 +12,8 @@ use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use serde_json::{json, Value};
 use tokio::net::TcpListener;
+use tokio_rustls::TlsAcceptor;
+use tokio_util::either::Either;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
@@ -39,6 +41,14 @@ pub(super) async fn accept_loop(
         let shared = shared.clone();
         let stop = stop.clone();
         tasks.spawn(async move {
+            let stream = match &shared.config.tls {
+                None => Either::Left(stream),
+                Some(tls) => match TlsAcceptor::from(tls.clone()).accept(stream).await {
+                    Ok(secured) => Either::Right(secured),
+                    // A client that does not trust the certificate ends the handshake.
+                    Err(_) => return,
+                },
+            };
             let requests = Arc::new(AtomicU64::new(0));
             let service = service_fn(move |req| {
                 let shared = shared.clone();
@@ -48,6 +58,12 @@ pub(super) async fn accept_loop(
                         // An error from the service ends the connection without an answer.
                         return Err(std::io::Error::other("closed on reuse"));
                     }
+                    let Some(req) = unprefixed(&shared, req) else {
+                        return Ok(json_response(
+                            StatusCode::NOT_FOUND,
+                            json!({"error": {"code": 404, "message": "outside the served path", "type": "not_found_error"}}),
+                        ));
+                    };
                     Ok(route(shared, req).await)
                 }
             });
@@ -60,6 +76,20 @@ pub(super) async fn accept_loop(
         });
     }
 }
+/// `req` with the served path prefix taken off its path, or `None` when it is outside it.
+fn unprefixed(shared: &Shared, mut req: Request<Incoming>) -> Option<Request<Incoming>> {
+    let Some(prefix) = &shared.config.path_prefix else {
+        return Some(req);
+    };
+    let path_and_query = req.uri().path_and_query()?.as_str();
+    let rest = path_and_query.strip_prefix(prefix.as_str())?;
+    if !rest.starts_with('/') {
+        return None;
+    }
+    *req.uri_mut() = rest.parse().ok()?;
+    Some(req)
+}
+
 fn loading(shared: &Shared) -> bool {
     shared.started.elapsed() < shared.config.loading
 }

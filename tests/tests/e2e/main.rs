@@ -30,6 +30,7 @@ mod paths;
 mod phases;
 mod release;
 mod reload;
+mod remote;
 mod reuse;
 mod routing;
 mod service;
