@@ -76,36 +76,46 @@ pub struct Backend {
     pub managed: Option<Arc<Managed>>,
 }
 
+/// Where `config`'s engine is reached: its URL (for a managed engine without one, a free
+/// loopback port chosen now), the authority connected to, and TLS for an `https://` one.
+fn reached_at(
+    name: &str,
+    config: &BackendConfig,
+) -> Result<(EngineUrl, http::uri::Authority, Option<Tls>), String> {
+    let url = if config.url.is_empty() && config.launch.is_some() {
+        // A managed engine on a port chosen here: free now, and handed to the engine when
+        // it starts. Another process could take it in between; the engine then fails to
+        // start, which is logged and retried like any failed start.
+        let port = std::net::TcpListener::bind(("127.0.0.1", 0))
+            .and_then(|l| l.local_addr())
+            .map_err(|e| format!("backends.{name}: no free loopback port for the engine: {e}"))?
+            .port();
+        EngineUrl {
+            tls: false,
+            host: "127.0.0.1".to_owned(),
+            port,
+            prefix: String::new(),
+        }
+    } else {
+        EngineUrl::parse(&config.url).map_err(|e| format!("backends.{name}.url: {e}"))?
+    };
+    let authority = url
+        .authority()
+        .parse::<http::uri::Authority>()
+        .map_err(|e| format!("backends.{name}.url: {e}"))?;
+    let tls = if url.tls {
+        let tls = Tls::new(&url.host, config.ca_file.as_deref())
+            .map_err(|e| format!("backends.{name}: {e}"))?;
+        Some(tls)
+    } else {
+        None
+    };
+    Ok((url, authority, tls))
+}
+
 impl Backend {
     pub fn new(name: &str, config: BackendConfig) -> Result<Self, String> {
-        let url = if config.url.is_empty() && config.launch.is_some() {
-            // A managed engine on a port chosen here: free now, and handed to the engine when
-            // it starts. Another process could take it in between; the engine then fails to
-            // start, which is logged and retried like any failed start.
-            let port = std::net::TcpListener::bind(("127.0.0.1", 0))
-                .and_then(|l| l.local_addr())
-                .map_err(|e| format!("backends.{name}: no free loopback port for the engine: {e}"))?
-                .port();
-            EngineUrl {
-                tls: false,
-                host: "127.0.0.1".to_owned(),
-                port,
-                prefix: String::new(),
-            }
-        } else {
-            EngineUrl::parse(&config.url).map_err(|e| format!("backends.{name}.url: {e}"))?
-        };
-        let authority = url
-            .authority()
-            .parse::<http::uri::Authority>()
-            .map_err(|e| format!("backends.{name}.url: {e}"))?;
-        let tls = if url.tls {
-            let tls = Tls::new(&url.host, config.ca_file.as_deref())
-                .map_err(|e| format!("backends.{name}: {e}"))?;
-            Some(tls)
-        } else {
-            None
-        };
+        let (url, authority, tls) = reached_at(name, &config)?;
         let adapter = switchyard_adapters::for_kind(config.engine);
         let state = BackendState {
             report: None,
