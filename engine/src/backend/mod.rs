@@ -15,7 +15,7 @@ use tokio::sync::Semaphore;
 
 mod identity;
 
-use crate::client::{Endpoint, Tls};
+use crate::client::{Endpoint, Timeouts, Tls};
 use crate::managed::Managed;
 use switchyard_policy::engine_url::EngineUrl;
 
@@ -164,6 +164,10 @@ impl Backend {
             closes_after_stream: adapter.closes_after_stream(),
             tls,
             prefix: url.prefix,
+            timeouts: Timeouts {
+                connect: config.connect_timeout_ms.map(Duration::from_millis),
+                first_byte: config.first_byte_timeout_ms.map(Duration::from_millis),
+            },
             connections: Arc::default(),
         };
         Ok(Self {

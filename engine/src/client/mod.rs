@@ -33,10 +33,13 @@ use switchyard_adapters::ProbeResult;
 use tokio::net::TcpStream;
 
 mod conn;
+mod endpoint;
 mod tls;
 
 use conn::{reuse_for, Back, Conn, Counted};
 pub use conn::{Connections, UpstreamBody};
+use endpoint::address;
+pub use endpoint::{Endpoint, Timeouts};
 pub use tls::Tls;
 
 /// TCP keep-alive on engine connections (a long generation may leave one silent for minutes).
@@ -70,50 +73,6 @@ pub type RetryObserver = Arc<dyn Fn(&str, Retry) + Send + Sync>;
 
 /// Makes a request again, for its retry on a new connection; `None` when it cannot be.
 pub type Again<'a> = &'a (dyn Fn() -> Option<http::Request<Full<Bytes>>> + Send + Sync);
-
-/// Addresses `request` to `backend`: its `Host`, and the engine's own key, on every request and
-/// probe alike (whatever credentials a client sent stay with Switchyard: see the proxy's
-/// forwarding rules).
-fn address(endpoint: &Endpoint, request: &mut http::Request<Full<Bytes>>) {
-    if !request.headers().contains_key(http::header::HOST) {
-        if let Ok(host) = http::HeaderValue::from_str(endpoint.authority.as_str()) {
-            request.headers_mut().insert(http::header::HOST, host);
-        }
-    }
-    if let Some(authorization) = &endpoint.authorization {
-        request
-            .headers_mut()
-            .insert(http::header::AUTHORIZATION, authorization.clone());
-    }
-    if !endpoint.prefix.is_empty() {
-        let path = request.uri().path_and_query().map_or("/", |pq| pq.as_str());
-        if let Ok(uri) = format!("{}{path}", endpoint.prefix).parse() {
-            *request.uri_mut() = uri;
-        }
-    }
-}
-
-/// Where and how to reach one engine: what the client needs of a backend. Each backend owns one
-/// (`Backend::endpoint`), and with it the engine's kept-alive connections.
-#[derive(Debug)]
-pub struct Endpoint {
-    /// The backend's name, for the log and the retry observer.
-    pub name: Arc<str>,
-    /// `host:port` of the engine.
-    pub authority: http::uri::Authority,
-    /// `Bearer` and the backend's own key, sent on every request and probe; marked sensitive,
-    /// so that its `Debug` never shows it.
-    pub authorization: Option<http::HeaderValue>,
-    /// The engine closes its connection after a streamed answer (it is then not kept).
-    pub closes_after_stream: bool,
-    /// For an `https://` engine: how its connections are secured.
-    pub tls: Option<Tls>,
-    /// The path the engine is served under (`/llama`), put before every request's and probe's
-    /// path; empty for none.
-    pub prefix: String,
-    /// Kept-alive connections to the engine, waiting for the next request.
-    pub connections: Arc<Connections>,
-}
 
 /// The client to every engine: timeouts, and who is told of retries; the connections themselves
 /// live with each backend.
@@ -165,17 +124,26 @@ impl Upstream {
         request: http::Request<Full<Bytes>>,
         again: Again<'_>,
     ) -> Result<http::Response<UpstreamBody>, Error> {
-        match tokio::time::timeout(
-            self.first_byte_timeout,
-            self.exchange(endpoint, request, again),
-        )
-        .await
-        {
-            Ok(result) => result.map_err(|e| e.into_error(self.connect_timeout)),
+        let first_byte = self.first_byte_timeout(endpoint);
+        match tokio::time::timeout(first_byte, self.exchange(endpoint, request, again)).await {
+            Ok(result) => result.map_err(|e| e.into_error(self.connect_timeout(endpoint))),
             Err(_) => Err(Error::FirstByteTimeout {
-                ms: self.first_byte_timeout.as_millis() as u64,
+                ms: first_byte.as_millis() as u64,
             }),
         }
+    }
+
+    /// The connect timeout for `endpoint`: its own, else the client's.
+    fn connect_timeout(&self, endpoint: &Endpoint) -> Duration {
+        endpoint.timeouts.connect.unwrap_or(self.connect_timeout)
+    }
+
+    /// The first-byte timeout for `endpoint`: its own, else the client's.
+    fn first_byte_timeout(&self, endpoint: &Endpoint) -> Duration {
+        endpoint
+            .timeouts
+            .first_byte
+            .unwrap_or(self.first_byte_timeout)
     }
 
     /// Sends `request` on a kept-alive connection, or on a new one. A kept-alive connection that
@@ -262,7 +230,7 @@ impl Upstream {
     async fn connect(&self, endpoint: &Endpoint) -> Result<Conn, Failure> {
         let (host, port) = host_and_port(&endpoint.authority);
         let stream = match tokio::time::timeout(
-            self.connect_timeout,
+            self.connect_timeout(endpoint),
             TcpStream::connect((host, port)),
         )
         .await
@@ -289,7 +257,9 @@ impl Upstream {
             }
             Some(tls) => {
                 let secured =
-                    match tokio::time::timeout(self.connect_timeout, tls.connect(stream)).await {
+                    match tokio::time::timeout(self.connect_timeout(endpoint), tls.connect(stream))
+                        .await
+                    {
                         Err(_) => return Err(Failure::ConnectTimeout),
                         Ok(Err(e)) => return Err(Failure::Connect(format!("TLS handshake: {e}"))),
                         Ok(Ok(secured)) => secured,
@@ -344,7 +314,7 @@ impl Upstream {
             let response = self
                 .exchange(endpoint, request, &again)
                 .await
-                .map_err(|e| e.describe(self.connect_timeout))?;
+                .map_err(|e| e.describe(self.connect_timeout(endpoint)))?;
             let status = response.status().as_u16();
             let body = Limited::new(response.into_body(), 1 << 20)
                 .collect()

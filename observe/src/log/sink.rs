@@ -16,7 +16,7 @@
 //! lines; the ledger and the metrics hold the same requests, and nothing else waits.
 
 use std::io::{self, Write};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock, PoisonError};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock, PoisonError, TryLockError};
 use std::time::{Duration, Instant};
 
 use tracing::{Level, Metadata};
@@ -28,6 +28,9 @@ use crate::log::format::{AccessLine, LineForm, Written};
 pub const FLUSH_AFTER: Duration = Duration::from_millis(100);
 /// How many bytes of gathered lines are written at once, whatever their age.
 pub const GATHER_BYTES: usize = 64 * 1024;
+
+/// How long a panic waits for the sink's lock before it gives up the gathered lines.
+const PANIC_LOCK_WAIT: Duration = Duration::from_millis(100);
 
 /// The targets whose lines are gathered, at `INFO` and the levels more verbose.
 const GATHERED_TARGETS: [&str; 2] = ["switchyard::request", "switchyard::comparison"];
@@ -83,9 +86,21 @@ impl LogSink {
     fn flush_on_panic(self) {
         let report = std::panic::take_hook();
         std::panic::set_hook(Box::new(move |info| {
-            // Not if the panic came from inside the sink: its lock is then held.
-            if let Ok(mut state) = self.shared.state.try_lock() {
-                state.write_out(None);
+            // The flushing thread holds the lock only for a moment (woken by the last line, it
+            // takes it to read its deadline): wait for it a little. A panic from inside the sink
+            // holds the lock on this very thread: after the wait, its lines are given up.
+            let until = Instant::now() + PANIC_LOCK_WAIT;
+            loop {
+                match self.shared.state.try_lock() {
+                    Ok(mut state) => break state.write_out(None),
+                    Err(TryLockError::Poisoned(poisoned)) => {
+                        break poisoned.into_inner().write_out(None)
+                    }
+                    Err(TryLockError::WouldBlock) if Instant::now() < until => {
+                        std::thread::sleep(Duration::from_millis(1));
+                    }
+                    Err(TryLockError::WouldBlock) => break,
+                }
             }
             report(info);
         }));

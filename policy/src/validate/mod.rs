@@ -280,6 +280,17 @@ pub fn validate(config: &Config) -> Vec<Problem> {
                 }
             }
         }
+        for (key, value) in [
+            ("connect_timeout_ms", backend.connect_timeout_ms),
+            ("first_byte_timeout_ms", backend.first_byte_timeout_ms),
+        ] {
+            if value == Some(0) {
+                problems.push(Problem::new(
+                    format!("{at}.{key}"),
+                    "must be at least 1 (leave it out for the server's)",
+                ));
+            }
+        }
         if backend.ca_file.is_some() && !backend.url.starts_with("https://") {
             problems.push(Problem::new(
                 format!("{at}.ca_file"),

@@ -241,10 +241,16 @@ where
         out.headers_mut()
             .insert(header::TRAILER, HeaderValue::from_static("server-timing"));
     }
+    // The backend's own first-byte timeout holds for the stream's first token too.
+    let first_token = backend
+        .endpoint
+        .timeouts
+        .first_byte
+        .unwrap_or(limits.first_token);
     let mut stream = ObservedStream::new(body, record, backend.clone(), want_trailers)
         .for_endpoint(ctx.endpoint)
         .holding(held)
-        .within(limits.first_token, limits.total);
+        .within(first_token, limits.total);
     if let Some(drain) = drain {
         stream = stream.draining(drain);
     }

@@ -179,3 +179,62 @@ async fn an_engine_whose_certificate_is_not_trusted_is_never_sent_a_request() {
     assert_eq!(engine.requests_seen(), 0, "nothing reached the engine");
     proxy.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_backend_s_own_first_byte_timeout_holds_instead_of_the_server_s() {
+    // The engine takes 600 ms before its first byte; the server allows 2 s, this backend 150 ms.
+    let slow = FakeEngine::llama_cpp()
+        .prefill_ms(600)
+        .spawn()
+        .await
+        .unwrap();
+    let config = format!(
+        r#"
+[server]
+listen = "127.0.0.1:0"
+probe_interval_ms = 100
+first_byte_timeout_ms = 2000
+
+[backends.far]
+engine = "llama.cpp"
+url = "{url}"
+first_byte_timeout_ms = 150
+
+[models.smollm2]
+primary = "far"
+"#,
+        url = slow.url()
+    );
+    let proxy = start_switchyard(&config).await.unwrap();
+    wait_ready(&proxy, Duration::from_secs(5), |v| v["ready"] == true)
+        .await
+        .unwrap();
+    let url = format!("http://{}/v1/chat/completions", proxy.addr());
+    let response = TestClient::new()
+        .post_json(&url, &chat(false))
+        .await
+        .unwrap();
+    let body = response.json();
+    assert_eq!(response.status, 504, "{body}");
+    assert_eq!(body["error"]["code"], "upstream_timeout", "{body}");
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("within 150 ms"),
+        "{body}"
+    );
+    // A stream's first token is held to the same bound.
+    let streamed = TestClient::new()
+        .post_json(&url, &chat(true))
+        .await
+        .unwrap();
+    let text = String::from_utf8_lossy(&streamed.body).into_owned();
+    assert!(
+        streamed.status == 504 || text.contains("150 ms"),
+        "{}: {text}",
+        streamed.status
+    );
+    assert!(!text.contains("data: [DONE]"), "{text}");
+    proxy.shutdown().await;
+}
