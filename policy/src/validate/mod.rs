@@ -5,19 +5,19 @@
 //!
 //! The checks of single values (names, URLs, listen addresses) live in `checks`.
 
+mod backends;
 mod checks;
+mod models;
 #[cfg(test)]
 mod tests;
 
-use std::collections::BTreeMap;
 use std::fmt;
 
-use crate::config::{BackendConfig, Config, OnClientDisconnect};
+use crate::config::Config;
 
-use checks::{
-    check_origin, check_otlp_endpoint, check_url, is_env_name, is_valid_name, same_listener,
-    url_is_loopback, url_reaches,
-};
+use backends::backend_problems;
+use checks::{check_origin, check_otlp_endpoint, same_listener};
+use models::model_problems;
 
 /// The least part of `server.shutdown_timeout_ms` left after the drain: for answering the
 /// requests still waiting for a slot, the last shadows and the ledger's last write.
@@ -199,261 +199,10 @@ pub fn validate(config: &Config) -> Vec<Problem> {
         problems.push(Problem::new("backends", "no backend is configured"));
     }
     for (name, backend) in &config.backends {
-        let at = format!("backends.{name}");
-        if !is_valid_name(name) {
-            problems.push(Problem::new(
-                &at,
-                "backend names may use only letters, digits, '-', '_' and '.'",
-            ));
-        }
-        if let Some(launch) = &backend.launch {
-            for (key, message) in launch.problems(backend.artifact.is_some()) {
-                problems.push(Problem::new(format!("{at}.launch.{key}"), message));
-            }
-            for (i, group) in launch.groups.iter().enumerate() {
-                if !config.swap_groups.contains_key(group) {
-                    problems.push(Problem::new(
-                        format!("{at}.launch.groups[{i}]"),
-                        format!("no swap group named \"{group}\" in [swap_groups]"),
-                    ));
-                }
-            }
-        }
-        if backend.url.is_empty() && backend.launch.is_some() {
-            // A managed engine on a port Switchyard chooses.
-        } else if let Err(why) = check_url(&backend.url) {
-            problems.push(Problem::new(format!("{at}.url"), why));
-        } else if backend.launch.is_some() && backend.url.starts_with("https://") {
-            problems.push(Problem::new(
-                format!("{at}.url"),
-                "a managed engine (launch) is reached over plain HTTP on a loopback address",
-            ));
-        } else if backend.launch.is_some() && !url_is_loopback(&backend.url) {
-            problems.push(Problem::new(
-                format!("{at}.url"),
-                "a managed engine (launch) runs on this machine: its url must be a loopback address, or left out for a port Switchyard chooses",
-            ));
-        } else if let Some(own) = [Some(server.listen), server.metrics_listen]
-            .into_iter()
-            .flatten()
-            .find(|own| url_reaches(&backend.url, *own))
-        {
-            // Every request forwarded there would come back in and be forwarded again.
-            problems.push(Problem::new(
-                format!("{at}.url"),
-                format!(
-                    "\"{}\" is Switchyard's own listener ({own}): requests would loop",
-                    backend.url
-                ),
-            ));
-        }
-        if backend.max_concurrency == Some(0) {
-            problems.push(Problem::new(
-                format!("{at}.max_concurrency"),
-                "must be at least 1 (leave it out for the engine's own slot count)",
-            ));
-        }
-        admission_problems(&at, backend, &mut problems);
-        if backend.require_verified_identity && backend.artifact.is_none() {
-            problems.push(Problem::new(
-                format!("{at}.require_verified_identity"),
-                "needs `artifact`: there is nothing to verify the engine against",
-            ));
-        }
-        if let Some(env) = &backend.api_key_env {
-            if !is_env_name(env) {
-                problems.push(Problem::new(
-                    format!("{at}.api_key_env"),
-                    format!("\"{env}\" is not the name of an environment variable (letters, digits and '_', not starting with a digit)"),
-                ));
-            } else if env.starts_with("SWITCHYARD_") {
-                problems.push(Problem::new(
-                    format!("{at}.api_key_env"),
-                    format!("\"{env}\": names starting with SWITCHYARD_ are Switchyard's own settings; name the engine's key otherwise (e.g. ENGINE_API_KEY)"),
-                ));
-            } else if let Ok(url) = check_url(&backend.url) {
-                if !url.tls && !url.is_loopback() && !backend.allow_api_key_over_http {
-                    problems.push(Problem::new(
-                        format!("{at}.api_key_env"),
-                        format!("the key would go to {} over plain HTTP, readable by anyone on the way: use https://, or set allow_api_key_over_http = true", url.authority()),
-                    ));
-                }
-            }
-        }
-        for (key, value) in [
-            ("connect_timeout_ms", backend.connect_timeout_ms),
-            ("first_byte_timeout_ms", backend.first_byte_timeout_ms),
-        ] {
-            if value == Some(0) {
-                problems.push(Problem::new(
-                    format!("{at}.{key}"),
-                    "must be at least 1 (leave it out for the server's)",
-                ));
-            }
-        }
-        if backend.ca_file.is_some() && !backend.url.starts_with("https://") {
-            problems.push(Problem::new(
-                format!("{at}.ca_file"),
-                "only an https:// engine is reached over TLS",
-            ));
-        }
-        if let Some(upstream) = &backend.upstream_model {
-            if upstream.is_empty() {
-                problems.push(Problem::new(
-                    format!("{at}.upstream_model"),
-                    "must not be empty",
-                ));
-            }
-        }
+        backend_problems(name, backend, config, &mut problems);
     }
 
-    if config.models.is_empty() {
-        problems.push(Problem::new("models", "no model is configured"));
-    }
-    // Every public name and alias must resolve to exactly one model.
-    let mut owners: BTreeMap<&str, String> = BTreeMap::new();
-    // Two models may not claim the same pattern: a name it matches would have two owners.
-    let mut patterns: BTreeMap<&str, String> = BTreeMap::new();
-    for (name, model) in &config.models {
-        let at = format!("models.{name}");
-        if name.is_empty() {
-            problems.push(Problem::new(&at, "model names must not be empty"));
-        }
-        if let Some(previous) = owners.insert(name.as_str(), at.clone()) {
-            problems.push(Problem::new(
-                &at,
-                format!("\"{name}\" is already used by {previous}"),
-            ));
-        }
-        for (i, alias) in model.aliases.iter().enumerate() {
-            let alias_at = format!("{at}.aliases[{i}]");
-            if alias.is_empty() {
-                problems.push(Problem::new(&alias_at, "aliases must not be empty"));
-                continue;
-            }
-            if let Some(previous) = owners.insert(alias.as_str(), alias_at.clone()) {
-                problems.push(Problem::new(
-                    &alias_at,
-                    format!("\"{alias}\" is already used by {previous}"),
-                ));
-            }
-        }
-        for (i, pattern) in model.patterns.iter().enumerate() {
-            let pattern_at = format!("{at}.patterns[{i}]");
-            if !pattern.contains(['*', '?']) {
-                problems.push(Problem::new(
-                    &pattern_at,
-                    format!("\"{pattern}\" has no `*` or `?`: an exact name is an alias"),
-                ));
-            } else if let Some(previous) = patterns.insert(pattern.as_str(), pattern_at.clone()) {
-                problems.push(Problem::new(
-                    &pattern_at,
-                    format!("\"{pattern}\" is already claimed by {previous}"),
-                ));
-            }
-        }
-        if !config.backends.contains_key(&model.primary) {
-            problems.push(Problem::new(
-                format!("{at}.primary"),
-                format!("no backend named \"{}\"", model.primary),
-            ));
-        }
-        for (i, fallback) in model.fallback.iter().enumerate() {
-            let fb_at = format!("{at}.fallback[{i}]");
-            if !config.backends.contains_key(fallback) {
-                problems.push(Problem::new(
-                    &fb_at,
-                    format!("no backend named \"{fallback}\""),
-                ));
-            } else if *fallback == model.primary {
-                problems.push(Problem::new(
-                    &fb_at,
-                    "the primary cannot be its own fallback",
-                ));
-            } else if model.fallback[..i].contains(fallback) {
-                // A second try of a backend that just failed costs its timeout again.
-                problems.push(Problem::new(
-                    &fb_at,
-                    format!("\"{fallback}\" is already an earlier fallback"),
-                ));
-            }
-        }
-        if let Some(release) = &model.release {
-            let re_at = format!("{at}.release");
-            if !config.backends.contains_key(&release.candidate) {
-                problems.push(Problem::new(
-                    format!("{re_at}.candidate"),
-                    format!("no backend named \"{}\"", release.candidate),
-                ));
-            } else if release.candidate == model.primary {
-                problems.push(Problem::new(
-                    format!("{re_at}.candidate"),
-                    "the candidate must be another backend than the primary",
-                ));
-            }
-            let plan = release.plan.as_deref().unwrap_or("standard");
-            if config.plan(plan).is_none() {
-                problems.push(Problem::new(
-                    format!("{re_at}.plan"),
-                    format!("no plan named \"{plan}\" in [plans]"),
-                ));
-            }
-            if config.ledger.is_none() {
-                problems.push(Problem::new(
-                    re_at.clone(),
-                    "a release is recorded in the ledger: configure [ledger]",
-                ));
-            }
-        }
-        if let Some(shadow) = &model.shadow {
-            let sh_at = format!("{at}.shadow");
-            if !config.backends.contains_key(&shadow.backend) {
-                problems.push(Problem::new(
-                    format!("{sh_at}.backend"),
-                    format!("no backend named \"{}\"", shadow.backend),
-                ));
-            } else if shadow.backend == model.primary {
-                problems.push(Problem::new(
-                    format!("{sh_at}.backend"),
-                    "the primary cannot shadow itself (a comparison needs two backends)",
-                ));
-            }
-            if !(0.0..=1.0).contains(&shadow.sample) {
-                problems.push(Problem::new(
-                    format!("{sh_at}.sample"),
-                    format!("{} is not a fraction between 0 and 1", shadow.sample),
-                ));
-            }
-            if shadow.max_in_flight == 0 {
-                problems.push(Problem::new(
-                    format!("{sh_at}.max_in_flight"),
-                    "must be at least 1",
-                ));
-            }
-            if let Some(rule) = &shadow.equivalence {
-                for (at, why) in rule.problems(&format!("{sh_at}.equivalence")) {
-                    problems.push(Problem::new(at, why));
-                }
-                if shadow.replay.is_none() {
-                    problems.push(Problem::new(
-                        format!("{sh_at}.equivalence"),
-                        "needs `replay`: a pair is judged token by token on its greedy replay, whose answers carry the log-probabilities",
-                    ));
-                }
-            }
-            if let Some(replay) = &shadow.replay {
-                for (at, why) in replay.problems(&format!("{sh_at}.replay")) {
-                    problems.push(Problem::new(at, why));
-                }
-                if shadow.when == crate::ShadowWhen::Concurrent {
-                    problems.push(Problem::new(
-                        format!("{sh_at}.replay"),
-                        "replays run after the primary's answer: they need `when = \"after-primary\"`",
-                    ));
-                }
-            }
-        }
-    }
+    let owners = model_problems(config, &mut problems);
     if let Some(default) = &server.default_model {
         if !owners.contains_key(default.as_str()) {
             problems.push(Problem::new(
@@ -463,31 +212,4 @@ pub fn validate(config: &Config) -> Vec<Problem> {
         }
     }
     problems
-}
-
-/// The admission queue's and the drain's settings of the backend at `at`.
-fn admission_problems(at: &str, backend: &BackendConfig, problems: &mut Vec<Problem>) {
-    if backend.queue_timeout_ms == Some(0) {
-        problems.push(Problem::new(
-            format!("{at}.queue_timeout_ms"),
-            "must be at least 1 millisecond (set max_queue = 0 for requests never to wait)",
-        ));
-    }
-    let drains = backend.on_client_disconnect == OnClientDisconnect::Drain;
-    for (key, value) in [
-        ("drain_max_bytes", backend.drain_max_bytes),
-        ("drain_max_ms", backend.drain_max_ms),
-    ] {
-        match value {
-            Some(0) => problems.push(Problem::new(
-                format!("{at}.{key}"),
-                "must be at least 1 (leave it out for the default)",
-            )),
-            Some(_) if !drains => problems.push(Problem::new(
-                format!("{at}.{key}"),
-                "applies only with on_client_disconnect = \"drain\"",
-            )),
-            _ => {}
-        }
-    }
 }

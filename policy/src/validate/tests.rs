@@ -1,5 +1,6 @@
 //! Unit tests of `validate`: every problem reported with its path, and the value checks.
 
+use super::checks::check_url;
 use super::*;
 
 fn parse(text: &str) -> Config {
