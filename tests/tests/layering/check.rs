@@ -322,35 +322,6 @@ impl Visitor<'_> {
             line,
         });
     }
-
-    /// Finds `crate::a::b` and `super::a` paths in the tokens of a macro invocation.
-    fn scan_tokens(&mut self, tokens: TokenStream) {
-        let tokens: Vec<TokenTree> = tokens.into_iter().collect();
-        let mut i = 0;
-        while i < tokens.len() {
-            match &tokens[i] {
-                TokenTree::Group(group) => self.scan_tokens(group.stream()),
-                TokenTree::Ident(ident) if ident == "crate" || ident == "super" => {
-                    let mut segments = vec![(ident.to_string(), line(ident.span()))];
-                    while let (
-                        Some(TokenTree::Punct(a)),
-                        Some(TokenTree::Punct(b)),
-                        Some(TokenTree::Ident(next)),
-                    ) = (tokens.get(i + 1), tokens.get(i + 2), tokens.get(i + 3))
-                    {
-                        if a.as_char() != ':' || b.as_char() != ':' {
-                            break;
-                        }
-                        segments.push((next.to_string(), line(next.span())));
-                        i += 3;
-                    }
-                    self.reference(&segments);
-                }
-                _ => {}
-            }
-            i += 1;
-        }
-    }
 }
 
 impl<'ast> Visit<'ast> for Visitor<'_> {
@@ -392,8 +363,41 @@ impl<'ast> Visit<'ast> for Visitor<'_> {
     }
 
     fn visit_macro(&mut self, mac: &'ast syn::Macro) {
-        self.scan_tokens(mac.tokens.clone());
+        macro_paths(mac.tokens.clone(), &mut |segments| self.reference(segments));
         visit::visit_macro(self, mac);
+    }
+}
+
+/// One name of a path, with its line.
+type Segment = (String, usize);
+
+/// Calls `found` with each `crate::a::b` or `super::a` path (each name with its line) in the
+/// tokens of a macro invocation, which `syn` leaves unparsed.
+fn macro_paths(tokens: TokenStream, found: &mut dyn FnMut(&[Segment])) {
+    let tokens: Vec<TokenTree> = tokens.into_iter().collect();
+    let mut i = 0;
+    while i < tokens.len() {
+        match &tokens[i] {
+            TokenTree::Group(group) => macro_paths(group.stream(), found),
+            TokenTree::Ident(ident) if ident == "crate" || ident == "super" => {
+                let mut segments = vec![(ident.to_string(), line(ident.span()))];
+                while let (
+                    Some(TokenTree::Punct(a)),
+                    Some(TokenTree::Punct(b)),
+                    Some(TokenTree::Ident(next)),
+                ) = (tokens.get(i + 1), tokens.get(i + 2), tokens.get(i + 3))
+                {
+                    if a.as_char() != ':' || b.as_char() != ':' {
+                        break;
+                    }
+                    segments.push((next.to_string(), line(next.span())));
+                    i += 3;
+                }
+                found(&segments);
+            }
+            _ => {}
+        }
+        i += 1;
     }
 }
 

@@ -11,11 +11,11 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use proc_macro2::{TokenStream, TokenTree};
 use syn::visit::{self, Visit};
 
 use super::{
-    is_cfg_test, is_test_file, item_attrs, line, module_path, use_leaves, Source, Violation,
+    is_cfg_test, is_test_file, item_attrs, line, macro_paths, module_path, use_leaves, Source,
+    Violation,
 };
 
 /// One reference between two sibling modules, kept as the evidence of an edge.
@@ -279,34 +279,6 @@ impl Resolver<'_> {
                 .push((self.mod_path.clone(), target, line, names.join("::")));
         }
     }
-
-    fn scan_tokens(&mut self, tokens: TokenStream) {
-        let tokens: Vec<TokenTree> = tokens.into_iter().collect();
-        let mut i = 0;
-        while i < tokens.len() {
-            match &tokens[i] {
-                TokenTree::Group(group) => self.scan_tokens(group.stream()),
-                TokenTree::Ident(ident) if ident == "crate" || ident == "super" => {
-                    let mut segments = vec![(ident.to_string(), line(ident.span()))];
-                    while let (
-                        Some(TokenTree::Punct(a)),
-                        Some(TokenTree::Punct(b)),
-                        Some(TokenTree::Ident(next)),
-                    ) = (tokens.get(i + 1), tokens.get(i + 2), tokens.get(i + 3))
-                    {
-                        if a.as_char() != ':' || b.as_char() != ':' {
-                            break;
-                        }
-                        segments.push((next.to_string(), line(next.span())));
-                        i += 3;
-                    }
-                    self.reference(&segments);
-                }
-                _ => {}
-            }
-            i += 1;
-        }
-    }
 }
 
 impl<'ast> Visit<'ast> for Resolver<'_> {
@@ -352,7 +324,7 @@ impl<'ast> Visit<'ast> for Resolver<'_> {
     }
 
     fn visit_macro(&mut self, mac: &'ast syn::Macro) {
-        self.scan_tokens(mac.tokens.clone());
+        macro_paths(mac.tokens.clone(), &mut |segments| self.reference(segments));
         visit::visit_macro(self, mac);
     }
 }
