@@ -6,6 +6,7 @@
 //! shape unit-testable against the recorded transcripts.
 
 pub mod canonical;
+pub mod chat_form;
 pub mod endpoint;
 pub mod fingerprint;
 pub mod identity;

@@ -405,3 +405,62 @@ def test_shadowed_responses_and_messages_are_compared_with_the_sdks(engines: Eng
     for (path, _, verdict, reason, primary, candidate, mode), hashed in zip(rows, expected):
         assert verdict == "match" and mode == "after-primary", (path, verdict, reason)
         assert primary == candidate == hashed, (path, primary, candidate, hashed)
+
+
+def test_sampled_claude_and_codex_traffic_is_replayed_to_mlx_and_judged(engines: Engines, tmp_path: Path) -> None:
+    """Issue 44: agents sample, and speak the Messages and Responses APIs, which mlx_lm.server
+    does not serve. Shadowed from llama-server to mlx_lm.server with replays and the
+    equivalence rule on, each such request (sampled, or greedy to an API the candidate lacks)
+    is replayed greedily in its chat form to both engines and judged: a pair with a verdict,
+    never `incomparable`. The live requests stay the clients' own (their paths, variant
+    primary); the replays are chat completions of variant `replay` on both engines."""
+    import sqlite3
+
+    from test_real_engines import shadow_config, wait_comparisons
+
+    db = tmp_path / "ledger.db"
+    rule = "replay = { max_tokens = 16 }, equivalence = { near_tie_logprob = 1.0, min_same_top = 0.85, max_mean_kl = 0.1 }"
+    config = shadow_config(engines, db, "mlx").replace("max_in_flight = 1 }", f"max_in_flight = 1, {rule} }}")
+    assert rule in config
+    with start_switchyard(tmp_path, config, identities_known) as p:
+        openai_sdk, anthropic_sdk = openai_client(p), anthropic_client(p)
+        sent = 0
+        for temperature, stream in ((0.7, False), (0.7, True), (0, False)):
+            kwargs = {"model": "smollm2", "max_tokens": 16, "system": "Answer in one short sentence.",
+                      "messages": [{"role": "user", "content": QUESTION}], "extra_body": {"temperature": temperature}}
+            if stream:
+                with anthropic_sdk.messages.stream(**kwargs) as s:
+                    s.get_final_message()
+            else:
+                anthropic_sdk.messages.create(**kwargs)
+            sent += 1
+            wait_comparisons(p, sent)
+        for stream in (False, True):
+            response = openai_sdk.responses.create(
+                model="smollm2", instructions="Answer in one short sentence.", input=QUESTION,
+                temperature=0.7, max_output_tokens=16, stream=stream,
+            )
+            if stream:
+                for _ in response:
+                    pass
+            sent += 1
+            wait_comparisons(p, sent)
+    con = sqlite3.connect(db)
+    # A replay's pair names the replay's own requests (chat completions on both engines).
+    rows = con.execute(
+        "SELECT r.path, c.mode, c.verdict, c.reason, c.candidate_backend, c.candidate_engine "
+        "FROM comparisons c JOIN requests r ON r.request_id = c.primary_request_id ORDER BY c.id"
+    ).fetchall()
+    assert len(rows) == sent, rows
+    for path, mode, verdict, reason, candidate, engine in rows:
+        assert path == "/v1/chat/completions" and mode == "replay", (path, mode, reason)
+        assert candidate == "mlx" and engine.startswith("mlx/"), (candidate, engine)
+        assert verdict in ("match", "equivalent", "mismatch"), (verdict, reason)
+    replays = con.execute(
+        "SELECT backend, count(*) FROM requests WHERE variant = 'replay' AND path = '/v1/chat/completions' GROUP BY backend"
+    ).fetchall()
+    assert sorted(replays) == [("llama", sent), ("mlx", sent)], replays
+    live = con.execute("SELECT path FROM requests WHERE variant = 'primary' ORDER BY id").fetchall()
+    assert [r[0] for r in live] == ["/v1/messages"] * 3 + ["/v1/responses"] * 2, live
+    # The MLX engine was never sent an API it lacks.
+    assert con.execute("SELECT count(*) FROM requests WHERE backend = 'mlx' AND path != '/v1/chat/completions'").fetchone()[0] == 0

@@ -13,6 +13,7 @@ use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
+use switchyard_adapters::chat_form::chat_form;
 use switchyard_adapters::fingerprint::WorkloadFingerprint;
 use switchyard_adapters::logprobs::chat_logprobs;
 use switchyard_adapters::Endpoint;
@@ -59,9 +60,11 @@ fn not_comparable(
 
 impl Planned {
     /// The replay `record`'s request gets instead of a copy, if it gets one: replays are
-    /// configured, the request is a chat completion served by the backend the plan expected
-    /// (not a fallback), its pair could not be compared, and the share's draw takes it. Asked
-    /// once the pool has room; the budget is asked next.
+    /// configured, the request is one with a chat form (chat completions, or an agent's
+    /// Responses or Messages request, replayed as chat) served by the backend the plan expected
+    /// (not a fallback), its pair could not be compared (its sampling does not fix the output on
+    /// both sides, or the candidate's engine does not serve its endpoint), and the share's draw
+    /// takes it. Asked once the pool has room; the budget is asked next.
     pub(super) fn replay_for(
         &self,
         record: &RequestRecord,
@@ -70,18 +73,21 @@ impl Planned {
     ) -> Option<(Replay, Candidate)> {
         let replay = self.replay?;
         let served = self.served.clone()?;
-        if endpoint != Endpoint::ChatCompletions
-            || record.backend.as_deref() != Some(&*served.backend.name)
-        {
+        if !replayable(endpoint) || record.backend.as_deref() != Some(&*served.backend.name) {
             return None;
         }
         let candidate = self.target.backend.identity_headers();
         let candidate_engine = candidate.engine.to_str().unwrap_or("");
-        if !not_comparable(
-            fingerprint.determinism,
-            record.engine.as_deref(),
-            candidate_engine,
-        ) {
+        // A copy the candidate's engine cannot serve (the Messages API of an MLX candidate)
+        // gives no pair however it samples; its chat form does.
+        let unserved = !self.target.backend.adapter.serves(endpoint);
+        if !unserved
+            && !not_comparable(
+                fingerprint.determinism,
+                record.engine.as_deref(),
+                candidate_engine,
+            )
+        {
             return None;
         }
         replay
@@ -125,9 +131,7 @@ impl ShadowJob {
         plan.equivalence?;
         let replay = plan.replay?;
         let served = plan.served.clone()?;
-        if self.outgoing.endpoint != Endpoint::ChatCompletions
-            || primary.backend != *served.backend.name
-        {
+        if !replayable(self.outgoing.endpoint) || primary.backend != *served.backend.name {
             return None;
         }
         let determinism = self.comparison.fingerprint.determinism;
@@ -146,6 +150,14 @@ impl ShadowJob {
             live_candidate: Some(candidate.side.clone()),
         })
     }
+}
+
+/// Whether a request to `endpoint` can be replayed: it has a chat form.
+fn replayable(endpoint: Endpoint) -> bool {
+    matches!(
+        endpoint,
+        Endpoint::ChatCompletions | Endpoint::Responses | Endpoint::Messages
+    )
 }
 
 /// Milliseconds since the Unix epoch, the budget's clock.
@@ -186,7 +198,16 @@ impl ReplayJob {
         let recorder = &c.plan.shadowing.recorder;
         let metrics = &recorder.metrics;
         let (model, candidate) = (&c.plan.model, &c.plan.candidate);
-        let body = match self.replay.greedy_body(&self.outgoing.body) {
+        // An agent's Responses or Messages request is replayed in its chat form, which both
+        // engines serve (mlx_lm.server serves neither of the agents' APIs).
+        let chat = match chat_form(self.outgoing.endpoint, &self.outgoing.body) {
+            Ok(chat) => chat,
+            Err(why) => {
+                let path = self.outgoing.endpoint.path();
+                return self.lost(&format!("its {path} request has no chat form: {why}"));
+            }
+        };
+        let body = match self.replay.greedy_body(&chat) {
             Ok(body) => Bytes::from(body),
             Err(why) => return self.lost(&why),
         };
@@ -235,7 +256,7 @@ impl ReplayJob {
             return self.lost("internal: the replay has no primary side");
         };
         let candidate_ran = sides.next();
-        let prompt = prompt_excerpt(&self.outgoing.body);
+        let prompt = prompt_excerpt(&chat);
         // The pool's place is free before the pair is recorded, as a copy's is: whoever waits
         // for the record (a client's next sampled request) finds it free.
         drop(permit);

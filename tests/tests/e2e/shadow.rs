@@ -939,3 +939,128 @@ async fn with_an_equivalence_rule_pairs_that_differ_are_judged_token_by_token_on
         "{markdown}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sampled_responses_and_messages_requests_are_replayed_in_their_chat_form() {
+    // Codex-style and Claude-style traffic samples too: each request is replayed to both sides
+    // as the chat completions request that asks the same (system text, turns, tool calls and
+    // results, tools), greedily.
+    let mut s = stack(
+        FakeEngine::llama_cpp(),
+        FakeEngine::llama_cpp(),
+        r#"{ backend = "cand", sample = 1.0, max_in_flight = 1, replay = { max_tokens = 8 } }"#,
+    )
+    .await;
+    let tool = json!({"type": "object", "properties": {"city": {"type": "string"}}});
+    let requests = [
+        (
+            "/v1/messages",
+            json!({"model": "smollm2", "max_tokens": 50, "temperature": 0.7,
+                   "system": "Be brief.",
+                   "tools": [{"name": "get_weather", "description": "Weather", "input_schema": tool}],
+                   "messages": [
+                       {"role": "user", "content": "Weather in Paris?"},
+                       {"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": "get_weather", "input": {"city": "Paris"}}]},
+                       {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1", "content": "Rain"}]}]}),
+        ),
+        (
+            "/v1/responses",
+            json!({"model": "smollm2", "temperature": 0.7, "instructions": "Be brief.",
+                   "tools": [{"type": "function", "name": "get_weather", "parameters": tool}],
+                   "input": [
+                       {"role": "user", "content": "Weather in Paris?"},
+                       {"type": "function_call", "call_id": "c1", "name": "get_weather", "arguments": "{\"city\":\"Paris\"}"},
+                       {"type": "function_call_output", "call_id": "c1", "output": "Rain"}]}),
+        ),
+    ];
+    for (n, (path, body)) in requests.iter().enumerate() {
+        let r = TestClient::new()
+            .post_json(&format!("{}{path}", s.base), body)
+            .await
+            .unwrap();
+        assert_eq!(
+            r.status,
+            200,
+            "{path}: {}",
+            String::from_utf8_lossy(&r.body)
+        );
+        s.settle(n as u64 + 1).await;
+    }
+    let rows = s.comparisons();
+    assert_eq!(rows.len(), 2, "{rows:#?}");
+    for row in &rows {
+        assert_eq!(row["mode"], "replay", "{row}");
+        assert_eq!(row["verdict"], "match", "{row}");
+    }
+    // The live requests went to their own endpoints; each replay to chat completions, on both
+    // sides, in the same chat form.
+    let mut sent = Vec::new();
+    for engine in [&mut s.main, &mut s.cand] {
+        while let Some(event) = engine.next_event(Duration::ZERO).await {
+            if let Event::Request { path, body, .. } = event {
+                sent.push((path, body));
+            }
+        }
+    }
+    let paths: Vec<&str> = sent.iter().map(|(p, _)| p.as_str()).collect();
+    assert_eq!(
+        paths,
+        [
+            "/v1/messages",
+            "/v1/chat/completions",
+            "/v1/responses",
+            "/v1/chat/completions",
+            "/v1/chat/completions",
+            "/v1/chat/completions"
+        ]
+    );
+    let (messages_replay, responses_replay) = (&sent[1].1, &sent[3].1);
+    assert_eq!(
+        (&sent[4].1, &sent[5].1),
+        (messages_replay, responses_replay)
+    );
+    for replay in [messages_replay, responses_replay] {
+        assert_eq!(replay["temperature"], 0, "{replay}");
+        assert_eq!(replay["logprobs"], true, "{replay}");
+        assert_eq!(replay["max_tokens"], 8, "{replay}");
+        assert_eq!(
+            replay["tools"][0]["function"]["name"], "get_weather",
+            "{replay}"
+        );
+        assert_eq!(
+            replay["messages"][0],
+            json!({"role": "system", "content": "Be brief."})
+        );
+        let roles: Vec<&str> = replay["messages"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|m| m["role"].as_str().unwrap())
+            .collect();
+        assert_eq!(roles, ["system", "user", "assistant", "tool"], "{replay}");
+        assert_eq!(
+            replay["messages"][2]["tool_calls"][0]["function"]["name"],
+            "get_weather"
+        );
+        assert_eq!(replay["messages"][3]["content"], "Rain");
+    }
+    // The replays' records say what was sent: chat completions, variant replay.
+    let conn = rusqlite::Connection::open(&s.ledger).unwrap();
+    let recorded: Vec<(String, String)> = conn
+        .prepare("SELECT path, variant FROM requests ORDER BY id")
+        .unwrap()
+        .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))
+        .unwrap()
+        .map(Result::unwrap)
+        .collect();
+    let replays = recorded
+        .iter()
+        .filter(|(e, v)| e == "/v1/chat/completions" && v == "replay");
+    assert_eq!(replays.count(), 4, "{recorded:?}");
+    let live: Vec<&str> = recorded
+        .iter()
+        .filter(|(_, v)| v == "primary")
+        .map(|(e, _)| e.as_str())
+        .collect();
+    assert_eq!(live, ["/v1/messages", "/v1/responses"]);
+}
