@@ -239,6 +239,24 @@ mod tests {
     }
 
     #[test]
+    fn a_fractional_share_replays_that_share_of_the_draws() {
+        let quarter = Replay {
+            share: 0.25,
+            ..Replay::default()
+        };
+        // Draws spread evenly over the whole range, each in the middle of its thousandth:
+        // exactly a quarter fall below the share.
+        let step = u64::MAX / 1000;
+        let taken = (0..1000)
+            .filter(|n| quarter.sampled(n * step + step / 2))
+            .count();
+        assert_eq!(taken, 250);
+        assert!(quarter.sampled(0));
+        assert!(!quarter.sampled(u64::MAX / 4 + (1 << 12)));
+        assert!(!quarter.sampled(u64::MAX));
+    }
+
+    #[test]
     fn the_budget_reserves_within_the_hour_and_refunds() {
         let budget = Budget::new(100);
         assert!(budget.reserve(60, 1_000));

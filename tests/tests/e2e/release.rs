@@ -1363,4 +1363,19 @@ async fn a_release_judged_token_by_token_shows_where_the_answers_parted() {
     );
     assert!(text.contains("## Where answers part"), "{text}");
     assert!(text.contains("candidate chose \"Lyon \""), "{text}");
+    // The pairs together carry the mean KL's confidence interval, and the differing pair both
+    // continuations in full.
+    assert!(
+        text.contains("mean KL ") && text.contains("(95 % CI "),
+        "{text}"
+    );
+    assert!(
+        text.contains("  - candidate: \"Lyon is the capital.\""),
+        "{text}"
+    );
+    let primary = text
+        .lines()
+        .find_map(|l| l.strip_prefix("  - primary: \""))
+        .unwrap_or_else(|| panic!("no primary continuation in {text}"));
+    assert!(!primary.starts_with("Lyon"), "{text}");
 }
