@@ -35,6 +35,10 @@ pub struct Config {
     /// Running engines, by the name the models refer to them with.
     #[serde(default)]
     pub backends: BTreeMap<String, BackendConfig>,
+    /// Pools of backends that serve one model together, by name; a model's `primary` may name
+    /// one ([`crate::pool`]).
+    #[serde(default)]
+    pub pools: BTreeMap<String, crate::pool::PoolConfig>,
     /// Public model names that clients send in `model`.
     #[serde(default)]
     pub models: BTreeMap<String, ModelConfig>,
@@ -295,7 +299,7 @@ pub struct ModelConfig {
     /// (`x-switchyard-model-pattern`) and recorded.
     #[serde(default)]
     pub patterns: Vec<String>,
-    /// The backend that serves this model.
+    /// The backend that serves this model, or a pool of backends (`[pools]`).
     pub primary: String,
     /// Backends tried, in order, when the primary cannot be reached. Empty by default: no
     /// silent fallback. Each use is stamped `x-switchyard-variant: fallback`.

@@ -8,6 +8,7 @@ pub mod compare;
 pub mod config;
 pub mod engine_url;
 pub mod launch;
+pub mod pool;
 pub mod release;
 pub mod replay;
 pub mod routing;

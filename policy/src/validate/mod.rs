@@ -8,6 +8,7 @@
 mod backends;
 mod checks;
 mod models;
+mod pools;
 #[cfg(test)]
 mod tests;
 
@@ -18,6 +19,7 @@ use crate::config::Config;
 use backends::backend_problems;
 use checks::{check_origin, check_otlp_endpoint, same_listener};
 use models::model_problems;
+use pools::pool_problems;
 
 /// The least part of `server.shutdown_timeout_ms` left after the drain: for answering the
 /// requests still waiting for a slot, the last shadows and the ledger's last write.
@@ -203,6 +205,7 @@ pub fn validate(config: &Config) -> Vec<Problem> {
     }
 
     let owners = model_problems(config, &mut problems);
+    pool_problems(config, &mut problems);
     if let Some(default) = &server.default_model {
         if !owners.contains_key(default.as_str()) {
             problems.push(Problem::new(

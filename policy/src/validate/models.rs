@@ -57,10 +57,12 @@ pub(super) fn model_problems<'c>(
                 ));
             }
         }
-        if !config.backends.contains_key(&model.primary) {
+        if !config.backends.contains_key(&model.primary)
+            && !config.pools.contains_key(&model.primary)
+        {
             problems.push(Problem::new(
                 format!("{at}.primary"),
-                format!("no backend named \"{}\"", model.primary),
+                format!("no backend or pool named \"{}\"", model.primary),
             ));
         }
         for (i, fallback) in model.fallback.iter().enumerate() {

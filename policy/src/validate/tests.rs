@@ -618,3 +618,74 @@ fn an_engine_key_goes_over_tls_or_to_this_machine_unless_plain_http_is_allowed()
         "{problems:#?}"
     );
 }
+
+#[test]
+fn pools_are_checked_all_at_once() {
+    let config = parse(
+        r#"
+        [backends.a]
+        engine = "llama.cpp"
+        url = "http://127.0.0.1:8081"
+        [backends.b]
+        engine = "mlx"
+        url = "http://127.0.0.1:8082"
+        [backends.c]
+        engine = "llama.cpp"
+        url = "http://127.0.0.1:8083"
+        [pools.mixed]
+        members = ["a", "b", "ghost"]
+        [pools.again]
+        members = ["a", "c", "c"]
+        affinity_entries = 0
+        [pools.empty]
+        members = []
+        [pools.c]
+        members = ["c"]
+        [models.m]
+        primary = "mixed"
+        fallback = ["again"]
+        shadow = { backend = "empty", sample = 1.0 }
+        release = { candidate = "c" }
+    "#,
+    );
+    let problems: Vec<String> = validate(&config).iter().map(ToString::to_string).collect();
+    for expected in [
+        "pools.mixed.members[0]: \"a\" is already a member of pool \"again\"",
+        "pools.again.members[2]: \"c\" is listed twice",
+        "pools.again.affinity_entries: must be at least 1 when affinity is on",
+        "pools.c: \"c\" is also a backend's name",
+        "pools.empty.members: a pool needs at least one member",
+        "pools.mixed.members[2]: no backend named \"ghost\"",
+        "pools.mixed.members: every member must run the same engine and artifact (a is llama.cpp, b is mlx)",
+        "models.m.fallback[0]: names a pool; a pool serves only as a model's primary",
+        "models.m.shadow.backend: names a pool",
+        "models.m.release.candidate: names a pool",
+    ] {
+        assert!(
+            problems.iter().any(|p| p.starts_with(expected)),
+            "no {expected:?} in {problems:#?}"
+        );
+    }
+    // A model served by a pool, with a backend's fallback and shadow, is valid.
+    let config = parse(
+        r#"
+        [backends.a]
+        engine = "llama.cpp"
+        url = "http://127.0.0.1:8081"
+        [backends.b]
+        engine = "llama.cpp"
+        url = "http://127.0.0.1:8082"
+        [backends.spare]
+        engine = "llama.cpp"
+        url = "http://127.0.0.1:8083"
+        [pools.llama]
+        members = ["a", "b"]
+        [models.m]
+        primary = "llama"
+        fallback = ["spare"]
+        shadow = { backend = "spare", sample = 0.1 }
+    "#,
+    );
+    assert_eq!(validate(&config), vec![]);
+    assert_eq!(config.pools["llama"].max_imbalance, 2, "the default");
+}
