@@ -146,7 +146,11 @@ fn two_choices(members: &[Member], eligible: &[usize], draw: u64) -> Option<usiz
             // The second draw skips the first, so the two are distinct.
             let b = if b >= a { b + 1 } else { b };
             let (a, b) = (eligible[a], eligible[b]);
-            Some(if members[b].load() < members[a].load() { b } else { a })
+            Some(if members[b].load() < members[a].load() {
+                b
+            } else {
+                a
+            })
         }
     }
 }

@@ -34,6 +34,11 @@ pub struct RequestRecord {
     /// or alias did.
     pub model_pattern: Option<Arc<str>>,
     pub backend: Option<Arc<str>>,
+    /// The pool `backend` served the request for, when the model's primary is a pool.
+    pub pool: Option<Arc<str>>,
+    /// What placed the request on its pool member (`affinity`, `load`, `overloaded`, `only`,
+    /// or `spill` when the member first chosen passed it on).
+    pub placement: Option<&'static str>,
     pub variant: &'static str,
     /// The workload and sampling fingerprints (`wl:`, `sp:`, the sampling's canonical JSON).
     pub fingerprint: Option<WorkloadFingerprint>,
@@ -103,6 +108,8 @@ impl RequestRecord {
             model_sent: None,
             model_pattern: None,
             backend: None,
+            pool: None,
+            placement: None,
             // Set when the request is routed to a backend; empty for one that never was.
             variant: "",
             fingerprint: None,

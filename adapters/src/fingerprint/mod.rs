@@ -2,6 +2,7 @@
 
 pub mod artifact;
 pub mod output;
+pub mod prefix;
 pub mod workload;
 
 pub use artifact::{hex, prefixed_hex, ArtifactDigest, DigestCache};

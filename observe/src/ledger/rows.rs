@@ -303,6 +303,7 @@ pub(super) struct Row {
     model_defaulted: bool,
     arm: Option<&'static str>,
     arm_key: Option<&'static str>,
+    placement: Option<&'static str>,
 }
 
 /// The text columns of a request row, in the order [`Texts`] keeps them.
@@ -325,9 +326,10 @@ enum Text {
     ClientKey,
     ModelSent,
     ModelPattern,
+    Pool,
 }
 
-const TEXTS: usize = Text::ModelPattern as usize + 1;
+const TEXTS: usize = Text::Pool as usize + 1;
 
 /// Optional strings, one after another in one `String`.
 #[derive(Debug)]
@@ -390,6 +392,7 @@ impl Row {
         values[Text::ClientKey as usize] = r.client_key.as_deref();
         values[Text::ModelSent as usize] = r.model_sent.as_deref();
         values[Text::ModelPattern as usize] = r.model_pattern.as_deref();
+        values[Text::Pool as usize] = r.pool.as_deref();
         Self {
             ts_ms: unix_ms(r.started_at),
             texts: Texts::new(values),
@@ -413,6 +416,7 @@ impl Row {
             model_defaulted: r.model_defaulted,
             arm: r.release.as_ref().map(|m| m.arm),
             arm_key: r.release.as_ref().map(|m| m.key),
+            placement: r.placement,
         }
     }
 
@@ -466,6 +470,8 @@ impl Row {
             Param::Int(i64::from(self.model_defaulted)),
             text(Text::ModelSent),
             text(Text::ModelPattern),
+            text(Text::Pool),
+            Param::text(self.placement),
         ]
     }
 }
@@ -477,10 +483,10 @@ pub(super) const INSERT_REQUEST: &str =
         cached_tokens, completion_tokens, queue_ms, load_ms, ttfb_ms, ttft_ms, prefill_ms,
         prefill_tokens, prefill_source, decode_ms, decode_tokens, decode_source, total_ms, warm,
         streamed, client_disconnected, fallback_from, release_id, arm, arm_key, disconnect,
-        client_key, model_defaulted, model_sent, model_pattern)
+        client_key, model_defaulted, model_sent, model_pattern, pool, placement)
      VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19,
         ?20, ?21, ?22, ?23, ?24, ?25, ?26, ?27, ?28, ?29, ?30, ?31, ?32, ?33, ?34, ?35, ?36, ?37, ?38,
-        ?39, ?40, ?41, ?42)";
+        ?39, ?40, ?41, ?42, ?43, ?44)";
 
 /// The request insert's parameter count.
-pub(super) const REQUEST_PARAMS: usize = 42;
+pub(super) const REQUEST_PARAMS: usize = 44;

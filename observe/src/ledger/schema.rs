@@ -262,6 +262,11 @@ pub(super) const MIGRATIONS: &[&str] = &[
     ALTER TABLE requests ADD COLUMN model_sent TEXT;
     ALTER TABLE requests ADD COLUMN model_pattern TEXT;
     "#,
+    // 15: the pool a request was served for, and what placed it on its member.
+    r#"
+    ALTER TABLE requests ADD COLUMN pool TEXT;
+    ALTER TABLE requests ADD COLUMN placement TEXT;
+    "#,
 ];
 
 /// Opens (creating and migrating) the ledger database, for the writer.

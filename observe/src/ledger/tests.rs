@@ -146,6 +146,8 @@ fn every_column_is_written_as_recorded() {
         r.model_defaulted = i % 2 == 1;
         r.model_sent = Some(format!("sent-{i}").into());
         r.model_pattern = Some(format!("pattern-{i}-*").into());
+        r.pool = Some(format!("pool-{i}").into());
+        r.placement = Some(["affinity", "load", "spill"][i as usize % 3]);
         ledger.record(&r);
     }
     drop(ledger);
@@ -212,6 +214,11 @@ fn every_column_is_written_as_recorded() {
             ("model_defaulted", I(i64::from(i % 2 == 1))),
             ("model_sent", T(format!("sent-{i}"))),
             ("model_pattern", T(format!("pattern-{i}-*"))),
+            ("pool", T(format!("pool-{i}"))),
+            (
+                "placement",
+                T(["affinity", "load", "spill"][i as usize % 3].into()),
+            ),
         ];
         assert_eq!(names[0], "id");
         assert_eq!(row[0], I(k + 1), "row {i}: ids in order");

@@ -12,11 +12,18 @@ fn member(outstanding: u32, slots: u32) -> Member {
 fn the_member_of_the_earlier_turn_keeps_the_conversation_within_the_imbalance() {
     let members = [member(3, 1), member(1, 1)];
     // 3 outstanding against 1: within an imbalance of 2.
-    assert_eq!(place(&members, Some(0), 2, 7), (vec![0, 1], Placement::Affinity));
+    assert_eq!(
+        place(&members, Some(0), 2, 7),
+        (vec![0, 1], Placement::Affinity)
+    );
     // Past an imbalance of 1: balanced, and said so.
     let (order, placement) = place(&members, Some(0), 1, 7);
     assert_eq!(placement, Placement::Overloaded);
-    assert_eq!(order, vec![1, 0], "two choices of two members take the less loaded");
+    assert_eq!(
+        order,
+        vec![1, 0],
+        "two choices of two members take the less loaded"
+    );
 }
 
 #[test]
@@ -47,11 +54,20 @@ fn members_that_cannot_take_it_come_last_and_one_left_is_the_only_choice() {
     down.eligible = false;
     let members = [down, member(5, 1)];
     // The earlier turn's member is down: the other serves, as the only choice.
-    assert_eq!(place(&members, Some(0), 2, 3), (vec![1, 0], Placement::Only));
+    assert_eq!(
+        place(&members, Some(0), 2, 3),
+        (vec![1, 0], Placement::Only)
+    );
     // None can: all are still tried, least loaded first.
     let mut busy_down = member(2, 1);
     busy_down.eligible = false;
-    assert_eq!(place(&[busy_down, down], None, 2, 3), (vec![1, 0], Placement::Only));
+    assert_eq!(
+        place(&[busy_down, down], None, 2, 3),
+        (vec![1, 0], Placement::Only)
+    );
     // A preferred index out of range (a member removed by a reload) is no preference.
-    assert_eq!(place(&[member(0, 1), member(1, 1)], Some(9), 2, 0).1, Placement::Load);
+    assert_eq!(
+        place(&[member(0, 1), member(1, 1)], Some(9), 2, 0).1,
+        Placement::Load
+    );
 }

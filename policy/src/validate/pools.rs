@@ -22,13 +22,19 @@ pub(super) fn pool_problems(config: &Config, problems: &mut Vec<Problem>) {
             ));
         }
         if pool.members.is_empty() {
-            problems.push(Problem::new(format!("{at}.members"), "a pool needs at least one member"));
+            problems.push(Problem::new(
+                format!("{at}.members"),
+                "a pool needs at least one member",
+            ));
         }
         let mut engines = BTreeMap::new();
         for (i, member) in pool.members.iter().enumerate() {
             let member_at = format!("{at}.members[{i}]");
             let Some(backend) = config.backends.get(member) else {
-                problems.push(Problem::new(member_at, format!("no backend named \"{member}\"")));
+                problems.push(Problem::new(
+                    member_at,
+                    format!("no backend named \"{member}\""),
+                ));
                 continue;
             };
             engines
@@ -38,7 +44,9 @@ pub(super) fn pool_problems(config: &Config, problems: &mut Vec<Problem>) {
                 let why = if first == name {
                     "is listed twice".to_owned()
                 } else {
-                    format!("is already a member of pool \"{first}\"; a backend belongs to one pool")
+                    format!(
+                        "is already a member of pool \"{first}\"; a backend belongs to one pool"
+                    )
                 };
                 problems.push(Problem::new(member_at, format!("\"{member}\" {why}")));
             }
@@ -88,5 +96,8 @@ pub(super) fn pool_problems(config: &Config, problems: &mut Vec<Problem>) {
 }
 
 fn only_primary(path: String) -> Problem {
-    Problem::new(path, "names a pool; a pool serves only as a model's primary")
+    Problem::new(
+        path,
+        "names a pool; a pool serves only as a model's primary",
+    )
 }

@@ -290,7 +290,7 @@ fn every_value_problem(figment: &Figment, whole: figment::Error) -> Vec<Problem>
         "auth".into(),
         read_part::<switchyard_policy::auth::AuthConfig>(figment, "auth"),
     );
-    for section in ["backends", "models", "plans", "swap_groups"] {
+    for section in ["backends", "models", "plans", "pools", "swap_groups"] {
         let Ok(figment::value::Value::Dict(_, entries)) = figment.find_value(section) else {
             continue;
         };
@@ -302,6 +302,7 @@ fn every_value_problem(figment: &Figment, whole: figment::Error) -> Vec<Problem>
                 "backends" => read_part::<BackendConfig>(figment, &key),
                 "models" => read_part::<ModelConfig>(figment, &key),
                 "plans" => read_part::<switchyard_policy::release::Plan>(figment, &key),
+                "pools" => read_part::<switchyard_policy::pool::PoolConfig>(figment, &key),
                 _ => read_part::<switchyard_policy::SwapGroupConfig>(figment, &key),
             };
             read(key, error);
@@ -351,6 +352,7 @@ struct Sections {
     backends: Option<serde::de::IgnoredAny>,
     models: Option<serde::de::IgnoredAny>,
     plans: Option<serde::de::IgnoredAny>,
+    pools: Option<serde::de::IgnoredAny>,
     swap_groups: Option<serde::de::IgnoredAny>,
 }
 

@@ -118,7 +118,7 @@ fn the_sections_read_for_their_names_are_the_configuration_s() {
     let config = from_figment(Figment::new().merge(Toml::string(BASE))).unwrap();
     let value = serde_json::to_value(&config).unwrap();
     let keys: Vec<&String> = value.as_object().unwrap().keys().collect();
-    assert_eq!(keys.len(), 9, "{keys:?}");
+    assert_eq!(keys.len(), 10, "{keys:?}");
     serde_json::from_value::<Sections>(value.clone()).unwrap();
 }
 

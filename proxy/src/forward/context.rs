@@ -14,7 +14,7 @@ use switchyard_record::between;
 
 use crate::http::headers::{
     header_value, SERVER_TIMING, X_ARTIFACT, X_BACKEND, X_ENGINE, X_FALLBACK_FROM,
-    X_MODEL_DEFAULTED, X_MODEL_PATTERN, X_VARIANT, X_WORKLOAD,
+    X_MODEL_DEFAULTED, X_MODEL_PATTERN, X_PLACEMENT, X_POOL, X_VARIANT, X_WORKLOAD,
 };
 use crate::http::{ProxyBody, ProxyError};
 use crate::incoming::Outgoing;
@@ -31,6 +31,8 @@ pub(crate) struct Stamp {
     pub(crate) model_defaulted: bool,
     /// The name pattern that matched the `model` sent, when no exact name did.
     pub(crate) model_pattern: Option<HeaderValue>,
+    /// The pool served for, and what placed the request on its member.
+    pub(crate) pool: Option<(HeaderValue, &'static str)>,
 }
 
 impl Stamp {
@@ -54,6 +56,10 @@ impl Stamp {
         }
         if let Some(pattern) = &self.model_pattern {
             headers.insert(X_MODEL_PATTERN, pattern.clone());
+        }
+        if let Some((pool, placement)) = &self.pool {
+            headers.insert(X_POOL, pool.clone());
+            headers.insert(X_PLACEMENT, HeaderValue::from_static(placement));
         }
     }
 }
@@ -81,6 +87,14 @@ impl Ctx {
 
     /// Names the backends that failed so far on the response (`x-switchyard-fallback-from`)
     /// and in the record (the ledger's `fallback_from`), as `name; code=...`.
+    /// The pool member first chosen passed the request on to another member (`to_member`).
+    pub(crate) fn spilled(&mut self, to_member: bool) {
+        if let (true, Some((_, placement))) = (to_member, self.stamp.pool.as_mut()) {
+            *placement = "spill";
+            self.recording.placement = Some("spill");
+        }
+    }
+
     pub(crate) fn note_fallback(&mut self, failed: &[String]) {
         let from = failed.join(", ");
         self.stamp.fallback_from = Some(header_value(&from));

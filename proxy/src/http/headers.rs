@@ -25,6 +25,10 @@ pub(crate) const X_MODEL_DEFAULTED: HeaderName =
 /// alias did.
 pub(crate) const X_MODEL_PATTERN: HeaderName =
     HeaderName::from_static("x-switchyard-model-pattern");
+/// The pool the serving backend is a member of, when the model's primary is a pool.
+pub(crate) const X_POOL: HeaderName = HeaderName::from_static("x-switchyard-pool");
+/// What placed the request on its pool member: `affinity`, `load`, `overloaded`, `only`, `spill`.
+pub(crate) const X_PLACEMENT: HeaderName = HeaderName::from_static("x-switchyard-placement");
 pub(crate) const SERVER_TIMING: HeaderName = HeaderName::from_static("server-timing");
 /// A request's chosen side of its model's release (`primary` or `candidate`), forced by an
 /// admin token's holder; consumed here, never forwarded.

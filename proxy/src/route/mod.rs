@@ -8,6 +8,7 @@
 
 pub(crate) mod keys;
 mod plan;
+pub(crate) mod pool;
 pub(crate) mod release;
 pub(crate) mod state;
 
@@ -138,6 +139,7 @@ impl Routing {
 pub(crate) async fn fallback<S, I>(
     tries: I,
     first_variant: &'static str,
+    primaries: usize,
     mut ctx: Ctx,
     outgoing: Arc<Outgoing>,
 ) -> Result<Response<ProxyBody>, Failed>
@@ -154,6 +156,8 @@ where
             Err(error) => return Err(ctx.fail(error)),
         };
         let another_remains = n < last;
+        // Among a pool's members, a full queue passes the request on to the next member.
+        let spills = n + 1 < primaries;
         if another_remains {
             if let Health::Down(why) = backend.state().health() {
                 // Its probes already say it is down: asking it would cost this request a
@@ -161,18 +165,28 @@ where
                 tracing::warn!(backend = %backend.name, reason = %why, "backend down per its probes; trying the next configured fallback");
                 failed.push(format!("{}; code=backend_down", backend.name));
                 ctx.note_fallback(&failed);
+                ctx.spilled(spills);
                 continue;
             }
         }
-        let variant = if n == 0 { first_variant } else { "fallback" };
+        let variant = if n < primaries.max(1) {
+            first_variant
+        } else {
+            "fallback"
+        };
         let attempt = Attempt::new(ctx, outgoing.clone(), variant);
         match stack.oneshot(attempt).await {
             Ok(response) => return Ok(response),
-            Err(Failed { error, ctx: back }) if error.nothing_sent() && another_remains => {
-                tracing::warn!(backend = %backend.name, error = %error, "backend unreachable; trying the next configured fallback");
+            Err(Failed { error, ctx: back })
+                if another_remains
+                    && (error.nothing_sent()
+                        || (spills && matches!(error, ProxyError::QueueFull { .. }))) =>
+            {
+                tracing::warn!(backend = %backend.name, error = %error, "backend unreachable or its queue full; trying the next");
                 ctx = back;
                 failed.push(format!("{}; code={}", backend.name, error.code()));
                 ctx.note_fallback(&failed);
+                ctx.spilled(spills);
                 last_error = Some(error);
             }
             Err(failed) => return Err(failed),

@@ -15,12 +15,14 @@ use http::header::{self, HeaderValue};
 use http::request::Parts;
 use http::{HeaderMap, Response};
 use hyper::body::Incoming;
+use switchyard_adapters::fingerprint::prefix::conversation_chain;
 use switchyard_policy::config::ServerConfig;
 use switchyard_policy::release::Arm;
 use switchyard_policy::{Route, ShadowRoute};
 use switchyard_record::ReleaseMark;
 
 use super::keys::{self, Key};
+use super::pool::Placed;
 use super::release::{self, ReleaseRoute};
 use super::{fallback, unknown_model, Routing, Snapshot};
 use crate::forward::{Ctx, Failed};
@@ -39,6 +41,8 @@ pub(super) struct Planned {
     route: Arc<Route>,
     release: Option<Arc<ReleaseRoute>>,
     on_candidate: bool,
+    /// The member of the primary's pool the request is placed on, and the others in turn.
+    placed: Option<Placed>,
 }
 
 /// A release's side for one request, and what chose it (`forced`, `endpoint`, or the sticky
@@ -100,15 +104,20 @@ impl Routing {
         };
         let fingerprint = fingerprint_fields(&route.model, &parsed);
         ctx.stamp.workload = Some(header_value(&fingerprint.workload));
+        let placed = place(snapshot, &route.primary, &parsed, ctx);
         let model_at = raw_model.map(|raw| value_range(&body, raw)).transpose()?;
         drop(parsed);
         let outgoing = Arc::new(outgoing(parts, body, model_at, &route.model, ctx)?);
         let on_candidate = split.is_some_and(|(arm, _)| arm == Arm::Candidate);
         // The route as it serves this request: the candidate as its primary on the candidate's
-        // side of a release.
-        let serving = match &release {
-            Some(release) if on_candidate => Arc::new(Route {
+        // side of a release, the member placed on for a pool.
+        let serving = match (&release, &placed) {
+            (Some(release), _) if on_candidate => Arc::new(Route {
                 primary: release.candidate.clone(),
+                ..route.as_ref().clone()
+            }),
+            (_, Some(placed)) => Arc::new(Route {
+                primary: placed.pool.members[placed.order[0]].clone(),
                 ..route.as_ref().clone()
             }),
             _ => route.clone(),
@@ -133,8 +142,36 @@ impl Routing {
             route,
             release,
             on_candidate,
+            placed,
         })
     }
+}
+
+/// The placement of a request whose model's primary is a pool (`primary`): the member that
+/// served its conversation's earlier turn, else the less loaded of two; stamped and recorded.
+fn place(
+    snapshot: &Snapshot,
+    primary: &str,
+    parsed: &ParsedBody<'_>,
+    ctx: &mut Ctx,
+) -> Option<Placed> {
+    let pool = snapshot.pools.get(primary)?;
+    let chain = if pool.affinity() {
+        conversation_chain(
+            ctx.endpoint,
+            parsed
+                .fields
+                .iter()
+                .map(|(key, raw)| (key.as_ref(), raw.get())),
+        )
+    } else {
+        Vec::new()
+    };
+    let placed = pool.place(&snapshot.backends, chain);
+    ctx.stamp.pool = Some((header_value(&pool.name), placed.placement.as_str()));
+    ctx.recording.pool = Some(pool.name.clone());
+    ctx.recording.placement = Some(placed.placement.as_str());
+    Some(placed)
 }
 
 /// The route the body's `model` names (a public name, an alias, else the longest pattern), or
@@ -303,22 +340,56 @@ pub(super) async fn send(
         route,
         release,
         on_candidate,
+        placed,
     } = planned;
     let (lead, first_variant) = match &release {
         Some(release) if release.promoted => (Some(release.candidate.clone()), "primary"),
         Some(release) if on_candidate => (Some(release.candidate.clone()), "canary"),
         _ => (None, "primary"),
     };
-    let skip = usize::from(lead.is_some());
-    let tries = (0..skip + 1 + route.fallback.len()).map(move |n| {
-        let name = match (n, &lead) {
-            (0, Some(lead)) => lead,
-            (n, _) if n == skip => &route.primary,
-            (n, _) => &route.fallback[n - skip - 1],
-        };
-        snapshot
-            .candidate(name)
-            .map(|candidate| (candidate.backend, candidate.stack))
+    // The primary's turn: the backend, or the pool's members in the order placed.
+    let primaries: Vec<Arc<str>> = match &placed {
+        Some(placed) => placed
+            .order
+            .iter()
+            .map(|&i| placed.pool.members[i].clone())
+            .collect(),
+        None => vec![route.primary.clone()],
+    };
+    // A pool's members serve as the primary, each passing on what its full queue refuses.
+    let primary_tries = if lead.is_none() { primaries.len() } else { 1 };
+    let names: Vec<Arc<str>> = lead
+        .into_iter()
+        .chain(primaries)
+        .chain(route.fallback.iter().cloned())
+        .collect();
+    let held = placed.as_ref().map(|p| p.hold(p.order[0]));
+    let tries = names.into_iter().map({
+        let snapshot = snapshot.clone();
+        move |name| {
+            snapshot
+                .candidate(&name)
+                .map(|candidate| (candidate.backend, candidate.stack))
+        }
     });
-    fallback(tries, first_variant, ctx, outgoing).await
+    let response = fallback(tries, first_variant, primary_tries, ctx, outgoing).await?;
+    let Some(placed) = placed else {
+        return Ok(response);
+    };
+    // The member that served: remembered for the conversation's next turn, and holding its
+    // count of outstanding requests until the answer is done with.
+    let served = response
+        .headers()
+        .get(crate::http::headers::X_BACKEND)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|name| placed.pool.member(name));
+    let Some(member) = served else {
+        return Ok(response);
+    };
+    placed.served_by(member);
+    let held = match held {
+        Some(held) if member == placed.order[0] => held,
+        _ => placed.hold(member),
+    };
+    Ok(response.map(|body| body.holding(held)))
 }

@@ -35,6 +35,8 @@ pub struct Snapshot {
     candidates: NameMap<Arc<str>, Candidate>,
     /// The shadow pool of each shadowed model.
     shadow_pools: NameMap<Arc<str>, Arc<shadow::Pool>>,
+    /// The pools of backends (`[pools]`), by name.
+    pub(crate) pools: NameMap<Arc<str>, Arc<super::pool::Pool>>,
     /// Each model's open canary release, by public name.
     pub(crate) releases: NameMap<Arc<str>, Arc<ReleaseRoute>>,
     /// The client keys of `[auth]`; `None` without it (no key is asked for).
@@ -106,6 +108,15 @@ impl Snapshot {
             });
             shadow_pools.insert(name.clone(), pool);
         }
+        let mut pools = NameMap::default();
+        for (name, pool_config) in &config.pools {
+            let pool = previous
+                .and_then(|p| p.pools.get(name.as_str()))
+                .filter(|pool| pool.fits(pool_config))
+                .cloned()
+                .unwrap_or_else(|| Arc::new(super::pool::Pool::new(name, pool_config)));
+            pools.insert(pool.name.clone(), pool);
+        }
         let keys = config.auth.as_ref().map(|auth| {
             Arc::new(Keys::build(
                 auth,
@@ -122,6 +133,7 @@ impl Snapshot {
             backends,
             candidates,
             shadow_pools,
+            pools,
             releases: previous.map(|p| p.releases.clone()).unwrap_or_default(),
         })
     }
@@ -136,6 +148,7 @@ impl Snapshot {
             backends: self.backends.clone(),
             candidates: self.candidates.clone(),
             shadow_pools: self.shadow_pools.clone(),
+            pools: self.pools.clone(),
             releases,
             keys: self.keys.clone(),
         }

@@ -38,6 +38,7 @@ async fn an_unreachable_primary_falls_back_and_says_so() {
     let run = fallback(
         tries.into_iter().map(Ok),
         "primary",
+        1,
         ctx(&recorder),
         outgoing(),
     );
@@ -65,6 +66,7 @@ async fn an_error_after_the_engine_was_reached_is_not_retried() {
     let run = fallback(
         tries.into_iter().map(Ok),
         "primary",
+        1,
         ctx(&recorder),
         outgoing(),
     );
@@ -98,6 +100,7 @@ async fn a_backend_down_per_its_probes_is_passed_over_unless_it_is_the_last() {
     let run = fallback(
         tries.into_iter().map(Ok),
         "primary",
+        1,
         ctx(&recorder),
         outgoing(),
     );
@@ -124,6 +127,7 @@ async fn a_backend_down_per_its_probes_is_passed_over_unless_it_is_the_last() {
     let run = fallback(
         std::iter::once(Ok((last, only))),
         "primary",
+        1,
         ctx(&recorder),
         outgoing(),
     );

@@ -28,6 +28,7 @@ mod metrics;
 mod overload;
 mod paths;
 mod phases;
+mod pools;
 mod release;
 mod reload;
 mod remote;
