@@ -40,6 +40,30 @@ pub struct PoolConfig {
     /// forgotten first.
     #[serde(default = "default_affinity_entries")]
     pub affinity_entries: usize,
+    /// How many failures in a row (refused or lost connections, the engine's own 5xx) eject
+    /// a member: it gets no requests while another member can take them, for a backoff that
+    /// doubles with each ejection in a row. 0: never ejected.
+    #[serde(default = "default_eject_after")]
+    pub eject_after: u32,
+    /// The first backoff of an ejected member; after it, the member is tried again, and one
+    /// more failure ejects it for twice as long.
+    #[serde(default = "default_eject_ms")]
+    pub eject_ms: u64,
+    /// The longest backoff.
+    #[serde(default = "default_eject_max_ms")]
+    pub eject_max_ms: u64,
+}
+
+fn default_eject_after() -> u32 {
+    3
+}
+
+fn default_eject_ms() -> u64 {
+    5_000
+}
+
+fn default_eject_max_ms() -> u64 {
+    60_000
 }
 
 fn default_affinity() -> bool {

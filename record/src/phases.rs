@@ -50,6 +50,16 @@ pub struct Phases {
     pub decode: Option<TokenPhase>,
     /// Request received → last byte written.
     pub total: Option<f64>,
+    /// How much of the prompt the engine reported it took from its prompt cache: not a
+    /// duration, but what explains a short prefill.
+    pub cache: Option<PromptCache>,
+}
+
+/// The engine's count of the prompt's tokens, and of those it had cached.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PromptCache {
+    pub cached: u64,
+    pub prompt: u64,
 }
 
 /// Milliseconds in `d`, with microsecond resolution.
@@ -77,6 +87,16 @@ impl Phases {
                 ms,
                 tokens: t.predicted_n,
                 source: Source::Engine,
+            });
+        }
+    }
+
+    /// Keeps the prompt's cached share from the answer's `usage`, when the engine reported it.
+    pub fn apply_usage(&mut self, usage: &switchyard_adapters::Usage) {
+        if let (Some(prompt), Some(cached)) = (usage.prompt_tokens, usage.cached_tokens) {
+            self.cache = Some(PromptCache {
+                cached: cached.min(prompt),
+                prompt,
             });
         }
     }
@@ -115,6 +135,16 @@ impl Phases {
         if let Some(v) = self.total {
             push_entry(&mut out, "total", v);
         }
+        if let Some(c) = self.cache {
+            if !out.is_empty() {
+                out.push_str(", ");
+            }
+            out.push_str("cache;desc=\"");
+            out.push_str(itoa::Buffer::new().format(c.cached));
+            out.push_str(" of ");
+            out.push_str(itoa::Buffer::new().format(c.prompt));
+            out.push_str(" tok\"");
+        }
         out
     }
 
@@ -133,6 +163,12 @@ impl Phases {
         put("prefill", self.prefill.map(|p| p.ms));
         put("decode", self.decode.map(|p| p.ms));
         put("total", self.total);
+        if let Some(c) = self.cache {
+            map.insert(
+                "cache".to_owned(),
+                serde_json::json!({"cached_tokens": c.cached, "prompt_tokens": c.prompt}),
+            );
+        }
         if self.prefill.is_some_and(|p| p.source == Source::Measured)
             || self.decode.is_some_and(|p| p.source == Source::Measured)
         {
@@ -207,6 +243,31 @@ mod tests {
         assert_eq!(json["prefill"], 4.1);
         assert!(json.get("load").is_none());
         assert!(json.get("measured").is_none());
+    }
+
+    #[test]
+    fn the_prompts_cached_share_follows_the_phases_when_the_engine_reported_it() {
+        let mut p = Phases {
+            total: Some(5.0),
+            ..Phases::default()
+        };
+        p.apply_usage(&switchyard_adapters::Usage {
+            prompt_tokens: Some(1030),
+            completion_tokens: Some(8),
+            cached_tokens: None,
+        });
+        assert_eq!(p.cache, None, "no count of the cached tokens, no entry");
+        p.apply_usage(&switchyard_adapters::Usage {
+            prompt_tokens: Some(1030),
+            completion_tokens: Some(8),
+            cached_tokens: Some(1024),
+        });
+        assert_eq!(
+            p.header_value(),
+            "total;dur=5.000, cache;desc=\"1024 of 1030 tok\""
+        );
+        assert_eq!(p.to_json()["cache"]["cached_tokens"], 1024);
+        assert_eq!(p.to_json()["cache"]["prompt_tokens"], 1030);
     }
 
     #[test]

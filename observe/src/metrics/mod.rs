@@ -36,6 +36,7 @@
 //! | `switchyard_shadow_replays_total` | counter | `model`, `candidate`, `outcome` (`replayed`, `budget`, `busy`) |
 //! | `switchyard_shadow_replay_tokens_total` | counter | `model`, `candidate` |
 //! | `switchyard_trace_spans_{exported,dropped,failed}_total` | counter | none (traces on only) |
+//! | pools and prompt caches | | see [`pools`] |
 //!
 //! Label values come from configuration (public model names, backend and key names), never from what a
 //! client sent: a request that was not routed (unknown model, malformed body) is counted with
@@ -47,8 +48,10 @@
 //! for every configured backend. A family with no child yet is not written at all.
 
 mod families;
+mod pools;
 mod series;
 mod shadows;
+mod spans;
 #[cfg(test)]
 mod tests;
 
@@ -56,7 +59,6 @@ use std::sync::Arc;
 
 use arc_swap::ArcSwap;
 use prometheus_client::encoding::prometheus_text;
-use prometheus_client::metrics::counter::ConstCounter;
 /// A counter's handle: the proxy keeps those of each client key's outcomes.
 pub use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::gauge::Gauge;
@@ -67,6 +69,7 @@ use self::series::{
     get_or_insert, AsKey, BackendHandles, SeriesHandles, SeriesKey, ShadowHandles, ShadowKey,
 };
 pub use self::series::{REJECTED_REASONS, REPLAY_OUTCOMES, RETRY_REASONS};
+pub use self::spans::SpanCounts;
 use crate::NameMap;
 use switchyard_record::RequestRecord;
 
@@ -123,6 +126,7 @@ pub struct Metrics {
     series: ArcSwap<NameMap<SeriesLabels, Arc<SeriesHandles>>>,
     backends: ArcSwap<NameMap<Arc<str>, Arc<BackendHandles>>>,
     shadows: ArcSwap<NameMap<ShadowKey, Arc<ShadowHandles>>>,
+    pools: pools::PoolMetrics,
     /// The children of `switchyard_rejected_request_heads_total`, in the order of
     /// [`REJECTED_HEAD_STATUSES`].
     rejected_heads: [Counter; REJECTED_HEAD_STATUSES.len()],
@@ -140,45 +144,6 @@ pub struct Metrics {
 impl Default for Metrics {
     fn default() -> Self {
         Self::new()
-    }
-}
-
-/// The trace exporter's counts of request spans, read at each scrape when traces are on.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct SpanCounts {
-    /// Spans in batches the collector accepted.
-    pub exported: u64,
-    /// Spans dropped because the export queue was full.
-    pub dropped: u64,
-    /// Spans in batches whose export failed.
-    pub failed: u64,
-}
-
-impl SpanCounts {
-    /// Writes `switchyard_trace_spans_{exported,dropped,failed}_total` to `out`, in the format of
-    /// the rest of the exposition.
-    fn encode(self, out: &mut String) -> std::fmt::Result {
-        let mut registry = Registry::default();
-        for (name, help, value) in [
-            (
-                "switchyard_trace_spans_exported",
-                "Request spans the OTLP collector accepted",
-                self.exported,
-            ),
-            (
-                "switchyard_trace_spans_dropped",
-                "Request spans dropped because the export queue was full",
-                self.dropped,
-            ),
-            (
-                "switchyard_trace_spans_failed",
-                "Request spans in exports that failed",
-                self.failed,
-            ),
-        ] {
-            registry.register(name, help, ConstCounter::new(value));
-        }
-        prometheus_text::encode(out, &registry)
     }
 }
 
@@ -248,12 +213,14 @@ impl Metrics {
             );
         }
         families.reload_ok.set(1);
+        let pools = pools::PoolMetrics::register(&mut registry);
         Self {
             registry,
             families,
             series: ArcSwap::default(),
             backends: ArcSwap::default(),
             shadows: ArcSwap::default(),
+            pools,
             rejected_heads,
             overloads,
             ledger_written,
@@ -312,6 +279,7 @@ impl Metrics {
 
     /// Counts one finished request. Called exactly once per request, when its record is written.
     pub fn observe(&self, r: &RequestRecord) {
+        self.observe_prompt_cache(r);
         let key = SeriesKey::of(r);
         let series = self.series.load();
         if let Some(handles) = series.get(&key as &dyn AsKey) {

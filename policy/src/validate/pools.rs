@@ -64,6 +64,12 @@ pub(super) fn pool_problems(config: &Config, problems: &mut Vec<Problem>) {
                 ),
             ));
         }
+        if pool.eject_after > 0 && (pool.eject_ms == 0 || pool.eject_max_ms < pool.eject_ms) {
+            problems.push(Problem::new(
+                format!("{at}.eject_ms"),
+                "must be at least 1, and eject_max_ms at least eject_ms",
+            ));
+        }
         if pool.affinity && pool.affinity_entries == 0 {
             problems.push(Problem::new(
                 format!("{at}.affinity_entries"),

@@ -37,6 +37,17 @@ pub(super) fn backends(snapshot: &Snapshot, metrics: &Metrics, engines: &Engines
                 "engine_kind".to_owned(),
                 serde_json::to_value(backend.config.engine).unwrap_or(Value::Null),
             );
+            // The pool it is a member of, and its state there (in, ejected, set apart).
+            let pool = snapshot.pools.values().find_map(|pool| {
+                let status = pool.status();
+                let member = status["members"]
+                    .as_array()?
+                    .iter()
+                    .find(|m| m["backend"] == **name)?
+                    .clone();
+                Some(json!({"name": &*pool.name, "member": member}))
+            });
+            fields.insert("pool".to_owned(), pool.unwrap_or(Value::Null));
             fields.insert("in_flight".to_owned(), metrics.in_flight_now(name).into());
             fields.insert("waiting".to_owned(), metrics.waiting_now(name).into());
             // A stopped or failed engine has no free slots now, whatever its last run had.

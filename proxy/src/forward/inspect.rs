@@ -340,6 +340,7 @@ fn answered(
     if let Some(t) = &facts.timings {
         record.phases.apply_engine_timings(t);
     }
+    record.phases.apply_usage(&facts.usage);
     let answered = backend.check_answer(
         &record.path,
         facts.model.as_deref(),

@@ -109,13 +109,17 @@ impl Router {
             // A managed engine that is stopped or starting serves the next request once it
             // has loaded: its model is ready in that sense. One in backoff after a crash, or
             // quarantined, is not.
-            let primary_ready = state.backends.get(&route.primary).is_some_and(|b| {
-                b.identity_settled()
-                    && (b.state().health().is_ready()
-                        || b.managed.as_ref().is_some_and(|m| {
-                            matches!(m.status().phase, Phase::Stopped | Phase::Starting)
-                        }))
-            });
+            // A pool is ready when one of its members is.
+            let primary_ready = state
+                .primaries(&route.primary)
+                .filter_map(|name| state.backends.get(name))
+                .any(|b| {
+                    b.identity_settled()
+                        && (b.state().health().is_ready()
+                            || b.managed.as_ref().is_some_and(|m| {
+                                matches!(m.status().phase, Phase::Stopped | Phase::Starting)
+                            }))
+                });
             let release = state.releases.get(name);
             let uses = state.roles(name);
             let mut used = Vec::new();
@@ -150,10 +154,16 @@ impl Router {
                 }),
             );
         }
+        let pools: Map<String, serde_json::Value> = state
+            .pools
+            .iter()
+            .map(|(name, pool)| (name.to_string(), pool.status()))
+            .collect();
         let body = serde_json::json!({
             "ready": ready,
             "config_digest": &*state.digest,
             "backends": backends,
+            "pools": pools,
             "models": models,
         });
         let status = if ready {
@@ -173,7 +183,16 @@ impl Router {
 fn model_entry(snapshot: &Snapshot, name: &str, created: u64) -> Option<Value> {
     let model = snapshot.config.models.get(name)?;
     let route = snapshot.routes.resolve(name)?;
-    let primary = snapshot.backends.get(&route.primary);
+    // A pool's state and identity are those of a member that serves, else of its first.
+    let members: Vec<&std::sync::Arc<Backend>> = snapshot
+        .primaries(&route.primary)
+        .filter_map(|name| snapshot.backends.get(name))
+        .collect();
+    let primary = members
+        .iter()
+        .find(|b| b.engine_state().0.is_serving())
+        .or(members.first())
+        .copied();
     let state = primary.map_or("unavailable", |b| match b.engine_state().0 {
         s if s.is_serving() => "ready",
         EngineState::Stopped => "stopped",

@@ -142,6 +142,7 @@ pub(crate) async fn fallback<S, I>(
     primaries: usize,
     mut ctx: Ctx,
     outgoing: Arc<Outgoing>,
+    mut outcome: impl FnMut(usize, bool),
 ) -> Result<Response<ProxyBody>, Failed>
 where
     S: tower::Service<Attempt, Response = Response<ProxyBody>, Error = Failed>,
@@ -176,20 +177,32 @@ where
         };
         let attempt = Attempt::new(ctx, outgoing.clone(), variant);
         match stack.oneshot(attempt).await {
-            Ok(response) => return Ok(response),
+            Ok(response) => {
+                // An answer from the engine, unless it is the engine's own server error.
+                outcome(n, !response.status().is_server_error());
+                return Ok(response);
+            }
             Err(Failed { error, ctx: back })
                 if another_remains
                     && (error.nothing_sent()
                         || (spills && matches!(error, ProxyError::QueueFull { .. }))) =>
             {
                 tracing::warn!(backend = %backend.name, error = %error, "backend unreachable or its queue full; trying the next");
+                if error.nothing_sent() {
+                    outcome(n, false);
+                }
                 ctx = back;
                 failed.push(format!("{}; code={}", backend.name, error.code()));
                 ctx.note_fallback(&failed);
                 ctx.spilled(spills);
                 last_error = Some(error);
             }
-            Err(failed) => return Err(failed),
+            Err(failed) => {
+                if failed.error.class() == "upstream" {
+                    outcome(n, false);
+                }
+                return Err(failed);
+            }
         }
     }
     let error = last_error.unwrap_or_else(|| ProxyError::Internal("no backend to try".to_owned()));

@@ -363,7 +363,6 @@ pub(super) async fn send(
         .chain(primaries)
         .chain(route.fallback.iter().cloned())
         .collect();
-    let held = placed.as_ref().map(|p| p.hold(p.order[0]));
     let tries = names.into_iter().map({
         let snapshot = snapshot.clone();
         move |name| {
@@ -372,8 +371,14 @@ pub(super) async fn send(
                 .map(|candidate| (candidate.backend, candidate.stack))
         }
     });
-    let response = fallback(tries, first_variant, primary_tries, ctx, outgoing).await?;
-    let Some(placed) = placed else {
+    // Each try's outcome on a pool member counts toward its ejection.
+    let outcome = |n: usize, ok: bool| {
+        if let Some(placed) = placed.as_ref().filter(|_| n < primary_tries) {
+            placed.pool.outcome(placed.order[n], ok);
+        }
+    };
+    let response = fallback(tries, first_variant, primary_tries, ctx, outgoing, outcome).await?;
+    let Some(mut placed) = placed else {
         return Ok(response);
     };
     // The member that served: remembered for the conversation's next turn, and holding its
@@ -386,10 +391,18 @@ pub(super) async fn send(
     let Some(member) = served else {
         return Ok(response);
     };
-    placed.served_by(member);
-    let held = match held {
-        Some(held) if member == placed.order[0] => held,
-        _ => placed.hold(member),
-    };
+    let placement = response
+        .headers()
+        .get(crate::http::headers::X_PLACEMENT)
+        .and_then(|v| v.to_str().ok())
+        .map_or(placed.placement.as_str(), |p| {
+            if p == "spill" {
+                "spill"
+            } else {
+                placed.placement.as_str()
+            }
+        });
+    placed.served_by(member, placement);
+    let held = placed.outstanding_on(member);
     Ok(response.map(|body| body.holding(held)))
 }

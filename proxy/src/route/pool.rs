@@ -8,10 +8,12 @@
 use std::hash::{BuildHasher, Hasher};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::Instant;
 
 use hashlink::LruCache;
 use switchyard_adapters::Health;
 use switchyard_engine::Backend;
+use switchyard_observe::metrics::Metrics;
 use switchyard_policy::pool::{place, Member, Placement, PoolConfig};
 
 use crate::NameMap;
@@ -26,10 +28,28 @@ pub(crate) struct Pool {
     outstanding: Vec<AtomicU32>,
     /// Whether each member was last left out for its identity: logged once per change.
     set_apart: Vec<AtomicBool>,
+    /// Each member's failures in a row, and its ejection ([`Ejection`]).
+    ejections: Vec<Ejection>,
+    /// The clock ejections are dated by.
+    epoch: Instant,
+    metrics: Arc<Metrics>,
     /// Conversation prefix hashes to the member (its index) that served them.
     index: Mutex<LruCache<u64, usize>>,
     draws: AtomicU64,
     seed: foldhash::fast::RandomState,
+}
+
+/// One member's outlier state: failures in a row, and, once ejected, until when and for how
+/// long the last backoff was.
+#[derive(Debug, Default)]
+struct Ejection {
+    failures: AtomicU32,
+    /// Milliseconds since the pool's epoch until which the member is ejected; 0: never was.
+    until_ms: AtomicU64,
+    backoff_ms: AtomicU64,
+    /// Whether the member is out (ejected, not yet served again): the log and the metric say
+    /// so once per change.
+    out: AtomicBool,
 }
 
 /// Where one request goes, and what it holds of the pool until its answer is done with.
@@ -41,6 +61,9 @@ pub(crate) struct Placed {
     pub(crate) placement: Placement,
     /// The request's conversation prefixes, remembered for the member that serves it.
     chain: Vec<u64>,
+    /// The request counted outstanding on the member placed on, from the moment it was
+    /// placed: the next placement sees it at once.
+    first: Option<Outstanding>,
 }
 
 /// A request outstanding on a member, until dropped (with the answer's body).
@@ -57,9 +80,12 @@ impl Drop for Outstanding {
 }
 
 impl Pool {
-    pub(crate) fn new(name: &str, config: &PoolConfig) -> Self {
+    pub(crate) fn new(name: &str, config: &PoolConfig, metrics: Arc<Metrics>) -> Self {
         let n = config.members.len();
         Self {
+            ejections: (0..n).map(|_| Ejection::default()).collect(),
+            epoch: Instant::now(),
+            metrics,
             name: Arc::from(name),
             members: config
                 .members
@@ -106,6 +132,7 @@ impl Pool {
                 let backend = backends.get(name);
                 let eligible = backend.is_some_and(|b| {
                     !matches!(b.state().health(), Health::Down(_))
+                        && !self.ejected(i)
                         && self.same_identity(i, b, identity.as_ref())
                 });
                 Member {
@@ -116,11 +143,13 @@ impl Pool {
             })
             .collect();
         let (order, placement) = place(&members, preferred, self.config.max_imbalance, self.draw());
+        let first = order.first().map(|&i| self.hold(i));
         Placed {
             pool: self.clone(),
             order,
             placement,
             chain,
+            first,
         }
     }
 
@@ -177,6 +206,80 @@ impl Pool {
         !differs
     }
 
+    fn now_ms(&self) -> u64 {
+        u64::try_from(self.epoch.elapsed().as_millis()).unwrap_or(u64::MAX)
+    }
+
+    /// Whether member `i` is ejected now (its backoff not over).
+    fn ejected(&self, i: usize) -> bool {
+        self.ejections[i].until_ms.load(Ordering::Acquire) > self.now_ms()
+    }
+
+    /// The outcome of a try on member `i`: a success clears its failures (and brings an
+    /// ejected member back), a failure counts, and `eject_after` of them in a row eject it.
+    pub(crate) fn outcome(&self, i: usize, ok: bool) {
+        let e = &self.ejections[i];
+        let name = &self.members[i];
+        if ok {
+            e.failures.store(0, Ordering::Release);
+            if e.out.swap(false, Ordering::AcqRel) {
+                e.backoff_ms.store(0, Ordering::Release);
+                self.metrics.pool_member_ejected(&self.name, name, false);
+                tracing::info!(pool = %self.name, backend = %name, "pool member back: it served a request after its backoff");
+            }
+            return;
+        }
+        let failures = e.failures.fetch_add(1, Ordering::AcqRel) + 1;
+        let after = self.config.eject_after;
+        if after == 0 || failures < after || self.ejected(i) {
+            return;
+        }
+        let backoff = match e.backoff_ms.load(Ordering::Acquire) {
+            0 => self.config.eject_ms,
+            last => last.saturating_mul(2).min(self.config.eject_max_ms),
+        };
+        e.backoff_ms.store(backoff, Ordering::Release);
+        e.until_ms.store(self.now_ms() + backoff, Ordering::Release);
+        e.out.store(true, Ordering::Release);
+        self.metrics.pool_member_ejected(&self.name, name, true);
+        tracing::warn!(pool = %self.name, backend = %name, failures, backoff_ms = backoff,
+            "pool member ejected: it failed {failures} times in a row; the other members take its requests until its backoff is over (requests under way on it finish)");
+    }
+
+    /// Each member's state, for `/readyz` and the admin API: `in`, `ejected` (with the
+    /// milliseconds left), `set apart` (another identity), and its requests outstanding.
+    pub(crate) fn status(&self) -> serde_json::Value {
+        let now = self.now_ms();
+        let members: Vec<serde_json::Value> = self
+            .members
+            .iter()
+            .enumerate()
+            .map(|(i, name)| {
+                let e = &self.ejections[i];
+                let until = e.until_ms.load(Ordering::Acquire);
+                let state = if until > now {
+                    "ejected"
+                } else if self.set_apart[i].load(Ordering::Acquire) {
+                    "set apart"
+                } else {
+                    "in"
+                };
+                serde_json::json!({
+                    "backend": &**name,
+                    "state": state,
+                    "outstanding": self.outstanding[i].load(Ordering::Acquire),
+                    "failures_in_a_row": e.failures.load(Ordering::Acquire),
+                    "ejected_for_ms": until.saturating_sub(now),
+                })
+            })
+            .collect();
+        serde_json::json!({
+            "members": members,
+            "affinity": self.config.affinity,
+            "remembered_prefixes": self.index.lock().unwrap_or_else(|e| e.into_inner()).len(),
+        })
+    }
+
     fn draw(&self) -> u64 {
         let mut hasher = self.seed.build_hasher();
         hasher.write_u64(self.draws.fetch_add(1, Ordering::Relaxed));
@@ -189,19 +292,33 @@ impl Pool {
     }
 }
 
-impl Placed {
+impl Pool {
     /// A request outstanding on member `member` from now until the guard is dropped.
-    pub(crate) fn hold(&self, member: usize) -> Outstanding {
-        self.pool.outstanding[member].fetch_add(1, Ordering::AcqRel);
+    fn hold(self: &Arc<Self>, member: usize) -> Outstanding {
+        self.outstanding[member].fetch_add(1, Ordering::AcqRel);
         Outstanding {
-            pool: self.pool.clone(),
+            pool: self.clone(),
             member,
         }
     }
+}
 
-    /// Member `member` served the request: its conversation's prefixes are remembered as that
-    /// member's.
-    pub(crate) fn served_by(&self, member: usize) {
+impl Placed {
+    /// The request outstanding on `member`, the member that served it: the count taken at
+    /// placement when it is the member placed on, else a new one (the first is dropped).
+    pub(crate) fn outstanding_on(&mut self, member: usize) -> Outstanding {
+        match self.first.take() {
+            Some(first) if first.member == member => first,
+            _ => self.pool.hold(member),
+        }
+    }
+
+    /// Member `member` served the request: counted by placement, and its conversation's
+    /// prefixes are remembered as that member's.
+    pub(crate) fn served_by(&self, member: usize, placement: &'static str) {
+        let pool = &self.pool;
+        pool.metrics
+            .observe_placement(&pool.name, &pool.members[member], placement);
         if !self.pool.config.affinity || self.chain.is_empty() {
             return;
         }

@@ -114,7 +114,13 @@ impl Snapshot {
                 .and_then(|p| p.pools.get(name.as_str()))
                 .filter(|pool| pool.fits(pool_config))
                 .cloned()
-                .unwrap_or_else(|| Arc::new(super::pool::Pool::new(name, pool_config)));
+                .unwrap_or_else(|| {
+                    Arc::new(super::pool::Pool::new(
+                        name,
+                        pool_config,
+                        shared.recorder.metrics.clone(),
+                    ))
+                });
             pools.insert(pool.name.clone(), pool);
         }
         let keys = config.auth.as_ref().map(|auth| {
@@ -154,22 +160,33 @@ impl Snapshot {
         }
     }
 
-    /// Every backend public model `model` uses, by role (`primary`, `fallback`, `shadow`,
-    /// `candidate` of its open release), in that order; empty for a name that is not a model.
+    /// Every backend public model `model` uses, by role (`primary` — each member of a pool
+    /// that is the primary —, `fallback`, `shadow`, `candidate` of its open release), in that
+    /// order; empty for a name that is not a model.
     pub(crate) fn roles<'a>(
         &'a self,
         model: &str,
     ) -> impl Iterator<Item = (&'static str, &'a Arc<str>)> + 'a {
         let route = self.routes.resolve(model);
         let release = self.releases.get(model);
-        route
-            .into_iter()
-            .flat_map(|route| {
-                std::iter::once(("primary", &route.primary))
-                    .chain(route.fallback.iter().map(|b| ("fallback", b)))
-                    .chain(route.shadow.as_ref().map(|s| ("shadow", &s.backend)))
-            })
-            .chain(release.map(|r| ("candidate", &r.candidate)))
+        let mut roles = Vec::new();
+        if let Some(route) = route {
+            roles.extend(self.primaries(&route.primary).map(|b| ("primary", b)));
+            roles.extend(route.fallback.iter().map(|b| ("fallback", b)));
+            roles.extend(route.shadow.as_ref().map(|s| ("shadow", &s.backend)));
+        }
+        roles.extend(release.map(|r| ("candidate", &r.candidate)));
+        roles.into_iter()
+    }
+
+    /// The backends a primary named `primary` stands for: a pool's members, else itself.
+    pub(crate) fn primaries<'a>(
+        &'a self,
+        primary: &'a Arc<str>,
+    ) -> impl Iterator<Item = &'a Arc<str>> + 'a {
+        let pool = self.pools.get(primary);
+        let own = pool.is_none().then_some(primary);
+        pool.into_iter().flat_map(|p| p.members.iter()).chain(own)
     }
 
     /// The backend configured under `name` with its stack (routes only name configured

@@ -41,6 +41,7 @@ async fn an_unreachable_primary_falls_back_and_says_so() {
         1,
         ctx(&recorder),
         outgoing(),
+        |_, _| {},
     );
     let engines = async {
         let (first, reply) = handle_a.next_request().await.unwrap();
@@ -69,6 +70,7 @@ async fn an_error_after_the_engine_was_reached_is_not_retried() {
         1,
         ctx(&recorder),
         outgoing(),
+        |_, _| {},
     );
     let engines = async {
         let (first, reply) = handle_a.next_request().await.unwrap();
@@ -103,6 +105,7 @@ async fn a_backend_down_per_its_probes_is_passed_over_unless_it_is_the_last() {
         1,
         ctx(&recorder),
         outgoing(),
+        |_, _| {},
     );
     let engines = async {
         let (second, reply) = handle_b.next_request().await.unwrap();
@@ -130,6 +133,7 @@ async fn a_backend_down_per_its_probes_is_passed_over_unless_it_is_the_last() {
         1,
         ctx(&recorder),
         outgoing(),
+        |_, _| {},
     );
     let engine = async {
         let (attempt, reply) = handle.next_request().await.unwrap();

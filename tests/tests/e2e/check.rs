@@ -76,7 +76,7 @@ primary = "llama"
         "backends.llama.url",
         "backends.llama.max_concurrency",
         "models.other.aliases[0]",
-        "models.smollm2.primary: no backend named \"lama\"",
+        "models.smollm2.primary: no backend or pool named \"lama\"",
     ] {
         assert!(err.contains(needle), "missing {needle:?} in:\n{err}");
     }

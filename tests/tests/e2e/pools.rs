@@ -97,6 +97,20 @@ fn conversation(name: &str, turns: usize) -> Value {
     json!({"model": "smollm2", "temperature": 0.7, "messages": messages})
 }
 
+/// Turn `turns` of conversation `name`, sent to Switchyard at `base`: answered 200 by the pool.
+async fn turn_at(base: String, name: &'static str, turns: usize) -> TestResponse {
+    let r = TestClient::new()
+        .post_json(
+            &format!("{base}/v1/chat/completions"),
+            &conversation(name, turns),
+        )
+        .await
+        .unwrap();
+    assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+    assert_eq!(r.headers["x-switchyard-pool"], "llama");
+    r
+}
+
 impl Setup {
     async fn turn(&self, name: &str, turns: usize) -> TestResponse {
         let r = TestClient::new()
@@ -135,13 +149,34 @@ fn header<'a>(r: &'a TestResponse, name: &str) -> &'a str {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn conversations_spread_by_load_and_each_next_turn_keeps_its_member() {
-    let s = setup("", "").await;
-    // Two conversations at once: the second finds the first's member busy and takes the other.
-    let (one, two) = tokio::join!(s.turn("one", 1), s.turn("two", 1));
+    let mut s = setup("", "").await;
+    // Two conversations at once: the first is held at its engine, so the second is placed
+    // while the first is outstanding, and takes the other, idle member.
+    let (a, b) = (s.a.as_mut().unwrap(), &mut s.b);
+    a.hold(|_| true);
+    b.hold(|_| true);
+    let first = tokio::spawn(turn_at(s.base.clone(), "one", 1));
+    let wait = Duration::from_secs(10);
+    // One request is out, so only its engine can report one.
+    let first_on_a = tokio::select! {
+        biased;
+        got = a.request(wait) => got.is_some(),
+        got = b.request(wait) => got.is_none(),
+    };
+    let second = tokio::spawn(turn_at(s.base.clone(), "two", 1));
+    let other = if first_on_a { &mut *b } else { &mut *a };
+    assert!(
+        other.request(wait).await.is_some(),
+        "the second went to the idle member"
+    );
+    a.release();
+    b.release();
+    let (one, two) = (first.await.unwrap(), second.await.unwrap());
     let (m1, m2) = (
         header(&one, "x-switchyard-backend"),
         header(&two, "x-switchyard-backend"),
     );
+    assert_eq!(m1, if first_on_a { "a" } else { "b" });
     assert_ne!(m1, m2, "two choices among two members take the idle one");
     for r in [&one, &two] {
         assert_eq!(header(r, "x-switchyard-placement"), "load");
@@ -182,26 +217,23 @@ async fn a_full_queue_spills_to_the_other_member_and_a_member_gone_is_passed_ove
     let first = s.turn("one", 1).await;
     let home = header(&first, "x-switchyard-backend").to_owned();
     // Two turns of the same conversation at once: affinity sends both to its member, whose
-    // one slot is taken, so the second spills to the other member.
-    let (x, y) = tokio::join!(s.turn("one", 2), s.turn("one", 2));
-    let placements = [
-        header(&x, "x-switchyard-placement"),
-        header(&y, "x-switchyard-placement"),
-    ];
-    let members = [
-        header(&x, "x-switchyard-backend"),
-        header(&y, "x-switchyard-backend"),
-    ];
-    assert!(
-        placements.contains(&"affinity") && placements.contains(&"spill"),
-        "{placements:?}"
-    );
-    assert!(
-        members.contains(&home.as_str()) && members.iter().any(|m| *m != home),
-        "{members:?}"
-    );
-    let spilled = if placements[0] == "spill" { &x } else { &y };
-    let from = header(spilled, "x-switchyard-fallback-from");
+    // one slot the first holds (held at its engine), so the second spills to the other member.
+    let engine = if home == "a" {
+        s.a.as_mut().unwrap()
+    } else {
+        &mut s.b
+    };
+    engine.hold(|_| true);
+    let held = tokio::spawn(turn_at(s.base.clone(), "one", 2));
+    assert!(engine.request(Duration::from_secs(10)).await.is_some());
+    let spilled = turn_at(s.base.clone(), "one", 2).await;
+    engine.release();
+    let held = held.await.unwrap();
+    assert_eq!(header(&held, "x-switchyard-backend"), home);
+    assert_eq!(header(&held, "x-switchyard-placement"), "affinity");
+    assert_ne!(header(&spilled, "x-switchyard-backend"), home);
+    assert_eq!(header(&spilled, "x-switchyard-placement"), "spill");
+    let from = header(&spilled, "x-switchyard-fallback-from");
     assert!(
         from.starts_with(&format!("{home}; code=queue_full")),
         "{from}"
@@ -216,4 +248,102 @@ async fn a_full_queue_spills_to_the_other_member_and_a_member_gone_is_passed_ove
     let r = s.turn("one", 3).await;
     assert_eq!(header(&r, "x-switchyard-backend"), "b");
     drop(s.b);
+}
+
+impl Setup {
+    async fn readyz(&self) -> Value {
+        TestClient::new()
+            .get(&format!("{}/readyz", self.base))
+            .await
+            .unwrap()
+            .json()
+    }
+
+    /// `member`'s state in the pool, as `/readyz` shows it.
+    async fn member_state(&self, member: &str) -> String {
+        let readyz = self.readyz().await;
+        readyz["pools"]["llama"]["members"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|m| m["backend"] == member)
+            .unwrap()["state"]
+            .as_str()
+            .unwrap()
+            .to_owned()
+    }
+
+    async fn metrics(&self) -> String {
+        let r = TestClient::new()
+            .get(&format!("{}/metrics", self.base))
+            .await
+            .unwrap();
+        String::from_utf8(r.body.to_vec()).unwrap()
+    }
+
+    /// Sends the first turn of new conversations until one is served by `member`; returns its
+    /// name.
+    async fn conversation_on(&self, member: &str) -> String {
+        for n in 0..40 {
+            let name = format!("{member}-{n}");
+            let r = self.turn(&name, 1).await;
+            if header(&r, "x-switchyard-backend") == member {
+                return name;
+            }
+        }
+        panic!("40 new conversations, none placed on {member}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_that_keeps_failing_is_ejected_and_comes_back_after_its_backoff() {
+    let s = setup("eject_after = 2\neject_ms = 2000\neject_max_ms = 4000", "").await;
+    let name = s.conversation_on("a").await;
+    s.a.as_ref()
+        .unwrap()
+        .set_fault(switchyard_tests::fake_engine::Fault::Error500);
+    // The conversation's next turns go to `a`, whose engine now fails: its answers reach the
+    // client as they are (the engine's own errors), and count.
+    for turns in 2..=3 {
+        let r = TestClient::new()
+            .post_json(
+                &format!("{}/v1/chat/completions", s.base),
+                &conversation(&name, turns),
+            )
+            .await
+            .unwrap();
+        assert_eq!(r.status, 500, "turn {turns}");
+        assert_eq!(header(&r, "x-switchyard-backend"), "a");
+    }
+    // Two failures in a row: ejected. The conversation goes on, on `b`.
+    assert_eq!(s.member_state("a").await, "ejected");
+    assert!(
+        s.metrics()
+            .await
+            .contains("switchyard_pool_member_ejected{pool=\"llama\",backend=\"a\"} 1"),
+        "{}",
+        s.metrics().await
+    );
+    let r = s.turn(&name, 4).await;
+    assert_eq!(header(&r, "x-switchyard-backend"), "b");
+    assert_eq!(header(&r, "x-switchyard-placement"), "only");
+    // Healthy again, and past its backoff: placed again, served, and back in.
+    s.a.as_ref()
+        .unwrap()
+        .set_fault(switchyard_tests::fake_engine::Fault::None);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while s.member_state("a").await != "in" {
+        assert!(tokio::time::Instant::now() < deadline, "still ejected");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    s.conversation_on("a").await;
+    let metrics = s.metrics().await;
+    assert!(
+        metrics.contains("switchyard_pool_member_ejected{pool=\"llama\",backend=\"a\"} 0"),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains("switchyard_pool_placements_total{pool=\"llama\",backend=\"a\",placement=\"affinity\"} 2"),
+        "{metrics}"
+    );
 }

@@ -216,6 +216,11 @@ impl AppState {
             .get(model)
             .ok_or_else(|| ReleaseError::Refused(format!("no model named {model}")))?;
         let primary = model_config.primary.clone();
+        if config.pools.contains_key(&primary) || config.pools.contains_key(candidate) {
+            return Err(ReleaseError::Refused(format!(
+                "{model} is served by a pool, or {candidate} is one: a canary release to or from a pool is not supported yet"
+            )));
+        }
         if candidate == primary {
             return Err(ReleaseError::Refused(format!(
                 "{candidate} is already {model}'s primary"

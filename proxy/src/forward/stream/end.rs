@@ -71,6 +71,7 @@ impl<B> ObservedStream<B> {
                 }
             }
         }
+        phases.apply_usage(&facts.usage);
         phases.total = Some(between(record.received, now));
         let mut body = json!({
             "server_timing": phases.to_json(),

@@ -1,0 +1,182 @@
+"""Pools on the REAL llama-server: two replicas of the bundled GGUF, each started with its
+defaults (so each keeps its own prompt cache), behind one model through `[pools]`.
+
+- Agent-like conversations resend their whole history every turn: each later turn goes back to
+  the replica that served the turn before (`x-switchyard-placement: affinity`), whose engine
+  reports most of the prompt cached (`server-timing`'s `cache` entry, the ledger's
+  `cached_tokens`, `switchyard_prompt_cache_hit_ratio`).
+- A replica killed with `kill -9` while it streams: that stream ends with an error event, every
+  new request is served by the other replica without a client error, and the killed one is
+  back in the pool once it runs again.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import contextlib
+import re
+import sqlite3
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+
+from conftest import Proc, http_client
+from test_real_engines import (
+    REQUEST_TIMEOUT_S,
+    free_port,
+    poll,
+    required_path,
+    start_switchyard,
+)
+
+#: A system prompt of about 600 tokens, the same in every conversation (an agent's own
+#: instructions), so each turn's prompt is long enough for its cached share to matter.
+SYSTEM = (Path(__file__).resolve().parents[1] / "prompts" / "kl-divergence.txt").read_text()[:2400]
+
+
+def replica(name: str, port: int, workdir: Path) -> Proc:
+    argv = [str(required_path("LLAMA_SERVER_BIN")), "-m", str(required_path("SMOLLM2_GGUF")),
+            "-c", "8192", "--host", "127.0.0.1", "--port", str(port)]
+    proc = Proc(name, argv, workdir / f"{name}.log")
+    with http_client(timeout=5.0) as http:
+        poll(name, lambda: http.get(f"http://127.0.0.1:{port}/health").status_code == 200, proc)
+    return proc
+
+
+@contextlib.contextmanager
+def pooled(workdir: Path, pool: str = "") -> Iterator[tuple[dict, str, Path]]:
+    """Two replicas `a` and `b` pooled as `llama`, Switchyard in front with a ledger: yields the
+    replicas (name to [proc, port]), Switchyard's URL and the ledger's path."""
+    ports = {"a": free_port(), "b": free_port()}
+    procs = {}
+    db = workdir / "ledger.db"
+    try:
+        for name, port in ports.items():
+            procs[name] = [replica(f"llama-{name}", port, workdir), port]
+        backends = "".join(
+            f"""
+[backends.{name}]
+engine = "llama.cpp"
+url = "http://127.0.0.1:{port}"
+artifact = "{required_path('SMOLLM2_GGUF')}"
+binary = "{required_path('LLAMA_SERVER_BIN')}"
+"""
+            for name, port in ports.items()
+        )
+        config = f"""
+[server]
+listen = "127.0.0.1:0"
+probe_interval_ms = 200
+first_byte_timeout_ms = 120000
+
+[ledger]
+path = "{db}"
+{backends}
+[pools.llama]
+members = ["a", "b"]
+{pool}
+
+[models.smollm2]
+primary = "llama"
+"""
+
+        def verified(readyz: dict) -> bool:
+            return all(readyz["backends"][n]["identity"] == "verified" for n in ports)
+
+        with start_switchyard(workdir, config, verified) as p:
+            yield procs, p.url, db
+    finally:
+        for proc, _ in procs.values():
+            proc.stop()
+
+
+def history(name: str, turns: int) -> list[dict]:
+    """A conversation after `turns` turns: the system prompt, then a question per turn, each
+    after the answer to the one before (fixed, as an agent resends what it was answered)."""
+    messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": f"{name}: what is a prompt cache?"}]
+    for t in range(2, turns + 1):
+        messages.append({"role": "assistant", "content": f"Answer {t - 1} of conversation {name}."})
+        messages.append({"role": "user", "content": f"{name}: and question {t}?"})
+    return messages
+
+
+def send(url: str, name: str, turns: int) -> httpx.Response:
+    with http_client(timeout=REQUEST_TIMEOUT_S) as http:
+        r = http.post(f"{url}/v1/chat/completions", json={
+            "model": "smollm2", "messages": history(name, turns), "temperature": 0.7, "max_tokens": 8})
+    assert r.status_code == 200, r.text
+    return r
+
+
+def cache_entry(r: httpx.Response) -> tuple[int, int]:
+    m = re.search(r'cache;desc="(\d+) of (\d+) tok"', r.headers["server-timing"])
+    assert m, r.headers["server-timing"]
+    return int(m.group(1)), int(m.group(2))
+
+
+def test_each_conversation_keeps_its_replica_and_its_prompt_cache(tmp_path: Path) -> None:
+    names = ["c1", "c2", "c3", "c4"]
+    with pooled(tmp_path) as (_, url, db):
+        # The first turns at once: each replica takes some (the less loaded of the two).
+        with concurrent.futures.ThreadPoolExecutor(len(names)) as pool:
+            first = dict(zip(names, pool.map(lambda n: send(url, n, 1), names)))
+        home = {n: r.headers["x-switchyard-backend"] for n, r in first.items()}
+        assert set(home.values()) == {"a", "b"}, home
+        for r in first.values():
+            assert r.headers["x-switchyard-pool"] == "llama"
+            assert r.headers["x-switchyard-placement"] in ("load", "only"), r.headers
+        for turns in range(2, 5):
+            for n in names:
+                r = send(url, n, turns)
+                assert r.headers["x-switchyard-backend"] == home[n], (n, turns, r.headers)
+                assert r.headers["x-switchyard-placement"] == "affinity", (n, turns, r.headers)
+                cached, prompt = cache_entry(r)
+                # The replica still holds the turn before, the long system prompt included.
+                assert cached >= 500 and cached / prompt > 0.8, (n, turns, cached, prompt)
+        with http_client(timeout=5.0) as http:
+            metrics = http.get(f"{url}/metrics").text
+            readyz = http.get(f"{url}/readyz").json()
+    for member in ("a", "b"):
+        ratio = re.search(rf'switchyard_prompt_cache_hit_ratio{{backend="{member}"}} (\S+)', metrics)
+        assert ratio and float(ratio.group(1)) > 0.5, metrics
+    assert [m["state"] for m in readyz["pools"]["llama"]["members"]] == ["in", "in"], readyz
+    rows = sqlite3.connect(db).execute(
+        "SELECT backend, pool, placement, cached_tokens FROM requests ORDER BY id").fetchall()
+    assert len(rows) == 16, rows
+    assert all(r[1] == "llama" for r in rows), rows
+    later = rows[4:]
+    assert all(r[2] == "affinity" and r[3] >= 500 for r in later), later
+
+
+def test_a_replica_killed_while_it_streams(tmp_path: Path) -> None:
+    with pooled(tmp_path, "eject_after = 1\neject_ms = 1000\neject_max_ms = 2000") as (procs, url, _):
+        # A conversation on `a`, found by starting new ones until one lands there.
+        name = next(n for n in (f"k{i}" for i in range(40)) if send(url, n, 1).headers["x-switchyard-backend"] == "a")
+        with http_client(timeout=REQUEST_TIMEOUT_S) as http, http.stream(
+            "POST", f"{url}/v1/chat/completions",
+            json={"model": "smollm2", "messages": history(name, 2), "max_tokens": 400, "stream": True},
+        ) as stream:
+            assert stream.headers["x-switchyard-backend"] == "a"
+            lines = stream.iter_lines()
+            for line in lines:
+                if line.startswith("data: {"):
+                    break  # the first token is out: the engine is mid-answer
+            procs["a"][0].popen.kill()
+            rest = "\n".join(lines)
+        # The stream ends with an error event, not as a finished answer.
+        assert "data: [DONE]" not in rest and '"error"' in rest, rest[-2000:]
+        # Every new request is served, by `b`, whatever its conversation's replica was.
+        for n in [name, "after-1", "after-2", "after-3"]:
+            r = send(url, n, 3)
+            assert r.headers["x-switchyard-backend"] == "b", r.headers
+        # `a` runs again on its port: the probes see it, its backoff ends, and it serves again.
+        procs["a"][0] = replica("llama-a-again", procs["a"][1], tmp_path)
+        with http_client(timeout=5.0) as http:
+            def back() -> bool:
+                readyz = http.get(f"{url}/readyz").json()
+                members = {m["backend"]: m["state"] for m in readyz["pools"]["llama"]["members"]}
+                return members["a"] == "in" and readyz["backends"]["a"]["state"] == "ready"
+            poll("the killed replica back in the pool", back, procs["a"][0])
+        served = {send(url, f"again-{i}", 1).headers["x-switchyard-backend"] for i in range(40)}
+        assert "a" in served, served
