@@ -155,6 +155,7 @@ async fn conversations_spread_by_load_and_each_next_turn_keeps_its_member() {
     let (a, b) = (s.a.as_mut().unwrap(), &mut s.b);
     a.hold(|_| true);
     b.hold(|_| true);
+    #[allow(clippy::disallowed_methods)] // the test's own clients
     let first = tokio::spawn(turn_at(s.base.clone(), "one", 1));
     let wait = Duration::from_secs(10);
     // One request is out, so only its engine can report one.
@@ -163,6 +164,7 @@ async fn conversations_spread_by_load_and_each_next_turn_keeps_its_member() {
         got = a.request(wait) => got.is_some(),
         got = b.request(wait) => got.is_none(),
     };
+    #[allow(clippy::disallowed_methods)] // the test's own clients
     let second = tokio::spawn(turn_at(s.base.clone(), "two", 1));
     let other = if first_on_a { &mut *b } else { &mut *a };
     assert!(
@@ -224,6 +226,7 @@ async fn a_full_queue_spills_to_the_other_member_and_a_member_gone_is_passed_ove
         &mut s.b
     };
     engine.hold(|_| true);
+    #[allow(clippy::disallowed_methods)] // the test's own clients
     let held = tokio::spawn(turn_at(s.base.clone(), "one", 2));
     assert!(engine.request(Duration::from_secs(10)).await.is_some());
     let spilled = turn_at(s.base.clone(), "one", 2).await;
