@@ -58,6 +58,10 @@ pub fn conversation_chain<'a>(
     };
     let single = items.is_empty().then_some(turns);
     let mut chain = Vec::with_capacity(items.len().max(1));
+    // Leading system messages are hashed but give no link of their own: many conversations
+    // share them (an agent's instructions), and a match on them alone would send every new
+    // conversation to whichever engine served the last one.
+    let mut own = false;
     for raw in items.iter().map(|r| r.get()).chain(single) {
         scratch.clear();
         if write_canonical_raw(&mut scratch, raw).is_err() {
@@ -66,9 +70,26 @@ pub fn conversation_chain<'a>(
         }
         hasher.write_usize(scratch.len());
         hasher.write(&scratch);
-        chain.push(hasher.finish());
+        own = own || !instructions(raw);
+        if own {
+            chain.push(hasher.finish());
+        }
     }
     chain
+}
+
+/// Whether a conversation item is a system (or developer) message: instructions shared by
+/// conversations, not a turn of one.
+fn instructions(raw: &str) -> bool {
+    #[derive(serde::Deserialize)]
+    struct Role<'a> {
+        #[serde(borrow)]
+        role: Option<std::borrow::Cow<'a, str>>,
+    }
+    serde_json::from_str::<Role<'_>>(raw)
+        .ok()
+        .and_then(|r| r.role)
+        .is_some_and(|role| role == "system" || role == "developer")
 }
 
 #[cfg(test)]
@@ -93,18 +114,22 @@ mod tests {
             chain(Endpoint::ChatCompletions, turn1),
             chain(Endpoint::ChatCompletions, turn2),
         );
-        assert_eq!(one.len(), 2);
-        assert_eq!(two.len(), 4);
+        // The system message alone is no link: only prefixes with a turn of the conversation.
+        assert_eq!(one.len(), 1);
+        assert_eq!(two.len(), 3);
         // Key order, whitespace and sampling do not matter; the conversation does.
-        assert_eq!(one[..], two[..2]);
+        assert_eq!(one[..], two[..1]);
         // Other tools are another prompt: nothing shared.
         let other_tools = turn2.replace(r#"[{"type":"function"}]"#, "[]");
         let three = chain(Endpoint::ChatCompletions, &other_tools);
         assert!(three.iter().all(|h| !one.contains(h)));
-        // Another first message: nothing shared.
+        // Another first question after the same system message: nothing shared.
         let other = chain(Endpoint::ChatCompletions, &turn1.replace("q1", "Q1"));
-        assert_eq!(other[0], one[0]);
-        assert_ne!(other[1], one[1]);
+        assert_eq!(other.len(), 1);
+        assert_ne!(other[0], one[0]);
+        // Another system message is another prompt, even for the same question.
+        let instructed = chain(Endpoint::ChatCompletions, &turn1.replace("\"s\"", "\"t\""));
+        assert_ne!(instructed[0], one[0]);
     }
 
     #[test]
