@@ -18,7 +18,7 @@ pub(super) mod tests;
 
 /// The columns of a request row the dashboard shows, in the order [`latest_requests`] selects
 /// them; each is the key of the same name in [`request_json`].
-const REQUEST_COLUMNS: [&str; 32] = [
+const REQUEST_COLUMNS: [&str; 34] = [
     "ts_ms",
     "request_id",
     "model",
@@ -51,6 +51,8 @@ const REQUEST_COLUMNS: [&str; 32] = [
     "release_id",
     "arm",
     "client_key",
+    "pool",
+    "placement",
 ];
 
 /// Columns stored as 0/1 that read back as booleans.
@@ -168,7 +170,7 @@ pub fn request_json(r: &RequestRecord) -> Value {
             })
         })
     };
-    let values: [Value; 32] = [
+    let values: [Value; 34] = [
         Value::from(unix_ms(r.started_at)),
         Value::from(r.id.as_str()),
         text(r.model.as_deref()),
@@ -201,6 +203,8 @@ pub fn request_json(r: &RequestRecord) -> Value {
         text(r.release.as_ref().map(|m| &*m.id)),
         text(r.release.as_ref().map(|m| m.arm)),
         text(r.client_key.as_deref()),
+        text(r.pool.as_deref()),
+        text(r.placement),
     ];
     Value::Object(
         REQUEST_COLUMNS

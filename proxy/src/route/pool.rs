@@ -33,8 +33,8 @@ pub(crate) struct Pool {
     /// The clock ejections are dated by.
     epoch: Instant,
     metrics: Arc<Metrics>,
-    /// Conversation prefix hashes to the member (its index) that served them.
-    index: Mutex<LruCache<u64, usize>>,
+    /// Conversation prefix hashes to the member (by name) that served them.
+    index: Mutex<LruCache<u64, Arc<str>>>,
     draws: AtomicU64,
     seed: foldhash::fast::RandomState,
 }
@@ -101,6 +101,23 @@ impl Pool {
         }
     }
 
+    /// This new pool with what `previous` (the pool of the same name before a reload changed
+    /// it) remembers of conversations, most recent first: a conversation keeps its member while
+    /// that member stays in the pool.
+    pub(crate) fn inheriting(self, previous: &Pool) -> Self {
+        {
+            let old = previous.index.lock().unwrap_or_else(|e| e.into_inner());
+            let mut new = self.index.lock().unwrap_or_else(|e| e.into_inner());
+            // Least recently used first: the most recent are inserted last, and kept.
+            for (hash, member) in old.iter() {
+                if self.member(member).is_some() {
+                    new.insert(*hash, member.clone());
+                }
+            }
+        }
+        self
+    }
+
     /// Whether this pool serves `config` as it is (then a reload keeps it, and what it knows).
     pub(crate) fn fits(&self, config: &PoolConfig) -> bool {
         self.config == *config
@@ -119,7 +136,10 @@ impl Pool {
     ) -> Placed {
         let preferred = if self.config.affinity {
             let mut index = self.index.lock().unwrap_or_else(|e| e.into_inner());
-            chain.iter().rev().find_map(|h| index.get(h).copied())
+            chain
+                .iter()
+                .rev()
+                .find_map(|h| index.get(h).and_then(|name| self.member(name)))
         } else {
             None
         };
@@ -324,7 +344,7 @@ impl Placed {
         }
         let mut index = self.pool.index.lock().unwrap_or_else(|e| e.into_inner());
         for hash in &self.chain {
-            index.insert(*hash, member);
+            index.insert(*hash, self.pool.members[member].clone());
         }
     }
 }

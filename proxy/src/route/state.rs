@@ -110,17 +110,18 @@ impl Snapshot {
         }
         let mut pools = NameMap::default();
         for (name, pool_config) in &config.pools {
-            let pool = previous
-                .and_then(|p| p.pools.get(name.as_str()))
-                .filter(|pool| pool.fits(pool_config))
-                .cloned()
-                .unwrap_or_else(|| {
-                    Arc::new(super::pool::Pool::new(
-                        name,
-                        pool_config,
-                        shared.recorder.metrics.clone(),
-                    ))
-                });
+            let old = previous.and_then(|p| p.pools.get(name.as_str()));
+            let pool = match old {
+                Some(old) if old.fits(pool_config) => old.clone(),
+                _ => {
+                    let metrics = shared.recorder.metrics.clone();
+                    let pool = super::pool::Pool::new(name, pool_config, metrics);
+                    Arc::new(match old {
+                        Some(old) => pool.inheriting(old),
+                        None => pool,
+                    })
+                }
+            };
             pools.insert(pool.name.clone(), pool);
         }
         let keys = config.auth.as_ref().map(|auth| {

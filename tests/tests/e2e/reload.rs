@@ -812,3 +812,62 @@ async fn a_watched_configuration_applies_saves_in_place_and_by_rename() {
 
     stop(child).await;
 }
+
+/// A pool's members changed by a reload: a conversation keeps its member (the pool's memory of
+/// conversations carries over), a member added takes new conversations, a member removed takes
+/// no more, and no request is refused meanwhile.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reload_adds_and_removes_pool_members_and_conversations_keep_theirs() {
+    let a = FakeEngine::llama_cpp().spawn().await.unwrap();
+    let b = FakeEngine::llama_cpp().spawn().await.unwrap();
+    let (a_url, b_url) = (a.url(), b.url());
+    let text = move |dir: &Path, members: &str| {
+        config(
+            dir,
+            &[("a", llama(&a_url, "")), ("b", llama(&b_url, ""))],
+            &format!("\n[pools.llama]\nmembers = {members}\n{}", model("llama")),
+        )
+    };
+    let s = Setup::start(|dir| text(dir, r#"["a"]"#)).await;
+    let turn = |name: &str, turns: usize| {
+        let mut messages = vec![json!({"role": "user", "content": format!("{name} question 1")})];
+        for t in 2..=turns {
+            messages.push(json!({"role": "assistant", "content": format!("answer {}", t - 1)}));
+            messages.push(json!({"role": "user", "content": format!("question {t}")}));
+        }
+        let url = format!("{}/v1/chat/completions", s.base);
+        async move {
+            let r = TestClient::new()
+                .post_json(&url, &json!({"model": "smollm2", "messages": messages}))
+                .await
+                .unwrap();
+            assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+            r.headers["x-switchyard-backend"]
+                .to_str()
+                .unwrap()
+                .to_owned()
+        }
+    };
+    assert_eq!(turn("kept", 1).await, "a");
+    // `b` joins: the conversation stays on `a`; new ones spread over both.
+    let r = s.reload_to(&text(s.dir.path(), r#"["a", "b"]"#)).await;
+    assert_eq!(r.status, 200, "{}", r.json());
+    assert_eq!(
+        turn("kept", 2).await,
+        "a",
+        "its member, remembered across the reload"
+    );
+    let mut seen = std::collections::BTreeSet::new();
+    for n in 0..40 {
+        seen.insert(turn(&format!("new-{n}"), 1).await);
+        if seen.len() == 2 {
+            break;
+        }
+    }
+    assert_eq!(seen.len(), 2, "new conversations on both members: {seen:?}");
+    // `a` leaves: every conversation, its own included, goes to `b`.
+    let r = s.reload_to(&text(s.dir.path(), r#"["b"]"#)).await;
+    assert_eq!(r.status, 200, "{}", r.json());
+    assert_eq!(turn("kept", 3).await, "b");
+    assert_eq!(turn("new-after", 1).await, "b");
+}
