@@ -40,6 +40,11 @@ pub struct PoolConfig {
     /// forgotten first.
     #[serde(default = "default_affinity_entries")]
     pub affinity_entries: usize,
+    /// The request header that names a client's session: requests of one session go to one
+    /// member (as do requests with one llama.cpp `id_slot`, and, when nothing else is known of
+    /// them, requests of one `user`).
+    #[serde(default = "default_session_header")]
+    pub session_header: String,
     /// How many failures in a row (refused or lost connections, the engine's own 5xx) eject
     /// a member: it gets no requests while another member can take them, for a backoff that
     /// doubles with each ejection in a row. 0: never ejected.
@@ -52,6 +57,10 @@ pub struct PoolConfig {
     /// The longest backoff.
     #[serde(default = "default_eject_max_ms")]
     pub eject_max_ms: u64,
+}
+
+fn default_session_header() -> String {
+    "x-session-id".to_owned()
 }
 
 fn default_eject_after() -> u32 {

@@ -280,7 +280,7 @@ impl Plan {
 }
 
 /// `name` when it is a valid HTTP header name (an RFC 9110 token), lowercase.
-fn http_token(name: &str) -> Option<String> {
+pub(crate) fn http_token(name: &str) -> Option<String> {
     let valid = !name.is_empty()
         && name
             .bytes()

@@ -70,6 +70,12 @@ pub(super) fn pool_problems(config: &Config, problems: &mut Vec<Problem>) {
                 "must be at least 1, and eject_max_ms at least eject_ms",
             ));
         }
+        if crate::release::plan::http_token(&pool.session_header).is_none() {
+            problems.push(Problem::new(
+                format!("{at}.session_header"),
+                "must be a header name",
+            ));
+        }
         if pool.affinity && pool.affinity_entries == 0 {
             problems.push(Problem::new(
                 format!("{at}.affinity_entries"),

@@ -15,7 +15,6 @@ use http::header::{self, HeaderValue};
 use http::request::Parts;
 use http::{HeaderMap, Response};
 use hyper::body::Incoming;
-use switchyard_adapters::fingerprint::prefix::conversation_chain;
 use switchyard_policy::config::ServerConfig;
 use switchyard_policy::release::Arm;
 use switchyard_policy::{Route, ShadowRoute};
@@ -104,7 +103,7 @@ impl Routing {
         };
         let fingerprint = fingerprint_fields(&route.model, &parsed);
         ctx.stamp.workload = Some(header_value(&fingerprint.workload));
-        let placed = place(snapshot, &route.primary, &parsed, ctx);
+        let placed = place(snapshot, &route.primary, &parts.headers, &parsed, ctx);
         let model_at = raw_model.map(|raw| value_range(&body, raw)).transpose()?;
         drop(parsed);
         let outgoing = Arc::new(outgoing(parts, body, model_at, &route.model, ctx)?);
@@ -152,22 +151,17 @@ impl Routing {
 fn place(
     snapshot: &Snapshot,
     primary: &str,
+    headers: &HeaderMap,
     parsed: &ParsedBody<'_>,
     ctx: &mut Ctx,
 ) -> Option<Placed> {
     let pool = snapshot.pools.get(primary)?;
-    let chain = if pool.affinity() {
-        conversation_chain(
-            ctx.endpoint,
-            parsed
-                .fields
-                .iter()
-                .map(|(key, raw)| (key.as_ref(), raw.get())),
-        )
+    let keys = if pool.affinity() {
+        pool.keys(ctx.endpoint, headers, parsed)
     } else {
         Vec::new()
     };
-    let placed = pool.place(&snapshot.backends, chain);
+    let placed = pool.place(&snapshot.backends, keys);
     ctx.stamp.pool = Some((header_value(&pool.name), placed.placement.as_str()));
     ctx.recording.pool = Some(pool.name.clone());
     ctx.recording.placement = Some(placed.placement.as_str());

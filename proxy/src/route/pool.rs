@@ -11,6 +11,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use hashlink::LruCache;
+use switchyard_adapters::fingerprint::prefix::conversation_chain;
 use switchyard_adapters::Health;
 use switchyard_engine::Backend;
 use switchyard_observe::metrics::Metrics;
@@ -37,6 +38,9 @@ pub(crate) struct Pool {
     index: Mutex<LruCache<u64, Arc<str>>>,
     draws: AtomicU64,
     seed: foldhash::fast::RandomState,
+    /// Hashes a request's session, user and slot into keys; the same for every pool and run,
+    /// so that a reload's new pool still finds them.
+    seed_fixed: foldhash::fast::FixedState,
 }
 
 /// One member's outlier state: failures in a row, and, once ejected, until when and for how
@@ -97,6 +101,7 @@ impl Pool {
             index: Mutex::new(LruCache::new(config.affinity_entries.max(1))),
             draws: AtomicU64::new(0),
             seed: foldhash::fast::RandomState::default(),
+            seed_fixed: foldhash::fast::FixedState::default(),
             config: config.clone(),
         }
     }
@@ -123,12 +128,59 @@ impl Pool {
         self.config == *config
     }
 
-    /// Whether the pool places by conversation: then the caller computes the request's chain.
+    /// Whether the pool places by affinity: then the caller computes the request's keys.
     pub(crate) fn affinity(&self) -> bool {
         self.config.affinity
     }
 
-    /// Places a request whose conversation prefixes are `chain` (shortest first) on a member.
+    /// What a request is known by, most telling first: the llama.cpp slot it pins (`id_slot`,
+    /// which lives on one engine), its session (`session_header`), its conversation's prefixes
+    /// (longest first), and its `user`. The member that served any of them last is where it
+    /// goes back to.
+    pub(crate) fn keys(
+        &self,
+        endpoint: switchyard_adapters::Endpoint,
+        headers: &http::HeaderMap,
+        parsed: &crate::incoming::ParsedBody<'_>,
+    ) -> Vec<u64> {
+        let field = |name: &str| {
+            parsed
+                .fields
+                .get(name)
+                .map(|raw| raw.get())
+                .filter(|raw| !matches!(raw.trim(), "null" | "\"\"" | "-1"))
+        };
+        let tagged = |tag: &[u8], value: &[u8]| {
+            let mut hasher = self.seed_fixed.build_hasher();
+            hasher.write(tag);
+            hasher.write(value);
+            hasher.finish()
+        };
+        let mut keys = Vec::new();
+        if let Some(slot) = field("id_slot") {
+            keys.push(tagged(b"id_slot", slot.as_bytes()));
+        }
+        if let Some(session) = headers
+            .get(self.config.session_header.as_str())
+            .filter(|v| !v.is_empty())
+        {
+            keys.push(tagged(b"session", session.as_bytes()));
+        }
+        let chain = conversation_chain(
+            endpoint,
+            parsed
+                .fields
+                .iter()
+                .map(|(key, raw)| (key.as_ref(), raw.get())),
+        );
+        keys.extend(chain.iter().rev());
+        if let Some(user) = field("user") {
+            keys.push(tagged(b"user", user.as_bytes()));
+        }
+        keys
+    }
+
+    /// Places a request known by `keys` (most telling first, [`Pool::keys`]) on a member.
     pub(crate) fn place(
         self: &Arc<Self>,
         backends: &NameMap<Arc<str>, Arc<Backend>>,
@@ -138,7 +190,6 @@ impl Pool {
             let mut index = self.index.lock().unwrap_or_else(|e| e.into_inner());
             chain
                 .iter()
-                .rev()
                 .find_map(|h| index.get(h).and_then(|name| self.member(name)))
         } else {
             None

@@ -350,3 +350,53 @@ async fn a_member_that_keeps_failing_is_ejected_and_comes_back_after_its_backoff
         "{metrics}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_a_user_and_an_id_slot_each_keep_their_member() {
+    let s = setup("", "").await;
+    let send = |name: String, extra: Value, session: Option<&'static str>| {
+        let url = format!("{}/v1/chat/completions", s.base);
+        async move {
+            let mut body = conversation(&name, 1);
+            for (k, v) in extra.as_object().unwrap() {
+                body[k] = v.clone();
+            }
+            let mut request = http::Request::builder()
+                .method("POST")
+                .uri(url)
+                .header("content-type", "application/json");
+            if let Some(session) = session {
+                request = request.header("x-session-id", session);
+            }
+            let request = request
+                .body(http_body_util::Full::new(bytes::Bytes::from(
+                    body.to_string(),
+                )))
+                .unwrap();
+            let r = TestClient::new().send(request).await.unwrap();
+            assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+            (
+                header(&r, "x-switchyard-backend").to_owned(),
+                header(&r, "x-switchyard-placement").to_owned(),
+            )
+        }
+    };
+    // Each key's first request is placed by load; every later one, a new conversation each
+    // time, goes where the key's first went.
+    for (extra, session) in [
+        (json!({}), Some("session-1")),
+        (json!({"user": "user-1"}), None),
+        (json!({"id_slot": 2}), None),
+    ] {
+        let (first, _) = send(format!("{extra}-{session:?}-0"), extra.clone(), session).await;
+        for n in 1..6 {
+            let (member, placement) =
+                send(format!("{extra}-{session:?}-{n}"), extra.clone(), session).await;
+            assert_eq!(
+                (member.as_str(), placement.as_str()),
+                (first.as_str(), "affinity"),
+                "{extra} {session:?}"
+            );
+        }
+    }
+}
