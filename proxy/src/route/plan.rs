@@ -350,8 +350,11 @@ pub(super) async fn send(
             .collect(),
         None => vec![route.primary.clone()],
     };
-    // A pool's members serve as the primary, each passing on what its full queue refuses.
-    let primary_tries = if lead.is_none() { primaries.len() } else { 1 };
+    // A pool's members serve as the primary, each passing on what its full queue refuses. A
+    // release's candidate leading (a release begun before the model's primary became a pool)
+    // has the primary as its fallback, the pool's members included.
+    let pooled = lead.is_none();
+    let primary_tries = if pooled { primaries.len() } else { 1 };
     let names: Vec<Arc<str>> = lead
         .into_iter()
         .chain(primaries)
@@ -367,7 +370,7 @@ pub(super) async fn send(
     });
     // Each try's outcome on a pool member counts toward its ejection.
     let outcome = |n: usize, ok: bool| {
-        if let Some(placed) = placed.as_ref().filter(|_| n < primary_tries) {
+        if let Some(placed) = placed.as_ref().filter(|_| pooled && n < primary_tries) {
             placed.pool.outcome(placed.order[n], ok);
         }
     };

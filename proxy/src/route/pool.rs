@@ -1,9 +1,10 @@
-//! A pool's live side: its members' outstanding requests, the conversation prefixes it has
-//! served (a bounded map from each prefix's hash to the member that served it), and the
-//! placement of one request ([`Pool::place`], by the rule of [`switchyard_policy::pool`]).
+//! A pool's live side: its members' outstanding requests and outlier state, what it has served
+//! (a bounded map from each conversation prefix's hash, session, `id_slot` and `user` to the
+//! member that served it), and the placement of one request ([`Pool::place`], by the rule of
+//! [`switchyard_policy::pool`]).
 //!
 //! A pool lives in the snapshot and is kept across reloads while its configuration stays the
-//! same, with what it remembers.
+//! same; a pool whose configuration changed starts afresh but for what it remembers.
 
 use std::hash::{BuildHasher, Hasher};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
@@ -63,8 +64,8 @@ pub(crate) struct Placed {
     /// Members' indices, in the order they are tried.
     pub(crate) order: Vec<usize>,
     pub(crate) placement: Placement,
-    /// The request's conversation prefixes, remembered for the member that serves it.
-    chain: Vec<u64>,
+    /// What the request is known by ([`Pool::keys`]), remembered for the member that serves it.
+    keys: Vec<u64>,
     /// The request counted outstanding on the member placed on, from the moment it was
     /// placed: the next placement sees it at once.
     first: Option<Outstanding>,
@@ -184,12 +185,11 @@ impl Pool {
     pub(crate) fn place(
         self: &Arc<Self>,
         backends: &NameMap<Arc<str>, Arc<Backend>>,
-        chain: Vec<u64>,
+        keys: Vec<u64>,
     ) -> Placed {
         let preferred = if self.config.affinity {
             let mut index = self.index.lock().unwrap_or_else(|e| e.into_inner());
-            chain
-                .iter()
+            keys.iter()
                 .find_map(|h| index.get(h).and_then(|name| self.member(name)))
         } else {
             None
@@ -219,7 +219,7 @@ impl Pool {
             pool: self.clone(),
             order,
             placement,
-            chain,
+            keys,
             first,
         }
     }
@@ -390,11 +390,11 @@ impl Placed {
         let pool = &self.pool;
         pool.metrics
             .observe_placement(&pool.name, &pool.members[member], placement);
-        if !self.pool.config.affinity || self.chain.is_empty() {
+        if !self.pool.config.affinity || self.keys.is_empty() {
             return;
         }
         let mut index = self.pool.index.lock().unwrap_or_else(|e| e.into_inner());
-        for hash in &self.chain {
+        for hash in &self.keys {
             index.insert(*hash, self.pool.members[member].clone());
         }
     }
