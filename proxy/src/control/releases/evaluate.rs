@@ -397,6 +397,13 @@ fn identity_change(state: &AppState, release: &Release) -> Result<Option<String>
                 "the {role} backend {name} is no longer configured"
             )));
         };
+        // An engine its probes found not serving (down, or loading) shows no identity to speak
+        // of, hence no change of one; whether it is down is the evaluation's other question,
+        // and its identity is compared again once it serves. One not probed yet is not known.
+        let probed = backend.state();
+        if probed.report.is_some() && !probed.health().is_ready() {
+            continue;
+        }
         let headers = backend.identity_headers();
         if let switchyard_engine::Verification::Unknown(why) = &headers.verification {
             return Err(format!(
