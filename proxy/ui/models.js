@@ -76,7 +76,10 @@
           h("dt", {}, "process"), h("dd", { class: "managed" }, "pid ", m.pid ?? "–", " · starts ", m.starts, " · crashes ", m.crashes,
             " · last load ", m.last_load_ms == null ? "–" : ms(m.last_load_ms)),
           groups ? [h("dt", {}, "swap group"), h("dd", { class: "swap" }, groups)] : null,
-        ] : [h("dt", {}, "url"), h("dd", {}, b.url)]),
+        ] : [h("dt", {}, "url"), h("dd", {}, b.url)],
+        b.pool ? [h("dt", {}, "pool"), h("dd", { class: "pool", "data-pool-state": b.pool.member.state },
+          b.pool.name, " · ", b.pool.member.state, " · ", b.pool.member.outstanding, " outstanding",
+          b.pool.member.state === "ejected" ? ` · back in ${ms(b.pool.member.ejected_for_ms)}` : "")] : null),
       m ? h("div", { class: "actions" }, ACTIONS.map((a) => h("button", {
         "data-action": a, onclick: () => ask(`${a} ${name} (now ${b.state})`, `/admin/backends/${encodeURIComponent(name)}/${a}`),
       }, a))) : null,

@@ -254,3 +254,81 @@ def test_a_managed_llama_server_stopped_loaded_and_unloaded_from_the_page(tmp_pa
         ("unload", "ops", "unload from the browser test", "ready", "unloading"),
         ("unload", "ops", "from the CLI", "ready", "unloading"),
     ], rows
+
+
+def test_a_pool_on_the_page(tmp_path: Path) -> None:
+    """Two fake engines pooled: the overview lists both as the model's primaries, each engine card
+    names the pool and the member's state in it, and the live tail says, beside each request's
+    member, the pool and what placed it there."""
+    engine_bin = str(binary("FAKE_ENGINE_BIN", "fake-engine"))
+    artifact = tmp_path / "model.gguf"
+    artifact.write_bytes(b"GGUF dashboard pool test")
+    procs: list[Proc] = []
+    try:
+        urls = []
+        for name in ("a", "b"):
+            argv = [engine_bin, "--listen", "127.0.0.1:0", "--tokens", "4", "--model-path", str(artifact), "--build-info", "b100"]
+            proc = Proc(f"fake-{name}", argv, tmp_path / f"fake-{name}.log")
+            procs.append(proc)
+            urls.append(proc.wait_for_line(r"fake-engine listening on " + ADDRESS).group(1))
+        tokens = tmp_path / "admin-tokens"
+        token = admin_token(tokens)
+        admin = f"http://127.0.0.1:{free_port()}"
+        config = tmp_path / "switchyard.toml"
+        config.write_text(f"""
+[server]
+listen = "127.0.0.1:0"
+probe_interval_ms = 100
+
+[admin]
+listen = "{admin.removeprefix("http://")}"
+tokens = {json.dumps(str(tokens))}
+
+[ledger]
+path = {json.dumps(str(tmp_path / "ledger.db"))}
+
+[backends.a]
+engine = "llama.cpp"
+url = "{urls[0]}"
+artifact = {json.dumps(str(artifact))}
+
+[backends.b]
+engine = "llama.cpp"
+url = "{urls[1]}"
+artifact = {json.dumps(str(artifact))}
+
+[pools.llama]
+members = ["a", "b"]
+
+[models.smollm2]
+primary = "llama"
+""")
+        switchyard = Proc("switchyard", [str(binary("SWITCHYARD_BIN", "switchyard")), "serve", "--config", str(config)], tmp_path / "switchyard.log")
+        procs.append(switchyard)
+        client = switchyard.wait_for_line(r"switchyard listening on " + ADDRESS).group(1)
+        auth = {"authorization": f"Bearer {token}"}
+        with http_client(timeout=10.0) as http:
+            poll("switchyard", lambda: http.get(f"{client}/readyz").json()["ready"], switchyard, timeout=20)
+            messages = [{"role": "user", "content": "One conversation."}]
+            for turn in range(3):
+                answer = http.post(f"{client}/v1/chat/completions", json={"model": "smollm2", "messages": messages})
+                assert answer.status_code == 200, answer.text
+                messages += [{"role": "assistant", "content": f"answer {turn}"}, {"role": "user", "content": "more"}]
+            member = answer.headers["x-switchyard-backend"]
+
+            # The ledger's writer commits in batches: the page reads what it has committed.
+            poll("the requests in the ledger",
+                 lambda: len(http.get(f"{admin}/admin/requests?limit=10", headers=auth).json()["requests"]) >= 3, switchyard, timeout=20)
+            result = run_check("pool", {"mode": "pool", "admin": admin, "client": client, "token": token})
+        assert console_problems(result) == [], console_problems(result)
+        assert all(not e for e in result["view_errors"].values()), result["view_errors"]
+        overview = {m["model"]: m for m in result["models"]}
+        assert sorted((r["backend"], r["role"]) for r in overview["smollm2"]["roles"]) == [("a", "primary"), ("b", "primary")], overview
+        cards = {c["backend"]: c for c in result["pool_cards"]}
+        for name in ("a", "b"):
+            assert cards[name]["pool_state"] == "in" and cards[name]["pool"].startswith("llama · in · "), cards
+        # Newest first: the conversation's later turns on its member by affinity, its first by load.
+        assert result["tail_backends"][:3] == [f"{member} · llama (affinity)"] * 2 + [f"{member} · llama (load)"], result["tail_backends"]
+    finally:
+        for proc in reversed(procs):
+            proc.stop()

@@ -167,6 +167,24 @@ async function managed(page) {
   result.view_errors = errors;
 }
 
+// A pool: the overview lists every member as a primary, each member's card names its pool and
+// its state there, and the live tail names the pool and the placement beside the member.
+async function pooled(page) {
+  const errors = {};
+  errors.models = await models(page);
+  errors.engines = await view(page, "engines");
+  result.pool_cards = await page.$$eval("article.engine", (els) => els.map((el) => ({
+    backend: el.dataset.backend,
+    pool: el.querySelector("dd.pool") ? el.querySelector("dd.pool").textContent : null,
+    pool_state: el.querySelector("dd.pool") ? el.querySelector("dd.pool").dataset.poolState : null,
+  })));
+  await shot(page, "engines-pool");
+  errors.live = await view(page, "live");
+  result.tail_backends = await page.$$eval("#tail-rows td.backend", (cells) => cells.map((c) => c.textContent));
+  await shot(page, "live-pool");
+  result.view_errors = errors;
+}
+
 async function real(page) {
   const errors = {};
   errors.models = await models(page);
@@ -289,6 +307,7 @@ try {
   result.first_view_ms = Date.now() - started;
   if (config.mode === "real") await real(page);
   else if (config.mode === "managed") await managed(page);
+  else if (config.mode === "pool") await pooled(page);
   else if (config.mode === "measure") await measure(page);
   else await release(page);
   await context.close();
