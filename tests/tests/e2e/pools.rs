@@ -400,3 +400,43 @@ async fn a_session_a_user_and_an_id_slot_each_keep_their_member() {
         }
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_serving_another_artifact_is_set_apart_until_it_serves_the_pools_again() {
+    let mut s = setup("", "").await;
+    let path = s.ledger.with_file_name("model.gguf").display().to_string();
+    let other = s.ledger.with_file_name("other.gguf");
+    std::fs::write(&other, b"GGUF another model").unwrap();
+    // `b`'s engine is restarted on another model: its probes find it serving what its
+    // configuration does not name (unverified), unlike `a`.
+    s.b.serve_as(other.display().to_string(), "b100");
+    let b = s.proxy.state().backend("b").unwrap();
+    let mut changes = b.changes();
+    let unverified = async {
+        while !b
+            .identity_headers()
+            .artifact
+            .to_str()
+            .unwrap()
+            .starts_with("unverified")
+        {
+            changes.changed().await.unwrap();
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(10), unverified)
+        .await
+        .expect("b's probes find the other model");
+    // Every request goes to `a`, the pool's identity; none is mixed in from `b`, which the
+    // pool sets apart (it looks at its members' identities as it places each request).
+    for n in 0..10 {
+        let r = s.turn(&format!("apart-{n}"), 1).await;
+        assert_eq!(header(&r, "x-switchyard-backend"), "a");
+    }
+    assert_eq!(s.member_state("b").await, "set apart");
+    // Back on the pool's model: back in, and new conversations reach it again.
+    s.b.serve_as(path, "b100");
+    let name = s.conversation_on("b").await;
+    assert!(name.starts_with("b-"));
+    assert_eq!(s.member_state("b").await, "in");
+    drop(s.a.take());
+}
