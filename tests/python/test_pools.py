@@ -141,6 +141,9 @@ def test_each_conversation_keeps_its_replica_and_its_prompt_cache(tmp_path: Path
         ratio = re.search(rf'switchyard_prompt_cache_hit_ratio{{backend="{member}"}} (\S+)', metrics)
         assert ratio and float(ratio.group(1)) > 0.5, metrics
     assert [m["state"] for m in readyz["pools"]["llama"]["members"]] == ["in", "in"], readyz
+    # Each request's log line names its pool and what placed it there.
+    log = (tmp_path / "switchyard.log").read_text()
+    assert re.search(r'backend="[ab]" pool="llama" placement="affinity"', log), log[-3000:]
     rows = sqlite3.connect(db).execute(
         "SELECT backend, pool, placement, cached_tokens FROM requests ORDER BY id").fetchall()
     assert len(rows) == 16, rows

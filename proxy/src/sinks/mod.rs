@@ -206,6 +206,10 @@ impl Recorder {
                 line.flag("model_defaulted", true);
             }
             line.text("backend", r.backend.as_deref().unwrap_or("-"));
+            if let Some(pool) = &r.pool {
+                line.text("pool", pool);
+                line.text("placement", r.placement.unwrap_or("-"));
+            }
             line.text("variant", r.variant);
             line.text(
                 "workload",
