@@ -125,7 +125,9 @@ impl Setup {
         r
     }
 
-    fn rows(&self) -> Vec<(String, String, String)> {
+    async fn rows(&self) -> Vec<(String, String, String)> {
+        // Every answered request's record handed to the ledger, then written.
+        self.proxy.state().recorder.settled().await;
         let ledger = self.proxy.state().recorder.ledger.as_ref().unwrap();
         assert!(tokio::task::block_in_place(
             || ledger.flush(Duration::from_secs(5))
@@ -205,7 +207,7 @@ async fn conversations_spread_by_load_and_each_next_turn_keeps_its_member() {
             assert_eq!(header(r, "x-switchyard-variant"), "primary");
         }
     }
-    let rows = s.rows();
+    let rows = s.rows().await;
     assert_eq!(rows.len(), 8);
     assert!(rows.iter().all(|(_, pool, _)| pool == "llama"), "{rows:?}");
     let affinity = rows.iter().filter(|(_, _, p)| p == "affinity").count();
