@@ -327,12 +327,15 @@ impl ReleaseStore {
         artifact: &str,
     ) -> Result<ArmCounts, LedgerError> {
         self.with(|conn| {
+            // A request passed from one member of a pool to another (spilled, or passed over)
+            // is still its arm's: only one served by the other side or a configured fallback
+            // (variant `fallback`) counts for neither.
             let (requests, errors, broken, fallbacks): (i64, i64, i64, i64) = conn.query_row(
-                "SELECT coalesce(sum(fallback_from IS NULL), 0),
-                        coalesce(sum(fallback_from IS NULL AND status >= 500), 0),
-                        coalesce(sum(fallback_from IS NULL
+                "SELECT coalesce(sum(variant != 'fallback'), 0),
+                        coalesce(sum(variant != 'fallback' AND status >= 500), 0),
+                        coalesce(sum(variant != 'fallback'
                                      AND status = 200 AND error_class = 'upstream'), 0),
-                        coalesce(sum(fallback_from IS NOT NULL), 0)
+                        coalesce(sum(variant = 'fallback'), 0)
                  FROM requests
                  WHERE release_id = ?1 AND arm = ?2 AND arm_key != 'forced'
                    AND ts_ms >= ?3 AND ts_ms < ?4 AND variant != 'shadow' AND id <= ?5",
@@ -344,7 +347,7 @@ impl ReleaseStore {
                     "SELECT engine, artifact FROM requests
                      WHERE release_id = ?1 AND arm = ?2 AND ts_ms >= ?3 AND ts_ms < ?4
                        AND id <= ?7 AND status < 500 AND engine IS NOT NULL
-                       AND variant != 'shadow' AND fallback_from IS NULL
+                       AND variant NOT IN ('shadow', 'fallback')
                        AND arm_key != 'forced' AND (engine != ?5 OR artifact != ?6)
                      ORDER BY id LIMIT 1",
                     params![
@@ -369,12 +372,13 @@ impl ReleaseStore {
         })
     }
 
-    /// The comparisons of `model` between `a` and `b` (either way round) from `since_ms` to
-    /// `until_ms`, among the rows up to `rows`, oldest first.
+    /// The comparisons of `model` between a backend of `a` and one of `b` (either way round;
+    /// each side is a backend, or a pool's members) from `since_ms` to `until_ms`, among the
+    /// rows up to `rows`, oldest first.
     pub fn pairs(
         &self,
         model: &str,
-        (a, b): (&str, &str),
+        (a, b): (&[String], &[String]),
         since_ms: i64,
         until_ms: i64,
         rows: Rows,
@@ -383,10 +387,13 @@ impl ReleaseStore {
             let mut pairs =
                 super::read::read_comparisons_between(conn, since_ms, until_ms, rows.comparisons)?;
             pairs.retain(|(_, p)| {
-                let candidate = p.candidate.as_ref().map(|c| c.backend.as_str());
+                let Some(candidate) = p.candidate.as_ref().map(|c| &c.backend) else {
+                    return false;
+                };
+                let primary = &p.primary.backend;
                 p.model == model
-                    && ((p.primary.backend == a && candidate == Some(b))
-                        || (p.primary.backend == b && candidate == Some(a)))
+                    && ((a.contains(primary) && b.contains(candidate))
+                        || (b.contains(primary) && a.contains(candidate)))
             });
             Ok(pairs)
         })

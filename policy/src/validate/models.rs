@@ -87,10 +87,12 @@ pub(super) fn model_problems<'c>(
         }
         if let Some(release) = &model.release {
             let re_at = format!("{at}.release");
-            if !config.backends.contains_key(&release.candidate) {
+            if !config.backends.contains_key(&release.candidate)
+                && !config.pools.contains_key(&release.candidate)
+            {
                 problems.push(Problem::new(
                     format!("{re_at}.candidate"),
-                    format!("no backend named \"{}\"", release.candidate),
+                    format!("no backend or pool named \"{}\"", release.candidate),
                 ));
             } else if release.candidate == model.primary {
                 problems.push(Problem::new(

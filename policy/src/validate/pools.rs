@@ -1,5 +1,5 @@
 //! The checks of `[pools]`: members that exist, of one engine kind, each in one pool; and the
-//! roles a pool may take (a model's primary only).
+//! roles a pool may take (a model's primary, a release's candidate).
 
 use std::collections::BTreeMap;
 
@@ -94,13 +94,27 @@ pub(super) fn pool_problems(config: &Config, problems: &mut Vec<Problem>) {
         if model.shadow.as_ref().is_some_and(|s| pooled(&s.backend)) {
             problems.push(only_primary(format!("{at}.shadow.backend")));
         }
-        if let Some(release) = &model.release {
-            if pooled(&release.candidate) {
-                problems.push(only_primary(format!("{at}.release.candidate")));
-            } else if pooled(&model.primary) {
+        // A release's candidate serves apart from the primary: never one of its pool's members.
+        if let Some(release) = model
+            .release
+            .as_ref()
+            .filter(|r| r.candidate != model.primary)
+        {
+            let side = |name: &String| match config.pools.get(name) {
+                Some(pool) => pool.members.clone(),
+                None => vec![name.clone()],
+            };
+            let primary = side(&model.primary);
+            if let Some(shared) = side(&release.candidate)
+                .into_iter()
+                .find(|b| primary.contains(b))
+            {
                 problems.push(Problem::new(
-                    format!("{at}.release"),
-                    "a canary release of a model served by a pool is not supported yet; release to a pool's member by naming the model's backend",
+                    format!("{at}.release.candidate"),
+                    format!(
+                        "\"{}\" and the model's primary \"{}\" share backend \"{shared}\"; a candidate serves apart from its primary",
+                        release.candidate, model.primary
+                    ),
                 ));
             }
         }
@@ -110,6 +124,6 @@ pub(super) fn pool_problems(config: &Config, problems: &mut Vec<Problem>) {
 fn only_primary(path: String) -> Problem {
     Problem::new(
         path,
-        "names a pool; a pool serves only as a model's primary",
+        "names a pool; a pool serves only as a model's primary or a release's candidate",
     )
 }

@@ -645,7 +645,7 @@ fn pools_are_checked_all_at_once() {
         primary = "mixed"
         fallback = ["again"]
         shadow = { backend = "empty", sample = 1.0 }
-        release = { candidate = "c" }
+        release = { candidate = "a" }
     "#,
     );
     let problems: Vec<String> = validate(&config).iter().map(ToString::to_string).collect();
@@ -659,16 +659,19 @@ fn pools_are_checked_all_at_once() {
         "pools.mixed.members: every member must run the same engine and artifact (a is llama.cpp, b is mlx)",
         "models.m.fallback[0]: names a pool; a pool serves only as a model's primary",
         "models.m.shadow.backend: names a pool",
-        "models.m.release.candidate: names a pool",
+        "models.m.release.candidate: \"a\" and the model's primary \"mixed\" share backend \"a\"",
     ] {
         assert!(
             problems.iter().any(|p| p.starts_with(expected)),
             "no {expected:?} in {problems:#?}"
         );
     }
-    // A model served by a pool, with a backend's fallback and shadow, is valid.
+    // A model served by a pool, with a backend's fallback and shadow, is valid; so is its
+    // release to another pool.
     let config = parse(
         r#"
+        [ledger]
+        path = "ledger.db"
         [backends.a]
         engine = "llama.cpp"
         url = "http://127.0.0.1:8081"
@@ -678,12 +681,21 @@ fn pools_are_checked_all_at_once() {
         [backends.spare]
         engine = "llama.cpp"
         url = "http://127.0.0.1:8083"
+        [backends.next-a]
+        engine = "mlx"
+        url = "http://127.0.0.1:8084"
+        [backends.next-b]
+        engine = "mlx"
+        url = "http://127.0.0.1:8085"
         [pools.llama]
         members = ["a", "b"]
+        [pools.next]
+        members = ["next-a", "next-b"]
         [models.m]
         primary = "llama"
         fallback = ["spare"]
         shadow = { backend = "spare", sample = 0.1 }
+        release = { candidate = "next" }
     "#,
     );
     assert_eq!(validate(&config), vec![]);

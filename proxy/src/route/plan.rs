@@ -40,7 +40,10 @@ pub(super) struct Planned {
     route: Arc<Route>,
     release: Option<Arc<ReleaseRoute>>,
     on_candidate: bool,
-    /// The member of the primary's pool the request is placed on, and the others in turn.
+    /// The side that serves the request: the model's primary, or a release's candidate.
+    lead: Arc<str>,
+    /// When the side that serves is a pool: the member the request is placed on, and the
+    /// others in turn.
     placed: Option<Placed>,
 }
 
@@ -103,37 +106,40 @@ impl Routing {
         };
         let fingerprint = fingerprint_fields(&route.model, &parsed);
         ctx.stamp.workload = Some(header_value(&fingerprint.workload));
-        let placed = place(snapshot, &route.primary, &parts.headers, &parsed, ctx);
+        let on_candidate = split.is_some_and(|(arm, _)| arm == Arm::Candidate);
+        let lead = match &release {
+            Some(release) if on_candidate => release.candidate.clone(),
+            _ => route.primary.clone(),
+        };
+        let placed = place(snapshot, &lead, &parts.headers, &parsed, ctx);
+        let copy = copy(&route, release.as_deref(), split, ctx)
+            .filter(|(shadow, _)| self.shadowing.sampled(shadow));
+        // A sampled copy sent to a pool goes to the member its conversation went to before.
+        let copy_to = copy.as_ref().map(|(shadow, _)| {
+            copy_member(snapshot, &shadow.backend, &parts.headers, &parsed, ctx)
+        });
         let model_at = raw_model.map(|raw| value_range(&body, raw)).transpose()?;
         drop(parsed);
         let outgoing = Arc::new(outgoing(parts, body, model_at, &route.model, ctx)?);
-        let on_candidate = split.is_some_and(|(arm, _)| arm == Arm::Candidate);
-        // The route as it serves this request: the candidate as its primary on the candidate's
-        // side of a release, the member placed on for a pool.
-        let serving = match (&release, &placed) {
-            (Some(release), _) if on_candidate => Arc::new(Route {
-                primary: release.candidate.clone(),
-                ..route.as_ref().clone()
-            }),
-            (_, Some(placed)) => Arc::new(Route {
+        // The route as it serves this request: the side that serves as its primary (the
+        // candidate on the candidate's side of a release), the member placed on for a pool.
+        let serving = match &placed {
+            Some(placed) => Arc::new(Route {
                 primary: placed.pool.members[placed.order[0]].clone(),
                 ..route.as_ref().clone()
             }),
-            _ => route.clone(),
+            None if lead != route.primary => Arc::new(Route {
+                primary: lead.clone(),
+                ..route.as_ref().clone()
+            }),
+            None => route.clone(),
         };
-        if let Some((shadow, pool)) = copy(&route, release.as_deref(), split, ctx) {
-            if self.shadowing.sampled(&shadow) {
-                let target = copy_target(snapshot, &route, &serving, &shadow, pool)?;
-                let ticket = self.shadowing.plan(
-                    &serving,
-                    &shadow,
-                    target,
-                    &outgoing,
-                    streamed,
-                    &fingerprint,
-                );
-                ctx.recording.set_hook(ticket.into_hook());
-            }
+        if let (Some((shadow, pool)), Some(to)) = (copy, copy_to) {
+            let target = copy_target(snapshot, &route, &serving, (&shadow, &to), pool)?;
+            let ticket =
+                self.shadowing
+                    .plan(&serving, &shadow, target, &outgoing, streamed, &fingerprint);
+            ctx.recording.set_hook(ticket.into_hook());
         }
         ctx.recording.describe(&route.model, fingerprint, streamed);
         Ok(Planned {
@@ -141,21 +147,23 @@ impl Routing {
             route,
             release,
             on_candidate,
+            lead,
             placed,
         })
     }
 }
 
-/// The placement of a request whose model's primary is a pool (`primary`): the member that
-/// served its conversation's earlier turn, else the less loaded of two; stamped and recorded.
+/// The placement of a request whose serving side (`lead`, the model's primary or a release's
+/// candidate) is a pool: the member that served its conversation's earlier turn, else the less
+/// loaded of two; stamped and recorded.
 fn place(
     snapshot: &Snapshot,
-    primary: &str,
+    lead: &str,
     headers: &HeaderMap,
     parsed: &ParsedBody<'_>,
     ctx: &mut Ctx,
 ) -> Option<Placed> {
-    let pool = snapshot.pools.get(primary)?;
+    let pool = snapshot.pools.get(lead)?;
     let keys = if pool.affinity() {
         pool.keys(ctx.endpoint, headers, parsed)
     } else {
@@ -166,6 +174,31 @@ fn place(
     ctx.recording.pool = Some(pool.name.clone());
     ctx.recording.placement = Some(placed.placement.as_str());
     Some(placed)
+}
+
+/// The backend a sampled copy sent to `side` goes to: the backend itself, or the member of pool
+/// `side` its conversation went to before (else the less loaded of two), remembered for the
+/// conversation's next copy. A copy is no request of the pool's: it is not counted outstanding
+/// on the member nor among the pool's placements.
+fn copy_member(
+    snapshot: &Snapshot,
+    side: &Arc<str>,
+    headers: &HeaderMap,
+    parsed: &ParsedBody<'_>,
+    ctx: &Ctx,
+) -> Arc<str> {
+    let Some(pool) = snapshot.pools.get(side) else {
+        return side.clone();
+    };
+    let keys = if pool.affinity() {
+        pool.keys(ctx.endpoint, headers, parsed)
+    } else {
+        Vec::new()
+    };
+    let placed = pool.place(&snapshot.backends, keys);
+    let member = placed.order[0];
+    placed.remember(member);
+    pool.members[member].clone()
 }
 
 /// The route the body's `model` names (a public name, an alias, else the longest pattern), or
@@ -227,8 +260,9 @@ fn release_arm(
         (Arm::Candidate, _)
             if !release.promoted
                 && snapshot
-                    .backends
-                    .get(&release.candidate)
+                    .primaries(&release.candidate)
+                    .next()
+                    .and_then(|name| snapshot.backends.get(name))
                     .is_some_and(|b| !b.adapter.serves(ctx.endpoint)) =>
         {
             (Arm::Primary, "endpoint")
@@ -294,24 +328,23 @@ fn copy(
     }
 }
 
-/// Where a sampled copy goes: the release's other side, or the model's shadow backend; a replay
-/// goes to the serving backend too.
+/// Where a sampled copy goes (`to`: the release's other side, or a member of it, or the model's
+/// shadow backend), in the release's or the model's shadow pool; a replay goes to the serving
+/// backend too.
 fn copy_target(
     snapshot: &Snapshot,
     route: &Route,
     serving: &Route,
-    shadow: &ShadowRoute,
+    (shadow, to): (&ShadowRoute, &str),
     pool: Option<Arc<shadow::Pool>>,
 ) -> Result<Target, ProxyError> {
     let mut target = match pool {
-        Some(pool) => snapshot
-            .candidate(&shadow.backend)
-            .map(|candidate| Target {
-                candidate,
-                pool,
-                served: None,
-            })?,
-        None => snapshot.shadow_target(&route.model, &shadow.backend)?,
+        Some(pool) => snapshot.candidate(to).map(|candidate| Target {
+            candidate,
+            pool,
+            served: None,
+        })?,
+        None => snapshot.shadow_target(&route.model, to)?,
     };
     if shadow.replay.is_some() {
         target.served = Some(snapshot.candidate(&serving.primary)?);
@@ -321,9 +354,9 @@ fn copy_target(
 
 /// Tries the planned request on its backends in turn. Each backend is looked up when its turn
 /// comes (most requests never reach a fallback); the lookup owns the route and the snapshot, so
-/// nothing borrowed is held across a try. On a release's candidate side, the candidate is tried
-/// first and the primary is its fallback; once promoted for good, the candidate serves as the
-/// primary.
+/// nothing borrowed is held across a try. The side that serves leads: the model's primary, or
+/// on a release's candidate side the candidate, whose fallback is then the primary (each member
+/// of a pool that is the primary); once promoted for good, the candidate serves as the primary.
 pub(super) async fn send(
     snapshot: Arc<Snapshot>,
     planned: Planned,
@@ -334,30 +367,32 @@ pub(super) async fn send(
         route,
         release,
         on_candidate,
+        lead,
         placed,
     } = planned;
-    let (lead, first_variant) = match &release {
-        Some(release) if release.promoted => (Some(release.candidate.clone()), "primary"),
-        Some(release) if on_candidate => (Some(release.candidate.clone()), "canary"),
-        _ => (None, "primary"),
+    let first_variant = match &release {
+        Some(release) if on_candidate && !release.promoted => "canary",
+        _ => "primary",
     };
-    // The primary's turn: the backend, or the pool's members in the order placed.
-    let primaries: Vec<Arc<str>> = match &placed {
+    // The leading side's turn: the backend, or the pool's members in the order placed, each
+    // passing on what its full queue refuses.
+    let leads: Vec<Arc<str>> = match &placed {
         Some(placed) => placed
             .order
             .iter()
             .map(|&i| placed.pool.members[i].clone())
             .collect(),
-        None => vec![route.primary.clone()],
+        None => vec![lead],
     };
-    // A pool's members serve as the primary, each passing on what its full queue refuses. A
-    // release's candidate leading (a release begun before the model's primary became a pool)
-    // has the primary as its fallback, the pool's members included.
-    let pooled = lead.is_none();
-    let primary_tries = if pooled { primaries.len() } else { 1 };
-    let names: Vec<Arc<str>> = lead
+    let lead_tries = leads.len();
+    let behind: Vec<Arc<str>> = if on_candidate {
+        snapshot.primaries(&route.primary).cloned().collect()
+    } else {
+        Vec::new()
+    };
+    let names: Vec<Arc<str>> = leads
         .into_iter()
-        .chain(primaries)
+        .chain(behind)
         .chain(route.fallback.iter().cloned())
         .collect();
     let tries = names.into_iter().map({
@@ -368,13 +403,13 @@ pub(super) async fn send(
                 .map(|candidate| (candidate.backend, candidate.stack))
         }
     });
-    // Each try's outcome on a pool member counts toward its ejection.
+    // Each try's outcome on a member of the pool placed on counts toward its ejection.
     let outcome = |n: usize, ok: bool| {
-        if let Some(placed) = placed.as_ref().filter(|_| pooled && n < primary_tries) {
+        if let Some(placed) = placed.as_ref().filter(|_| n < lead_tries) {
             placed.pool.outcome(placed.order[n], ok);
         }
     };
-    let response = fallback(tries, first_variant, primary_tries, ctx, outgoing, outcome).await?;
+    let response = fallback(tries, first_variant, lead_tries, ctx, outgoing, outcome).await?;
     let Some(mut placed) = placed else {
         return Ok(response);
     };

@@ -194,7 +194,7 @@ impl Pool {
         } else {
             None
         };
-        let identity = self.majority_identity(backends);
+        let identity = self.identity(backends);
         let members: Vec<Member> = self
             .members
             .iter()
@@ -224,9 +224,9 @@ impl Pool {
         }
     }
 
-    /// The identity most members have (engine and artifact), among those whose identity is
-    /// known; ties go to the member listed first.
-    fn majority_identity(
+    /// The identity the pool serves (engine and artifact): the one most members have, among
+    /// those whose identity is known; ties go to the member listed first.
+    pub(crate) fn identity(
         &self,
         backends: &NameMap<Arc<str>, Arc<Backend>>,
     ) -> Option<(Arc<str>, Arc<str>)> {
@@ -383,6 +383,12 @@ impl Placed {
         let pool = &self.pool;
         pool.metrics
             .observe_placement(&pool.name, &pool.members[member], placement);
+        self.remember(member);
+    }
+
+    /// The request's conversation prefixes, session, slot and user are remembered as member
+    /// `member`'s.
+    pub(crate) fn remember(&self, member: usize) {
         if !self.pool.config.affinity || self.keys.is_empty() {
             return;
         }

@@ -176,11 +176,14 @@ impl Snapshot {
             roles.extend(route.fallback.iter().map(|b| ("fallback", b)));
             roles.extend(route.shadow.as_ref().map(|s| ("shadow", &s.backend)));
         }
-        roles.extend(release.map(|r| ("candidate", &r.candidate)));
+        if let Some(release) = release {
+            roles.extend(self.primaries(&release.candidate).map(|b| ("candidate", b)));
+        }
         roles.into_iter()
     }
 
-    /// The backends a primary named `primary` stands for: a pool's members, else itself.
+    /// The backends a primary (or a release's candidate) named `primary` stands for: a pool's
+    /// members, else itself.
     pub(crate) fn primaries<'a>(
         &'a self,
         primary: &'a Arc<str>,
@@ -188,6 +191,20 @@ impl Snapshot {
         let pool = self.pools.get(primary);
         let own = pool.is_none().then_some(primary);
         pool.into_iter().flat_map(|p| p.members.iter()).chain(own)
+    }
+
+    /// The backend a request sent to side `name` goes to when it has no placement of its own
+    /// (a release's golden probe): the backend itself, or the member of pool `name` placed by
+    /// load now.
+    pub(crate) fn member_of(&self, name: &str) -> Result<Candidate, ProxyError> {
+        match self.pools.get(name) {
+            Some(pool) => {
+                let placed = pool.place(&self.backends, Vec::new());
+                let member = placed.order.first().map_or(name, |&i| &*pool.members[i]);
+                self.candidate(member)
+            }
+            None => self.candidate(name),
+        }
     }
 
     /// The backend configured under `name` with its stack (routes only name configured

@@ -28,6 +28,7 @@ mod metrics;
 mod overload;
 mod paths;
 mod phases;
+mod pool_release;
 mod pools;
 mod release;
 mod reload;

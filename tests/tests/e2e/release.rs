@@ -168,7 +168,12 @@ impl Setup {
     }
 }
 
-async fn admin(admin: &str, method: &str, path: &str, body: Option<Value>) -> TestResponse {
+pub(crate) async fn admin(
+    admin: &str,
+    method: &str,
+    path: &str,
+    body: Option<Value>,
+) -> TestResponse {
     let request = http::Request::builder()
         .method(method)
         .uri(format!("{admin}{path}"))
@@ -192,7 +197,7 @@ async fn start_release(admin_url: &str, plan: &str) -> String {
     r.json()["id"].as_str().unwrap().to_owned()
 }
 
-async fn status(admin_url: &str, id: &str) -> Value {
+pub(crate) async fn status(admin_url: &str, id: &str) -> Value {
     admin(admin_url, "GET", &format!("/admin/releases/{id}"), None)
         .await
         .json()

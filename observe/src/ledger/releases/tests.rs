@@ -49,6 +49,16 @@ fn fell_back(arm: &'static str, passed: &str, served_by: &str, status: u16) -> R
     r
 }
 
+/// A request of `arm` whose pool member `passed` handed it to member `served_by` (its queue
+/// was full): its arm's variant, naming the member passed.
+fn spilled(arm: &'static str, passed: &str, served_by: &str) -> RequestRecord {
+    let mut r = request(arm, served_by, 200);
+    // Members of one pool answer with one identity.
+    r.engine = Some(format!("llama.cpp/{passed}").into());
+    r.fallback_from = Some(format!("{passed}; code=queue_full"));
+    r
+}
+
 #[test]
 fn a_request_that_fell_back_counts_for_neither_arm_and_is_counted_apart() {
     let dir = tempfile::tempdir().unwrap();
@@ -68,6 +78,8 @@ fn a_request_that_fell_back_counts_for_neither_arm_and_is_counted_apart() {
         request("primary", "p", 200),
         // The primary was down: the candidate (one of its fallbacks) served its side.
         fell_back("primary", "p", "c", 200),
+        // A member of the candidate's pool passed it on to another member: still its own.
+        spilled("candidate", "c", "c2"),
     ] {
         ledger.record(&r);
     }
@@ -76,7 +88,7 @@ fn a_request_that_fell_back_counts_for_neither_arm_and_is_counted_apart() {
 
     let store = ReleaseStore::open(&path).unwrap();
     let rows = store.last_rows().unwrap();
-    assert_eq!(rows.requests, 8);
+    assert_eq!(rows.requests, 9);
     let counts = |arm: &str, engine: &str| {
         store
             .arm_counts("rel", arm, 0, i64::MAX, rows, engine, "sha256:weights")
@@ -85,7 +97,7 @@ fn a_request_that_fell_back_counts_for_neither_arm_and_is_counted_apart() {
     assert_eq!(
         counts("candidate", "llama.cpp/c"),
         ArmCounts {
-            requests: 3,
+            requests: 4,
             errors: 1,
             broken: 1,
             fallbacks: 3,

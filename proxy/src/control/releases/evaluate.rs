@@ -14,8 +14,9 @@ use switchyard_policy::release::{decide, Decision, Evidence, Plan, Step};
 use tokio_util::sync::CancellationToken;
 
 use super::pairs::{mismatch, orient, pinned_pair, worst_ratio};
-use super::{blocking, ReleaseError};
+use super::{blocking, sides, ReleaseError};
 use crate::control::AppState;
+use crate::route::Snapshot;
 
 /// The longest the evaluator sleeps between two looks at the running releases.
 const LONGEST_TICK: Duration = Duration::from_secs(1);
@@ -227,20 +228,14 @@ pub(crate) async fn step_evidence(
 ) -> Result<(Evidence, Observed), ReleaseError> {
     // Records of the window's last requests may still be on their way to the ledger.
     state.flush_ledger().await;
-    let identity_now = identity_change(state, release).map_err(ReleaseError::Refused)?;
-    let candidate_down = state
-        .live
-        .load()
-        .backends
-        .get(release.candidate_backend.as_str())
-        .and_then(|b| match b.state().health() {
-            switchyard_adapters::Health::Down(why) => Some(why),
-            _ => None,
-        });
+    let snapshot = state.live.load();
+    let identity_now = identity_change(&snapshot, release).map_err(ReleaseError::Refused)?;
     let observed = Observed {
         rows: blocking(store, |s| s.last_rows()).await?,
         identity_now,
-        candidate_down,
+        candidate_down: sides::down(&snapshot, &release.candidate_backend),
+        primary_members: sides::members(&snapshot, &release.primary_backend),
+        candidate_members: sides::members(&snapshot, &release.candidate_backend),
     };
     let (r, seen) = (release.clone(), observed.clone());
     let evidence = blocking(store, move |s| count(s, &r, since_ms, until_ms, &seen)).await?;
@@ -257,6 +252,29 @@ pub(crate) struct Observed {
     /// Why the candidate's engine was down then, per its probes.
     #[serde(default)]
     pub(crate) candidate_down: Option<String>,
+    /// The backends each side stood for then: a pool's members, else the backend (empty in
+    /// evaluations stored before pools could be released to: the side's own name).
+    #[serde(default)]
+    pub(crate) primary_members: Vec<String>,
+    #[serde(default)]
+    pub(crate) candidate_members: Vec<String>,
+}
+
+impl Observed {
+    /// The backends of each side of `release` (primary, candidate) as this evaluation saw them.
+    pub(crate) fn sides(&self, release: &Release) -> (Vec<String>, Vec<String>) {
+        let or_own = |members: &[String], own: &str| {
+            if members.is_empty() {
+                vec![own.to_owned()]
+            } else {
+                members.to_vec()
+            }
+        };
+        (
+            or_own(&self.primary_members, &release.primary_backend),
+            or_own(&self.candidate_members, &release.candidate_backend),
+        )
+    }
 }
 
 /// The evidence of `release` from `since_ms` to `until_ms`, counted from the ledger's requests
@@ -289,9 +307,10 @@ pub(crate) fn count(
         &r.primary_engine,
         &r.primary_artifact,
     )?;
+    let (primary_members, candidate_members) = observed.sides(r);
     let pairs = store.pairs(
         &r.model,
-        (&r.primary_backend, &r.candidate_backend),
+        (&primary_members, &candidate_members),
         since_ms,
         until,
         rows,
@@ -333,7 +352,7 @@ pub(crate) fn count(
     // copies are requests the candidate served, reverse copies ones the primary served.
     let mut oriented: Vec<Pair> = Vec::new();
     for (_, pair) in pairs {
-        let (pair, reversed) = orient(pair, &release.primary_backend);
+        let (pair, reversed) = orient(pair, release, &primary_members);
         // The candidate's copies (shadow step, probes) are requests it served too: each judged
         // one counts toward its error rate, never toward `min_requests`.
         if !reversed && pair.verdict != Verdict::Incomparable {
@@ -374,51 +393,22 @@ pub(crate) fn count(
     Ok(evidence)
 }
 
-/// A backend's identity now, when it is no longer the one the release pinned; `Err` when one
+/// Either side's identity now, when it is no longer the one the release pinned; `Err` when one
 /// is not known yet (not probed or hashed since a start): no verdict can be given then.
-fn identity_change(state: &AppState, release: &Release) -> Result<Option<String>, String> {
-    let snapshot = state.live.load();
-    for (role, name, engine, artifact) in [
-        (
-            "primary",
-            &release.primary_backend,
-            &release.primary_engine,
-            &release.primary_artifact,
-        ),
-        (
+fn identity_change(snapshot: &Snapshot, release: &Release) -> Result<Option<String>, String> {
+    let primary = sides::changed(
+        snapshot,
+        "primary",
+        &release.primary_backend,
+        (&release.primary_engine, &release.primary_artifact),
+    )?;
+    match primary {
+        Some(change) => Ok(Some(change)),
+        None => sides::changed(
+            snapshot,
             "candidate",
             &release.candidate_backend,
-            &release.candidate_engine,
-            &release.candidate_artifact,
+            (&release.candidate_engine, &release.candidate_artifact),
         ),
-    ] {
-        let Some(backend) = snapshot.backends.get(name.as_str()) else {
-            return Ok(Some(format!(
-                "the {role} backend {name} is no longer configured"
-            )));
-        };
-        // An engine its probes found not serving (down, or loading) shows no identity to speak
-        // of, hence no change of one; whether it is down is the evaluation's other question,
-        // and its identity is compared again once it serves. One not probed yet is not known.
-        let probed = backend.state();
-        if probed.report.is_some() && !probed.health().is_ready() {
-            continue;
-        }
-        let headers = backend.identity_headers();
-        if let switchyard_engine::Verification::Unknown(why) = &headers.verification {
-            return Err(format!(
-                "the {role} {name}'s identity is not known yet ({why})"
-            ));
-        }
-        let (now_engine, now_artifact) = (
-            headers.engine.to_str().unwrap_or(""),
-            headers.artifact.to_str().unwrap_or(""),
-        );
-        if now_engine != engine || now_artifact != artifact {
-            return Ok(Some(format!(
-                "the {role} {name} is now engine {now_engine}, artifact {now_artifact}; the release pinned engine {engine}, artifact {artifact}"
-            )));
-        }
     }
-    Ok(None)
 }

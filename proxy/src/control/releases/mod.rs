@@ -13,6 +13,7 @@ pub(crate) mod evaluate;
 pub(crate) mod explain;
 mod pairs;
 mod probes;
+mod sides;
 mod view;
 
 pub use actions::Action;
@@ -22,7 +23,6 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
 
 use serde_json::Value;
-use switchyard_engine::Verification;
 use switchyard_observe::ledger::{Evaluation, Release, ReleaseEvent, ReleaseStore};
 use switchyard_policy::release::{Arm, Plan};
 use switchyard_policy::replay::Replay;
@@ -117,7 +117,10 @@ impl Releases {
             };
             let backends_there = [&release.primary_backend, &release.candidate_backend]
                 .iter()
-                .all(|b| snapshot.backends.contains_key(b.as_str()));
+                .all(|b| {
+                    snapshot.backends.contains_key(b.as_str())
+                        || snapshot.pools.contains_key(b.as_str())
+                });
             if !backends_there || model.primary != release.primary_backend {
                 continue;
             }
@@ -167,34 +170,6 @@ impl Releases {
     }
 }
 
-/// A backend's identity as a release pins it: its engine and artifact stamps, when verified.
-fn pinned(snapshot: &Snapshot, backend: &str) -> Result<(String, String), ReleaseError> {
-    let b = snapshot
-        .backends
-        .get(backend)
-        .ok_or_else(|| ReleaseError::Refused(format!("no backend named {backend}")))?;
-    let headers = b.identity_headers();
-    match &headers.verification {
-        // A build still being found out (the digest of the binary the configuration names):
-        // pinned now, it would differ from the next answer's, and supersede the release.
-        Verification::Verified
-            if b.config.binary.is_some()
-                && headers.engine.to_str().is_ok_and(|e| e.ends_with("/unknown")) =>
-        {
-            Err(ReleaseError::Refused(format!(
-                "{backend}'s engine build is not known yet (the digest of its `binary` is being taken): try again in a moment"
-            )))
-        }
-        Verification::Verified => Ok((
-            headers.engine.to_str().unwrap_or("").to_owned(),
-            headers.artifact.to_str().unwrap_or("").to_owned(),
-        )),
-        Verification::Unverified(why) | Verification::Unknown(why) => Err(ReleaseError::Refused(
-            format!("{backend}'s identity is not verified ({why}): a release pins both engines' identities, so both must be verified"),
-        )),
-    }
-}
-
 impl AppState {
     /// Starts a release of `model` to `candidate` on the plan named `plan` (`standard` when
     /// none), pinning both engines' identities as they are verified now. A candidate identity
@@ -216,22 +191,26 @@ impl AppState {
             .get(model)
             .ok_or_else(|| ReleaseError::Refused(format!("no model named {model}")))?;
         let primary = model_config.primary.clone();
-        if config.pools.contains_key(&primary) || config.pools.contains_key(candidate) {
-            return Err(ReleaseError::Refused(format!(
-                "{model} is served by a pool, or {candidate} is one: a canary release to or from a pool is not supported yet"
-            )));
-        }
         if candidate == primary {
             return Err(ReleaseError::Refused(format!(
                 "{candidate} is already {model}'s primary"
+            )));
+        }
+        let primary_side = sides::members(&snapshot, &primary);
+        if let Some(shared) = sides::members(&snapshot, candidate)
+            .into_iter()
+            .find(|b| primary_side.contains(b))
+        {
+            return Err(ReleaseError::Refused(format!(
+                "{candidate} and {model}'s primary {primary} share backend {shared}: a release's candidate serves apart from its primary"
             )));
         }
         let plan_name = plan_name.unwrap_or("standard");
         let plan = config
             .plan(plan_name)
             .ok_or_else(|| ReleaseError::Refused(format!("no plan named {plan_name}")))?;
-        let (primary_engine, primary_artifact) = pinned(&snapshot, &primary)?;
-        let (candidate_engine, candidate_artifact) = pinned(&snapshot, candidate)?;
+        let (primary_engine, primary_artifact) = sides::pinned(&snapshot, &primary)?;
+        let (candidate_engine, candidate_artifact) = sides::pinned(&snapshot, candidate)?;
         let all = blocking(&store, |s| s.all()).await?;
         // A completed release still routes while the configuration names the old primary: a new
         // one would silently take its promotion back.
@@ -398,7 +377,12 @@ impl AppState {
     ) -> Result<pairs::TokenEvidence, ReleaseError> {
         self.flush_ledger().await;
         let store = self.releases.store()?.clone();
-        pairs::token_evidence(&store, release).await
+        let snapshot = self.live.load();
+        let sides = (
+            sides::members(&snapshot, &release.primary_backend),
+            sides::members(&snapshot, &release.candidate_backend),
+        );
+        pairs::token_evidence(&store, release, sides).await
     }
 
     /// Every release, newest first.

@@ -14,14 +14,19 @@ use super::{blocking, ReleaseError};
 
 /// `pair` with the release's primary backend as its primary side, and whether it was turned
 /// round (a reverse copy: the candidate served, the primary got the copy).
-pub(super) fn orient(mut pair: Pair, primary: &str) -> (Pair, bool) {
-    if pair.primary.backend == primary {
-        return (pair, false);
+pub(super) fn orient(mut pair: Pair, release: &Release, primary: &[String]) -> (Pair, bool) {
+    let reversed = !primary.contains(&pair.primary.backend);
+    if reversed {
+        if let Some(candidate) = pair.candidate.take() {
+            pair.candidate = Some(std::mem::replace(&mut pair.primary, candidate));
+        }
     }
-    if let Some(candidate) = pair.candidate.take() {
-        pair.candidate = Some(std::mem::replace(&mut pair.primary, candidate));
+    // Each side by the release's name for it: a pool's members' pairs are one group.
+    pair.primary.backend.clone_from(&release.primary_backend);
+    if let Some(candidate) = pair.candidate.as_mut() {
+        candidate.backend.clone_from(&release.candidate_backend);
     }
-    (pair, true)
+    (pair, reversed)
 }
 
 pub(super) fn pinned_pair(pair: &Pair, release: &Release) -> bool {
@@ -95,9 +100,12 @@ pub(crate) struct TokenEvidence {
     pub(crate) divergences: Vec<Divergent>,
 }
 
+/// What the pairs of `release` judged token by token show, from the pairs between the
+/// backends of its two `sides` (primary, candidate).
 pub(crate) async fn token_evidence(
     store: &Arc<ReleaseStore>,
     release: &Release,
+    (primary, candidate): (Vec<String>, Vec<String>),
 ) -> Result<TokenEvidence, ReleaseError> {
     let rule = serde_json::from_str::<Plan>(&release.plan_json)
         .ok()
@@ -115,14 +123,14 @@ pub(crate) async fn token_evidence(
         let rows = s.last_rows()?;
         let pairs = s.pairs(
             &r.model,
-            (&r.primary_backend, &r.candidate_backend),
+            (&primary, &candidate),
             r.created_ms,
             i64::MAX,
             rows,
         )?;
         Ok(pairs
             .into_iter()
-            .map(|(_, pair)| orient(pair, &r.primary_backend).0)
+            .map(|(_, pair)| orient(pair, &r, &primary).0)
             .filter(|pair| pair.verdict != Verdict::CandidateError && pinned_pair(pair, &r))
             .collect::<Vec<Pair>>())
     })

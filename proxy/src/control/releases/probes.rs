@@ -38,8 +38,8 @@ impl AppState {
             };
             let snapshot = state.live.load();
             let (Ok(primary), Ok(candidate)) = (
-                snapshot.candidate(&release.primary_backend),
-                snapshot.candidate(&release.candidate_backend),
+                snapshot.member_of(&release.primary_backend),
+                snapshot.member_of(&release.candidate_backend),
             ) else {
                 tracing::error!(release = %release.id, "golden probes not run: a backend is no longer configured");
                 return;
