@@ -8,25 +8,33 @@ defaults (so each keeps its own prompt cache), behind one model through `[pools]
 - A replica killed with `kill -9` while it streams: that stream ends with an error event, every
   new request is served by the other replica without a client error, and the killed one is
   back in the pool once it runs again.
+- A canary release from one pool of two replicas to another, driven by the `openai` SDK: each
+  session on one side and, within it, on one replica; promoted on the pairs and requests of
+  every member; every verdict recomputed the same from the ledger.
 """
 
 from __future__ import annotations
 
 import concurrent.futures
 import contextlib
+import json
 import re
 import sqlite3
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
+import openai
 
 from conftest import Proc, http_client
 from test_real_engines import (
     REQUEST_TIMEOUT_S,
     free_port,
+    identities_settled,
     poll,
     required_path,
+    run_switchyard,
     start_switchyard,
 )
 
@@ -45,10 +53,14 @@ def replica(name: str, port: int, workdir: Path) -> Proc:
 
 
 @contextlib.contextmanager
-def pooled(workdir: Path, pool: str = "") -> Iterator[tuple[dict, str, Path]]:
-    """Two replicas `a` and `b` pooled as `llama`, Switchyard in front with a ledger: yields the
-    replicas (name to [proc, port]), Switchyard's URL and the ledger's path."""
-    ports = {"a": free_port(), "b": free_port()}
+def pooled(
+    workdir: Path, pool: str = "", pools: dict[str, list[str]] | None = None, extra: str = ""
+) -> Iterator[tuple[dict, str, Path]]:
+    """Replicas pooled as `pools` (`llama`: `a` and `b` by default; the first pool serves
+    `smollm2`, each pool's section ends with `pool`), then `extra`; Switchyard in front with a
+    ledger: yields the replicas (name to [proc, port]), Switchyard's URL and the ledger's path."""
+    pools = pools or {"llama": ["a", "b"]}
+    ports = {name: free_port() for members in pools.values() for name in members}
     procs = {}
     db = workdir / "ledger.db"
     try:
@@ -64,6 +76,7 @@ binary = "{required_path('LLAMA_SERVER_BIN')}"
 """
             for name, port in ports.items()
         )
+        sections = "".join(f"\n[pools.{name}]\nmembers = {json.dumps(members)}\n{pool}\n" for name, members in pools.items())
         config = f"""
 [server]
 listen = "127.0.0.1:0"
@@ -73,18 +86,12 @@ first_byte_timeout_ms = 120000
 [ledger]
 path = "{db}"
 {backends}
-[pools.llama]
-members = ["a", "b"]
-{pool}
-
+{sections}
 [models.smollm2]
-primary = "llama"
+primary = "{next(iter(pools))}"
+{extra}
 """
-
-        def verified(readyz: dict) -> bool:
-            return all(readyz["backends"][n]["identity"] == "verified" for n in ports)
-
-        with start_switchyard(workdir, config, verified) as p:
+        with start_switchyard(workdir, config, identities_settled(*ports)) as p:
             yield procs, p.url, db
     finally:
         for proc, _ in procs.values():
@@ -183,3 +190,95 @@ def test_a_replica_killed_while_it_streams(tmp_path: Path) -> None:
             poll("the killed replica back in the pool", back, procs["a"][0])
         served = {send(url, f"again-{i}", 1).headers["x-switchyard-backend"] for i in range(40)}
         assert "a" in served, served
+
+
+#: An admin listener (its port filled in) and a quick plan: copies compared in a shadow step, half
+#: the sessions on the candidate, then promotion. Speed is not under test: four replicas share
+#: two cores, and which one is slower is chance.
+RELEASE = """
+[admin]
+listen = "{admin}"
+
+[plans.pools]
+evaluate_every_ms = 200
+performance = {{ allowed = 1000.0, critical = 10000.0 }}
+steps = [
+    {{ step = "shadow", min_pairs = 4 }},
+    {{ step = "live", weight = 50, min_requests = 4 }},
+    {{ step = "promote", bake_s = 0 }},
+]
+"""
+
+
+def test_a_release_from_one_pool_of_replicas_to_another(tmp_path: Path) -> None:
+    admin = f"127.0.0.1:{free_port()}"
+    pools = {"now": ["a", "b"], "next": ["c", "d"]}
+    with pooled(tmp_path, pools=pools, extra=RELEASE.format(admin=admin)) as (_, url, db), http_client(timeout=10.0) as http:
+        started = http.post(f"http://{admin}/admin/releases", json={"model": "smollm2", "candidate": "next", "plan": "pools"})
+        assert started.status_code == 201, started.text
+        rid = started.json()["id"]
+
+        def release() -> dict:
+            return http.get(f"http://{admin}/admin/releases/{rid}").json()["release"]
+
+        client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=REQUEST_TIMEOUT_S,
+                               http_client=openai.DefaultHttpxClient(trust_env=False))
+
+        def turn(name: str, turns: int) -> tuple[str, str, str]:
+            """One turn of session `name` by the SDK: where it was served (variant, pool, replica)."""
+            raw = client.chat.completions.with_raw_response.create(
+                model="smollm2", messages=history(name, turns)[1:], max_tokens=8, temperature=0,
+                extra_headers={"x-session-id": name})
+            assert raw.parse().choices[0].message.content is not None
+            return raw.headers["x-switchyard-variant"], raw.headers["x-switchyard-pool"], raw.headers["x-switchyard-backend"]
+
+        def session(name: str) -> tuple[str, list[tuple[str, str, str]]]:
+            return name, [turn(name, t) for t in range(1, 4)]
+
+        # Sessions of three turns, two at a time, until the release is promoted.
+        sessions: dict[str, list[tuple[str, str, str]]] = {}
+        deadline = time.monotonic() + 600
+        with concurrent.futures.ThreadPoolExecutor(2) as runner:
+            while (state := release())["state"] != "completed":
+                assert state["state"] == "running", state
+                assert time.monotonic() < deadline, state
+                n = len(sessions)
+                sessions.update(runner.map(session, [f"s{n}", f"s{n + 1}"]))
+
+        # A session only moves forward (primary pool, then the candidate's), one replica per pool.
+        for name, seen in sessions.items():
+            moved, member = False, {}
+            for variant, pool, backend in seen:
+                if pool == "now":
+                    assert variant == "primary" and not moved, seen
+                else:
+                    assert pool == "next" and variant in ("canary", "primary"), seen
+                    moved = True
+                assert backend in pools[pool], seen
+                assert member.setdefault(pool, backend) == backend, f"{name} changed replica: {seen}"
+        assert sum(any(v == "canary" for v, _, _ in seen) for seen in sessions.values()) >= 2, sessions
+
+        # Promoted: the candidate pool serves, on both its replicas.
+        served = set()
+        for i in range(40):
+            variant, pool, backend = turn(f"after-{i}", 1)
+            assert (variant, pool) == ("primary", "next")
+            served.add(backend)
+            if served == {"c", "d"}:
+                break
+        assert served == {"c", "d"}, served
+        evaluations = http.get(f"http://{admin}/admin/releases/{rid}").json()["evaluations"]
+    advanced = [e for e in evaluations if e["decision"] == "advance"]
+    assert advanced[0]["evidence"]["comparable_pairs"] >= 4 and advanced[0]["evidence"]["mismatches"] == 0, advanced[0]
+    assert advanced[1]["evidence"]["candidate_requests"] >= 4, advanced[1]
+    # Each side's rows name its pool; the copies went to the other side's replicas.
+    with contextlib.closing(sqlite3.connect(db)) as conn:
+        arms = set(conn.execute("SELECT arm, pool FROM requests WHERE variant IN ('primary', 'canary') AND arm IS NOT NULL"))
+        pairs = set(conn.execute("SELECT primary_backend, candidate_backend FROM comparisons WHERE candidate_backend IS NOT NULL"))
+    assert arms <= {("primary", "now"), ("candidate", "next")} and ("candidate", "next") in arms, arms
+    assert pairs and all({p, c} & {"a", "b"} and {p, c} & {"c", "d"} for p, c in pairs), pairs
+    explained = run_switchyard("release", "explain", rid, "--recompute", "--ledger", str(db))
+    assert " 0 verdict(s) disagree" in explained, explained
+    print(f"\nrelease now -> next: {len(sessions)} sessions, pairs between {sorted(pairs)}, "
+          f"shadow step {advanced[0]['evidence']['comparable_pairs']} pairs, live step "
+          f"{advanced[1]['evidence']['candidate_requests']} candidate requests")

@@ -212,7 +212,6 @@ async fn a_release_from_one_pool_to_another_splits_by_session_across_members_and
 
     // A session moves only forward, from the primary pool to the candidate's (when the weight
     // grows past its point, or at promotion), and within a pool every turn is on one member.
-    let mut members: BTreeSet<String> = BTreeSet::new();
     for (session, seen) in &sessions {
         let mut on: HashMap<&str, &str> = HashMap::new();
         let mut moved = false;
@@ -227,7 +226,6 @@ async fn a_release_from_one_pool_to_another_splits_by_session_across_members_and
                 member, backend,
                 "session {session} changed member: {seen:?}"
             );
-            members.insert(backend.clone());
         }
     }
     let on_candidate = sessions
@@ -306,20 +304,19 @@ async fn a_release_from_one_pool_to_another_splits_by_session_across_members_and
         copies.iter().any(|(served, _)| served.starts_with('p')),
         "{copies:?}"
     );
-    let copied = copies.into_iter().map(|(_, copy)| copy);
-    members.extend(copied);
-    assert_eq!(
-        members,
-        ["c1", "c2", "p1", "p2"].map(String::from).into(),
-        "every member of both pools served"
-    );
 
-    // Promoted: the candidate pool serves as the model's primary.
-    for i in 0..6 {
+    // Promoted: the candidate pool serves as the model's primary, on both its members (new
+    // conversations, each placed by load: drawn at random while both are idle).
+    let mut next: BTreeSet<String> = BTreeSet::new();
+    for i in 0..40 {
         let (variant, pool, backend) = served(&turn(&s.base, &format!("after-{i}"), 1).await);
         assert_eq!((&*variant, &*pool), ("primary", "next"));
-        assert!(backend == "c1" || backend == "c2", "{backend}");
+        next.insert(backend);
+        if next.len() == 2 {
+            break;
+        }
     }
+    assert_eq!(next, ["c1", "c2"].map(String::from).into());
 
     // Every verdict counts again the same from the ledger.
     let out = Command::new(switchyard_bin().unwrap())
