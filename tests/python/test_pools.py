@@ -8,6 +8,9 @@ defaults (so each keeps its own prompt cache), behind one model through `[pools]
 - A replica killed with `kill -9` while it streams: that stream ends with an error event, every
   new request is served by the other replica without a client error, and the killed one is
   back in the pool once it runs again.
+- The same under an agent-like load (eight conversations streaming turn after turn): the
+  streams under way on the killed replica end with an error, every request sent after the kill
+  is served whole by the other, and the killed replica comes back once restarted.
 - A canary release from one pool of two replicas to another, driven by the `openai` SDK: each
   session on one side and, within it, on one replica; promoted on the pairs and requests of
   every member; every verdict recomputed the same from the ledger.
@@ -20,6 +23,7 @@ import contextlib
 import json
 import re
 import sqlite3
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -190,6 +194,102 @@ def test_a_replica_killed_while_it_streams(tmp_path: Path) -> None:
             poll("the killed replica back in the pool", back, procs["a"][0])
         served = {send(url, f"again-{i}", 1).headers["x-switchyard-backend"] for i in range(40)}
         assert "a" in served, served
+
+
+class Load:
+    """Conversations streamed turn after turn, each by a thread of its own, until `stop`: every
+    request's start (monotonic), replica, status and how its stream ended."""
+
+    def __init__(self, url: str, conversations: int) -> None:
+        self.url, self.stop = url, threading.Event()
+        self.lock = threading.Lock()
+        self.done: list[dict] = []
+        self.streaming: dict[str, str] = {}  # conversation -> the replica streaming its turn now
+        self.threads = [threading.Thread(target=self.converse, args=(f"load-{i}",)) for i in range(conversations)]
+        for t in self.threads:
+            t.start()
+
+    def converse(self, name: str) -> None:
+        with http_client(timeout=REQUEST_TIMEOUT_S) as http:
+            turn = 0
+            while not self.stop.is_set():
+                turn += 1
+                started, outcome = time.monotonic(), {"conversation": name}
+                try:
+                    with http.stream("POST", f"{self.url}/v1/chat/completions", json={
+                        "model": "smollm2", "messages": history(name, turn), "max_tokens": 48,
+                        "temperature": 0.7, "stream": True,
+                    }) as r:
+                        outcome.update(status=r.status_code, backend=r.headers.get("x-switchyard-backend"))
+                        body = []
+                        for line in r.iter_lines():
+                            body.append(line)
+                            if line.startswith("data: {") and name not in self.streaming:
+                                with self.lock:
+                                    self.streaming[name] = outcome["backend"]
+                        text = "\n".join(body)
+                        outcome.update(whole="data: [DONE]" in text, error='"error"' in text, tail=text[-400:])
+                except httpx.HTTPError as e:
+                    outcome.update(status=None, whole=False, error=True, tail=repr(e))
+                with self.lock:
+                    self.streaming.pop(name, None)
+                    self.done.append({**outcome, "started": started})
+
+    def on(self, backend: str) -> bool:
+        with self.lock:
+            return backend in self.streaming.values()
+
+    def since(self, at: float) -> list[dict]:
+        with self.lock:
+            return [d for d in self.done if d["started"] > at]
+
+    def end(self) -> list[dict]:
+        self.stop.set()
+        for t in self.threads:
+            t.join()
+        return self.done
+
+
+def test_a_replica_killed_under_load(tmp_path: Path) -> None:
+    with pooled(tmp_path, "eject_after = 1\neject_ms = 1000\neject_max_ms = 2000") as (procs, url, _):
+        load = Load(url, 8)
+        try:
+            poll("a stream under way on a", lambda: len(load.done) >= 8 and load.on("a"), procs["a"][0])
+            procs["a"][0].popen.kill()
+            killed = time.monotonic()
+            # Every conversation sends two turns after the kill.
+            poll("two turns of each conversation after the kill",
+                 lambda: all(sum(d["conversation"] == f"load-{i}" for d in load.since(killed)) >= 2 for i in range(8)),
+                 procs["b"][0], timeout=REQUEST_TIMEOUT_S)
+            with http_client(timeout=5.0) as http:
+                readyz = http.get(f"{url}/readyz").json()
+            out = {m["backend"]: m["state"] for m in readyz["pools"]["llama"]["members"]}
+            assert out["a"] == "ejected" or readyz["backends"]["a"]["state"] != "ready", readyz
+            procs["a"][0] = replica("llama-a-again", procs["a"][1], tmp_path)
+            with http_client(timeout=5.0) as http:
+                def back() -> bool:
+                    readyz = http.get(f"{url}/readyz").json()
+                    members = {m["backend"]: m["state"] for m in readyz["pools"]["llama"]["members"]}
+                    return members["a"] == "in" and readyz["backends"]["a"]["state"] == "ready"
+                poll("the killed replica back in the pool", back, procs["a"][0])
+            restarted = time.monotonic()
+            # New conversations spread over both replicas again.
+            poll("a request served by the restarted replica",
+                 lambda: any(d["backend"] == "a" and d["whole"] for d in load.since(restarted)) or
+                 send(url, f"new-{time.monotonic()}", 1).headers["x-switchyard-backend"] == "a",
+                 procs["a"][0], timeout=REQUEST_TIMEOUT_S)
+        finally:
+            done = load.end()
+    before = [d for d in done if d["started"] < killed]
+    after = [d for d in done if killed < d["started"] < restarted]
+    # What was under way on `a` ended with an error, never as a finished answer; on `b` it finished.
+    cut = [d for d in before if d["backend"] == "a" and not d["whole"]]
+    assert cut and all(d["error"] for d in cut), cut
+    assert all(d["whole"] and d["status"] == 200 for d in before if d["backend"] == "b"), before
+    # Everything sent after the kill was served whole by `b`: no client saw an error.
+    assert len(after) >= 16 and all(d["status"] == 200 and d["whole"] and d["backend"] == "b" for d in after), [
+        d for d in after if not (d["status"] == 200 and d["whole"] and d["backend"] == "b")]
+    print(f"\nkill -9 under load: {len(before)} requests before, {len(cut)} cut on a, {len(after)} after, all on b")
 
 
 #: An admin listener (its port filled in) and a quick plan: copies compared in a shadow step, half

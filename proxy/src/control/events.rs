@@ -1,10 +1,12 @@
 //! State changes as events, for the admin API's `GET /admin/events` (a server-sent event
-//! stream): a backend's health or identity changing, and every reload, applied or refused.
+//! stream): a backend's health or identity changing, a pool's member ejected, back, or set
+//! apart, and every reload, applied or refused.
 //!
 //! Events are broadcast to whoever listens at the moment; nobody listening costs nothing but
 //! building the event. A listener too slow to keep up loses the oldest events and is told how
 //! many (`lagged`), never silently.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::SystemTime;
 
@@ -19,7 +21,8 @@ const BACKLOG: usize = 1024;
 /// One state change.
 #[derive(Debug, Clone)]
 pub struct Event {
-    /// The SSE event name: `backend`, `reload` or `lagged`.
+    /// The SSE event name: `backend`, `pool`, `reload`, `release`, `engine_action` or
+    /// `lagged`.
     pub kind: &'static str,
     /// The event's JSON object, with `at` (RFC 3339, UTC) added.
     pub data: Value,
@@ -94,19 +97,20 @@ const EVENT_FIELDS: &[&str] = &[
     "served_model",
 ];
 
-/// Publishes a `backend` event whenever a backend's health or identity changes, until `stop`.
+/// Publishes a `backend` event whenever a backend's health or identity changes, and a `pool`
+/// event whenever a pool's member changes state (`in`, `ejected`, `set apart`), until `stop`.
 pub(super) async fn watch_backends(
     state: Arc<super::AppState>,
     stop: tokio_util::sync::CancellationToken,
 ) {
     let mut changes = state.state_changes();
-    let mut last: std::collections::HashMap<Arc<str>, Value> = state
-        .live
-        .load()
+    let snapshot = state.live.load();
+    let mut last: HashMap<Arc<str>, Value> = snapshot
         .backends
         .values()
         .map(|b| (b.name.clone(), backend_event(b)))
         .collect();
+    let mut members: HashMap<(Arc<str>, String), Value> = member_states(&snapshot).collect();
     loop {
         tokio::select! {
             _ = stop.cancelled() => return,
@@ -121,5 +125,36 @@ pub(super) async fn watch_backends(
                 last.insert(backend.name.clone(), now);
             }
         }
+        // A member first seen (a pool a reload added or changed) is no change of state.
+        let now: HashMap<(Arc<str>, String), Value> = member_states(&snapshot).collect();
+        for (key, event) in &now {
+            let before = members.get(key).map(|e| &e["state"]);
+            if before.is_some_and(|state| *state != event["state"]) {
+                state.events.publish(Event::new("pool", event.clone()));
+            }
+        }
+        members = now;
     }
+}
+
+/// Each pool's members as `pool` events: the pool, the member, its state, its failures in a
+/// row and what is left of its backoff; keyed by pool and member.
+fn member_states(
+    snapshot: &crate::route::Snapshot,
+) -> impl Iterator<Item = ((Arc<str>, String), Value)> + '_ {
+    snapshot.pools.values().flat_map(|pool| {
+        let status = pool.status();
+        let members = status["members"].as_array().cloned().unwrap_or_default();
+        members.into_iter().map(move |member| {
+            let backend = member["backend"].as_str().unwrap_or_default().to_owned();
+            let event = serde_json::json!({
+                "pool": &*pool.name,
+                "backend": backend,
+                "state": member["state"],
+                "failures_in_a_row": member["failures_in_a_row"],
+                "ejected_for_ms": member["ejected_for_ms"],
+            });
+            ((pool.name.clone(), backend), event)
+        })
+    })
 }

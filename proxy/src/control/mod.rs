@@ -314,6 +314,7 @@ impl App {
                 total: Duration::from_millis(config.server.max_response_ms),
             },
             drains: forward::drain::Drains::default(),
+            revision: revision.clone(),
         };
         let subscribe = |backend: Backend| backend.with_revision(revision.clone());
         let store = match &config.ledger {

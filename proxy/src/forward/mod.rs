@@ -68,6 +68,9 @@ pub(crate) struct Shared {
     pub(crate) limits: inspect::Limits,
     /// The drains of the engines' answers whose clients left, for shutdown to wait for.
     pub(crate) drains: drain::Drains,
+    /// Bumped on every state change of a pool's member (ejected, back, set apart), as each
+    /// backend bumps it on its own: whoever waits for a change (the admin events) wakes.
+    pub(crate) revision: Arc<tokio::sync::watch::Sender<u64>>,
 }
 
 /// Builds `backend`'s stack, in the order a request meets its stages.

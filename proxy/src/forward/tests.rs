@@ -84,6 +84,7 @@ pub(crate) fn shared(recorder: &Arc<Recorder>) -> super::Shared {
             total: std::time::Duration::from_secs(600),
         },
         drains: super::drain::Drains::default(),
+        revision: Arc::new(tokio::sync::watch::Sender::new(0)),
     }
 }
 

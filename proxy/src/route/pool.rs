@@ -35,6 +35,8 @@ pub(crate) struct Pool {
     /// The clock ejections are dated by.
     epoch: Instant,
     metrics: Arc<Metrics>,
+    /// Bumped when a member is ejected, comes back, or is set apart or let back in.
+    revision: Option<Arc<tokio::sync::watch::Sender<u64>>>,
     /// Conversation prefix hashes to the member (by name) that served them.
     index: Mutex<LruCache<u64, Arc<str>>>,
     draws: AtomicU64,
@@ -91,6 +93,7 @@ impl Pool {
             ejections: (0..n).map(|_| Ejection::default()).collect(),
             epoch: Instant::now(),
             metrics,
+            revision: None,
             name: Arc::from(name),
             members: config
                 .members
@@ -104,6 +107,18 @@ impl Pool {
             seed: foldhash::fast::RandomState::default(),
             seed_fixed: foldhash::fast::FixedState::default(),
             config: config.clone(),
+        }
+    }
+
+    /// Bumps `revision` on every change of a member's state, for whoever waits for one.
+    pub(crate) fn with_revision(mut self, revision: Arc<tokio::sync::watch::Sender<u64>>) -> Self {
+        self.revision = Some(revision);
+        self
+    }
+
+    fn changed(&self) {
+        if let Some(revision) = &self.revision {
+            revision.send_modify(|n| *n += 1);
         }
     }
 
@@ -266,6 +281,7 @@ impl Pool {
             } else {
                 tracing::info!(pool = %self.name, backend = %backend.name, "pool member back in: its identity is the pool's again");
             }
+            self.changed();
         }
         !differs
     }
@@ -290,6 +306,7 @@ impl Pool {
                 e.backoff_ms.store(0, Ordering::Release);
                 self.metrics.pool_member_ejected(&self.name, name, false);
                 tracing::info!(pool = %self.name, backend = %name, "pool member back: it served a request after its backoff");
+                self.changed();
             }
             return;
         }
@@ -308,6 +325,7 @@ impl Pool {
         self.metrics.pool_member_ejected(&self.name, name, true);
         tracing::warn!(pool = %self.name, backend = %name, failures, backoff_ms = backoff,
             "pool member ejected: it failed {failures} times in a row; the other members take its requests until its backoff is over (requests under way on it finish)");
+        self.changed();
     }
 
     /// Each member's state, for `/readyz` and the admin API: `in`, `ejected` (with the

@@ -115,7 +115,8 @@ impl Snapshot {
                 Some(old) if old.fits(pool_config) => old.clone(),
                 _ => {
                     let metrics = shared.recorder.metrics.clone();
-                    let pool = super::pool::Pool::new(name, pool_config, metrics);
+                    let pool = super::pool::Pool::new(name, pool_config, metrics)
+                        .with_revision(shared.revision.clone());
                     Arc::new(match old {
                         Some(old) => pool.inheriting(old),
                         None => pool,

@@ -7,7 +7,9 @@ use std::time::Duration;
 
 use serde_json::{json, Value};
 use switchyard_tests::fake_engine::{FakeEngine, FakeEngineHandle};
-use switchyard_tests::harness::{start_switchyard, wait_ready, TestClient, TestResponse};
+use switchyard_tests::harness::{
+    start_switchyard, wait_ready, AdminEvents, TestClient, TestResponse,
+};
 
 struct Setup {
     _dir: tempfile::TempDir,
@@ -16,6 +18,7 @@ struct Setup {
     b: FakeEngineHandle,
     proxy: switchyard::Running,
     base: String,
+    admin: String,
 }
 
 /// Two fake llama-servers on one artifact, pooled as `llama`, which serves `smollm2`.
@@ -40,6 +43,9 @@ async fn setup(pool: &str, member: &str) -> Setup {
 listen = "127.0.0.1:0"
 probe_interval_ms = 100
 connect_timeout_ms = 500
+
+[admin]
+listen = "127.0.0.1:0"
 
 [ledger]
 path = "{ledger}"
@@ -80,6 +86,7 @@ primary = "llama"
         ledger,
         a: Some(a),
         b,
+        admin: format!("http://{}", proxy.admin_addr().unwrap()),
         proxy,
         base,
     }
@@ -303,6 +310,7 @@ impl Setup {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_member_that_keeps_failing_is_ejected_and_comes_back_after_its_backoff() {
     let s = setup("eject_after = 2\neject_ms = 2000\neject_max_ms = 4000", "").await;
+    let mut events = AdminEvents::open(&s.admin, None).await.unwrap();
     let name = s.conversation_on("a").await;
     s.a.as_ref()
         .unwrap()
@@ -320,8 +328,21 @@ async fn a_member_that_keeps_failing_is_ejected_and_comes_back_after_its_backoff
         assert_eq!(r.status, 500, "turn {turns}");
         assert_eq!(header(&r, "x-switchyard-backend"), "a");
     }
-    // Two failures in a row: ejected. The conversation goes on, on `b`.
+    // Two failures in a row: ejected, and an event says so. The conversation goes on, on `b`.
     assert_eq!(s.member_state("a").await, "ejected");
+    let ejected = events
+        .wait_for(Duration::from_secs(5), "pool", |e| e["state"] == "ejected")
+        .await
+        .unwrap();
+    assert_eq!(
+        (
+            &ejected["pool"],
+            &ejected["backend"],
+            &ejected["failures_in_a_row"]
+        ),
+        (&json!("llama"), &json!("a"), &json!(2)),
+        "{ejected}"
+    );
     assert!(
         s.metrics()
             .await
@@ -346,6 +367,11 @@ async fn a_member_that_keeps_failing_is_ejected_and_comes_back_after_its_backoff
     tokio::time::sleep(Duration::from_millis(left + 1)).await;
     assert_eq!(s.member_state("a").await, "in");
     s.conversation_on("a").await;
+    let back = events
+        .wait_for(Duration::from_secs(5), "pool", |e| e["state"] == "in")
+        .await
+        .unwrap();
+    assert_eq!(back["backend"], "a", "{back}");
     let metrics = s.metrics().await;
     assert!(
         metrics.contains("switchyard_pool_member_ejected{pool=\"llama\",backend=\"a\"} 0"),
