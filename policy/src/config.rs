@@ -49,6 +49,10 @@ pub struct Config {
     /// Swap groups of managed engines, by name: members never run at once.
     #[serde(default)]
     pub swap_groups: BTreeMap<String, crate::launch::SwapGroupConfig>,
+    /// The fail-soft detectors ([`crate::detect`]): they judge from the ledger's rows, so they
+    /// run only when a ledger is configured.
+    #[serde(default)]
+    pub detectors: crate::detect::DetectorsConfig,
 }
 
 impl Config {

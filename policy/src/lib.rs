@@ -6,6 +6,7 @@
 pub mod auth;
 pub mod compare;
 pub mod config;
+pub mod detect;
 pub mod engine_url;
 pub mod launch;
 pub mod pool;

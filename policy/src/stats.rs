@@ -14,9 +14,18 @@ pub fn wilson_lower(hits: u64, n: u64) -> f64 {
     ((centre - margin) / (1.0 + z * z / n)).max(0.0)
 }
 
+/// The upper bound of the same interval: the share that is surely not exceeded. 1 for no
+/// observations.
+pub fn wilson_upper(hits: u64, n: u64) -> f64 {
+    if n == 0 {
+        return 1.0;
+    }
+    1.0 - wilson_lower(n - hits.min(n), n)
+}
+
 #[cfg(test)]
 mod tests {
-    use super::wilson_lower;
+    use super::{wilson_lower, wilson_upper};
 
     #[test]
     fn the_wilson_lower_bound_of_known_shares() {
@@ -24,5 +33,8 @@ mod tests {
         assert!((wilson_lower(100, 100) - 0.963).abs() < 0.005);
         assert_eq!(wilson_lower(0, 0), 0.0);
         assert_eq!(wilson_lower(0, 10), 0.0);
+        assert!((wilson_upper(70, 100) - 0.781).abs() < 0.005);
+        assert!((wilson_upper(0, 100) - 0.037).abs() < 0.005);
+        assert_eq!(wilson_upper(0, 0), 1.0);
     }
 }

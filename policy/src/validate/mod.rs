@@ -90,6 +90,9 @@ pub fn validate(config: &Config) -> Vec<Problem> {
             ));
         }
     }
+    for (key, message) in config.detectors.problems() {
+        problems.push(Problem::new(format!("detectors.{key}"), message));
+    }
     for (name, plan) in &config.plans {
         for (key, message) in plan.problems() {
             problems.push(Problem::new(format!("plans.{name}.{key}"), message));

@@ -287,6 +287,10 @@ fn every_value_problem(figment: &Figment, whole: figment::Error) -> Vec<Problem>
     );
     read("admin".into(), read_part::<AdminConfig>(figment, "admin"));
     read(
+        "detectors".into(),
+        read_part::<switchyard_policy::detect::DetectorsConfig>(figment, "detectors"),
+    );
+    read(
         "auth".into(),
         read_part::<switchyard_policy::auth::AuthConfig>(figment, "auth"),
     );
@@ -354,6 +358,7 @@ struct Sections {
     plans: Option<serde::de::IgnoredAny>,
     pools: Option<serde::de::IgnoredAny>,
     swap_groups: Option<serde::de::IgnoredAny>,
+    detectors: Option<serde::de::IgnoredAny>,
 }
 
 fn describe_kind(e: &figment::Error) -> String {

@@ -1,0 +1,393 @@
+//! Fail-soft detectors: an engine that still answers but has quietly got worse.
+//!
+//! Each detector compares an engine's recent answers with its own warm baseline (the first
+//! answers recorded for its identity, by prompt-size band) and gives a verdict with the same care
+//! as a release's: a confidence bound on the share of requests that are worse, a minimum of
+//! evidence, and no verdict on too little. A verdict is reached per window (every
+//! `detectors.every_ms`), never per request.
+//!
+//! The one detector so far, *slowdown*: a request is slow when its decode (or prefill) rate is
+//! below its band's baseline median by more than `slowdown.share`; the engine is degraded when
+//! the 95 % Wilson lower bound of the slow share of the latest requests is above one half (most
+//! requests are surely slow), and clears when the upper bound is below one half.
+
+use serde::{Deserialize, Serialize};
+
+use crate::stats::{wilson_lower, wilson_upper};
+
+#[cfg(test)]
+mod tests;
+
+/// `[detectors]`: when and on what evidence the detectors judge.
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct DetectorsConfig {
+    /// How often every engine is judged, in milliseconds.
+    pub every_ms: u64,
+    /// Only answers recorded this many seconds back at most are judged.
+    pub window_s: u64,
+    /// Of those, the latest this many (per engine).
+    pub window_requests: u64,
+    /// No verdict on fewer requests than this.
+    pub min_requests: u64,
+    /// The baseline of an engine identity's prompt-size band: its first this many warm answers.
+    pub baseline_requests: u64,
+    pub slowdown: SlowdownConfig,
+}
+
+impl Default for DetectorsConfig {
+    fn default() -> Self {
+        Self {
+            every_ms: 10_000,
+            window_s: 600,
+            window_requests: 40,
+            min_requests: 12,
+            baseline_requests: 30,
+            slowdown: SlowdownConfig::default(),
+        }
+    }
+}
+
+/// `[detectors.slowdown]`.
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct SlowdownConfig {
+    /// A request is slow when its rate is below the baseline's median by more than this share.
+    pub share: f64,
+    pub mode: Mode,
+}
+
+impl Default for SlowdownConfig {
+    fn default() -> Self {
+        Self {
+            share: 0.3,
+            mode: Mode::Warn,
+        }
+    }
+}
+
+/// What a detection does besides saying so.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Mode {
+    /// Report only: readiness, admin API, metric, event, log and ledger.
+    Warn,
+    /// Report, and take a degraded pool member out of balancing (never the last one).
+    Avoid,
+    /// The detector does not run.
+    Off,
+}
+
+impl DetectorsConfig {
+    /// What is wrong with these settings, as (key under `detectors.`, message).
+    pub fn problems(&self) -> Vec<(&'static str, String)> {
+        let mut problems = Vec::new();
+        if self.every_ms < 100 {
+            problems.push(("every_ms", "must be at least 100".to_owned()));
+        }
+        if self.window_s == 0 {
+            problems.push(("window_s", "must be at least 1".to_owned()));
+        }
+        if self.min_requests == 0 {
+            problems.push(("min_requests", "must be at least 1".to_owned()));
+        }
+        if self.window_requests < self.min_requests {
+            problems.push((
+                "window_requests",
+                format!(
+                    "must be at least min_requests ({}): no window could hold enough evidence",
+                    self.min_requests
+                ),
+            ));
+        }
+        if self.baseline_requests < 5 {
+            problems.push((
+                "baseline_requests",
+                "must be at least 5: a median of fewer is no baseline".to_owned(),
+            ));
+        }
+        let share = self.slowdown.share;
+        if !(share > 0.0 && share < 1.0) {
+            problems.push((
+                "slowdown.share",
+                format!("must be above 0 and below 1 (0.3: 30 % slower), not {share}"),
+            ));
+        }
+        problems
+    }
+}
+
+/// Prompt-size bands, by the prompt's tokens: an engine's rates depend on how long the context
+/// is, so each band has its own baseline.
+pub const BANDS: [(&str, u64); 4] = [
+    ("<256", 256),
+    ("256-1k", 1024),
+    ("1k-4k", 4096),
+    ("4k+", u64::MAX),
+];
+
+/// The band of a prompt of `tokens` tokens (an unknown count is the first band's).
+pub fn band(tokens: Option<u64>) -> usize {
+    let tokens = tokens.unwrap_or(0);
+    BANDS
+        .iter()
+        .position(|(_, below)| tokens < *below)
+        .unwrap_or(BANDS.len() - 1)
+}
+
+/// The fewest tokens a rate is taken from: fewer are mostly fixed overhead, not speed.
+pub const MIN_DECODE_TOKENS: u64 = 8;
+pub const MIN_PREFILL_TOKENS: u64 = 32;
+
+/// The rates one recorded answer shows, in tokens per second.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Sample {
+    /// The ledger row's id.
+    pub id: i64,
+    pub band: usize,
+    pub decode: Option<f64>,
+    pub prefill: Option<f64>,
+}
+
+impl Sample {
+    /// The rates of an answer that decoded `decode` (tokens, milliseconds) and prefilled
+    /// `prefill` (tokens, milliseconds) for a prompt of `prompt_tokens`; a rate from too few
+    /// tokens or no time is left out.
+    pub fn new(
+        id: i64,
+        prompt_tokens: Option<u64>,
+        decode: (Option<u64>, Option<f64>),
+        prefill: (Option<u64>, Option<f64>),
+    ) -> Self {
+        let rate = |(tokens, ms): (Option<u64>, Option<f64>), least: u64| match (tokens, ms) {
+            (Some(t), Some(ms)) if t >= least && ms > 0.0 && ms.is_finite() => {
+                Some(t as f64 * 1000.0 / ms)
+            }
+            _ => None,
+        };
+        Self {
+            id,
+            band: band(prompt_tokens),
+            decode: rate(decode, MIN_DECODE_TOKENS),
+            prefill: rate(prefill, MIN_PREFILL_TOKENS),
+        }
+    }
+}
+
+/// The two rates a slowdown is judged on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Metric {
+    Decode,
+    Prefill,
+}
+
+impl Metric {
+    pub const ALL: [Metric; 2] = [Metric::Decode, Metric::Prefill];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Metric::Decode => "decode",
+            Metric::Prefill => "prefill",
+        }
+    }
+
+    fn of(self, sample: &Sample) -> Option<f64> {
+        match self {
+            Metric::Decode => sample.decode,
+            Metric::Prefill => sample.prefill,
+        }
+    }
+}
+
+/// One engine identity's baseline: per band and metric, its first warm rates, up to
+/// `baseline_requests`, and the id of the last row taken (later rows are judged against it).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Baseline {
+    rates: [[Vec<f64>; 2]; BANDS.len()],
+    through: [[i64; 2]; BANDS.len()],
+}
+
+impl Baseline {
+    /// Takes `sample` into the baseline where its band's is not full yet.
+    pub fn learn(&mut self, sample: &Sample, size: u64) {
+        for (m, metric) in Metric::ALL.iter().enumerate() {
+            let rates = &mut self.rates[sample.band][m];
+            if let Some(rate) = metric.of(sample) {
+                if (rates.len() as u64) < size {
+                    rates.push(rate);
+                    self.through[sample.band][m] = sample.id;
+                }
+            }
+        }
+    }
+
+    /// The median rate of `band` for `metric`, once its baseline is full.
+    pub fn median(&self, band: usize, metric: Metric, size: u64) -> Option<f64> {
+        let rates = &self.rates[band][metric as usize];
+        ((rates.len() as u64) >= size).then(|| median(rates))
+    }
+
+    /// Each band's baseline as shown (admin API): its requests and, once full, its medians.
+    pub fn bands(&self, size: u64) -> Vec<BandBaseline> {
+        BANDS
+            .iter()
+            .enumerate()
+            .filter(|(b, _)| self.rates[*b].iter().any(|r| !r.is_empty()))
+            .map(|(b, (name, _))| BandBaseline {
+                band: name,
+                decode_requests: self.rates[b][0].len() as u64,
+                prefill_requests: self.rates[b][1].len() as u64,
+                decode_tokens_per_s: self.median(b, Metric::Decode, size),
+                prefill_tokens_per_s: self.median(b, Metric::Prefill, size),
+            })
+            .collect()
+    }
+}
+
+/// One band of a baseline, as the admin API shows it.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct BandBaseline {
+    pub band: &'static str,
+    pub decode_requests: u64,
+    pub prefill_requests: u64,
+    pub decode_tokens_per_s: Option<f64>,
+    pub prefill_tokens_per_s: Option<f64>,
+}
+
+fn median(values: &[f64]) -> f64 {
+    let mut sorted = values.to_vec();
+    sorted.sort_by(f64::total_cmp);
+    let n = sorted.len();
+    match n {
+        0 => f64::NAN,
+        _ if n % 2 == 1 => sorted[n / 2],
+        _ => (sorted[n / 2 - 1] + sorted[n / 2]) / 2.0,
+    }
+}
+
+/// What the evidence of one metric says.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Figures {
+    pub metric: Metric,
+    /// Requests judged (whose band has a full baseline), and those slow.
+    pub requests: u64,
+    pub slow: u64,
+    /// The 95 % Wilson interval of the slow share.
+    pub slow_share_lower: f64,
+    pub slow_share_upper: f64,
+    /// The median, over the requests judged, of each one's rate over its band's baseline median.
+    pub median_ratio: f64,
+}
+
+/// A detector's verdict on one engine in one window.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Verdict {
+    /// Surely worse: the figures of the metric that showed it.
+    Degraded(Figures),
+    /// Surely not worse, on every metric with enough evidence.
+    Clear(Vec<Figures>),
+    /// Too little evidence, or not sure either way: whatever was found stays.
+    Unsure(String),
+}
+
+/// The rule of the slowdown detector, for people (it travels with every detection).
+pub fn slowdown_rule(config: &DetectorsConfig) -> String {
+    format!(
+        "decode or prefill rate below {:.0} % of the engine's own warm baseline (median of its first {} answers in the prompt's size band) for most of its latest {} answers: the 95 % lower bound of the slow share above 50 %, with at least {} answers; clears when the upper bound is below 50 %",
+        (1.0 - config.slowdown.share) * 100.0,
+        config.baseline_requests,
+        config.window_requests,
+        config.min_requests
+    )
+}
+
+/// Judges `window` (the engine's latest samples, oldest first, newer than their band's
+/// baseline) against `baseline`.
+pub fn slowdown(baseline: &Baseline, window: &[Sample], config: &DetectorsConfig) -> Verdict {
+    let size = config.baseline_requests;
+    let mut clear = Vec::new();
+    let mut unsure = None;
+    let mut evidence = Vec::new();
+    for metric in Metric::ALL {
+        let mut ratios: Vec<f64> = window
+            .iter()
+            .filter(|s| s.id > baseline.through[s.band][metric as usize])
+            .filter_map(|s| Some(metric.of(s)? / baseline.median(s.band, metric, size)?))
+            .filter(|r| r.is_finite())
+            .collect();
+        let keep = usize::try_from(config.window_requests).unwrap_or(usize::MAX);
+        if ratios.len() > keep {
+            ratios.drain(..ratios.len() - keep);
+        }
+        let n = ratios.len() as u64;
+        evidence.push(format!("{} {n}", metric.as_str()));
+        if n < config.min_requests {
+            continue;
+        }
+        let slow = ratios
+            .iter()
+            .filter(|r| **r < 1.0 - config.slowdown.share)
+            .count() as u64;
+        let figures = Figures {
+            metric,
+            requests: n,
+            slow,
+            slow_share_lower: wilson_lower(slow, n),
+            slow_share_upper: wilson_upper(slow, n),
+            median_ratio: median(&ratios),
+        };
+        if figures.slow_share_lower > 0.5 {
+            return Verdict::Degraded(figures);
+        }
+        if figures.slow_share_upper < 0.5 {
+            clear.push(figures);
+        } else {
+            unsure.get_or_insert(format!(
+                "{}: {slow} of {n} answers slow, neither surely most nor surely few",
+                metric.as_str()
+            ));
+        }
+    }
+    if let Some(why) = unsure {
+        Verdict::Unsure(why)
+    } else if clear.is_empty() {
+        Verdict::Unsure(format!(
+            "too few answers with a baseline to judge ({}; at least {} needed)",
+            evidence.join(", "),
+            config.min_requests
+        ))
+    } else {
+        Verdict::Clear(clear)
+    }
+}
+
+/// An engine found degraded by one detector: what the admin API, `/readyz`, the event and the
+/// ledger row show.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Degradation {
+    pub detector: &'static str,
+    pub rule: String,
+    pub figures: Figures,
+    /// Since when (Unix milliseconds).
+    pub since_ms: i64,
+    pub mode: Mode,
+    /// The identity it was found on: `engine`, `artifact`.
+    pub engine: String,
+    pub artifact: String,
+}
+
+impl Degradation {
+    /// One line for people: the release's reason, the log.
+    pub fn describe(&self) -> String {
+        let f = &self.figures;
+        format!(
+            "{}: {} rate at {:.2}× its baseline, {} of the latest {} answers slow",
+            self.detector,
+            f.metric.as_str(),
+            f.median_ratio,
+            f.slow,
+            f.requests
+        )
+    }
+}

@@ -1,0 +1,169 @@
+use super::*;
+
+fn config() -> DetectorsConfig {
+    DetectorsConfig {
+        baseline_requests: 10,
+        min_requests: 8,
+        window_requests: 20,
+        ..DetectorsConfig::default()
+    }
+}
+
+/// A sample of band 0 decoding at `rate` tokens/s (100 tokens) and prefilling at `rate * 10`.
+fn at(id: i64, rate: f64) -> Sample {
+    Sample::new(
+        id,
+        Some(100),
+        (Some(100), Some(100_000.0 / rate)),
+        (Some(100), Some(10_000.0 / rate)),
+    )
+}
+
+/// A baseline of ten answers around 50 tokens/s (±10 %), rows 1 to 10.
+fn learned() -> Baseline {
+    let mut baseline = Baseline::default();
+    for i in 0..10 {
+        baseline.learn(&at(i + 1, 45.0 + i as f64), 10);
+    }
+    baseline
+}
+
+#[test]
+fn prompts_fall_into_bands_by_their_tokens() {
+    assert_eq!(band(None), 0);
+    assert_eq!(band(Some(255)), 0);
+    assert_eq!(band(Some(256)), 1);
+    assert_eq!(band(Some(4095)), 2);
+    assert_eq!(band(Some(1_000_000)), 3);
+}
+
+#[test]
+fn a_rate_needs_enough_tokens_and_some_time() {
+    let s = Sample::new(1, Some(10), (Some(7), Some(100.0)), (Some(31), Some(10.0)));
+    assert_eq!((s.decode, s.prefill), (None, None));
+    let s = Sample::new(1, Some(10), (Some(8), Some(0.0)), (Some(32), Some(f64::NAN)));
+    assert_eq!((s.decode, s.prefill), (None, None));
+    let s = Sample::new(1, Some(10), (Some(20), Some(1000.0)), (Some(64), Some(32.0)));
+    assert_eq!((s.decode, s.prefill), (Some(20.0), Some(2000.0)));
+}
+
+#[test]
+fn the_baseline_keeps_only_the_first_answers_of_each_band() {
+    let mut baseline = learned();
+    assert_eq!(baseline.median(0, Metric::Decode, 10), Some(49.5));
+    assert_eq!(baseline.median(1, Metric::Decode, 10), None);
+    // A later, slower answer does not move a full baseline.
+    baseline.learn(&at(11, 5.0), 10);
+    assert_eq!(baseline.median(0, Metric::Decode, 10), Some(49.5));
+    // Not full yet: no median, so nothing is judged against it.
+    assert_eq!(learned().median(0, Metric::Decode, 11), None);
+    let shown = baseline.bands(10);
+    assert_eq!(shown.len(), 1);
+    assert_eq!(shown[0].band, "<256");
+    assert_eq!(shown[0].decode_requests, 10);
+}
+
+#[test]
+fn an_engine_as_fast_as_its_baseline_is_clear() {
+    let window: Vec<Sample> = (0..20).map(|i| at(11 + i, 44.0 + (i % 12) as f64)).collect();
+    match slowdown(&learned(), &window, &config()) {
+        Verdict::Clear(figures) => {
+            assert_eq!(figures.len(), 2);
+            assert!(figures.iter().all(|f| f.slow == 0 && f.requests == 20));
+        }
+        other => panic!("expected clear, got {other:?}"),
+    }
+}
+
+#[test]
+fn an_engine_at_half_its_baseline_is_degraded_with_its_figures() {
+    let window: Vec<Sample> = (0..12).map(|i| at(11 + i, 25.0)).collect();
+    let Verdict::Degraded(f) = slowdown(&learned(), &window, &config()) else {
+        panic!("expected degraded");
+    };
+    assert_eq!((f.metric, f.requests, f.slow), (Metric::Decode, 12, 12));
+    assert!((f.median_ratio - 25.0 / 49.5).abs() < 1e-9);
+    assert!(f.slow_share_lower > 0.5);
+}
+
+#[test]
+fn a_slow_prefill_alone_is_a_slowdown() {
+    // Decode as fast as ever, prefill at a third.
+    let window: Vec<Sample> = (0..12)
+        .map(|i| {
+            Sample::new(
+                11 + i,
+                Some(100),
+                (Some(100), Some(100_000.0 / 50.0)),
+                (Some(100), Some(10_000.0 / 16.0)),
+            )
+        })
+        .collect();
+    let Verdict::Degraded(f) = slowdown(&learned(), &window, &config()) else {
+        panic!("expected degraded");
+    };
+    assert_eq!(f.metric, Metric::Prefill);
+}
+
+#[test]
+fn too_little_evidence_or_a_mixed_window_gives_no_verdict() {
+    let few: Vec<Sample> = (0..7).map(|i| at(11 + i, 10.0)).collect();
+    assert!(matches!(slowdown(&learned(), &few, &config()), Verdict::Unsure(why) if why.contains("too few")));
+    // Half slow, half not: neither surely most nor surely few.
+    let mixed: Vec<Sample> = (0..20)
+        .map(|i| at(11 + i, if i % 2 == 0 { 20.0 } else { 50.0 }))
+        .collect();
+    assert!(matches!(slowdown(&learned(), &mixed, &config()), Verdict::Unsure(why) if why.contains("10 of 20")));
+    // Answers of a band without a baseline are not judged.
+    let other_band: Vec<Sample> = (0..20)
+        .map(|i| Sample::new(11 + i, Some(2000), (Some(100), Some(10_000.0)), (None, None)))
+        .collect();
+    assert!(matches!(
+        slowdown(&learned(), &other_band, &config()),
+        Verdict::Unsure(_)
+    ));
+}
+
+#[test]
+fn the_baselines_own_rows_and_all_but_the_latest_are_not_judged() {
+    // Rows 1 to 10 are the baseline's: judged again, they would count twice.
+    let again: Vec<Sample> = (0..10).map(|i| at(i + 1, 10.0)).collect();
+    assert!(matches!(
+        slowdown(&learned(), &again, &config()),
+        Verdict::Unsure(_)
+    ));
+    // Thirty slow answers, then twenty as fast as ever: only the latest twenty count.
+    let recovered: Vec<Sample> = (0..50)
+        .map(|i| at(11 + i, if i < 30 { 10.0 } else { 50.0 }))
+        .collect();
+    assert!(matches!(
+        slowdown(&learned(), &recovered, &config()),
+        Verdict::Clear(_)
+    ));
+}
+
+#[test]
+fn settings_that_could_never_judge_are_refused() {
+    let bad = DetectorsConfig {
+        every_ms: 10,
+        window_requests: 4,
+        min_requests: 5,
+        baseline_requests: 2,
+        slowdown: SlowdownConfig {
+            share: 1.5,
+            mode: Mode::Warn,
+        },
+        ..DetectorsConfig::default()
+    };
+    let keys: Vec<&str> = bad.problems().iter().map(|(k, _)| *k).collect();
+    assert_eq!(
+        keys,
+        [
+            "every_ms",
+            "window_requests",
+            "baseline_requests",
+            "slowdown.share"
+        ]
+    );
+    assert!(DetectorsConfig::default().problems().is_empty());
+}
