@@ -10,6 +10,7 @@ use std::time::{Duration, SystemTime};
 
 use arc_swap::{ArcSwap, ArcSwapOption};
 use switchyard_adapters::{Adapter, EngineReport, Health};
+use switchyard_policy::detect::{Degradation, Mode};
 use switchyard_policy::BackendConfig;
 use tokio::sync::Semaphore;
 
@@ -74,6 +75,8 @@ pub struct Backend {
     contradiction: std::sync::Mutex<Option<String>>,
     /// The engine's process, when Switchyard runs it (`launch`).
     pub managed: Option<Arc<Managed>>,
+    /// What the fail-soft detectors find wrong with the engine now (none: nothing).
+    degraded: ArcSwap<Vec<Degradation>>,
 }
 
 /// Where `config`'s engine is reached: its URL (for a managed engine without one, a free
@@ -181,6 +184,7 @@ impl Backend {
             revision: None,
             changes: tokio::sync::watch::Sender::new(0),
             served: std::sync::atomic::AtomicU64::new(0),
+            degraded: ArcSwap::default(),
             reprobe: tokio::sync::Notify::new(),
             contradiction: std::sync::Mutex::new(None),
             managed,
@@ -269,6 +273,27 @@ impl Backend {
 
     pub fn identity_headers(&self) -> Arc<IdentityHeaders> {
         self.headers.load_full()
+    }
+
+    /// What the fail-soft detectors find wrong with the engine now.
+    pub fn degraded(&self) -> Arc<Vec<Degradation>> {
+        self.degraded.load_full()
+    }
+
+    /// Whether a detector found the engine degraded and asks for it to be avoided: a pool
+    /// takes it out of balancing while another member can serve.
+    pub fn avoided(&self) -> bool {
+        self.degraded.load().iter().any(|d| d.mode == Mode::Avoid)
+    }
+
+    /// Sets what the detectors find wrong (their judgement of one window); whoever waits for a
+    /// change of state (`/admin/events`) is told.
+    pub fn set_degraded(&self, degraded: Vec<Degradation>) {
+        self.degraded.store(Arc::new(degraded));
+        self.changes.send_modify(|n| *n += 1);
+        if let Some(revision) = &self.revision {
+            revision.send_modify(|n| *n += 1);
+        }
     }
 
     /// The admission semaphore, when the backend's concurrency is bounded.

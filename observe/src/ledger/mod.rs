@@ -25,6 +25,7 @@ use switchyard_policy::LedgerConfig;
 use switchyard_record::RequestRecord;
 use tokio::sync::mpsc;
 
+mod detections;
 mod phases;
 mod read;
 mod releases;
@@ -38,6 +39,7 @@ mod writer;
 #[cfg(test)]
 mod tests;
 
+pub use detections::{Detection, RateReader, Stamped};
 pub use phases::{model_stats, phase_stats, PhaseFilter, BAR_PHASES};
 pub use read::{open_read_only, read_comparisons};
 pub use releases::{ArmCounts, Evaluation, Release, ReleaseEvent, ReleaseStore, Rows};
@@ -192,6 +194,13 @@ impl Ledger {
     /// does. False when the writer is gone.
     pub async fn engine_action(&self, action: EngineAction) -> bool {
         let entry = Entry::EngineAction(SystemTime::now(), Box::new(action));
+        self.tx.send(entry).await.is_ok()
+    }
+
+    /// Queues a detector's finding (an engine degraded, or clear again), waiting for room as a
+    /// configuration change does. False when the writer is gone.
+    pub async fn detection(&self, detection: Detection) -> bool {
+        let entry = Entry::Detection(SystemTime::now(), Box::new(detection));
         self.tx.send(entry).await.is_ok()
     }
 

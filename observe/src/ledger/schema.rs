@@ -267,6 +267,23 @@ pub(super) const MIGRATIONS: &[&str] = &[
     ALTER TABLE requests ADD COLUMN pool TEXT;
     ALTER TABLE requests ADD COLUMN placement TEXT;
     "#,
+    // 16: an engine found degraded by a fail-soft detector, or clear again (`Detection`).
+    r#"
+    CREATE TABLE detections (
+        id INTEGER PRIMARY KEY,
+        ts_ms INTEGER NOT NULL,
+        backend TEXT NOT NULL,
+        detector TEXT NOT NULL,
+        state TEXT NOT NULL,
+        engine TEXT NOT NULL,
+        artifact TEXT NOT NULL,
+        mode TEXT NOT NULL,
+        rule TEXT NOT NULL,
+        figures TEXT NOT NULL,
+        since_ms INTEGER NOT NULL
+    );
+    CREATE INDEX detections_backend ON detections (backend, ts_ms);
+    "#,
 ];
 
 /// Opens (creating and migrating) the ledger database, for the writer.

@@ -44,6 +44,7 @@ pub(super) enum Entry {
     Identity(SystemTime, Box<IdentitySnapshot>),
     ConfigChange(SystemTime, Box<ConfigChange>),
     EngineAction(SystemTime, Box<EngineAction>),
+    Detection(SystemTime, Box<super::detections::Detection>),
     /// Answered once everything queued before it is written (or lost).
     Flush(std::sync::mpsc::SyncSender<()>),
 }
@@ -282,6 +283,10 @@ impl Writer {
                     Entry::EngineAction(at, a) => {
                         tx.prepare_cached(INSERT_ENGINE_ACTION)?
                             .execute(a.params(*at))?;
+                    }
+                    Entry::Detection(at, d) => {
+                        tx.prepare_cached(super::detections::INSERT_DETECTION)?
+                            .execute(d.params(*at))?;
                     }
                 }
             }

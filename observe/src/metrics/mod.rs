@@ -37,6 +37,7 @@
 //! | `switchyard_shadow_replay_tokens_total` | counter | `model`, `candidate` |
 //! | `switchyard_trace_spans_{exported,dropped,failed}_total` | counter | none (traces on only) |
 //! | pools and prompt caches | | see [`pools`] |
+//! | fail-soft detectors | | see [`detectors`] |
 //!
 //! Label values come from configuration (public model names, backend and key names), never from what a
 //! client sent: a request that was not routed (unknown model, malformed body) is counted with
@@ -47,6 +48,7 @@
 //! labelled child appears once observed; the per-backend gauges and counters exist from start-up
 //! for every configured backend. A family with no child yet is not written at all.
 
+mod detectors;
 mod families;
 mod pools;
 mod series;
@@ -127,6 +129,7 @@ pub struct Metrics {
     backends: ArcSwap<NameMap<Arc<str>, Arc<BackendHandles>>>,
     shadows: ArcSwap<NameMap<ShadowKey, Arc<ShadowHandles>>>,
     pools: pools::PoolMetrics,
+    detectors: detectors::DetectorMetrics,
     /// The children of `switchyard_rejected_request_heads_total`, in the order of
     /// [`REJECTED_HEAD_STATUSES`].
     rejected_heads: [Counter; REJECTED_HEAD_STATUSES.len()],
@@ -214,6 +217,7 @@ impl Metrics {
         }
         families.reload_ok.set(1);
         let pools = pools::PoolMetrics::register(&mut registry);
+        let detectors = detectors::DetectorMetrics::register(&mut registry);
         Self {
             registry,
             families,
@@ -221,6 +225,7 @@ impl Metrics {
             backends: ArcSwap::default(),
             shadows: ArcSwap::default(),
             pools,
+            detectors,
             rejected_heads,
             overloads,
             ledger_written,

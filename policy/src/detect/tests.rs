@@ -41,9 +41,19 @@ fn prompts_fall_into_bands_by_their_tokens() {
 fn a_rate_needs_enough_tokens_and_some_time() {
     let s = Sample::new(1, Some(10), (Some(7), Some(100.0)), (Some(31), Some(10.0)));
     assert_eq!((s.decode, s.prefill), (None, None));
-    let s = Sample::new(1, Some(10), (Some(8), Some(0.0)), (Some(32), Some(f64::NAN)));
+    let s = Sample::new(
+        1,
+        Some(10),
+        (Some(8), Some(0.0)),
+        (Some(32), Some(f64::NAN)),
+    );
     assert_eq!((s.decode, s.prefill), (None, None));
-    let s = Sample::new(1, Some(10), (Some(20), Some(1000.0)), (Some(64), Some(32.0)));
+    let s = Sample::new(
+        1,
+        Some(10),
+        (Some(20), Some(1000.0)),
+        (Some(64), Some(32.0)),
+    );
     assert_eq!((s.decode, s.prefill), (Some(20.0), Some(2000.0)));
 }
 
@@ -65,7 +75,9 @@ fn the_baseline_keeps_only_the_first_answers_of_each_band() {
 
 #[test]
 fn an_engine_as_fast_as_its_baseline_is_clear() {
-    let window: Vec<Sample> = (0..20).map(|i| at(11 + i, 44.0 + (i % 12) as f64)).collect();
+    let window: Vec<Sample> = (0..20)
+        .map(|i| at(11 + i, 44.0 + (i % 12) as f64))
+        .collect();
     match slowdown(&learned(), &window, &config()) {
         Verdict::Clear(figures) => {
             assert_eq!(figures.len(), 2);
@@ -108,15 +120,26 @@ fn a_slow_prefill_alone_is_a_slowdown() {
 #[test]
 fn too_little_evidence_or_a_mixed_window_gives_no_verdict() {
     let few: Vec<Sample> = (0..7).map(|i| at(11 + i, 10.0)).collect();
-    assert!(matches!(slowdown(&learned(), &few, &config()), Verdict::Unsure(why) if why.contains("too few")));
+    assert!(
+        matches!(slowdown(&learned(), &few, &config()), Verdict::Unsure(why) if why.contains("too few"))
+    );
     // Half slow, half not: neither surely most nor surely few.
     let mixed: Vec<Sample> = (0..20)
         .map(|i| at(11 + i, if i % 2 == 0 { 20.0 } else { 50.0 }))
         .collect();
-    assert!(matches!(slowdown(&learned(), &mixed, &config()), Verdict::Unsure(why) if why.contains("10 of 20")));
+    assert!(
+        matches!(slowdown(&learned(), &mixed, &config()), Verdict::Unsure(why) if why.contains("10 of 20"))
+    );
     // Answers of a band without a baseline are not judged.
     let other_band: Vec<Sample> = (0..20)
-        .map(|i| Sample::new(11 + i, Some(2000), (Some(100), Some(10_000.0)), (None, None)))
+        .map(|i| {
+            Sample::new(
+                11 + i,
+                Some(2000),
+                (Some(100), Some(10_000.0)),
+                (None, None),
+            )
+        })
         .collect();
     assert!(matches!(
         slowdown(&learned(), &other_band, &config()),

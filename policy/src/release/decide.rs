@@ -1,7 +1,7 @@
 //! What a release does next, from the evidence of its current step: one pure function, in a
 //! fixed order — Switchyard's own ability to judge, integrity (after whether the candidate's
-//! engine is down at all), correctness, availability, performance, and only then whether
-//! there is enough evidence to move on.
+//! engine is down at all), correctness, availability, the candidate's own health (a degraded
+//! engine holds), performance, and only then whether there is enough evidence to move on.
 //!
 //! Too little evidence never passes: the step holds and says what it still needs. A failure to
 //! evaluate holds too, and never counts against the candidate.
@@ -27,6 +27,9 @@ pub struct Evidence {
     pub first_mismatch: Option<String>,
     /// Why the candidate's engine is down, when its probes say it is.
     pub candidate_down: Option<String>,
+    /// What the fail-soft detectors find wrong with the candidate's engine, when they do: the
+    /// step holds (its speed now is not the engine's own).
+    pub candidate_degraded: Option<String>,
     /// Live requests the candidate served, and those that failed (5xx) or broke mid-stream.
     pub candidate_requests: u64,
     pub candidate_errors: u64,
@@ -150,6 +153,13 @@ pub fn decide(plan: &Plan, step: &Step, ev: &Evidence) -> Decision {
                 ),
             };
         }
+    }
+    // A degraded candidate is neither judged on its speed nor moved on while it is: it holds
+    // until the detector clears it (or the failures above end the release).
+    if let Some(why) = &ev.candidate_degraded {
+        return Decision::Hold {
+            waiting_for: format!("the candidate is degraded: {why}"),
+        };
     }
     if let Some((ratio, what)) = &ev.worst_ratio {
         if *ratio > plan.performance.critical {

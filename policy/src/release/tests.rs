@@ -429,3 +429,40 @@ fn under_an_equivalence_rule_the_judged_pairs_together_must_keep_within_its_boun
     };
     assert_eq!(alone.problems()[0].0, "equivalence");
 }
+
+#[test]
+fn a_degraded_candidate_holds_with_the_detectors_reason_and_is_not_judged_on_its_speed() {
+    let plan = Plan::standard();
+    let step = live(25, 10);
+    let ready = Evidence {
+        elapsed_s: 10_000,
+        comparable_pairs: 40,
+        candidate_requests: 200,
+        primary_requests: 600,
+        ..Evidence::default()
+    };
+    let degraded = Evidence {
+        candidate_degraded: Some("c1 is degraded (slowdown: decode rate at 0.40× its baseline, 12 of the latest 12 answers slow)".to_owned()),
+        // Slow enough to abort, were its speed judged now.
+        worst_ratio: Some((3.0, "warm ttft p95".to_owned())),
+        ..ready.clone()
+    };
+    let Decision::Hold { waiting_for } = decide(&plan, &step, &degraded) else {
+        panic!("a degraded candidate holds");
+    };
+    assert!(
+        waiting_for.starts_with("the candidate is degraded: c1 is degraded (slowdown"),
+        "{waiting_for}"
+    );
+    // Failures still end the release: the hold is no shelter for a failing candidate.
+    let failing = Evidence {
+        candidate_broken: 1,
+        ..degraded.clone()
+    };
+    assert!(matches!(
+        decide(&plan, &step, &failing),
+        Decision::Abort { .. }
+    ));
+    // Once cleared, it moves on as before.
+    assert_eq!(decide(&plan, &step, &ready), Decision::Advance);
+}

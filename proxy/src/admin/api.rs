@@ -10,6 +10,7 @@ use switchyard_engine::managed::Loading;
 use switchyard_observe::ledger::EngineAction;
 use switchyard_observe::metrics::Metrics;
 
+use crate::control::detect::Detectors;
 use crate::control::engines::Engines;
 use crate::control::AppState;
 use crate::ingress::local::backend_status;
@@ -17,7 +18,12 @@ use crate::route::Snapshot;
 
 /// `GET /admin/backends`: each backend's health and identity (as `/readyz` has them), with its
 /// load and when it was last probed.
-pub(super) fn backends(snapshot: &Snapshot, metrics: &Metrics, engines: &Engines) -> Value {
+pub(super) fn backends(
+    snapshot: &Snapshot,
+    metrics: &Metrics,
+    engines: &Engines,
+    detectors: &Detectors,
+) -> Value {
     let mut backends = Map::new();
     for (name, backend) in &snapshot.backends {
         let mut status = backend_status(backend);
@@ -39,7 +45,7 @@ pub(super) fn backends(snapshot: &Snapshot, metrics: &Metrics, engines: &Engines
             );
             // The pool it is a member of, and its state there (in, ejected, set apart).
             let pool = snapshot.pools.values().find_map(|pool| {
-                let status = pool.status();
+                let status = pool.status(&snapshot.backends);
                 let member = status["members"]
                     .as_array()?
                     .iter()
@@ -68,6 +74,12 @@ pub(super) fn backends(snapshot: &Snapshot, metrics: &Metrics, engines: &Engines
                         .collect()
                 }),
             );
+            // The warm baseline the detectors judge it against (for its identity now).
+            fields.insert(
+                "baseline".to_owned(),
+                detectors.baseline(backend, &snapshot.config.detectors),
+            );
+            fields.insert("detectors".to_owned(), detectors.verdict(name));
             fields.insert(
                 "probed_at".to_owned(),
                 backend.state().probed_at.map_or(Value::Null, rfc3339),

@@ -176,6 +176,7 @@ async fn route(
             &state.live.load(),
             &state.recorder.metrics,
             &state.engines,
+            &state.detectors,
         )),
         (&Method::GET, "/admin/models") => json(api::models(state).await),
         (&Method::GET, "/admin/config") => {

@@ -143,7 +143,7 @@ fn member_states(
     snapshot: &crate::route::Snapshot,
 ) -> impl Iterator<Item = ((Arc<str>, String), Value)> + '_ {
     snapshot.pools.values().flat_map(|pool| {
-        let status = pool.status();
+        let status = pool.status(&snapshot.backends);
         let members = status["members"].as_array().cloned().unwrap_or_default();
         members.into_iter().map(move |member| {
             let backend = member["backend"].as_str().unwrap_or_default().to_owned();

@@ -2,6 +2,7 @@
 //! shadow pools, the engine client), the stack each connection is served by, and the
 //! background work ([`probes`]) that keeps identity current off the request path.
 
+pub(crate) mod detect;
 pub(crate) mod engines;
 pub mod events;
 mod probes;
@@ -62,6 +63,8 @@ pub struct AppState {
     pub(crate) releases: releases::Releases,
     /// The engines Switchyard runs (`launch`): their owners' tasks, and the swap groups.
     pub(crate) engines: engines::Engines,
+    /// The fail-soft detectors' baselines (what they find is set on each backend).
+    pub(crate) detectors: detect::Detectors,
 }
 
 /// The background work of a running application, kept so that a reload can start the probes
@@ -87,6 +90,7 @@ impl Background {
         let mut guard = self.running.lock().unwrap_or_else(PoisonError::into_inner);
         tasks.spawn(events::watch_backends(state.clone(), stop.clone()));
         tasks.spawn(releases::evaluate::evaluator(state.clone(), stop.clone()));
+        tasks.spawn(detect::detector(state.clone(), stop.clone()));
         let mut running = Running {
             tasks: tasks.clone(),
             stop,
@@ -352,6 +356,7 @@ impl App {
                 background: Background::default(),
                 releases,
                 engines: engines::Engines::default(),
+                detectors: detect::Detectors::default(),
             }),
         })
     }

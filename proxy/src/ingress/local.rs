@@ -157,7 +157,7 @@ impl Router {
         let pools: Map<String, serde_json::Value> = state
             .pools
             .iter()
-            .map(|(name, pool)| (name.to_string(), pool.status()))
+            .map(|(name, pool)| (name.to_string(), pool.status(&state.backends)))
             .collect();
         let body = serde_json::json!({
             "ready": ready,
@@ -250,6 +250,7 @@ pub(crate) fn backend_status(backend: &Backend) -> Value {
         "chat_template": identity.and_then(|i| i.chat_template.clone()),
         "max_concurrency": backend.admission().map(|_| backend.config.max_concurrency.or(identity.and_then(|i| i.slots))),
         "managed": backend.managed.as_ref().map(|m| managed_status(m, false)),
+        "degraded": &*backend.degraded(),
     })
 }
 

@@ -210,7 +210,7 @@ impl Pool {
             None
         };
         let identity = self.identity(backends);
-        let members: Vec<Member> = self
+        let mut members: Vec<Member> = self
             .members
             .iter()
             .enumerate()
@@ -228,6 +228,21 @@ impl Pool {
                 }
             })
             .collect();
+        // A member a detector found degraded under `avoid` is left out while another can serve.
+        let avoided: Vec<bool> = self
+            .members
+            .iter()
+            .map(|name| backends.get(name).is_some_and(|b| b.avoided()))
+            .collect();
+        if members
+            .iter()
+            .zip(&avoided)
+            .any(|(m, avoided)| m.eligible && !avoided)
+        {
+            for (member, avoided) in members.iter_mut().zip(&avoided) {
+                member.eligible &= !avoided;
+            }
+        }
         let (order, placement) = place(&members, preferred, self.config.max_imbalance, self.draw());
         let first = order.first().map(|&i| self.hold(i));
         Placed {
@@ -329,8 +344,10 @@ impl Pool {
     }
 
     /// Each member's state, for `/readyz` and the admin API: `in`, `ejected` (with the
-    /// milliseconds left), `set apart` (another identity), and its requests outstanding.
-    pub(crate) fn status(&self) -> serde_json::Value {
+    /// milliseconds left), `set apart` (another identity), `avoided` (found degraded by a
+    /// detector under `avoid`: served only when no other member can), and its requests
+    /// outstanding.
+    pub(crate) fn status(&self, backends: &NameMap<Arc<str>, Arc<Backend>>) -> serde_json::Value {
         let now = self.now_ms();
         let members: Vec<serde_json::Value> = self
             .members
@@ -343,6 +360,8 @@ impl Pool {
                     "ejected"
                 } else if self.set_apart[i].load(Ordering::Acquire) {
                     "set apart"
+                } else if backends.get(name).is_some_and(|b| b.avoided()) {
+                    "avoided"
                 } else {
                     "in"
                 };

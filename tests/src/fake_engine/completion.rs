@@ -101,7 +101,8 @@ pub(super) async fn complete(
     let created = if config.deterministic { 0 } else { now_secs() };
     let (model, fingerprint) = shared.serving();
     let prefill_ms = config.prefill.as_secs_f64() * 1000.0;
-    let decode_ms = config.per_token.as_secs_f64() * 1000.0 * n as f64;
+    let per_token = shared.per_token();
+    let decode_ms = per_token.as_secs_f64() * 1000.0 * n as f64;
     let timings = json!({"cache_n": 0, "prompt_n": prompt_n, "prompt_ms": prefill_ms, "predicted_n": n, "predicted_ms": decode_ms});
     let usage = json!({"completion_tokens": n, "prompt_tokens": prompt_n, "total_tokens": n + prompt_n, "prompt_tokens_details": {"cached_tokens": 0}});
     let object = if chat {
@@ -114,7 +115,7 @@ pub(super) async fn complete(
 
     if !stream {
         for _ in 0..n {
-            pause(config.per_token).await;
+            pause(per_token).await;
         }
         let text: String = tokens.concat();
         let choice = if chat {
@@ -145,7 +146,6 @@ pub(super) async fn complete(
         "text_completion"
     };
     let envelope = move |choices: Value| json!({"choices": choices, "created": created, "id": id, "model": model, "system_fingerprint": fingerprint, "object": chunk_object});
-    let per_token = config.per_token;
     let stamp_chunks = config.stamp_chunks;
     let pause = config.pause_after_first;
     let fault = shared.fault();

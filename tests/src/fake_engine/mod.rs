@@ -250,6 +250,7 @@ impl FakeEngine {
             model_path: self.config.model_path.clone(),
             build_info: self.config.build_info.clone(),
             fault: self.config.fault,
+            per_token: None,
         }));
         let local = match self.config.fault {
             Fault::Refuse => {
@@ -346,6 +347,15 @@ impl FakeEngineHandle {
     /// `Hang`, `CloseMidStream`, `Error500`, `LingerAfterDone`, or `None` again).
     pub fn set_fault(&self, fault: Fault) {
         self.serving.lock().unwrap_or_else(|e| e.into_inner()).fault = fault;
+    }
+
+    /// Makes each token take `ms` from now on: an engine that slowed down (fewer threads, a
+    /// CPU cap) but still answers.
+    pub fn set_token_ms(&self, ms: u64) {
+        self.serving
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .per_token = Some(Duration::from_millis(ms));
     }
 
     /// From now on, a received request that `takes` accepts (its event sent) waits unanswered

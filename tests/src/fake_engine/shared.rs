@@ -23,6 +23,8 @@ pub(super) struct Serving {
     pub(super) build_info: String,
     /// The fault completions meet now (see [`super::FakeEngineHandle::set_fault`]).
     pub(super) fault: Fault,
+    /// Each token's time now, when set (see [`super::FakeEngineHandle::set_token_ms`]).
+    pub(super) per_token: Option<std::time::Duration>,
 }
 
 pub(super) struct Shared {
@@ -45,6 +47,12 @@ impl Shared {
     /// The fault completions meet now.
     pub(super) fn fault(&self) -> Fault {
         self.serving.lock().unwrap_or_else(|e| e.into_inner()).fault
+    }
+
+    /// Each token's time now: the configured one unless the test changed it.
+    pub(super) fn per_token(&self) -> std::time::Duration {
+        let serving = self.serving.lock().unwrap_or_else(|e| e.into_inner());
+        serving.per_token.unwrap_or(self.config.per_token)
     }
 
     /// The model path and build named now.

@@ -16,6 +16,7 @@ mod cli;
 mod clients;
 mod dashboard;
 mod default_model;
+mod detectors;
 mod durability;
 mod endpoints;
 mod errors;

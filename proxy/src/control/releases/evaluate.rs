@@ -194,6 +194,7 @@ pub(crate) fn evidence_json(e: &Evidence, observed: &Observed) -> String {
         "copies": e.copies,
         "copy_errors": e.copy_errors,
         "candidate_down": e.candidate_down,
+        "candidate_degraded": e.candidate_degraded,
         "primary_requests": e.primary_requests,
         "primary_errors": e.primary_errors,
         "candidate_fallbacks": e.candidate_fallbacks,
@@ -236,6 +237,8 @@ pub(crate) async fn step_evidence(
         candidate_down: sides::down(&snapshot, &release.candidate_backend),
         primary_members: sides::members(&snapshot, &release.primary_backend),
         candidate_members: sides::members(&snapshot, &release.candidate_backend),
+        candidate_degraded: sides::degraded(&snapshot, &release.candidate_backend),
+        primary_degraded: sides::degraded(&snapshot, &release.primary_backend),
     };
     let (r, seen) = (release.clone(), observed.clone());
     let evidence = blocking(store, move |s| count(s, &r, since_ms, until_ms, &seen)).await?;
@@ -258,6 +261,12 @@ pub(crate) struct Observed {
     pub(crate) primary_members: Vec<String>,
     #[serde(default)]
     pub(crate) candidate_members: Vec<String>,
+    /// What the fail-soft detectors found wrong with each side then: the candidate's holds
+    /// the release; the primary's is shown, never blamed on the candidate.
+    #[serde(default)]
+    pub(crate) candidate_degraded: Option<String>,
+    #[serde(default)]
+    pub(crate) primary_degraded: Option<String>,
 }
 
 impl Observed {
@@ -326,6 +335,7 @@ pub(crate) fn count(
         primary_fallbacks: primary.fallbacks,
         promote_requested: release.promote_requested,
         candidate_down: observed.candidate_down.clone(),
+        candidate_degraded: observed.candidate_degraded.clone(),
         ..Evidence::default()
     };
     evidence.identity_changed = observed

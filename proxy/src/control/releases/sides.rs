@@ -168,3 +168,19 @@ pub(super) fn down(snapshot: &Snapshot, name: &str) -> Option<String> {
         reasons.join("; ")
     ))
 }
+
+/// What the detectors find wrong with side `name` now: its backend's degradations, or those of
+/// any member of its pool, each named; none when nothing is found.
+pub(super) fn degraded(snapshot: &Snapshot, name: &str) -> Option<String> {
+    let found: Vec<String> = members(snapshot, name)
+        .iter()
+        .filter_map(|m| snapshot.backends.get(m.as_str()))
+        .flat_map(|b| {
+            b.degraded()
+                .iter()
+                .map(|d| format!("{} is degraded ({})", b.name, d.describe()))
+                .collect::<Vec<_>>()
+        })
+        .collect();
+    (!found.is_empty()).then(|| found.join("; "))
+}

@@ -1,0 +1,316 @@
+//! The fail-soft detectors against fake engines whose speed the test sets: an engine that
+//! slows down but still answers is found degraded within a window (in `/readyz`, the admin API,
+//! the metric, an event and the ledger), is taken out of its pool's balancing under `avoid`
+//! (and only reported under `warn`), and clears once it is fast again; a quiet run of the same
+//! length finds nothing.
+
+use std::time::Duration;
+
+use serde_json::{json, Value};
+use switchyard_tests::fake_engine::{FakeEngine, FakeEngineHandle};
+use switchyard_tests::harness::{start_switchyard, wait_ready, AdminEvents, TestClient};
+
+struct Setup {
+    _dir: tempfile::TempDir,
+    ledger: std::path::PathBuf,
+    a: FakeEngineHandle,
+    _b: FakeEngineHandle,
+    proxy: switchyard::Running,
+    base: String,
+    admin: String,
+}
+
+/// Two fake llama-servers on one artifact (16 tokens an answer, 5 ms each), pooled as `llama`
+/// for `smollm2`, and each also alone behind a model of its own (`only-a`, `only-b`), so that
+/// the test decides how many answers each engine gives.
+async fn setup(mode: &str) -> Setup {
+    let dir = tempfile::tempdir().unwrap();
+    let model = dir.path().join("model.gguf");
+    std::fs::write(&model, b"GGUF detector test weights").unwrap();
+    let ledger = dir.path().join("ledger.db");
+    let path = model.display().to_string();
+    let engine = || {
+        FakeEngine::llama_cpp()
+            .model_path(path.clone())
+            .build_info("b100")
+            .tokens(16)
+            .token_ms(5)
+    };
+    let a = engine().spawn().await.unwrap();
+    let b = engine().spawn().await.unwrap();
+    let config = format!(
+        r#"
+[server]
+listen = "127.0.0.1:0"
+probe_interval_ms = 100
+
+[admin]
+listen = "127.0.0.1:0"
+
+[ledger]
+path = "{ledger}"
+
+[detectors]
+every_ms = 100
+baseline_requests = 10
+min_requests = 8
+window_requests = 10
+
+[detectors.slowdown]
+mode = "{mode}"
+
+[backends.a]
+engine = "llama.cpp"
+url = "{a}"
+artifact = "{model}"
+
+[backends.b]
+engine = "llama.cpp"
+url = "{b}"
+artifact = "{model}"
+
+[pools.llama]
+members = ["a", "b"]
+affinity = false
+
+[models.smollm2]
+primary = "llama"
+
+[models.only-a]
+primary = "a"
+
+[models.only-b]
+primary = "b"
+"#,
+        ledger = ledger.display(),
+        a = a.url(),
+        b = b.url(),
+        model = model.display(),
+    );
+    let proxy = start_switchyard(&config).await.unwrap();
+    wait_ready(&proxy, Duration::from_secs(5), |v| {
+        v["backends"]["a"]["identity"] == "verified" && v["backends"]["b"]["identity"] == "verified"
+    })
+    .await
+    .unwrap();
+    Setup {
+        _dir: dir,
+        ledger,
+        a,
+        _b: b,
+        base: format!("http://{}", proxy.addr()),
+        admin: format!("http://{}", proxy.admin_addr().unwrap()),
+        proxy,
+    }
+}
+
+impl Setup {
+    /// `n` answers of `model`, one after another, each a new question; the backends that served
+    /// them.
+    async fn ask(&self, model: &str, n: usize) -> Vec<String> {
+        let client = TestClient::new();
+        let mut served = Vec::new();
+        for i in 0..n {
+            let body = json!({"model": model, "messages": [{"role": "user", "content": format!("{model} question {i}")}]});
+            let r = client
+                .post_json(&format!("{}/v1/chat/completions", self.base), &body)
+                .await
+                .unwrap();
+            assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+            served.push(
+                r.headers["x-switchyard-backend"]
+                    .to_str()
+                    .unwrap()
+                    .to_owned(),
+            );
+        }
+        // The detectors read what the ledger holds: every answer's record written.
+        self.proxy.state().recorder.settled().await;
+        let ledger = self.proxy.state().recorder.ledger.as_ref().unwrap();
+        assert!(tokio::task::block_in_place(
+            || ledger.flush(Duration::from_secs(5))
+        ));
+        served
+    }
+
+    async fn backends(&self) -> Value {
+        let r = TestClient::new()
+            .get(&format!("{}/admin/backends", self.admin))
+            .await
+            .unwrap();
+        serde_json::from_slice::<Value>(&r.body).unwrap()["backends"].clone()
+    }
+
+    /// Waits until the detectors' verdict on `backend` is `verdict`, judged on at least
+    /// `requests` answers; returns the admin API's view of the backend then. The verdict is no
+    /// change of state (nothing announces it), so the admin API is read again until it is.
+    async fn verdict(&self, backend: &str, verdict: &str, requests: u64) -> Value {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        loop {
+            let all = self.backends().await;
+            let shown = &all[backend]["detectors"];
+            let judged = shown["evidence"]
+                .as_array()
+                .is_some_and(|e| e.iter().all(|f| f["requests"].as_u64() >= Some(requests)));
+            if shown["verdict"] == verdict && judged {
+                return all[backend].clone();
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "no {verdict} verdict on {backend} within 10 s: {shown}"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    async fn metrics(&self) -> String {
+        let r = TestClient::new()
+            .get(&format!("{}/metrics", self.base))
+            .await
+            .unwrap();
+        String::from_utf8(r.body.to_vec()).unwrap()
+    }
+
+    /// The ledger's detections: (backend, detector, state, mode).
+    fn detections(&self) -> Vec<(String, String, String, String)> {
+        let conn = rusqlite::Connection::open(&self.ledger).unwrap();
+        let mut select = conn
+            .prepare("SELECT backend, detector, state, mode FROM detections ORDER BY id")
+            .unwrap();
+        let rows = select
+            .query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)))
+            .unwrap()
+            .map(Result::unwrap)
+            .collect();
+        rows
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slowed_engine_is_found_degraded_avoided_in_its_pool_and_cleared_once_fast_again() {
+    let s = setup("avoid").await;
+    let mut events = AdminEvents::open(&s.admin, None).await.unwrap();
+    // The baseline (the first ten warm answers of each), then a quiet window as long as the
+    // slow one below: nothing is found.
+    s.ask("only-a", 21).await;
+    s.ask("only-b", 21).await;
+    let a = s.verdict("a", "clear", 10).await;
+    assert_eq!(a["baseline"]["bands"][0]["decode_requests"], 10, "{a}");
+    let baseline = a["baseline"]["bands"][0]["decode_tokens_per_s"]
+        .as_f64()
+        .unwrap();
+    assert!(baseline > 100.0, "16 tokens of 5 ms each: {baseline}");
+    s.verdict("b", "clear", 10).await;
+    assert!(s.detections().is_empty(), "{:?}", s.detections());
+
+    // `a` slows to a fifth of its speed, still answering every request.
+    s.a.set_token_ms(25);
+    s.ask("only-a", 10).await;
+    let ready = wait_ready(&s.proxy, Duration::from_secs(10), |v| {
+        v["backends"]["a"]["degraded"]
+            .as_array()
+            .is_some_and(|d| !d.is_empty())
+    })
+    .await
+    .unwrap();
+    // Degraded is not down: Switchyard stays ready, and says why.
+    assert_eq!(ready["ready"], true);
+    let found = &ready["backends"]["a"]["degraded"][0];
+    assert_eq!(found["detector"], "slowdown");
+    assert_eq!(found["mode"], "avoid");
+    assert_eq!(found["figures"]["metric"], "decode");
+    assert!(found["figures"]["slow"].as_u64().unwrap() >= 8, "{found}");
+    let ratio = found["figures"]["median_ratio"].as_f64().unwrap();
+    assert!((0.1..0.4).contains(&ratio), "a fifth of its speed: {found}");
+    assert!(found["rule"].as_str().unwrap().contains("70 %"), "{found}");
+    assert_eq!(ready["backends"]["b"]["degraded"], json!([]));
+    assert_eq!(ready["pools"]["llama"]["members"][0]["state"], "avoided");
+    let event = events
+        .wait_for(Duration::from_secs(5), "degraded", |e| {
+            e["state"] == "degraded"
+        })
+        .await
+        .unwrap();
+    assert_eq!(
+        (event["backend"].as_str(), event["detector"].as_str()),
+        (Some("a"), Some("slowdown"))
+    );
+    let metrics = s.metrics().await;
+    assert!(
+        metrics.contains(r#"switchyard_engine_degraded{backend="a",detector="slowdown"} 1"#),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains(r#"switchyard_engine_degraded{backend="b",detector="slowdown"} 0"#),
+        "{metrics}"
+    );
+
+    // Under `avoid`, the pool places every new conversation on `b` while `a` is degraded.
+    let served = s.ask("smollm2", 8).await;
+    assert!(served.iter().all(|b| b == "b"), "{served:?}");
+
+    // Fast again: once most of its latest answers are, it clears.
+    s.a.set_token_ms(5);
+    s.ask("only-a", 10).await;
+    let ready = wait_ready(&s.proxy, Duration::from_secs(10), |v| {
+        v["backends"]["a"]["degraded"] == json!([])
+    })
+    .await
+    .unwrap();
+    assert_eq!(ready["pools"]["llama"]["members"][0]["state"], "in");
+    let event = events
+        .wait_for(Duration::from_secs(5), "degraded", |e| {
+            e["state"] == "cleared"
+        })
+        .await
+        .unwrap();
+    assert_eq!(event["backend"], "a");
+    assert!(s
+        .metrics()
+        .await
+        .contains(r#"switchyard_engine_degraded{backend="a",detector="slowdown"} 0"#));
+    // Every change is on the record, once.
+    let detections = s.detections();
+    assert_eq!(
+        detections,
+        [
+            (
+                "a".into(),
+                "slowdown".into(),
+                "degraded".into(),
+                "avoid".into()
+            ),
+            (
+                "a".into(),
+                "slowdown".into(),
+                "cleared".into(),
+                "avoid".into()
+            ),
+        ]
+    );
+    // And the pool balances over both again.
+    let served = s.ask("smollm2", 30).await;
+    assert!(served.iter().any(|b| b == "a"), "{served:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn under_warn_a_degraded_member_is_reported_and_still_balanced() {
+    let s = setup("warn").await;
+    s.ask("only-a", 21).await;
+    s.verdict("a", "clear", 10).await;
+    s.a.set_token_ms(25);
+    s.ask("only-a", 10).await;
+    let ready = wait_ready(&s.proxy, Duration::from_secs(10), |v| {
+        v["backends"]["a"]["degraded"]
+            .as_array()
+            .is_some_and(|d| !d.is_empty())
+    })
+    .await
+    .unwrap();
+    assert_eq!(ready["backends"]["a"]["degraded"][0]["mode"], "warn");
+    assert_eq!(ready["pools"]["llama"]["members"][0]["state"], "in");
+    // Reported only: new conversations still go to either member.
+    let served = s.ask("smollm2", 30).await;
+    assert!(served.iter().any(|b| b == "a"), "{served:?}");
+    assert_eq!(s.detections()[0].3, "warn");
+}
