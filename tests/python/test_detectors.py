@@ -1,0 +1,162 @@
+"""The slowdown detector on the REAL llama-server, driven by the `openai` SDK.
+
+A llama-server of the bundled GGUF, with its defaults, behind Switchyard with a ledger: its first
+warm answers are its baseline and a quiet run finds nothing; then the engine is put under a CPU
+cap (stopped and continued by signals, as `cpulimit` does: a quarter of the CPU it had) while
+it keeps answering, and the detector finds it degraded — in `/readyz` (still ready), the admin
+API, `switchyard_engine_degraded` and the ledger — and clears once the cap is lifted.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import sqlite3
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+from conftest import Proc, http_client
+from test_real_engines import (
+    free_port,
+    identities_settled,
+    poll,
+    required_path,
+    start_switchyard,
+)
+
+#: Answers in a detector's window, and the fewest it judges on (`[detectors]`).
+WINDOW = 10
+#: How long the detector may take to judge once the answers are recorded: a few of its windows.
+JUDGED_WITHIN_S = 30.0
+
+
+@contextlib.contextmanager
+def cpu_cap(pid: int, share: float) -> Iterator[None]:
+    """Lets the process run only `share` of the time (stopped with SIGSTOP, continued with
+    SIGCONT, every 20 ms), until the block ends."""
+    done = threading.Event()
+    period = 0.02
+
+    def cap() -> None:
+        while not done.is_set():
+            os.kill(pid, signal.SIGSTOP)
+            done.wait(period * (1 - share))
+            os.kill(pid, signal.SIGCONT)
+            done.wait(period * share)
+
+    thread = threading.Thread(target=cap, daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        done.set()
+        thread.join()
+        os.kill(pid, signal.SIGCONT)
+
+
+def ask(client, n: int) -> None:  # noqa: ANN001
+    """`n` answers of 32 tokens each, one after another, each to a new question."""
+    for i in range(n):
+        r = client.chat.completions.with_raw_response.create(
+            model="smollm2",
+            messages=[{"role": "user", "content": f"Write a long story about a lighthouse keeper, part {i}."}],
+            max_tokens=32,
+            temperature=0.7,
+        )
+        assert r.http_response.status_code == 200
+        assert r.parse().usage.completion_tokens >= 8
+
+
+def detections(db: Path) -> list[tuple[str, str, str]]:
+    with contextlib.closing(sqlite3.connect(db)) as conn:
+        return conn.execute("SELECT backend, detector, state FROM detections ORDER BY id").fetchall()
+
+
+def test_a_llama_server_under_a_cpu_cap_is_found_degraded_and_cleared_when_it_is_lifted(tmp_path: Path) -> None:
+    port = free_port()
+    admin = f"127.0.0.1:{free_port()}"
+    argv = [str(required_path("LLAMA_SERVER_BIN")), "-m", str(required_path("SMOLLM2_GGUF")),
+            "-c", "2048", "--host", "127.0.0.1", "--port", str(port)]
+    engine = Proc("llama-detected", argv, tmp_path / "llama.log")
+    db = tmp_path / "ledger.db"
+    config = f"""
+[server]
+listen = "127.0.0.1:0"
+probe_interval_ms = 200
+first_byte_timeout_ms = 120000
+
+[admin]
+listen = "{admin}"
+
+[ledger]
+path = "{db}"
+
+[detectors]
+every_ms = 500
+baseline_requests = {WINDOW}
+min_requests = 8
+window_requests = {WINDOW}
+
+[backends.llama]
+engine = "llama.cpp"
+url = "http://127.0.0.1:{port}"
+artifact = "{required_path('SMOLLM2_GGUF')}"
+binary = "{required_path('LLAMA_SERVER_BIN')}"
+
+[models.smollm2]
+primary = "llama"
+"""
+    try:
+        with http_client(timeout=5.0) as http:
+            poll("llama-server", lambda: http.get(f"http://127.0.0.1:{port}/health").status_code == 200, engine)
+        with start_switchyard(tmp_path, config, identities_settled("llama")) as p, http_client(timeout=10.0) as http:
+            client = p.client()
+
+            def verdict() -> dict:
+                return http.get(f"http://{admin}/admin/backends").json()["backends"]["llama"]
+
+            def judged(name: str) -> dict | None:
+                shown = verdict()
+                judgement = shown["detectors"]
+                if not judgement or judgement["verdict"] != name:
+                    return None
+                evidence = judgement["evidence"]
+                counted = isinstance(evidence, list) and all(f["requests"] >= 8 for f in evidence)
+                return shown if counted else None
+
+            def degraded() -> list:
+                return http.get(f"{p.url}/readyz").json()["backends"]["llama"]["degraded"]
+
+            # The baseline (the first warm answers after the cold one), then a quiet window.
+            ask(client, 2 * WINDOW + 1)
+            quiet = poll("a clear verdict", lambda: judged("clear"), p.proc, timeout=JUDGED_WITHIN_S)
+            band = quiet["baseline"]["bands"][0]
+            assert band["decode_requests"] == WINDOW and band["decode_tokens_per_s"] > 0, quiet
+            assert degraded() == [] and detections(db) == []
+
+            # A quarter of the CPU: every answer still comes, slower.
+            started = time.monotonic()
+            with cpu_cap(engine.popen.pid, 0.25):
+                ask(client, WINDOW)
+                poll("a degraded engine", degraded, p.proc, timeout=JUDGED_WITHIN_S)
+            found_in = time.monotonic() - started
+            readyz = http.get(f"{p.url}/readyz")
+            assert readyz.status_code == 200 and readyz.json()["ready"] is True
+            found = readyz.json()["backends"]["llama"]["degraded"][0]
+            assert found["detector"] == "slowdown" and found["mode"] == "warn", found
+            assert found["figures"]["slow"] >= 8 and found["figures"]["median_ratio"] < 0.7, found
+            metrics = http.get(f"{p.url}/metrics").text
+            assert 'switchyard_engine_degraded{backend="llama",detector="slowdown"} 1' in metrics
+            print(f"slowdown found {found_in:.1f} s after the cap, at {found['figures']['median_ratio']:.2f}x the baseline")
+
+            # The cap lifted: the latest answers are as fast as the baseline again.
+            ask(client, WINDOW)
+            poll("the degradation cleared", lambda: degraded() == [], p.proc, timeout=JUDGED_WITHIN_S)
+            metrics = http.get(f"{p.url}/metrics").text
+            assert 'switchyard_engine_degraded{backend="llama",detector="slowdown"} 0' in metrics
+            assert detections(db) == [("llama", "slowdown", "degraded"), ("llama", "slowdown", "cleared")]
+    finally:
+        engine.stop()
