@@ -111,7 +111,7 @@ impl Setup {
         let client = TestClient::new();
         let mut served = Vec::new();
         for i in 0..n {
-            let body = json!({"model": model, "messages": [{"role": "user", "content": format!("{model} question {i}")}]});
+            let body = json!({"model": model, "temperature": 0, "messages": [{"role": "user", "content": format!("{model} question {i}")}]});
             let r = client
                 .post_json(&format!("{}/v1/chat/completions", self.base), &body)
                 .await
@@ -313,4 +313,150 @@ async fn under_warn_a_degraded_member_is_reported_and_still_balanced() {
     let served = s.ask("smollm2", 30).await;
     assert!(served.iter().any(|b| b == "a"), "{served:?}");
     assert_eq!(s.detections()[0].3, "warn");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_holds_while_its_candidate_is_degraded_and_resumes_once_it_clears() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = dir.path().join("model.gguf");
+    std::fs::write(&model, b"GGUF detector release weights").unwrap();
+    let path = model.display().to_string();
+    let engine = || {
+        FakeEngine::llama_cpp()
+            .model_path(path.clone())
+            .tokens(16)
+            .token_ms(5)
+    };
+    let (p, c) = (
+        engine().spawn().await.unwrap(),
+        engine().spawn().await.unwrap(),
+    );
+    let config = format!(
+        r#"
+[server]
+listen = "127.0.0.1:0"
+probe_interval_ms = 100
+
+[admin]
+listen = "127.0.0.1:0"
+
+[ledger]
+path = "{ledger}"
+
+[detectors]
+every_ms = 100
+baseline_requests = 10
+min_requests = 8
+window_requests = 10
+
+[backends.p]
+engine = "llama.cpp"
+url = "{p}"
+artifact = "{model}"
+
+[backends.c]
+engine = "llama.cpp"
+url = "{c}"
+artifact = "{model}"
+
+[models.smollm2]
+primary = "p"
+
+[models.only-c]
+primary = "c"
+
+# The hold is under test, not speed: the copies the candidate answered while slow stay in the
+# step's evidence, and a performance verdict would end the release once it is fast again.
+[plans.shadowed]
+evaluate_every_ms = 50
+performance = {{ allowed = 1000.0, critical = 10000.0 }}
+steps = [{{ step = "shadow", min_pairs = 3 }}, {{ step = "promote", bake_s = 0 }}]
+"#,
+        ledger = dir.path().join("ledger.db").display(),
+        p = p.url(),
+        c = c.url(),
+        model = model.display(),
+    );
+    let proxy = start_switchyard(&config).await.unwrap();
+    wait_ready(&proxy, Duration::from_secs(5), |v| {
+        v["backends"]["p"]["identity"] == "verified" && v["backends"]["c"]["identity"] == "verified"
+    })
+    .await
+    .unwrap();
+    let s = Setup {
+        _dir: dir,
+        ledger: std::path::PathBuf::new(),
+        a: c,
+        _b: p,
+        base: format!("http://{}", proxy.addr()),
+        admin: format!("http://{}", proxy.admin_addr().unwrap()),
+        proxy,
+    };
+    // The candidate's baseline, then it slows down and is found degraded.
+    s.ask("only-c", 21).await;
+    s.verdict("c", "clear", 10).await;
+    s.a.set_token_ms(25);
+    s.ask("only-c", 10).await;
+    wait_ready(&s.proxy, Duration::from_secs(10), |v| {
+        v["backends"]["c"]["degraded"]
+            .as_array()
+            .is_some_and(|d| !d.is_empty())
+    })
+    .await
+    .unwrap();
+
+    // A release to it holds, with the detector's reason.
+    let r = crate::release::admin(
+        &s.admin,
+        "POST",
+        "/admin/releases",
+        Some(json!({"model": "smollm2", "candidate": "c", "plan": "shadowed"})),
+    )
+    .await;
+    assert_eq!(r.status, 201, "{}", r.json());
+    let id = r.json()["id"].as_str().unwrap().to_owned();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    let held = loop {
+        s.ask("smollm2", 3).await;
+        let now = crate::release::status(&s.admin, &id).await;
+        let waiting = now["release"]["waiting_for"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned();
+        if waiting.starts_with("the candidate is degraded: c is degraded (slowdown") {
+            break now;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "not held: {now}");
+    };
+    assert_eq!(held["release"]["state"], "running", "{held}");
+    assert_eq!(held["release"]["step_label"], "shadow", "{held}");
+    let last = held["evaluations"]
+        .as_array()
+        .unwrap()
+        .last()
+        .unwrap()
+        .clone();
+    assert_eq!(last["decision"], "hold", "{held}");
+    assert!(last["evidence"]["candidate_degraded"].is_string(), "{last}");
+
+    // Fast again: the detector clears it, and the release moves on to its promotion.
+    s.a.set_token_ms(5);
+    s.ask("only-c", 10).await;
+    wait_ready(&s.proxy, Duration::from_secs(10), |v| {
+        v["backends"]["c"]["degraded"] == json!([])
+    })
+    .await
+    .unwrap();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let now = crate::release::status(&s.admin, &id).await;
+        if now["release"]["state"] == "completed" {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "did not resume: {now}"
+        );
+        s.ask("smollm2", 3).await;
+    }
 }
