@@ -79,7 +79,11 @@
         ] : [h("dt", {}, "url"), h("dd", {}, b.url)],
         b.pool ? [h("dt", {}, "pool"), h("dd", { class: "pool", "data-pool-state": b.pool.member.state },
           b.pool.name, " · ", b.pool.member.state, " · ", b.pool.member.outstanding, " outstanding",
-          b.pool.member.state === "ejected" ? ` · back in ${ms(b.pool.member.ejected_for_ms)}` : "")] : null),
+          b.pool.member.state === "ejected" ? ` · back in ${ms(b.pool.member.ejected_for_ms)}` : "")] : null,
+        (b.degraded || []).flatMap((d) => [h("dt", {}, "degraded"), h("dd", { class: "degraded", "data-detector": d.detector, title: d.rule },
+          `${d.detector}: ${d.figures.metric} at ${d.figures.median_ratio.toFixed(2)}× its baseline · `,
+          `${d.figures.slow} of the latest ${d.figures.requests} answers slow · since `, time(d.since_ms), ` (${d.mode})`)]),
+        baseline(b.baseline)),
       m ? h("div", { class: "actions" }, ACTIONS.map((a) => h("button", {
         "data-action": a, onclick: () => ask(`${a} ${name} (now ${b.state})`, `/admin/backends/${encodeURIComponent(name)}/${a}`),
       }, a))) : null,
@@ -89,6 +93,15 @@
         past.length ? h("ul", {}, past.map((s) =>
           h("li", {}, time(s.ts_ms), " ", badge(s.health), " ", badge(s.verification), s.note ? " " + s.note : ""))) : null,
         past.length || actions.length ? null : h("p", {}, "nothing recorded in this window")));
+  }
+
+  // The warm baseline the detectors judge the engine against: each band's median rates.
+  function baseline(base) {
+    const bands = (base && base.bands || []).filter((band) => band.decode_tokens_per_s != null || band.prefill_tokens_per_s != null);
+    if (!bands.length) return null;
+    const rate = (v) => v == null ? "–" : `${Math.round(v)} tok/s`;
+    return [h("dt", {}, "baseline"), h("dd", { class: "baseline", title: `the median of the first ${base.size} warm answers per prompt-size band` },
+      bands.map((band) => h("span", { class: "band" }, `${band.band} tokens: decode ${rate(band.decode_tokens_per_s)}, prefill ${rate(band.prefill_tokens_per_s)} `)))];
   }
 
   async function drawEngines() {
@@ -106,6 +119,6 @@
   view("models", "Models", drawModels);
   view("engines", "Engines", drawEngines);
   onEvent((kind, _data, current) => {
-    if ((kind === "backend" || kind === "engine_action") && (current === "engines" || current === "models")) refresh();
+    if ((kind === "backend" || kind === "engine_action" || kind === "degraded") && (current === "engines" || current === "models")) refresh();
   });
 })();

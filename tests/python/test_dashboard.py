@@ -259,18 +259,25 @@ def test_a_managed_llama_server_stopped_loaded_and_unloaded_from_the_page(tmp_pa
 def test_a_pool_on_the_page(tmp_path: Path) -> None:
     """Two fake engines pooled: the overview lists both as the model's primaries, each engine card
     names the pool and the member's state in it, and the live tail says, beside each request's
-    member, the pool and what placed it there."""
+    member, the pool and what placed it there. One member, restarted six times slower, is found
+    degraded by the slowdown detector: its card says so, beside the baseline it is judged by."""
     engine_bin = str(binary("FAKE_ENGINE_BIN", "fake-engine"))
     artifact = tmp_path / "model.gguf"
     artifact.write_bytes(b"GGUF dashboard pool test")
+    ports = {"a": free_port(), "b": free_port()}
     procs: list[Proc] = []
+
+    def fake(name: str, token_ms: int) -> Proc:
+        argv = [engine_bin, "--listen", f"127.0.0.1:{ports[name]}", "--tokens", "16", "--token-ms", str(token_ms),
+                "--model-path", str(artifact), "--build-info", "b100"]
+        proc = Proc(f"fake-{name}-{token_ms}", argv, tmp_path / f"fake-{name}-{token_ms}.log")
+        procs.append(proc)
+        proc.wait_for_line(r"fake-engine listening on " + ADDRESS)
+        return proc
+
     try:
-        urls = []
-        for name in ("a", "b"):
-            argv = [engine_bin, "--listen", "127.0.0.1:0", "--tokens", "4", "--model-path", str(artifact), "--build-info", "b100"]
-            proc = Proc(f"fake-{name}", argv, tmp_path / f"fake-{name}.log")
-            procs.append(proc)
-            urls.append(proc.wait_for_line(r"fake-engine listening on " + ADDRESS).group(1))
+        engines = {name: fake(name, 2) for name in ports}
+        urls = [f"http://127.0.0.1:{ports[name]}" for name in ("a", "b")]
         tokens = tmp_path / "admin-tokens"
         token = admin_token(tokens)
         admin = f"http://127.0.0.1:{free_port()}"
@@ -302,6 +309,15 @@ members = ["a", "b"]
 
 [models.smollm2]
 primary = "llama"
+
+[models.only-a]
+primary = "a"
+
+[detectors]
+every_ms = 100
+baseline_requests = 5
+min_requests = 5
+window_requests = 5
 """)
         switchyard = Proc("switchyard", [str(binary("SWITCHYARD_BIN", "switchyard")), "serve", "--config", str(config)], tmp_path / "switchyard.log")
         procs.append(switchyard)
@@ -316,6 +332,22 @@ primary = "llama"
                 messages += [{"role": "assistant", "content": f"answer {turn}"}, {"role": "user", "content": "more"}]
             member = answer.headers["x-switchyard-backend"]
 
+            def ask_a(n: int) -> None:
+                for i in range(n):
+                    r = http.post(f"{client}/v1/chat/completions", json={"model": "only-a", "messages": [{"role": "user", "content": f"question {i}"}]})
+                    assert r.status_code == 200, r.text
+
+            # `a`'s baseline (its first answer is cold), then `a` restarted six times slower.
+            ask_a(11)
+            poll("a clear verdict on a",
+                 lambda: (http.get(f"{admin}/admin/backends", headers=auth).json()["backends"]["a"]["detectors"] or {}).get("verdict") == "clear",
+                 switchyard, timeout=20)
+            engines["a"].stop()
+            engines["a"] = fake("a", 12)
+            poll("a ready again", lambda: http.get(f"{client}/readyz").json()["backends"]["a"]["state"] == "ready", switchyard, timeout=20)
+            ask_a(6)
+            poll("a degraded", lambda: http.get(f"{client}/readyz").json()["backends"]["a"]["degraded"], switchyard, timeout=20)
+
             # The ledger's writer commits in batches: the page reads what it has committed.
             poll("the requests in the ledger",
                  lambda: len(http.get(f"{admin}/admin/requests?limit=10", headers=auth).json()["requests"]) >= 3, switchyard, timeout=20)
@@ -327,8 +359,13 @@ primary = "llama"
         cards = {c["backend"]: c for c in result["pool_cards"]}
         for name in ("a", "b"):
             assert cards[name]["pool_state"] == "in" and cards[name]["pool"].startswith("llama · in · "), cards
+        assert cards["a"]["degraded"].startswith("slowdown: decode at 0.1"), cards
+        assert "5 of the latest 5 answers slow" in cards["a"]["degraded"] and cards["a"]["degraded"].endswith("(warn)"), cards
+        assert cards["a"]["baseline"].startswith("<256 tokens: decode "), cards
+        assert cards["b"]["degraded"] is None, cards
         # Newest first: the conversation's later turns on its member by affinity, its first by load.
-        assert result["tail_backends"][:3] == [f"{member} · llama (affinity)"] * 2 + [f"{member} · llama (load)"], result["tail_backends"]
+        turns = [b for b in result["tail_backends"] if "llama" in b]
+        assert turns[:3] == [f"{member} · llama (affinity)"] * 2 + [f"{member} · llama (load)"], result["tail_backends"]
     finally:
         for proc in reversed(procs):
             proc.stop()

@@ -168,7 +168,8 @@ async function managed(page) {
 }
 
 // A pool: the overview lists every member as a primary, each member's card names its pool and
-// its state there, and the live tail names the pool and the placement beside the member.
+// its state there (and what the detectors found, with the baseline), and the live tail names the
+// pool and the placement beside the member.
 async function pooled(page) {
   const errors = {};
   errors.models = await models(page);
@@ -177,6 +178,8 @@ async function pooled(page) {
     backend: el.dataset.backend,
     pool: el.querySelector("dd.pool") ? el.querySelector("dd.pool").textContent : null,
     pool_state: el.querySelector("dd.pool") ? el.querySelector("dd.pool").dataset.poolState : null,
+    degraded: el.querySelector("dd.degraded") ? el.querySelector("dd.degraded").textContent : null,
+    baseline: el.querySelector("dd.baseline") ? el.querySelector("dd.baseline").textContent : null,
   })));
   await shot(page, "engines-pool");
   errors.live = await view(page, "live");
