@@ -118,7 +118,7 @@ fn the_sections_read_for_their_names_are_the_configuration_s() {
     let config = from_figment(Figment::new().merge(Toml::string(BASE))).unwrap();
     let value = serde_json::to_value(&config).unwrap();
     let keys: Vec<&String> = value.as_object().unwrap().keys().collect();
-    assert_eq!(keys.len(), 10, "{keys:?}");
+    assert_eq!(keys.len(), 11, "{keys:?}");
     serde_json::from_value::<Sections>(value.clone()).unwrap();
 }
 
@@ -181,5 +181,29 @@ fn a_missing_or_unusable_variable_is_a_problem_that_names_it() {
     assert!(
         !err.to_string().contains("sk-line"),
         "the value is never shown: {err}"
+    );
+}
+
+#[test]
+fn the_detectors_settings_are_checked_with_their_paths() {
+    let figment = Figment::new().merge(Toml::string(&format!(
+        "{BASE}\n[detectors]\nevery_ms = 10\n[detectors.slowdown]\nshare = 1.5\nmode = \"avoid\"\n"
+    )));
+    let err = from_figment(figment).unwrap_err();
+    let paths: Vec<_> = err.problems.iter().map(|p| p.path.as_str()).collect();
+    assert_eq!(
+        paths,
+        vec!["detectors.every_ms", "detectors.slowdown.share"]
+    );
+    let figment = Figment::new().merge(Toml::string(&format!(
+        "{BASE}\n[detectors.slowdown]\nmode = \"loud\"\n"
+    )));
+    let err = from_figment(figment).unwrap_err();
+    assert!(
+        err.problems
+            .iter()
+            .any(|p| p.path == "detectors.slowdown.mode" && p.message.contains("warn")),
+        "{:?}",
+        err.problems
     );
 }
