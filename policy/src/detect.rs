@@ -6,15 +6,18 @@
 //! evidence, and no verdict on too little. A verdict is reached per window (every
 //! `detectors.every_ms`), never per request.
 //!
-//! The one detector so far, *slowdown*: a request is slow when its decode (or prefill) rate is
+//! *slowdown*: a request is slow when its decode (or prefill) rate is
 //! below its band's baseline median by more than `slowdown.share`; the engine is degraded when
 //! the 95 % Wilson lower bound of the slow share of the latest requests is above one half (most
-//! requests are surely slow), and clears when the upper bound is below one half.
+//! requests are surely slow), and clears when the upper bound is below one half. *memory* (for
+//! the engines Switchyard runs): see [`memory`].
 
 use serde::{Deserialize, Serialize};
+use serde_json::Value;
 
 use crate::stats::{wilson_lower, wilson_upper};
 
+pub mod memory;
 #[cfg(test)]
 mod tests;
 
@@ -33,6 +36,7 @@ pub struct DetectorsConfig {
     /// The baseline of an engine identity's prompt-size band: its first this many warm answers.
     pub baseline_requests: u64,
     pub slowdown: SlowdownConfig,
+    pub memory: memory::MemoryConfig,
 }
 
 impl Default for DetectorsConfig {
@@ -44,6 +48,7 @@ impl Default for DetectorsConfig {
             min_requests: 12,
             baseline_requests: 30,
             slowdown: SlowdownConfig::default(),
+            memory: memory::MemoryConfig::default(),
         }
     }
 }
@@ -113,6 +118,7 @@ impl DetectorsConfig {
                 format!("must be above 0 and below 1 (0.3: 30 % slower), not {share}"),
             ));
         }
+        problems.extend(self.memory.problems());
         problems
     }
 }
@@ -362,17 +368,51 @@ pub fn slowdown(baseline: &Baseline, window: &[Sample], config: &DetectorsConfig
     }
 }
 
+/// What one detector says of one engine in one window, whatever its rule.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Judged {
+    /// Surely worse: one line for people, and the figures that showed it.
+    Degraded { summary: String, figures: Value },
+    /// Surely not worse, with the figures that showed it.
+    Clear { figures: Value },
+    /// Too little evidence, or not sure either way: whatever was found stays.
+    Unsure(String),
+}
+
+impl From<Verdict> for Judged {
+    fn from(verdict: Verdict) -> Self {
+        match verdict {
+            Verdict::Degraded(f) => Judged::Degraded {
+                summary: format!(
+                    "{} rate at {:.2}× its baseline, {} of the latest {} answers slow",
+                    f.metric.as_str(),
+                    f.median_ratio,
+                    f.slow,
+                    f.requests
+                ),
+                figures: serde_json::json!(f),
+            },
+            Verdict::Clear(figures) => Judged::Clear {
+                figures: serde_json::json!(figures),
+            },
+            Verdict::Unsure(why) => Judged::Unsure(why),
+        }
+    }
+}
+
 /// An engine found degraded by one detector: what the admin API, `/readyz`, the event and the
 /// ledger row show.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Degradation {
     pub detector: &'static str,
     pub rule: String,
-    pub figures: Figures,
+    /// What was found, in one line.
+    pub summary: String,
+    pub figures: Value,
     /// Since when (Unix milliseconds).
     pub since_ms: i64,
     pub mode: Mode,
-    /// The identity it was found on: `engine`, `artifact`.
+    /// The identity it was found on: `engine`, `artifact` (empty when not known).
     pub engine: String,
     pub artifact: String,
 }
@@ -380,14 +420,6 @@ pub struct Degradation {
 impl Degradation {
     /// One line for people: the release's reason, the log.
     pub fn describe(&self) -> String {
-        let f = &self.figures;
-        format!(
-            "{}: {} rate at {:.2}× its baseline, {} of the latest {} answers slow",
-            self.detector,
-            f.metric.as_str(),
-            f.median_ratio,
-            f.slow,
-            f.requests
-        )
+        format!("{}: {}", self.detector, self.summary)
     }
 }

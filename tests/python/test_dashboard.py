@@ -340,7 +340,7 @@ window_requests = 5
             # `a`'s baseline (its first answer is cold), then `a` restarted six times slower.
             ask_a(11)
             poll("a clear verdict on a",
-                 lambda: (http.get(f"{admin}/admin/backends", headers=auth).json()["backends"]["a"]["detectors"] or {}).get("verdict") == "clear",
+                 lambda: (http.get(f"{admin}/admin/backends", headers=auth).json()["backends"]["a"]["detectors"] or {}).get("slowdown", {}).get("verdict") == "clear",
                  switchyard, timeout=20)
             engines["a"].stop()
             engines["a"] = fake("a", 12)

@@ -41,6 +41,9 @@ struct Args {
     /// process, unanswered (a `kill -9` arriving with the request).
     #[arg(long)]
     exit_once: Option<std::path::PathBuf>,
+    /// Keeps this many kilobytes for good at every completion: an engine that leaks.
+    #[arg(long, default_value_t = 0)]
+    leak_kb: usize,
 }
 
 #[tokio::main]
@@ -61,6 +64,7 @@ async fn main() -> anyhow::Result<()> {
         deterministic: false,
         api_key: None,
         exit_once: a.exit_once,
+        leak_kb: a.leak_kb,
         ..FakeEngineConfig::default()
     };
     let mut engine = FakeEngine::with_config(config).spawn_on(a.listen).await?;

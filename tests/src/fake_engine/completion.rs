@@ -64,6 +64,14 @@ pub(super) async fn complete(
     guard: AbortGuard,
 ) -> Response<FakeBody> {
     let config = &shared.config;
+    if config.leak_kb > 0 {
+        let kept = vec![1u8; config.leak_kb * 1024];
+        shared
+            .leaked
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(kept);
+    }
     let chat = path == "/v1/chat/completions";
     let prompt_key = if chat {
         body.get("messages")

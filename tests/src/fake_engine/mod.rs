@@ -125,6 +125,9 @@ pub struct FakeEngineConfig {
     /// Serves under this path (`/llama`), as behind a reverse proxy that mounts the engine
     /// there: a request outside it is answered 404, one inside it as its path without it.
     pub path_prefix: Option<String>,
+    /// Keeps this many kilobytes (written, so resident) for good at every completion: an engine
+    /// that leaks memory while it still answers.
+    pub leak_kb: usize,
 }
 
 impl Default for FakeEngineConfig {
@@ -146,6 +149,7 @@ impl Default for FakeEngineConfig {
             exit_once: None,
             tls: None,
             path_prefix: None,
+            leak_kb: 0,
         }
     }
 }
@@ -289,6 +293,7 @@ impl FakeEngine {
                     events: events_tx,
                     requests: Mutex::new(0),
                     hold: hold.clone(),
+                    leaked: std::sync::Mutex::default(),
                 });
                 tasks.spawn(accept_loop(listener, shared, stop.clone(), tasks.clone()));
                 local

@@ -41,6 +41,8 @@ pub(super) struct Shared {
     /// Which requests wait, once received, until the test lets them go (see
     /// [`super::FakeEngineHandle::hold`]).
     pub(super) hold: Arc<watch::Sender<Option<super::Held>>>,
+    /// What `leak_kb` kept, for good.
+    pub(super) leaked: std::sync::Mutex<Vec<Vec<u8>>>,
 }
 
 impl Shared {

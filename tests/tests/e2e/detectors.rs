@@ -2,7 +2,8 @@
 //! slows down but still answers is found degraded within a window (in `/readyz`, the admin API,
 //! the metric, an event and the ledger), is taken out of its pool's balancing under `avoid`
 //! (and only reported under `warn`), and clears once it is fast again; a quiet run of the same
-//! length finds nothing.
+//! length finds nothing. A managed engine that leaks memory is found degraded beside one that
+//! does not, and its restart clears it.
 
 use std::time::Duration;
 
@@ -148,7 +149,7 @@ impl Setup {
         let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
         loop {
             let all = self.backends().await;
-            let shown = &all[backend]["detectors"];
+            let shown = &all[backend]["detectors"]["slowdown"];
             let judged = shown["evidence"]
                 .as_array()
                 .is_some_and(|e| e.iter().all(|f| f["requests"].as_u64() >= Some(requests)));
@@ -173,6 +174,11 @@ impl Setup {
 
     /// The ledger's detections: (backend, detector, state, mode).
     fn detections(&self) -> Vec<(String, String, String, String)> {
+        // A change is queued for the ledger before it is in force: written once flushed.
+        let ledger = self.proxy.state().recorder.ledger.as_ref().unwrap();
+        assert!(tokio::task::block_in_place(
+            || ledger.flush(Duration::from_secs(5))
+        ));
         let conn = rusqlite::Connection::open(&self.ledger).unwrap();
         let mut select = conn
             .prepare("SELECT backend, detector, state, mode FROM detections ORDER BY id")
@@ -459,4 +465,132 @@ steps = [{{ step = "shadow", min_pairs = 3 }}, {{ step = "promote", bake_s = 0 }
         );
         s.ask("smollm2", 3).await;
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_managed_engine_that_leaks_is_found_degraded_and_its_restart_clears_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let ledger = dir.path().join("ledger.db");
+    let bin = env!("CARGO_BIN_EXE_fake-engine");
+    let config = format!(
+        r#"
+[server]
+listen = "127.0.0.1:0"
+probe_interval_ms = 100
+state_dir = "{dir}"
+
+[admin]
+listen = "127.0.0.1:0"
+
+[ledger]
+path = "{ledger}"
+
+[detectors]
+every_ms = 100
+
+[detectors.memory]
+samples = 8
+min_samples = 6
+growth = 0.5
+
+[backends.leaky]
+engine = "llama.cpp"
+[backends.leaky.launch]
+command = ["{bin}", "--listen", "127.0.0.1:${{port}}", "--tokens", "3", "--leak-kb", "2048"]
+
+[backends.steady]
+engine = "llama.cpp"
+[backends.steady.launch]
+command = ["{bin}", "--listen", "127.0.0.1:${{port}}", "--tokens", "3"]
+
+[models.leaky]
+primary = "leaky"
+
+[models.steady]
+primary = "steady"
+"#,
+        dir = dir.path().display(),
+        ledger = ledger.display(),
+    );
+    let proxy = start_switchyard(&config).await.unwrap();
+    let s = Setup {
+        base: format!("http://{}", proxy.addr()),
+        admin: format!("http://{}", proxy.admin_addr().unwrap()),
+        a: FakeEngine::llama_cpp().spawn().await.unwrap(),
+        _b: FakeEngine::llama_cpp().spawn().await.unwrap(),
+        ledger,
+        _dir: dir,
+        proxy,
+    };
+    let degraded = |v: &Value, backend: &str| {
+        v["backends"][backend]["degraded"]
+            .as_array()
+            .is_some_and(|d| d.iter().any(|d| d["detector"] == "memory"))
+    };
+    // Both engines answer the same requests; only one keeps 2 MB of each.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    let readyz = loop {
+        s.ask("leaky", 5).await;
+        s.ask("steady", 5).await;
+        let r = TestClient::new()
+            .get(&format!("{}/readyz", s.base))
+            .await
+            .unwrap()
+            .json();
+        if degraded(&r, "leaky") {
+            break r;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "no leak found: {r}");
+    };
+    assert_eq!(readyz["ready"], true);
+    assert!(!degraded(&readyz, "steady"), "the steady engine: {readyz}");
+    let found = readyz["backends"]["leaky"]["degraded"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|d| d["detector"] == "memory")
+        .unwrap()
+        .clone();
+    assert!(
+        found["summary"]
+            .as_str()
+            .unwrap()
+            .starts_with("resident memory up "),
+        "{found}"
+    );
+    assert!(
+        found["figures"]["growth"].as_f64().unwrap() > 0.5,
+        "{found}"
+    );
+    let metrics = s.metrics().await;
+    assert!(
+        metrics.contains(r#"switchyard_engine_degraded{backend="leaky",detector="memory"} 1"#),
+        "{metrics}"
+    );
+
+    // Restarted, the leak is gone with its process: the finding clears.
+    let r = crate::release::admin(
+        &s.admin,
+        "POST",
+        "/admin/backends/leaky/restart",
+        Some(json!({"reason": "it leaks"})),
+    )
+    .await;
+    assert_eq!(r.status, 200, "{}", r.json());
+    wait_ready(&s.proxy, Duration::from_secs(20), |v| !degraded(v, "leaky"))
+        .await
+        .unwrap();
+    let rows: Vec<_> = s
+        .detections()
+        .into_iter()
+        .filter(|(_, detector, _, _)| detector == "memory")
+        .map(|(backend, _, state, _)| (backend, state))
+        .collect();
+    assert_eq!(
+        rows,
+        [
+            ("leaky".to_owned(), "degraded".to_owned()),
+            ("leaky".to_owned(), "cleared".to_owned())
+        ]
+    );
 }

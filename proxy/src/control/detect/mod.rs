@@ -18,12 +18,14 @@ use serde_json::{json, Value};
 use switchyard_engine::Backend;
 use switchyard_observe::ledger::{now_ms, Detection, LedgerError, RateReader, Stamped};
 use switchyard_policy::detect::{
-    slowdown, slowdown_rule, Baseline, Degradation, DetectorsConfig, Mode, Verdict,
+    slowdown, slowdown_rule, Baseline, Degradation, DetectorsConfig, Judged, Mode, Verdict,
 };
 use tokio_util::sync::CancellationToken;
 
 use super::events::Event;
 use super::AppState;
+
+mod memory;
 
 /// The detector's name, in the metric, the events and the ledger.
 const SLOWDOWN: &str = "slowdown";
@@ -32,8 +34,19 @@ const SLOWDOWN: &str = "slowdown";
 #[derive(Debug, Default)]
 pub(crate) struct Detectors {
     baselines: Mutex<HashMap<Identity, Learned>>,
-    /// Each backend's last verdict, with its evidence and when it was reached.
-    verdicts: Mutex<HashMap<Arc<str>, Value>>,
+    /// Each backend's last verdict per detector, with its evidence and when it was reached.
+    verdicts: Mutex<HashMap<Arc<str>, serde_json::Map<String, Value>>>,
+    /// Each managed engine's process and its memory samples, oldest first.
+    memory: Mutex<HashMap<Arc<str>, memory::Samples>>,
+}
+
+/// What a detector's judgement is applied as: its name, rule and mode, and the identity the
+/// engine had (empty where not known).
+pub(super) struct Found {
+    pub(super) detector: &'static str,
+    pub(super) rule: String,
+    pub(super) mode: Mode,
+    pub(super) identity: (String, String),
 }
 
 /// A backend and the identity its answers were stamped with.
@@ -68,27 +81,41 @@ impl Detectors {
         })
     }
 
-    /// The detectors' last verdict on `backend` (`degraded`, `clear` or `unsure`), with its
-    /// evidence: what the admin API shows, degraded or not.
+    /// The detectors' last verdicts on `backend` (`degraded`, `clear` or `unsure`, by
+    /// detector), with their evidence: what the admin API shows, degraded or not.
     pub(crate) fn verdict(&self, backend: &str) -> Value {
         let verdicts = self.verdicts.lock().unwrap_or_else(PoisonError::into_inner);
-        verdicts.get(backend).cloned().unwrap_or(Value::Null)
+        verdicts
+            .get(backend)
+            .map_or(Value::Null, |v| Value::Object(v.clone()))
     }
 }
 
-/// A verdict as the admin API shows it.
-fn verdict_json(verdict: &Verdict) -> Value {
-    let (name, evidence) = match verdict {
-        Verdict::Degraded(figures) => ("degraded", json!([figures])),
-        Verdict::Clear(figures) => ("clear", json!(figures)),
-        Verdict::Unsure(why) => ("unsure", json!(why)),
+/// Keeps `detector`'s verdict on `backend` for the admin API.
+pub(super) fn verdict_entry(
+    detectors: &Detectors,
+    backend: &Arc<str>,
+    detector: &'static str,
+    judged: &Judged,
+) {
+    let (name, evidence) = match judged {
+        Judged::Degraded { figures, .. } => ("degraded", figures.clone()),
+        Judged::Clear { figures } => ("clear", figures.clone()),
+        Judged::Unsure(why) => ("unsure", json!(why)),
     };
-    json!({"detector": SLOWDOWN, "verdict": name, "evidence": evidence, "at_ms": now_ms()})
+    let mut verdicts = detectors
+        .verdicts
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner);
+    verdicts.entry(backend.clone()).or_default().insert(
+        detector.to_owned(),
+        json!({"verdict": name, "evidence": evidence, "at_ms": now_ms()}),
+    );
 }
 
 /// The identity `backend` stamps, once settled and verified or unverified (never unknown):
 /// what its answers' rows carry.
-fn stamped(backend: &Backend) -> Option<(String, String)> {
+pub(super) fn stamped(backend: &Backend) -> Option<(String, String)> {
     let headers = backend.identity_headers();
     if !backend.identity_settled()
         || backend.state().report.is_none()
@@ -105,25 +132,33 @@ fn stamped(backend: &Backend) -> Option<(String, String)> {
     ))
 }
 
-/// Judges every engine once per `detectors.every_ms`, until `stop`. Needs the ledger.
+/// Judges every engine once per `detectors.every_ms`, until `stop`. The slowdown detector
+/// reads the ledger; without one, only the memory detector runs.
 pub(crate) async fn detector(state: Arc<AppState>, stop: CancellationToken) {
-    let Some(ledger) = state.recorder.ledger.as_ref() else {
-        tracing::warn!("no [ledger] configured: the fail-soft detectors, which judge from its rows, do not run");
-        return;
-    };
-    let reader = match RateReader::open(&ledger.path) {
-        Ok(reader) => Arc::new(reader),
-        Err(e) => {
-            tracing::error!(error = %e, "the fail-soft detectors cannot read the ledger; they do not run");
-            return;
+    let reader = match state.recorder.ledger.as_ref() {
+        None => {
+            tracing::warn!("no [ledger] configured: the slowdown detector, which judges from its rows, does not run");
+            None
         }
+        Some(ledger) => match RateReader::open(&ledger.path) {
+            Ok(reader) => Some(Arc::new(reader)),
+            Err(e) => {
+                tracing::error!(error = %e, "the slowdown detector cannot read the ledger; it does not run");
+                None
+            }
+        },
     };
     loop {
         let config = state.config().detectors.clone();
-        if config.slowdown.mode == Mode::Off {
-            state.detector_off();
+        match (&reader, config.slowdown.mode) {
+            (_, Mode::Off) => state.detector_off(SLOWDOWN),
+            (Some(reader), _) => state.detect(reader, &config).await,
+            (None, _) => {}
+        }
+        if config.memory.mode == Mode::Off {
+            state.detector_off(memory::MEMORY);
         } else {
-            state.detect(&reader, &config).await;
+            state.watch_memory(&config).await;
         }
         tokio::select! {
             () = stop.cancelled() => return,
@@ -133,17 +168,17 @@ pub(crate) async fn detector(state: Arc<AppState>, stop: CancellationToken) {
 }
 
 impl AppState {
-    /// The detector was turned off (a reload): what it found is no longer claimed.
-    fn detector_off(&self) {
+    /// `detector` was turned off (a reload): what it found is no longer claimed.
+    fn detector_off(&self, detector: &'static str) {
         for backend in self.live.load().backends.values() {
             let before = backend.degraded();
-            if before.iter().any(|d| d.detector == SLOWDOWN) {
-                let after = before.iter().filter(|d| d.detector != SLOWDOWN).cloned();
+            if before.iter().any(|d| d.detector == detector) {
+                let after = before.iter().filter(|d| d.detector != detector).cloned();
                 backend.set_degraded(after.collect());
                 self.recorder
                     .metrics
-                    .engine_degraded(&backend.name, SLOWDOWN, false);
-                tracing::info!(backend = %backend.name, detector = SLOWDOWN, "detector turned off: the engine is no longer reported degraded by it");
+                    .engine_degraded(&backend.name, detector, false);
+                tracing::info!(backend = %backend.name, detector, "detector turned off: the engine is no longer reported degraded by it");
             }
         }
     }
@@ -181,12 +216,15 @@ impl AppState {
                 .lock()
                 .unwrap_or_else(PoisonError::into_inner)
                 .insert(key.clone(), learned);
-            self.detectors
-                .verdicts
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .insert(backend.name.clone(), verdict_json(&verdict));
-            self.apply_detection(backend, &key, verdict, config).await;
+            let judged: Judged = verdict.into();
+            verdict_entry(&self.detectors, &backend.name, SLOWDOWN, &judged);
+            let found = Found {
+                detector: SLOWDOWN,
+                rule: slowdown_rule(config),
+                mode: config.slowdown.mode,
+                identity: (key.1.clone(), key.2.clone()),
+            };
+            self.apply_detection(backend, found, judged).await;
         }
         // Identities no longer served are forgotten: a return is learned again from the ledger.
         self.detectors
@@ -201,87 +239,73 @@ impl AppState {
             .retain(|name, _| snapshot.backends.contains_key(name));
     }
 
-    /// Sets what `verdict` says of `backend`, and says so where it changed.
-    async fn apply_detection(
+    /// Sets what detector `found.detector` judged of `backend` this window, and says so where
+    /// it changed.
+    pub(super) async fn apply_detection(
         &self,
         backend: &Arc<Backend>,
-        (_, engine, artifact): &Identity,
-        verdict: Verdict,
-        config: &DetectorsConfig,
+        found: Found,
+        judged: Judged,
     ) {
+        let Found {
+            detector,
+            rule,
+            mode,
+            identity: (engine, artifact),
+        } = found;
         let before: Vec<Degradation> = backend.degraded().as_ref().clone();
-        let was = before.iter().find(|d| d.detector == SLOWDOWN);
+        let was = before.iter().find(|d| d.detector == detector);
         // Found on another identity: that engine is gone, and what was found of it with it.
         let was = was.filter(|d| d.engine == *engine && d.artifact == *artifact);
         let mut after: Vec<Degradation> = before
             .iter()
-            .filter(|d| d.detector != SLOWDOWN)
+            .filter(|d| d.detector != detector)
             .cloned()
             .collect();
-        let mode = config.slowdown.mode;
-        match (&verdict, was) {
-            (Verdict::Degraded(figures), was) => after.push(Degradation {
-                detector: SLOWDOWN,
-                rule: slowdown_rule(config),
+        match (&judged, was) {
+            (Judged::Degraded { summary, figures }, was) => after.push(Degradation {
+                detector,
+                rule,
+                summary: summary.clone(),
                 figures: figures.clone(),
                 since_ms: was.map_or_else(now_ms, |w| w.since_ms),
                 mode,
                 engine: engine.clone(),
                 artifact: artifact.clone(),
             }),
-            (Verdict::Unsure(_), Some(was)) => after.push(Degradation {
+            (Judged::Unsure(_), Some(was)) => after.push(Degradation {
                 mode,
                 ..was.clone()
             }),
-            (Verdict::Clear(_) | Verdict::Unsure(_), _) => {}
+            (Judged::Clear { .. } | Judged::Unsure(_), _) => {}
         }
-        let now = after.iter().find(|d| d.detector == SLOWDOWN);
+        let now = after.iter().find(|d| d.detector == detector);
         self.recorder
             .metrics
-            .engine_degraded(&backend.name, SLOWDOWN, now.is_some());
+            .engine_degraded(&backend.name, detector, now.is_some());
         if after == before {
             return;
         }
-        backend.set_degraded(after.clone());
         let changed = match (was, now) {
-            (None, Some(d)) => Some(("degraded", d.clone(), json!(d.figures))),
+            (None, Some(d)) => Some(("degraded", d.clone(), d.figures.clone())),
             (Some(w), None) => {
-                let figures = match &verdict {
-                    Verdict::Clear(f) => json!(f),
-                    _ => json!(null),
+                let figures = match &judged {
+                    Judged::Clear { figures } => figures.clone(),
+                    _ => Value::Null,
                 };
                 Some(("cleared", w.clone(), figures))
             }
             _ => None,
         };
         let Some((state, found, figures)) = changed else {
-            return; // the same finding with this window's figures
+            // The same finding with this window's figures.
+            backend.set_degraded(after);
+            return;
         };
-        if state == "degraded" {
-            tracing::warn!(backend = %backend.name, detector = SLOWDOWN, mode = ?found.mode, finding = %found.describe(), rule = %found.rule,
-                "engine degraded: it still answers, but worse than its own baseline");
-        } else {
-            tracing::info!(backend = %backend.name, detector = SLOWDOWN, degraded_for_ms = now_ms() - found.since_ms,
-                "engine no longer degraded: its latest answers are as fast as its baseline again");
-        }
-        self.events.publish(Event::new(
-            "degraded",
-            json!({
-                "backend": &*backend.name,
-                "detector": SLOWDOWN,
-                "state": state,
-                "mode": found.mode,
-                "rule": found.rule,
-                "figures": figures,
-                "since_ms": found.since_ms,
-                "engine": found.engine,
-                "artifact": found.artifact,
-            }),
-        ));
         if let Some(ledger) = &self.recorder.ledger {
             let row = Detection {
                 backend: backend.name.to_string(),
-                detector: SLOWDOWN,
+                detector,
                 state,
                 engine: found.engine.clone(),
                 artifact: found.artifact.clone(),
@@ -297,6 +321,29 @@ impl AppState {
                 tracing::error!(backend = %backend.name, "the ledger is gone: this detection is not on the record");
             }
         }
+        // On the record first, then in force: whoever sees the change can read its row.
+        backend.set_degraded(after);
+        if state == "degraded" {
+            tracing::warn!(backend = %backend.name, detector, mode = ?found.mode, finding = %found.describe(), rule = %found.rule,
+                "engine degraded: it still answers, but worse than it did");
+        } else {
+            tracing::info!(backend = %backend.name, detector, degraded_for_ms = now_ms() - found.since_ms,
+                "engine no longer degraded: by the same rule, it is as it was again");
+        }
+        self.events.publish(Event::new(
+            "degraded",
+            json!({
+                "backend": &*backend.name,
+                "detector": detector,
+                "state": state,
+                "mode": found.mode,
+                "rule": found.rule,
+                "figures": figures,
+                "since_ms": found.since_ms,
+                "engine": found.engine,
+                "artifact": found.artifact,
+            }),
+        ));
     }
 }
 
