@@ -296,6 +296,18 @@ fn event_line(kind: &str, v: &Value) -> String {
                 "; "
             ),
         ),
+        "degraded" => format!(
+            "{at} backend {}: {} {} ({}){}\n",
+            text(&v["backend"]),
+            text(&v["state"]),
+            text(&v["detector"]),
+            text(&v["mode"]),
+            if v["state"] == "degraded" {
+                format!(": {}", text(&v["summary"]))
+            } else {
+                String::new()
+            },
+        ),
         other => format!("{at} {other}: {v}\n"),
     }
 }

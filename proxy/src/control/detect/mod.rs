@@ -338,6 +338,7 @@ impl AppState {
                 "state": state,
                 "mode": found.mode,
                 "rule": found.rule,
+                "summary": found.summary,
                 "figures": figures,
                 "since_ms": found.since_ms,
                 "engine": found.engine,
