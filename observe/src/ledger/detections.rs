@@ -15,6 +15,9 @@ use switchyard_policy::detect::Sample;
 use super::rows::{unix_ms, Param};
 use super::LedgerError;
 
+#[cfg(test)]
+mod tests;
+
 /// An engine found degraded by a detector, or clear again.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Detection {
@@ -74,9 +77,11 @@ pub struct Stamped<'a> {
 
 const SAMPLE_COLUMNS: &str =
     "id, prompt_tokens, decode_tokens, decode_ms, prefill_tokens, prefill_ms FROM requests";
-/// Warm answers of one engine that it served whole: what its rates are taken from.
+/// Warm answers of one engine that it served whole: what its rates are taken from. Replays
+/// are not: they ask for log-probabilities and stop short, which is not the engine's usual work.
 const SAMPLE_FILTER: &str = "backend = :backend AND engine = :engine AND artifact = :artifact
-     AND status = 200 AND warm = 1 AND client_disconnected = 0 AND error_class IS NULL";
+     AND status = 200 AND warm = 1 AND client_disconnected = 0 AND error_class IS NULL
+     AND variant != 'replay'";
 
 impl RateReader {
     /// Opens the ledger at `path` for reading; it must exist (the writer creates it first).
