@@ -28,6 +28,9 @@ pub struct MemoryConfig {
     pub min_samples: u64,
     /// Swap in use above this many megabytes counts (0: any).
     pub swap_mb: u64,
+    /// Growth of fewer megabytes than this is no leak, whatever its share: a small process
+    /// settling (its buffers, its threads) is not an engine filling the machine.
+    pub min_growth_mb: u64,
 }
 
 impl Default for MemoryConfig {
@@ -38,6 +41,7 @@ impl Default for MemoryConfig {
             samples: 30,
             min_samples: 6,
             swap_mb: 0,
+            min_growth_mb: 256,
         }
     }
 }
@@ -81,10 +85,11 @@ pub struct MemorySample {
 /// The rule, for people.
 pub fn memory_rule(config: &MemoryConfig) -> String {
     format!(
-        "a managed engine's resident memory grows across its latest samples (one per window, at most {}): most steps surely rising (the 95 % lower bound of their share above 50 %, from at least {} samples) and {:.0} % more in all; or more than {} MB of it in swap in each of the latest 3 samples. Clears when it no longer grows (less than {:.0} % more across the samples) and nothing is in swap",
+        "a managed engine's resident memory grows across its latest samples (one per window, at most {}): most steps surely rising (the 95 % lower bound of their share above 50 %, from at least {} samples) and {:.0} % more in all, at least {} MB; or more than {} MB of it in swap in each of the latest 3 samples. Clears when it no longer grows (less than {:.0} % more across the samples) and nothing is in swap",
         config.samples,
         config.min_samples,
         config.growth * 100.0,
+        config.min_growth_mb,
         config.swap_mb,
         config.growth * 50.0
     )
@@ -134,7 +139,11 @@ pub fn memory(samples: &[MemorySample], config: &MemoryConfig) -> Judged {
         "last_rss_kb": last,
         "growth": growth,
     });
-    if wilson_lower(rising, steps) > 0.5 && growth > config.growth {
+    let grown_mb = last.saturating_sub(first) / 1024;
+    if wilson_lower(rising, steps) > 0.5
+        && growth > config.growth
+        && grown_mb >= config.min_growth_mb
+    {
         return Judged::Degraded {
             summary: format!(
                 "resident memory up {:.0} % across {} samples ({} to {} MB), rising in {rising} of {steps} steps",
@@ -174,7 +183,10 @@ mod tests {
 
     #[test]
     fn steady_growth_is_a_leak_and_a_flat_line_is_not() {
-        let config = MemoryConfig::default();
+        let config = MemoryConfig {
+            min_growth_mb: 50,
+            ..MemoryConfig::default()
+        };
         let leak = at(&[100, 110, 121, 130, 142, 155]);
         let Judged::Degraded { summary, .. } = memory(&leak, &config) else {
             panic!("a leak");
@@ -190,6 +202,9 @@ mod tests {
         assert!(!matches!(memory(&jump, &config), Judged::Degraded { .. }));
         // Too few samples: no verdict either way.
         assert!(matches!(memory(&leak[..5], &config), Judged::Unsure(_)));
+        // A small process growing by a few megabytes is no leak, however steadily.
+        let small = at(&[4, 5, 6, 7, 8, 9]);
+        assert!(!matches!(memory(&small, &config), Judged::Degraded { .. }));
     }
 
     #[test]

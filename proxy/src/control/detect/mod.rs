@@ -254,9 +254,9 @@ impl AppState {
             identity: (engine, artifact),
         } = found;
         let before: Vec<Degradation> = backend.degraded().as_ref().clone();
-        let was = before.iter().find(|d| d.detector == detector);
+        let previous = before.iter().find(|d| d.detector == detector);
         // Found on another identity: that engine is gone, and what was found of it with it.
-        let was = was.filter(|d| d.engine == *engine && d.artifact == *artifact);
+        let was = previous.filter(|d| d.engine == engine && d.artifact == artifact);
         let mut after: Vec<Degradation> = before
             .iter()
             .filter(|d| d.detector != detector)
@@ -279,72 +279,87 @@ impl AppState {
             }),
             (Judged::Clear { .. } | Judged::Unsure(_), _) => {}
         }
-        let now = after.iter().find(|d| d.detector == detector);
+        let now = after.iter().find(|d| d.detector == detector).cloned();
         self.recorder
             .metrics
             .engine_degraded(&backend.name, detector, now.is_some());
         if after == before {
             return;
         }
-        let changed = match (was, now) {
-            (None, Some(d)) => Some(("degraded", d.clone(), d.figures.clone())),
-            (Some(w), None) => {
-                let figures = match &judged {
-                    Judged::Clear { figures } => figures.clone(),
-                    _ => Value::Null,
-                };
-                Some(("cleared", w.clone(), figures))
-            }
-            _ => None,
-        };
-        let Some((state, found, figures)) = changed else {
-            // The same finding with this window's figures.
-            backend.set_degraded(after);
-            return;
-        };
-        if let Some(ledger) = &self.recorder.ledger {
-            let row = Detection {
-                backend: backend.name.to_string(),
-                detector,
-                state,
-                engine: found.engine.clone(),
-                artifact: found.artifact.clone(),
-                mode: match found.mode {
-                    Mode::Avoid => "avoid",
-                    Mode::Warn | Mode::Off => "warn",
-                },
-                rule: found.rule.clone(),
-                figures: figures.to_string(),
-                since_ms: found.since_ms,
+        // Each change of state, in order: a finding that ends (cleared, or left behind by an
+        // identity that changed), then one that begins.
+        let mut changes = Vec::new();
+        if let Some(previous) = previous.filter(|_| was.is_none() || now.is_none()) {
+            let figures = match (&judged, was) {
+                (Judged::Clear { figures }, Some(_)) => figures.clone(),
+                (_, None) => json!({"identity_changed": {"engine": engine, "artifact": artifact}}),
+                _ => Value::Null,
             };
-            if !ledger.detection(row).await {
-                tracing::error!(backend = %backend.name, "the ledger is gone: this detection is not on the record");
-            }
+            changes.push(("cleared", previous.clone(), figures));
+        }
+        if let Some(now) = now.filter(|_| was.is_none()) {
+            let figures = now.figures.clone();
+            changes.push(("degraded", now, figures));
+        }
+        for (state, found, figures) in &changes {
+            self.record_detection(backend, state, found, figures).await;
         }
         // On the record first, then in force: whoever sees the change can read its row.
         backend.set_degraded(after);
-        if state == "degraded" {
-            tracing::warn!(backend = %backend.name, detector, mode = ?found.mode, finding = %found.describe(), rule = %found.rule,
-                "engine degraded: it still answers, but worse than it did");
-        } else {
-            tracing::info!(backend = %backend.name, detector, degraded_for_ms = now_ms() - found.since_ms,
-                "engine no longer degraded: by the same rule, it is as it was again");
+        for (state, found, figures) in changes {
+            if state == "degraded" {
+                tracing::warn!(backend = %backend.name, detector, mode = ?found.mode, finding = %found.describe(), rule = %found.rule,
+                    "engine degraded: it still answers, but worse than it did");
+            } else {
+                tracing::info!(backend = %backend.name, detector, degraded_for_ms = now_ms() - found.since_ms,
+                    "engine no longer degraded: by the same rule, it is as it was again, or it is another engine now");
+            }
+            self.events.publish(Event::new(
+                "degraded",
+                json!({
+                    "backend": &*backend.name,
+                    "detector": detector,
+                    "state": state,
+                    "mode": found.mode,
+                    "rule": found.rule,
+                    "summary": found.summary,
+                    "figures": figures,
+                    "since_ms": found.since_ms,
+                    "engine": found.engine,
+                    "artifact": found.artifact,
+                }),
+            ));
         }
-        self.events.publish(Event::new(
-            "degraded",
-            json!({
-                "backend": &*backend.name,
-                "detector": detector,
-                "state": state,
-                "mode": found.mode,
-                "rule": found.rule,
-                "summary": found.summary,
-                "figures": figures,
-                "since_ms": found.since_ms,
-                "engine": found.engine,
-                "artifact": found.artifact,
-            }),
-        ));
+    }
+
+    /// Writes a change of a detector's finding to the ledger, waiting for room in its queue.
+    async fn record_detection(
+        &self,
+        backend: &Backend,
+        state: &'static str,
+        found: &Degradation,
+        figures: &Value,
+    ) {
+        let Some(ledger) = &self.recorder.ledger else {
+            return;
+        };
+        let row = Detection {
+            backend: backend.name.to_string(),
+            detector: found.detector,
+            state,
+            engine: found.engine.clone(),
+            artifact: found.artifact.clone(),
+            mode: match found.mode {
+                Mode::Avoid => "avoid",
+                Mode::Warn | Mode::Off => "warn",
+            },
+            rule: found.rule.clone(),
+            figures: figures.to_string(),
+            since_ms: found.since_ms,
+        };
+        if !ledger.detection(row).await {
+            tracing::error!(backend = %backend.name, "the ledger is gone: this detection is not on the record");
+        }
     }
 }
 
