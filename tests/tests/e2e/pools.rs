@@ -234,6 +234,9 @@ async fn a_full_queue_spills_to_the_other_member_and_a_member_gone_is_passed_ove
     } else {
         &mut s.b
     };
+    // The first turn's arrival is still among the engine's events: taken now, so that the
+    // next one is the held request's.
+    assert!(engine.request(Duration::from_secs(10)).await.is_some());
     engine.hold(|_| true);
     #[allow(clippy::disallowed_methods)] // the test's own clients
     let held = tokio::spawn(turn_at(s.base.clone(), "one", 2));
