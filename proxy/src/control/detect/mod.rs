@@ -1,6 +1,7 @@
 //! The fail-soft detectors at work: every `detectors.every_ms`, each engine's latest answers
 //! are read back from the ledger and judged against its own warm baseline by the rule of
-//! [`switchyard_policy::detect`]. A change (degraded, or clear again) is logged once, set on the
+//! [`switchyard_policy::detect`], and each managed engine's memory is looked at (`memory`).
+//! A change (degraded, or clear again) is logged once, set on the
 //! backend (`/readyz`, `/admin/backends`, a pool's balancing under `avoid`, a release's
 //! evaluation), published on `/admin/events`, counted in `switchyard_engine_degraded`, and
 //! written to the ledger's `detections`.
@@ -30,7 +31,8 @@ mod memory;
 /// The detector's name, in the metric, the events and the ledger.
 const SLOWDOWN: &str = "slowdown";
 
-/// What the detectors have learned: each engine identity's baseline.
+/// What the detectors have learned: each engine identity's baseline, each backend's last
+/// verdicts, each managed engine's memory samples.
 #[derive(Debug, Default)]
 pub(crate) struct Detectors {
     baselines: Mutex<HashMap<Identity, Learned>>,
