@@ -14,7 +14,7 @@ use std::time::Instant;
 use hashlink::LruCache;
 use switchyard_adapters::fingerprint::prefix::conversation_chain;
 use switchyard_adapters::Health;
-use switchyard_engine::{Backend, Verification};
+use switchyard_engine::Backend;
 use switchyard_observe::metrics::Metrics;
 use switchyard_policy::pool::{place, Member, Placement, PoolConfig};
 
@@ -263,7 +263,7 @@ impl Pool {
         let known: Vec<(Arc<str>, Arc<str>)> = self
             .members
             .iter()
-            .filter_map(|m| settled(backends.get(m)?))
+            .filter_map(|m| backends.get(m)?.settled_identity())
             .collect();
         let count = |id: &(Arc<str>, Arc<str>)| known.iter().filter(|k| *k == id).count();
         known
@@ -285,7 +285,7 @@ impl Pool {
         backend: &Backend,
         pool: Option<&(Arc<str>, Arc<str>)>,
     ) -> bool {
-        let own = settled(backend);
+        let own = backend.settled_identity();
         let differs = matches!((own.as_ref(), pool), (Some(own), Some(pool)) if own != pool);
         if self.set_apart[i].swap(differs, Ordering::AcqRel) != differs {
             if differs {
@@ -434,23 +434,6 @@ impl Placed {
             index.insert(*hash, self.pool.members[member].clone());
         }
     }
-}
-
-/// A member's identity (engine and artifact), once it is settled: not while it is still being
-/// found out (not probed yet, a binary or artifact still being hashed), when it says nothing
-/// of what the member serves and must not set it apart.
-fn settled(backend: &Backend) -> Option<(Arc<str>, Arc<str>)> {
-    let headers = backend.identity_headers();
-    if !backend.identity_settled()
-        || backend.state().report.is_none()
-        || matches!(headers.verification, Verification::Unknown(_))
-    {
-        return None;
-    }
-    headers
-        .engine_text
-        .clone()
-        .zip(headers.artifact_text.clone())
 }
 
 /// A backend's slots: its configured `max_concurrency`, else the engine's own count, else 1.

@@ -115,23 +115,11 @@ pub(super) fn verdict_entry(
     );
 }
 
-/// The identity `backend` stamps, once settled and verified or unverified (never unknown):
-/// what its answers' rows carry.
+/// The identity `backend`'s answers are stamped with, once settled (see
+/// [`Backend::settled_identity`]): what its ledger rows carry.
 pub(super) fn stamped(backend: &Backend) -> Option<(String, String)> {
-    let headers = backend.identity_headers();
-    if !backend.identity_settled()
-        || backend.state().report.is_none()
-        || matches!(
-            headers.verification,
-            switchyard_engine::Verification::Unknown(_)
-        )
-    {
-        return None;
-    }
-    Some((
-        headers.engine_text.as_deref()?.to_owned(),
-        headers.artifact_text.as_deref()?.to_owned(),
-    ))
+    let (engine, artifact) = backend.settled_identity()?;
+    Some((engine.to_string(), artifact.to_string()))
 }
 
 /// Judges every engine once per `detectors.every_ms`, until `stop`. The slowdown detector
