@@ -2,6 +2,17 @@
 
 use super::*;
 
+/// A live step's evidence with enough of everything and nothing wrong: it advances.
+fn ready() -> Evidence {
+    Evidence {
+        elapsed_s: 10_000,
+        comparable_pairs: 40,
+        candidate_requests: 200,
+        primary_requests: 600,
+        ..Evidence::default()
+    }
+}
+
 fn live(weight: u8, min_requests: u64) -> Step {
     Step::Live {
         weight,
@@ -135,13 +146,7 @@ fn too_little_evidence_holds_and_says_what_it_needs() {
 fn the_order_is_integrity_correctness_availability_performance() {
     let plan = Plan::standard();
     let step = live(25, 10);
-    let ready = Evidence {
-        elapsed_s: 10_000,
-        comparable_pairs: 40,
-        candidate_requests: 200,
-        primary_requests: 600,
-        ..Evidence::default()
-    };
+    let ready = ready();
     assert_eq!(decide(&plan, &step, &ready), Decision::Advance);
 
     let slow = Evidence {
@@ -434,13 +439,7 @@ fn under_an_equivalence_rule_the_judged_pairs_together_must_keep_within_its_boun
 fn a_degraded_candidate_holds_with_the_detectors_reason_and_is_not_judged_on_its_speed() {
     let plan = Plan::standard();
     let step = live(25, 10);
-    let ready = Evidence {
-        elapsed_s: 10_000,
-        comparable_pairs: 40,
-        candidate_requests: 200,
-        primary_requests: 600,
-        ..Evidence::default()
-    };
+    let ready = ready();
     let degraded = Evidence {
         candidate_degraded: Some("c1 is degraded (slowdown: decode rate at 0.40× its baseline, 12 of the latest 12 answers slow)".to_owned()),
         // Slow enough to abort, were its speed judged now.

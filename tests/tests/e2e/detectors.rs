@@ -14,36 +14,45 @@ use switchyard_tests::harness::{start_switchyard, wait_ready, AdminEvents, TestC
 struct Setup {
     _dir: tempfile::TempDir,
     ledger: std::path::PathBuf,
-    a: FakeEngineHandle,
-    _b: FakeEngineHandle,
+    /// The fake engines the test set up (none for managed engines, which Switchyard runs).
+    engines: Vec<FakeEngineHandle>,
     proxy: switchyard::Running,
     base: String,
     admin: String,
 }
 
-/// Two fake llama-servers on one artifact (16 tokens an answer, 5 ms each), pooled as `llama`
-/// for `smollm2`, and each also alone behind a model of its own (`only-a`, `only-b`), so that
-/// the test decides how many answers each engine gives.
-async fn setup(mode: &str) -> Setup {
-    let dir = tempfile::tempdir().unwrap();
+/// Two fake llama-servers on one artifact in `dir` (16 tokens an answer, 5 ms each).
+async fn two_engines(dir: &tempfile::TempDir) -> (std::path::PathBuf, Vec<FakeEngineHandle>) {
     let model = dir.path().join("model.gguf");
     std::fs::write(&model, b"GGUF detector test weights").unwrap();
-    let ledger = dir.path().join("ledger.db");
-    let path = model.display().to_string();
-    let engine = || {
-        FakeEngine::llama_cpp()
-            .model_path(path.clone())
+    let mut engines = Vec::new();
+    for _ in 0..2 {
+        let engine = FakeEngine::llama_cpp()
+            .model_path(model.display().to_string())
             .build_info("b100")
             .tokens(16)
-            .token_ms(5)
-    };
-    let a = engine().spawn().await.unwrap();
-    let b = engine().spawn().await.unwrap();
+            .token_ms(5);
+        engines.push(engine.spawn().await.unwrap());
+    }
+    (model, engines)
+}
+
+/// Switchyard with a ledger and an admin listener in `dir`, the detectors judging every 100 ms
+/// on small windows, and `sections` (backends, models, detectors' own settings); ready once
+/// each of `verified` is.
+async fn start(
+    dir: tempfile::TempDir,
+    engines: Vec<FakeEngineHandle>,
+    sections: &str,
+    verified: &[&str],
+) -> Setup {
+    let ledger = dir.path().join("ledger.db");
     let config = format!(
         r#"
 [server]
 listen = "127.0.0.1:0"
 probe_interval_ms = 100
+state_dir = "{dir}"
 
 [admin]
 listen = "127.0.0.1:0"
@@ -56,7 +65,35 @@ every_ms = 100
 baseline_requests = 10
 min_requests = 8
 window_requests = 10
+{sections}"#,
+        dir = dir.path().display(),
+        ledger = ledger.display(),
+    );
+    let proxy = start_switchyard(&config).await.unwrap();
+    wait_ready(&proxy, Duration::from_secs(5), |v| {
+        verified
+            .iter()
+            .all(|b| v["backends"][*b]["identity"] == "verified")
+    })
+    .await
+    .unwrap();
+    Setup {
+        _dir: dir,
+        ledger,
+        engines,
+        base: format!("http://{}", proxy.addr()),
+        admin: format!("http://{}", proxy.admin_addr().unwrap()),
+        proxy,
+    }
+}
 
+/// Two fake llama-servers pooled as `llama` for `smollm2`, and each also alone behind a model
+/// of its own (`only-a`, `only-b`), so that the test decides how many answers each engine gives.
+async fn setup(mode: &str) -> Setup {
+    let dir = tempfile::tempdir().unwrap();
+    let (model, engines) = two_engines(&dir).await;
+    let sections = format!(
+        r#"
 [detectors.slowdown]
 mode = "{mode}"
 
@@ -83,26 +120,11 @@ primary = "a"
 [models.only-b]
 primary = "b"
 "#,
-        ledger = ledger.display(),
-        a = a.url(),
-        b = b.url(),
+        a = engines[0].url(),
+        b = engines[1].url(),
         model = model.display(),
     );
-    let proxy = start_switchyard(&config).await.unwrap();
-    wait_ready(&proxy, Duration::from_secs(5), |v| {
-        v["backends"]["a"]["identity"] == "verified" && v["backends"]["b"]["identity"] == "verified"
-    })
-    .await
-    .unwrap();
-    Setup {
-        _dir: dir,
-        ledger,
-        a,
-        _b: b,
-        base: format!("http://{}", proxy.addr()),
-        admin: format!("http://{}", proxy.admin_addr().unwrap()),
-        proxy,
-    }
+    start(dir, engines, &sections, &["a", "b"]).await
 }
 
 impl Setup {
@@ -159,11 +181,13 @@ impl Setup {
     }
 
     /// Waits until the detectors' verdict on `backend` is `verdict`, judged on at least
-    /// `requests` answers; returns the admin API's view of the backend then. The verdict is no
-    /// change of state (nothing announces it), so the admin API is read again until it is.
+    /// `requests` answers; returns the admin API's view of the backend then. A verdict is no
+    /// change of state, so the admin API is read again after each of the detectors' windows.
     async fn verdict(&self, backend: &str, verdict: &str, requests: u64) -> Value {
+        let mut windows = self.proxy.state().detector_windows();
         let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
         loop {
+            windows.mark_unchanged();
             let all = self.backends().await;
             let shown = &all[backend]["detectors"]["slowdown"];
             let judged = shown["evidence"]
@@ -173,10 +197,11 @@ impl Setup {
                 return all[backend].clone();
             }
             assert!(
-                tokio::time::Instant::now() < deadline,
+                tokio::time::timeout_at(deadline, windows.changed())
+                    .await
+                    .is_ok(),
                 "no {verdict} verdict on {backend} within 10 s: {shown}"
             );
-            tokio::time::sleep(Duration::from_millis(20)).await;
         }
     }
 
@@ -226,7 +251,7 @@ async fn a_slowed_engine_is_found_degraded_avoided_in_its_pool_and_cleared_once_
     assert!(s.detections().is_empty(), "{:?}", s.detections());
 
     // `a` slows to a fifth of its speed, still answering every request.
-    s.a.set_token_ms(25);
+    s.engines[0].set_token_ms(25);
     s.ask("only-a", 10).await;
     let ready = wait_ready(&s.proxy, Duration::from_secs(10), |v| {
         v["backends"]["a"]["degraded"]
@@ -272,7 +297,7 @@ async fn a_slowed_engine_is_found_degraded_avoided_in_its_pool_and_cleared_once_
     assert!(served.iter().all(|b| b == "b"), "{served:?}");
 
     // Fast again: once most of its latest answers are, it clears.
-    s.a.set_token_ms(5);
+    s.engines[0].set_token_ms(5);
     s.ask("only-a", 10).await;
     let ready = wait_ready(&s.proxy, Duration::from_secs(10), |v| {
         v["backends"]["a"]["degraded"] == json!([])
@@ -319,7 +344,7 @@ async fn under_warn_a_degraded_member_is_reported_and_still_balanced() {
     let s = setup("warn").await;
     s.ask("only-a", 21).await;
     s.verdict("a", "clear", 10).await;
-    s.a.set_token_ms(25);
+    s.engines[0].set_token_ms(25);
     s.ask("only-a", 10).await;
     let ready = wait_ready(&s.proxy, Duration::from_secs(10), |v| {
         v["backends"]["a"]["degraded"]
@@ -338,37 +363,9 @@ async fn under_warn_a_degraded_member_is_reported_and_still_balanced() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_release_holds_while_its_candidate_is_degraded_and_resumes_once_it_clears() {
     let dir = tempfile::tempdir().unwrap();
-    let model = dir.path().join("model.gguf");
-    std::fs::write(&model, b"GGUF detector release weights").unwrap();
-    let path = model.display().to_string();
-    let engine = || {
-        FakeEngine::llama_cpp()
-            .model_path(path.clone())
-            .tokens(16)
-            .token_ms(5)
-    };
-    let (p, c) = (
-        engine().spawn().await.unwrap(),
-        engine().spawn().await.unwrap(),
-    );
-    let config = format!(
+    let (model, engines) = two_engines(&dir).await;
+    let sections = format!(
         r#"
-[server]
-listen = "127.0.0.1:0"
-probe_interval_ms = 100
-
-[admin]
-listen = "127.0.0.1:0"
-
-[ledger]
-path = "{ledger}"
-
-[detectors]
-every_ms = 100
-baseline_requests = 10
-min_requests = 8
-window_requests = 10
-
 [backends.p]
 engine = "llama.cpp"
 url = "{p}"
@@ -392,30 +389,15 @@ evaluate_every_ms = 50
 performance = {{ allowed = 1000.0, critical = 10000.0 }}
 steps = [{{ step = "shadow", min_pairs = 3 }}, {{ step = "promote", bake_s = 0 }}]
 "#,
-        ledger = dir.path().join("ledger.db").display(),
-        p = p.url(),
-        c = c.url(),
+        p = engines[0].url(),
+        c = engines[1].url(),
         model = model.display(),
     );
-    let proxy = start_switchyard(&config).await.unwrap();
-    wait_ready(&proxy, Duration::from_secs(5), |v| {
-        v["backends"]["p"]["identity"] == "verified" && v["backends"]["c"]["identity"] == "verified"
-    })
-    .await
-    .unwrap();
-    let s = Setup {
-        _dir: dir,
-        ledger: std::path::PathBuf::new(),
-        a: c,
-        _b: p,
-        base: format!("http://{}", proxy.addr()),
-        admin: format!("http://{}", proxy.admin_addr().unwrap()),
-        proxy,
-    };
+    let s = start(dir, engines, &sections, &["p", "c"]).await;
     // The candidate's baseline, then it slows down and is found degraded.
     s.ask("only-c", 21).await;
     s.verdict("c", "clear", 10).await;
-    s.a.set_token_ms(25);
+    s.engines[1].set_token_ms(25);
     s.ask("only-c", 10).await;
     wait_ready(&s.proxy, Duration::from_secs(10), |v| {
         v["backends"]["c"]["degraded"]
@@ -460,7 +442,7 @@ steps = [{{ step = "shadow", min_pairs = 3 }}, {{ step = "promote", bake_s = 0 }
     assert!(last["evidence"]["candidate_degraded"].is_string(), "{last}");
 
     // Fast again: the detector clears it, and the release moves on to its promotion.
-    s.a.set_token_ms(5);
+    s.engines[1].set_token_ms(5);
     s.ask("only-c", 10).await;
     wait_ready(&s.proxy, Duration::from_secs(10), |v| {
         v["backends"]["c"]["degraded"] == json!([])
@@ -483,25 +465,9 @@ steps = [{{ step = "shadow", min_pairs = 3 }}, {{ step = "promote", bake_s = 0 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_managed_engine_that_leaks_is_found_degraded_and_its_restart_clears_it() {
-    let dir = tempfile::tempdir().unwrap();
-    let ledger = dir.path().join("ledger.db");
     let bin = env!("CARGO_BIN_EXE_fake-engine");
-    let config = format!(
+    let sections = format!(
         r#"
-[server]
-listen = "127.0.0.1:0"
-probe_interval_ms = 100
-state_dir = "{dir}"
-
-[admin]
-listen = "127.0.0.1:0"
-
-[ledger]
-path = "{ledger}"
-
-[detectors]
-every_ms = 100
-
 [detectors.memory]
 samples = 8
 min_samples = 6
@@ -523,20 +489,9 @@ primary = "leaky"
 
 [models.steady]
 primary = "steady"
-"#,
-        dir = dir.path().display(),
-        ledger = ledger.display(),
+"#
     );
-    let proxy = start_switchyard(&config).await.unwrap();
-    let s = Setup {
-        base: format!("http://{}", proxy.addr()),
-        admin: format!("http://{}", proxy.admin_addr().unwrap()),
-        a: FakeEngine::llama_cpp().spawn().await.unwrap(),
-        _b: FakeEngine::llama_cpp().spawn().await.unwrap(),
-        ledger,
-        _dir: dir,
-        proxy,
-    };
+    let s = start(tempfile::tempdir().unwrap(), Vec::new(), &sections, &[]).await;
     let degraded = |v: &Value, backend: &str| {
         v["backends"][backend]["degraded"]
             .as_array()

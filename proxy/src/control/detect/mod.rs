@@ -40,6 +40,8 @@ pub(crate) struct Detectors {
     verdicts: Mutex<HashMap<Arc<str>, serde_json::Map<String, Value>>>,
     /// Each managed engine's process and its memory samples, oldest first.
     memory: Mutex<HashMap<Arc<str>, memory::Samples>>,
+    /// Bumped after each window, once every engine is judged.
+    windows: tokio::sync::watch::Sender<u64>,
 }
 
 /// What a detector's judgement is applied as: its name, rule and mode, and the identity the
@@ -150,6 +152,7 @@ pub(crate) async fn detector(state: Arc<AppState>, stop: CancellationToken) {
         } else {
             state.watch_memory(&config).await;
         }
+        state.detectors.windows.send_modify(|n| *n += 1);
         tokio::select! {
             () = stop.cancelled() => return,
             () = tokio::time::sleep(Duration::from_millis(config.every_ms)) => {}
@@ -158,6 +161,12 @@ pub(crate) async fn detector(state: Arc<AppState>, stop: CancellationToken) {
 }
 
 impl AppState {
+    /// A receiver that wakes after each window of the fail-soft detectors, once every engine
+    /// is judged (e.g. for tests waiting on a verdict without polling).
+    pub fn detector_windows(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.detectors.windows.subscribe()
+    }
+
     /// `detector` was turned off (a reload): what it found is no longer claimed.
     fn detector_off(&self, detector: &'static str) {
         for backend in self.live.load().backends.values() {
