@@ -1133,7 +1133,7 @@ async fn kill_9_mid_step_changes_nothing_and_every_verdict_recomputes_the_same()
     child.kill().unwrap(); // SIGKILL
     child.wait().unwrap();
     // Restarted, on the same configuration: its admin listener is on a port of its own.
-    let (mut child, base, admin_url) = serve(&path).await;
+    let (child, base, admin_url) = serve(&path).await;
     let after = status(&admin_url, &id).await;
     for key in ["state", "step", "weight", "step_started_ms", "pinned"] {
         assert_eq!(
@@ -1146,8 +1146,10 @@ async fn kill_9_mid_step_changes_nothing_and_every_verdict_recomputes_the_same()
         sides_before,
         "sessions stay on their side"
     );
-    child.kill().unwrap();
-    child.wait().unwrap();
+    // Stopped, this time, as a supervisor stops it: the ledger's last write takes the records
+    // of the requests just served (a kill -9 may lose those not committed yet, as the first
+    // one may have), so the report below has the candidate's.
+    crate::support::stop(child).await;
 
     let out = Command::new(switchyard_bin().unwrap())
         .args(["release", "explain", &id, "--recompute", "--ledger"])
