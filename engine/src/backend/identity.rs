@@ -177,3 +177,22 @@ pub fn header_value(text: &str) -> HeaderValue {
         HeaderValue::from_str(&clean).unwrap_or(HeaderValue::from_static("invalid"))
     })
 }
+
+impl super::Backend {
+    /// The identity (engine and artifact, as stamped) once it is settled and says what the
+    /// backend serves: not while it is still being found out (not probed yet, a binary or
+    /// artifact still being hashed), nor when it is unknown.
+    pub fn settled_identity(&self) -> Option<(Arc<str>, Arc<str>)> {
+        let headers = self.identity_headers();
+        if !self.identity_settled()
+            || self.state().report.is_none()
+            || matches!(headers.verification, Verification::Unknown(_))
+        {
+            return None;
+        }
+        headers
+            .engine_text
+            .clone()
+            .zip(headers.artifact_text.clone())
+    }
+}
