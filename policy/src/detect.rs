@@ -9,14 +9,15 @@
 //! *slowdown*: a request is slow when its decode (or prefill) rate is
 //! below its band's baseline median by more than `slowdown.share`; the engine is degraded when
 //! the 95 % Wilson lower bound of the slow share of the latest requests is above one half (most
-//! requests are surely slow), and clears when the upper bound is below one half. *memory* (for
-//! the engines Switchyard runs): see [`memory`].
+//! requests are surely slow), and clears when the upper bound is below one half. *cache
+//! collapse*: see [`cache`]. *memory* (for the engines Switchyard runs): see [`memory`].
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use crate::stats::{wilson_lower, wilson_upper};
 
+pub mod cache;
 pub mod memory;
 #[cfg(test)]
 mod tests;
@@ -36,6 +37,7 @@ pub struct DetectorsConfig {
     /// The baseline of an engine identity's prompt-size band: its first this many warm answers.
     pub baseline_requests: u64,
     pub slowdown: SlowdownConfig,
+    pub cache: cache::CacheConfig,
     pub memory: memory::MemoryConfig,
 }
 
@@ -48,6 +50,7 @@ impl Default for DetectorsConfig {
             min_requests: 12,
             baseline_requests: 30,
             slowdown: SlowdownConfig::default(),
+            cache: cache::CacheConfig::default(),
             memory: memory::MemoryConfig::default(),
         }
     }
@@ -118,6 +121,7 @@ impl DetectorsConfig {
                 format!("must be above 0 and below 1 (0.3: 30 % slower), not {share}"),
             ));
         }
+        problems.extend(self.cache.problems());
         problems.extend(self.memory.problems());
         problems
     }
@@ -153,6 +157,9 @@ pub struct Sample {
     pub band: usize,
     pub decode: Option<f64>,
     pub prefill: Option<f64>,
+    /// The cached share of the prompt, for an answer whose conversation's earlier turn the
+    /// same engine served (then its prompt cache should hold most of it); else none.
+    pub cached: Option<f64>,
 }
 
 impl Sample {
@@ -176,9 +183,32 @@ impl Sample {
             band: band(prompt_tokens),
             decode: rate(decode, MIN_DECODE_TOKENS),
             prefill: rate(prefill, MIN_PREFILL_TOKENS),
+            cached: None,
         }
     }
+
+    /// With the cached share of the answer's prompt (`cached_tokens` of `prompt_tokens`), when
+    /// it `continues` a conversation the same engine served and its prompt is long enough to
+    /// tell.
+    pub fn with_cached(
+        mut self,
+        continues: bool,
+        cached_tokens: Option<u64>,
+        prompt_tokens: Option<u64>,
+    ) -> Self {
+        self.cached = match (continues, cached_tokens, prompt_tokens) {
+            (true, Some(cached), Some(prompt)) if prompt >= MIN_CACHE_PROMPT_TOKENS => {
+                Some((cached.min(prompt)) as f64 / prompt as f64)
+            }
+            _ => None,
+        };
+        self
+    }
 }
+
+/// The shortest prompt whose cached share is judged: in a shorter one, a few tokens the engine
+/// always prefills anew (the last message's template) are most of it.
+pub const MIN_CACHE_PROMPT_TOKENS: u64 = 32;
 
 /// The two rates a slowdown is judged on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -212,6 +242,10 @@ impl Metric {
 pub struct Baseline {
     rates: [[Vec<f64>; 2]; BANDS.len()],
     through: [[i64; 2]; BANDS.len()],
+    /// The cached shares of its first answers that continue a conversation it served (all
+    /// bands: a share does not grow with the prompt), and the last row taken.
+    cached: Vec<f64>,
+    cached_through: i64,
 }
 
 impl Baseline {
@@ -225,6 +259,25 @@ impl Baseline {
                     self.through[sample.band][m] = sample.id;
                 }
             }
+        }
+        if let Some(share) = sample.cached {
+            if (self.cached.len() as u64) < size {
+                self.cached.push(share);
+                self.cached_through = sample.id;
+            }
+        }
+    }
+
+    /// The median cached share of a continuing prompt, once the baseline has `size` of them.
+    pub fn cached_median(&self, size: u64) -> Option<f64> {
+        ((self.cached.len() as u64) >= size).then(|| median(&self.cached))
+    }
+
+    /// The cached share's baseline as shown (admin API): its answers and, once full, median.
+    pub fn cache(&self, size: u64) -> CacheBaseline {
+        CacheBaseline {
+            requests: self.cached.len() as u64,
+            cached_share: self.cached_median(size),
         }
     }
 
@@ -259,6 +312,13 @@ pub struct BandBaseline {
     pub prefill_requests: u64,
     pub decode_tokens_per_s: Option<f64>,
     pub prefill_tokens_per_s: Option<f64>,
+}
+
+/// The cache's baseline, as the admin API shows it.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct CacheBaseline {
+    pub requests: u64,
+    pub cached_share: Option<f64>,
 }
 
 fn median(values: &[f64]) -> f64 {

@@ -39,6 +39,10 @@ pub struct RequestRecord {
     /// What placed the request on its pool member (`affinity`, `load`, `overloaded`, `only`,
     /// or `spill` when the member first chosen passed it on).
     pub placement: Option<&'static str>,
+    /// Whether the request continues a conversation whose earlier turn the same backend served
+    /// (its prompt cache should hold that turn); none when not known (no conversation, or the
+    /// cache-collapse detector is off).
+    pub continues: Option<bool>,
     pub variant: &'static str,
     /// The workload and sampling fingerprints (`wl:`, `sp:`, the sampling's canonical JSON).
     pub fingerprint: Option<WorkloadFingerprint>,
@@ -110,6 +114,7 @@ impl RequestRecord {
             backend: None,
             pool: None,
             placement: None,
+            continues: None,
             // Set when the request is routed to a backend; empty for one that never was.
             variant: "",
             fingerprint: None,

@@ -1,10 +1,14 @@
-"""The slowdown detector on the REAL llama-server, driven by the `openai` SDK.
+"""The slowdown and cache-collapse detectors on the REAL llama-server, driven by the `openai` SDK.
 
 A llama-server of the bundled GGUF, with its defaults, behind Switchyard with a ledger: its first
 warm answers are its baseline and a quiet run finds nothing; then the engine is put under a CPU
 cap (stopped and continued by signals, as `cpulimit` does: a quarter of the CPU it had) while
 it keeps answering, and the detector finds it degraded — in `/readyz` (still ready), the admin
 API, `switchyard_engine_degraded` and the ledger — and clears once the cap is lifted.
+
+The cache: conversations go on turn after turn; a quiet run of them finds nothing; the engine is
+restarted with prompt caching off (`--no-cache-prompt`) while they continue, and the detector
+finds the collapse; restarted with caching on again, it clears.
 """
 
 from __future__ import annotations
@@ -159,6 +163,149 @@ primary = "llama"
             assert 'switchyard_engine_degraded{backend="llama",detector="slowdown"} 0' in metrics
             # Each change is queued for the ledger before it is in force; its writer commits in batches.
             expected = [("llama", "slowdown", "degraded"), ("llama", "slowdown", "cleared")]
+            poll("the detections on the record", lambda: detections(db) == expected, p.proc, timeout=10)
+    finally:
+        engine.stop()
+
+
+def llama_argv(port: int, *flags: str) -> list[str]:
+    return [str(required_path("LLAMA_SERVER_BIN")), "-m", str(required_path("SMOLLM2_GGUF")),
+            "-c", "4096", "--host", "127.0.0.1", "--port", str(port), *flags]
+
+
+class Conversations:
+    """A few conversations that go on turn after turn, in turn, as agents' do: each turn sends
+    the whole conversation so far and a new question, and keeps the answer."""
+
+    TOPICS = ("lighthouses", "tides", "bees", "glaciers")
+
+    def __init__(self, client) -> None:  # noqa: ANN001
+        self.client = client
+        self.histories = [
+            [{"role": "system", "content": f"You are a patient teacher. Today's subject is {topic}."}]
+            for topic in self.TOPICS
+        ]
+        self.turns = 0
+
+    def go_on(self, turns: int) -> None:
+        for _ in range(turns):
+            history = self.histories[self.turns % len(self.histories)]
+            history.append({"role": "user", "content": f"Tell me one more fact, number {len(history) // 2}."})
+            r = self.client.chat.completions.with_raw_response.create(
+                model="smollm2", messages=history, max_tokens=12, temperature=0)
+            assert r.http_response.status_code == 200
+            history.append({"role": "assistant", "content": r.parse().choices[0].message.content})
+            self.turns += 1
+
+
+def continuing(db: Path) -> list[tuple[int, int, int]]:
+    """The recorded answers marked as continuing a conversation their engine served: (id,
+    cached tokens, prompt tokens)."""
+    with contextlib.closing(sqlite3.connect(db)) as conn:
+        return conn.execute(
+            "SELECT id, cached_tokens, prompt_tokens FROM requests WHERE continues = 1 ORDER BY id").fetchall()
+
+
+def test_a_llama_server_restarted_without_its_prompt_cache_is_found_and_cleared_when_it_caches_again(
+    tmp_path: Path,
+) -> None:
+    port = free_port()
+    admin = f"127.0.0.1:{free_port()}"
+    engine = Proc("llama-cached", llama_argv(port), tmp_path / "llama.log")
+    db = tmp_path / "ledger.db"
+    config = f"""
+[server]
+listen = "127.0.0.1:0"
+probe_interval_ms = 200
+first_byte_timeout_ms = 120000
+
+[admin]
+listen = "{admin}"
+
+[ledger]
+path = "{db}"
+
+[detectors]
+every_ms = 500
+baseline_requests = 8
+min_requests = 8
+window_requests = {WINDOW}
+
+[detectors.slowdown]
+mode = "off"
+
+[backends.llama]
+engine = "llama.cpp"
+url = "http://127.0.0.1:{port}"
+artifact = "{required_path('SMOLLM2_GGUF')}"
+binary = "{required_path('LLAMA_SERVER_BIN')}"
+
+[models.smollm2]
+primary = "llama"
+"""
+
+    def engine_up() -> None:
+        with http_client(timeout=5.0) as http:
+            poll("llama-server", lambda: http.get(f"http://127.0.0.1:{port}/health").status_code == 200, engine)
+
+    try:
+        engine_up()
+        with start_switchyard(tmp_path, config, identities_settled("llama")) as p, http_client(timeout=10.0) as http:
+            talk = Conversations(p.client())
+
+            def judged() -> dict | None:
+                return ((http.get(f"http://{admin}/admin/backends").json()["backends"]["llama"]["detectors"]) or {}).get("cache")
+
+            def degraded() -> list:
+                return http.get(f"{p.url}/readyz").json()["backends"]["llama"]["degraded"]
+
+            def judged_on(verdict: str, after: int) -> dict | None:
+                """The detector's verdict once it has judged answers recorded after row `after`."""
+                j = judged()
+                return j if j and j["verdict"] == verdict and j["at_ms"] > after else None
+
+            # The baseline: each conversation's later turns, served by the engine that holds the
+            # earlier ones (the first turn of each is new). Then a quiet run as long as the
+            # faulty one below: the first turn after each restart is new again (the restart
+            # forgets what was served), the rest continue.
+            talk.go_on(4 + 8 + 2)
+            cached = continuing(db)
+            assert len(cached) >= 8 and all(c is not None and c > 0 for _, c, _ in cached), cached
+            quiet_from = int(time.time() * 1000)
+            talk.go_on(WINDOW + 4)
+            quiet = poll("a clear verdict", lambda: judged_on("clear", quiet_from), p.proc, timeout=JUDGED_WITHIN_S)
+            baseline = http.get(f"http://{admin}/admin/backends").json()["backends"]["llama"]["baseline"]["cache"]
+            assert baseline["requests"] == 8 and baseline["cached_share"] > 0.5, baseline
+            assert quiet["evidence"]["missed"] <= 2, quiet
+            assert degraded() == [] and detections(db) == []
+
+            # Restarted with prompt caching off while the conversations go on.
+            engine.stop()
+            engine = Proc("llama-uncached", llama_argv(port, "--no-cache-prompt"), tmp_path / "llama-uncached.log")
+            engine_up()
+            started = time.monotonic()
+            talk.go_on(WINDOW + 4)
+            poll("a degraded engine", degraded, p.proc, timeout=JUDGED_WITHIN_S)
+            found_in = time.monotonic() - started
+            readyz = http.get(f"{p.url}/readyz")
+            assert readyz.status_code == 200 and readyz.json()["ready"] is True
+            found = readyz.json()["backends"]["llama"]["degraded"][0]
+            assert found["detector"] == "cache" and found["mode"] == "warn", found
+            assert found["figures"]["missed"] >= 8 and found["figures"]["cached_share"] < 0.1, found
+            metrics = http.get(f"{p.url}/metrics").text
+            assert 'switchyard_engine_degraded{backend="llama",detector="cache"} 1' in metrics
+            print(f"cache collapse found {found_in:.1f} s after the restart without a prompt cache: "
+                  f"{found['figures']['cached_share']:.2f} cached against {found['figures']['baseline_cached_share']:.2f}")
+
+            # Caching again: the conversations' later turns hit, and the finding clears.
+            engine.stop()
+            engine = Proc("llama-recached", llama_argv(port), tmp_path / "llama-recached.log")
+            engine_up()
+            talk.go_on(WINDOW + 4)
+            poll("the collapse cleared", lambda: degraded() == [], p.proc, timeout=JUDGED_WITHIN_S)
+            metrics = http.get(f"{p.url}/metrics").text
+            assert 'switchyard_engine_degraded{backend="llama",detector="cache"} 0' in metrics
+            expected = [("llama", "cache", "degraded"), ("llama", "cache", "cleared")]
             poll("the detections on the record", lambda: detections(db) == expected, p.proc, timeout=10)
     finally:
         engine.stop()

@@ -181,11 +181,14 @@ pub fn header_value(text: &str) -> HeaderValue {
 impl super::Backend {
     /// The identity (engine and artifact, as stamped) once it is settled and says what the
     /// backend serves: not while it is still being found out (not probed yet, a binary or
-    /// artifact still being hashed), nor when it is unknown.
+    /// artifact still being hashed), nor when it is unknown, nor while the engine is not ready
+    /// (a probe of a down or loading engine cannot say what it serves: a restart is no change
+    /// of identity until the engine answers again).
     pub fn settled_identity(&self) -> Option<(Arc<str>, Arc<str>)> {
         let headers = self.identity_headers();
+        let state = self.state();
         if !self.identity_settled()
-            || self.state().report.is_none()
+            || !state.report.as_ref().is_some_and(|r| r.health.is_ready())
             || matches!(headers.verification, Verification::Unknown(_))
         {
             return None;

@@ -14,6 +14,7 @@ use switchyard_policy::detect::{Degradation, Mode};
 use switchyard_policy::BackendConfig;
 use tokio::sync::Semaphore;
 
+mod conversations;
 mod identity;
 
 use crate::client::{Endpoint, Timeouts, Tls};
@@ -77,6 +78,8 @@ pub struct Backend {
     pub managed: Option<Arc<Managed>>,
     /// What the fail-soft detectors find wrong with the engine now (none: nothing).
     degraded: ArcSwap<Vec<Degradation>>,
+    /// The conversations served since the engine last became ready (cache-collapse detector).
+    pub conversations: conversations::Conversations,
 }
 
 /// Where `config`'s engine is reached: its URL (for a managed engine without one, a free
@@ -185,6 +188,7 @@ impl Backend {
             changes: tokio::sync::watch::Sender::new(0),
             served: std::sync::atomic::AtomicU64::new(0),
             degraded: ArcSwap::default(),
+            conversations: conversations::Conversations::default(),
             reprobe: tokio::sync::Notify::new(),
             contradiction: std::sync::Mutex::new(None),
             managed,
@@ -368,6 +372,7 @@ impl Backend {
         if renamed || (after.is_ready() && !before.is_ready()) {
             // A (re)started engine, or one serving something else: its caches are cold again.
             self.served.store(0, std::sync::atomic::Ordering::Relaxed);
+            self.conversations.forget();
         }
         self.update(|s| {
             s.report = Some(report.clone());

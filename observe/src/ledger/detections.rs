@@ -76,7 +76,8 @@ pub struct Stamped<'a> {
 }
 
 const SAMPLE_COLUMNS: &str =
-    "id, prompt_tokens, decode_tokens, decode_ms, prefill_tokens, prefill_ms FROM requests";
+    "id, prompt_tokens, decode_tokens, decode_ms, prefill_tokens, prefill_ms,
+     cached_tokens, continues FROM requests";
 /// Warm answers of one engine that it served whole: what its rates are taken from. Replays
 /// are not: they ask for log-probabilities and stop short, which is not the engine's usual work.
 const SAMPLE_FILTER: &str = "backend = :backend AND engine = :engine AND artifact = :artifact
@@ -154,11 +155,17 @@ impl RateReader {
             ];
             params.extend(bounds.iter().map(|(k, v)| (*k, v as &dyn rusqlite::ToSql)));
             let rows = statement.query_map(params.as_slice(), |row| {
+                let prompt_tokens = count(row.get(1)?);
                 Ok(Sample::new(
                     row.get(0)?,
-                    count(row.get(1)?),
+                    prompt_tokens,
                     (count(row.get(2)?), row.get(3)?),
                     (count(row.get(4)?), row.get(5)?),
+                )
+                .with_cached(
+                    row.get::<_, Option<bool>>(7)? == Some(true),
+                    count(row.get(6)?),
+                    prompt_tokens,
                 ))
             })?;
             rows.collect()

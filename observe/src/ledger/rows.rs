@@ -304,6 +304,7 @@ pub(super) struct Row {
     arm: Option<&'static str>,
     arm_key: Option<&'static str>,
     placement: Option<&'static str>,
+    continues: Option<bool>,
 }
 
 /// The text columns of a request row, in the order [`Texts`] keeps them.
@@ -417,6 +418,7 @@ impl Row {
             arm: r.release.as_ref().map(|m| m.arm),
             arm_key: r.release.as_ref().map(|m| m.key),
             placement: r.placement,
+            continues: r.continues,
         }
     }
 
@@ -472,6 +474,8 @@ impl Row {
             text(Text::ModelPattern),
             text(Text::Pool),
             Param::text(self.placement),
+            self.continues
+                .map_or(Param::Null, |c| Param::Int(i64::from(c))),
         ]
     }
 }
@@ -483,10 +487,10 @@ pub(super) const INSERT_REQUEST: &str =
         cached_tokens, completion_tokens, queue_ms, load_ms, ttfb_ms, ttft_ms, prefill_ms,
         prefill_tokens, prefill_source, decode_ms, decode_tokens, decode_source, total_ms, warm,
         streamed, client_disconnected, fallback_from, release_id, arm, arm_key, disconnect,
-        client_key, model_defaulted, model_sent, model_pattern, pool, placement)
+        client_key, model_defaulted, model_sent, model_pattern, pool, placement, continues)
      VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19,
         ?20, ?21, ?22, ?23, ?24, ?25, ?26, ?27, ?28, ?29, ?30, ?31, ?32, ?33, ?34, ?35, ?36, ?37, ?38,
-        ?39, ?40, ?41, ?42, ?43, ?44)";
+        ?39, ?40, ?41, ?42, ?43, ?44, ?45)";
 
 /// The request insert's parameter count.
-pub(super) const REQUEST_PARAMS: usize = 44;
+pub(super) const REQUEST_PARAMS: usize = 45;

@@ -284,6 +284,11 @@ pub(super) const MIGRATIONS: &[&str] = &[
     );
     CREATE INDEX detections_backend ON detections (backend, ts_ms);
     "#,
+    // 17: whether the request continued a conversation whose earlier turn the same backend
+    // served (its prompt cache should hold it): what the cache-collapse detector judges.
+    r#"
+    ALTER TABLE requests ADD COLUMN continues INTEGER;
+    "#,
 ];
 
 /// Opens (creating and migrating) the ledger database, for the writer.

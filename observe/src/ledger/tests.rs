@@ -148,6 +148,7 @@ fn every_column_is_written_as_recorded() {
         r.model_pattern = Some(format!("pattern-{i}-*").into());
         r.pool = Some(format!("pool-{i}").into());
         r.placement = Some(["affinity", "load", "spill"][i as usize % 3]);
+        r.continues = Some(i % 2 == 0);
         ledger.record(&r);
     }
     drop(ledger);
@@ -219,6 +220,7 @@ fn every_column_is_written_as_recorded() {
                 "placement",
                 T(["affinity", "load", "spill"][i as usize % 3].into()),
             ),
+            ("continues", I(i64::from(i % 2 == 0))),
         ];
         assert_eq!(names[0], "id");
         assert_eq!(row[0], I(k + 1), "row {i}: ids in order");

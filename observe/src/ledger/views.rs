@@ -18,7 +18,7 @@ pub(super) mod tests;
 
 /// The columns of a request row the dashboard shows, in the order [`latest_requests`] selects
 /// them; each is the key of the same name in [`request_json`].
-const REQUEST_COLUMNS: [&str; 34] = [
+const REQUEST_COLUMNS: [&str; 35] = [
     "ts_ms",
     "request_id",
     "model",
@@ -53,10 +53,11 @@ const REQUEST_COLUMNS: [&str; 34] = [
     "client_key",
     "pool",
     "placement",
+    "continues",
 ];
 
 /// Columns stored as 0/1 that read back as booleans.
-const FLAGS: [&str; 3] = ["warm", "streamed", "client_disconnected"];
+const FLAGS: [&str; 4] = ["warm", "streamed", "client_disconnected", "continues"];
 
 /// Which requests [`latest_requests`] returns.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -170,7 +171,7 @@ pub fn request_json(r: &RequestRecord) -> Value {
             })
         })
     };
-    let values: [Value; 34] = [
+    let values: [Value; 35] = [
         Value::from(unix_ms(r.started_at)),
         Value::from(r.id.as_str()),
         text(r.model.as_deref()),
@@ -205,6 +206,7 @@ pub fn request_json(r: &RequestRecord) -> Value {
         text(r.client_key.as_deref()),
         text(r.pool.as_deref()),
         text(r.placement),
+        r.continues.map_or(Value::Null, Value::Bool),
     ];
     Value::Object(
         REQUEST_COLUMNS

@@ -1,3 +1,4 @@
+use super::cache::cache_collapse;
 use super::*;
 
 fn config() -> DetectorsConfig {
@@ -176,6 +177,10 @@ fn settings_that_could_never_judge_are_refused() {
             share: 1.5,
             mode: Mode::Warn,
         },
+        cache: cache::CacheConfig {
+            floor: 0.0,
+            ..cache::CacheConfig::default()
+        },
         ..DetectorsConfig::default()
     };
     let keys: Vec<&str> = bad.problems().iter().map(|(k, _)| *k).collect();
@@ -185,8 +190,87 @@ fn settings_that_could_never_judge_are_refused() {
             "every_ms",
             "window_requests",
             "baseline_requests",
-            "slowdown.share"
+            "slowdown.share",
+            "cache.floor"
         ]
     );
     assert!(DetectorsConfig::default().problems().is_empty());
+}
+
+/// An answer, row `id`, that continues a conversation its engine served, with `cached` of its
+/// 200 prompt tokens in the cache.
+fn continuing(id: i64, cached: u64) -> Sample {
+    Sample::new(id, Some(200), (None, None), (None, None)).with_cached(
+        true,
+        Some(cached),
+        Some(200),
+    )
+}
+
+/// A cache baseline of ten continuing answers with about 90 % of their prompt cached.
+fn cache_learned() -> Baseline {
+    let mut baseline = Baseline::default();
+    for i in 0..10 {
+        baseline.learn(&continuing(i + 1, 175 + i as u64), 10);
+    }
+    baseline
+}
+
+#[test]
+fn only_a_continuing_answer_with_a_long_enough_prompt_has_a_cached_share() {
+    let s = Sample::new(1, Some(200), (None, None), (None, None));
+    assert_eq!(s.with_cached(false, Some(100), Some(200)).cached, None);
+    assert_eq!(s.with_cached(true, None, Some(200)).cached, None);
+    assert_eq!(s.with_cached(true, Some(10), Some(31)).cached, None);
+    assert_eq!(s.with_cached(true, Some(50), Some(200)).cached, Some(0.25));
+    // An engine that counts more cached tokens than the prompt has is held to the prompt.
+    assert_eq!(s.with_cached(true, Some(300), Some(200)).cached, Some(1.0));
+}
+
+#[test]
+fn a_cache_that_stopped_hitting_is_a_collapse_and_one_that_hits_again_clears() {
+    let config = config();
+    let baseline = cache_learned();
+    assert_eq!(baseline.cache(10).requests, 10);
+    let missing: Vec<Sample> = (0..12).map(|i| continuing(11 + i, 0)).collect();
+    let Judged::Degraded { summary, figures } = cache_collapse(&baseline, &missing, &config) else {
+        panic!("expected degraded");
+    };
+    assert!(summary.contains("12 of the latest 12"), "{summary}");
+    assert_eq!(figures["missed"], 12);
+    assert!(figures["baseline_cached_share"].as_f64().unwrap() > 0.85);
+    // A few misses among hits (a conversation whose slot was reused) are no collapse.
+    let hitting: Vec<Sample> = (0..20)
+        .map(|i| continuing(11 + i, if i % 10 == 0 { 0 } else { 180 }))
+        .collect();
+    assert!(matches!(
+        cache_collapse(&baseline, &hitting, &config),
+        Judged::Clear { .. }
+    ));
+    // New conversations (no cached share) are not judged at all.
+    let fresh: Vec<Sample> = (0..20)
+        .map(|i| Sample::new(11 + i, Some(200), (None, None), (None, None)))
+        .collect();
+    assert!(
+        matches!(cache_collapse(&baseline, &fresh, &config), Judged::Unsure(why) if why.contains("too few"))
+    );
+}
+
+#[test]
+fn an_engine_that_never_cached_has_nothing_to_collapse() {
+    let config = config();
+    let mut baseline = Baseline::default();
+    for i in 0..10 {
+        baseline.learn(&continuing(i + 1, 5), 10);
+    }
+    let window: Vec<Sample> = (0..12).map(|i| continuing(11 + i, 0)).collect();
+    assert!(
+        matches!(cache_collapse(&baseline, &window, &config), Judged::Unsure(why) if why.contains("floor"))
+    );
+    // Nor is there a verdict before the baseline is full.
+    let mut young = Baseline::default();
+    young.learn(&continuing(1, 180), 10);
+    assert!(
+        matches!(cache_collapse(&young, &window, &config), Judged::Unsure(why) if why.contains("no baseline yet"))
+    );
 }

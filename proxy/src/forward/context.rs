@@ -73,6 +73,9 @@ pub(crate) struct Ctx {
     pub(crate) stamp: Stamp,
     pub(crate) id: HeaderValue,
     pub(crate) endpoint: Endpoint,
+    /// The request's conversation as prefix hashes, when the cache-collapse detector is on:
+    /// each backend tried marks whether it served the conversation before.
+    pub(crate) conversation: Option<Vec<u64>>,
 }
 
 impl Ctx {
@@ -82,6 +85,7 @@ impl Ctx {
             stamp: Stamp::default(),
             id,
             endpoint,
+            conversation: None,
         }
     }
 

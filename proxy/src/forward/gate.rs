@@ -164,6 +164,9 @@ pub(crate) fn stamp_identity(backend: &Backend, attempt: &mut Attempt) -> Arc<Id
     let ctx = &mut attempt.ctx;
     ctx.recording.backend = Some(backend.name.clone());
     ctx.recording.variant = attempt.variant;
+    if let Some(chain) = ctx.conversation.as_deref().filter(|c| !c.is_empty()) {
+        ctx.recording.continues = Some(backend.conversations.continues(chain));
+    }
     ctx.recording.engine = identity.engine_text.clone();
     ctx.recording.artifact = identity.artifact_text.clone();
     ctx.stamp.variant = Some(attempt.variant);

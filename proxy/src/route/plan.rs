@@ -15,7 +15,9 @@ use http::header::{self, HeaderValue};
 use http::request::Parts;
 use http::{HeaderMap, Response};
 use hyper::body::Incoming;
+use switchyard_adapters::fingerprint::prefix::conversation_chain;
 use switchyard_policy::config::ServerConfig;
+use switchyard_policy::detect::Mode;
 use switchyard_policy::release::Arm;
 use switchyard_policy::{Route, ShadowRoute};
 use switchyard_record::ReleaseMark;
@@ -111,13 +113,17 @@ impl Routing {
             Some(release) if on_candidate => release.candidate.clone(),
             _ => route.primary.clone(),
         };
-        let placed = place(snapshot, &lead, &parts.headers, &parsed, ctx);
+        let chain = conversation(snapshot, &parsed, ctx);
+        let placed = place(snapshot, &lead, &parts.headers, (&parsed, &chain), ctx);
         let copy = copy(&route, release.as_deref(), split, ctx)
             .filter(|(shadow, _)| self.shadowing.sampled(shadow));
         // A sampled copy sent to a pool goes to the member its conversation went to before.
         let copy_to = copy.as_ref().map(|(shadow, _)| {
-            copy_member(snapshot, &shadow.backend, &parts.headers, &parsed, ctx)
+            copy_member(snapshot, &shadow.backend, &parts.headers, (&parsed, &chain))
         });
+        if snapshot.config.detectors.cache.mode != Mode::Off {
+            ctx.conversation = Some(chain);
+        }
         let model_at = raw_model.map(|raw| value_range(&body, raw)).transpose()?;
         drop(parsed);
         let outgoing = Arc::new(outgoing(parts, body, model_at, &route.model, ctx)?);
@@ -153,6 +159,23 @@ impl Routing {
     }
 }
 
+/// The request's conversation as prefix hashes ([`conversation_chain`]), when something looks
+/// it up: a pool's affinity, or the cache-collapse detector (which marks each request that
+/// continues a conversation its backend served). Empty otherwise, and for an endpoint without
+/// a conversation.
+fn conversation(snapshot: &Snapshot, parsed: &ParsedBody<'_>, ctx: &Ctx) -> Vec<u64> {
+    if snapshot.pools.is_empty() && snapshot.config.detectors.cache.mode == Mode::Off {
+        return Vec::new();
+    }
+    conversation_chain(
+        ctx.endpoint,
+        parsed
+            .fields
+            .iter()
+            .map(|(key, raw)| (key.as_ref(), raw.get())),
+    )
+}
+
 /// The placement of a request whose serving side (`lead`, the model's primary or a release's
 /// candidate) is a pool: the member that served its conversation's earlier turn, else the less
 /// loaded of two; stamped and recorded.
@@ -160,12 +183,12 @@ fn place(
     snapshot: &Snapshot,
     lead: &str,
     headers: &HeaderMap,
-    parsed: &ParsedBody<'_>,
+    (parsed, chain): (&ParsedBody<'_>, &[u64]),
     ctx: &mut Ctx,
 ) -> Option<Placed> {
     let pool = snapshot.pools.get(lead)?;
     let keys = if pool.affinity() {
-        pool.keys(ctx.endpoint, headers, parsed)
+        pool.keys(headers, parsed, chain)
     } else {
         Vec::new()
     };
@@ -184,14 +207,13 @@ fn copy_member(
     snapshot: &Snapshot,
     side: &Arc<str>,
     headers: &HeaderMap,
-    parsed: &ParsedBody<'_>,
-    ctx: &Ctx,
+    (parsed, chain): (&ParsedBody<'_>, &[u64]),
 ) -> Arc<str> {
     let Some(pool) = snapshot.pools.get(side) else {
         return side.clone();
     };
     let keys = if pool.affinity() {
-        pool.keys(ctx.endpoint, headers, parsed)
+        pool.keys(headers, parsed, chain)
     } else {
         Vec::new()
     };

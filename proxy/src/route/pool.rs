@@ -12,7 +12,6 @@ use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use hashlink::LruCache;
-use switchyard_adapters::fingerprint::prefix::conversation_chain;
 use switchyard_adapters::Health;
 use switchyard_engine::Backend;
 use switchyard_observe::metrics::Metrics;
@@ -151,13 +150,13 @@ impl Pool {
 
     /// What a request is known by, most telling first: the llama.cpp slot it pins (`id_slot`,
     /// which lives on one engine), its session (`session_header`), its conversation's prefixes
-    /// (longest first), and its `user`. The member that served any of them last is where it
-    /// goes back to.
+    /// (`chain`, shortest first, [`conversation_chain`](switchyard_adapters::fingerprint::prefix::conversation_chain); longest first here), and its `user`.
+    /// The member that served any of them last is where it goes back to.
     pub(crate) fn keys(
         &self,
-        endpoint: switchyard_adapters::Endpoint,
         headers: &http::HeaderMap,
         parsed: &crate::incoming::ParsedBody<'_>,
+        chain: &[u64],
     ) -> Vec<u64> {
         let field = |name: &str| {
             parsed
@@ -182,13 +181,6 @@ impl Pool {
         {
             keys.push(tagged(b"session", session.as_bytes()));
         }
-        let chain = conversation_chain(
-            endpoint,
-            parsed
-                .fields
-                .iter()
-                .map(|(key, raw)| (key.as_ref(), raw.get())),
-        );
         keys.extend(chain.iter().rev());
         if let Some(user) = field("user") {
             keys.push(tagged(b"user", user.as_bytes()));

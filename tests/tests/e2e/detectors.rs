@@ -3,7 +3,9 @@
 //! the metric, an event and the ledger), is taken out of its pool's balancing under `avoid`
 //! (and only reported under `warn`), and clears once it is fast again; a quiet run of the same
 //! length finds nothing. A managed engine that leaks memory is found degraded beside one that
-//! does not, and its restart clears it.
+//! does not, and its restart clears it. Each request is marked with whether its backend served
+//! its conversation before (what the cache detector judges; the detector itself is tested on a
+//! real llama-server, whose prompt cache the fake engine does not have).
 
 use std::time::Duration;
 
@@ -563,4 +565,72 @@ primary = "steady"
             ("leaky".to_owned(), "cleared".to_owned())
         ]
     );
+}
+
+/// Each request is marked in the ledger (`continues`) with whether the backend that served it
+/// served its conversation's earlier turn: what the cache detector judges. A conversation moved
+/// to another engine is not marked there until that engine has served it; a request without a
+/// conversation is not marked at all.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_is_marked_when_its_backend_served_its_conversations_earlier_turn() {
+    let s = setup("warn").await;
+    let client = TestClient::new();
+    let mut messages = vec![
+        json!({"role": "system", "content": "You answer briefly."}),
+        json!({"role": "user", "content": "First question"}),
+    ];
+    for model in ["only-a", "only-a", "only-b", "only-b", "only-a"] {
+        let body = json!({"model": model, "messages": messages});
+        let r = client
+            .post_json(&format!("{}/v1/chat/completions", s.base), &body)
+            .await
+            .unwrap();
+        assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+        let answer = r.json()["choices"][0]["message"]["content"].clone();
+        messages.push(json!({"role": "assistant", "content": answer}));
+        messages.push(json!({"role": "user", "content": "And then?"}));
+    }
+    // Another conversation that shares only the system message is new to the engine.
+    let body = json!({"model": "only-a", "messages": [
+        {"role": "system", "content": "You answer briefly."},
+        {"role": "user", "content": "Another question"}]});
+    let r = client
+        .post_json(&format!("{}/v1/chat/completions", s.base), &body)
+        .await
+        .unwrap();
+    assert_eq!(r.status, 200);
+    let body = json!({"model": "only-a", "prompt": "Once upon a time"});
+    let r = client
+        .post_json(&format!("{}/v1/completions", s.base), &body)
+        .await
+        .unwrap();
+    assert_eq!(r.status, 200);
+    s.proxy.state().recorder.settled().await;
+    let ledger = s.proxy.state().recorder.ledger.as_ref().unwrap();
+    assert!(tokio::task::block_in_place(
+        || ledger.flush(Duration::from_secs(5))
+    ));
+    let conn = rusqlite::Connection::open(&s.ledger).unwrap();
+    let mut select = conn
+        .prepare("SELECT backend, continues FROM requests ORDER BY id")
+        .unwrap();
+    let rows: Vec<(String, Option<bool>)> = select
+        .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))
+        .unwrap()
+        .map(Result::unwrap)
+        .collect();
+    let expected = [
+        ("a", Some(false)),
+        ("a", Some(true)),
+        ("b", Some(false)),
+        ("b", Some(true)),
+        ("a", Some(true)),
+        ("a", Some(false)),
+        ("a", None),
+    ];
+    let expected: Vec<(String, Option<bool>)> = expected
+        .iter()
+        .map(|(b, c)| ((*b).to_owned(), *c))
+        .collect();
+    assert_eq!(rows, expected);
 }

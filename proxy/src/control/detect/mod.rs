@@ -18,8 +18,9 @@ use std::time::Duration;
 use serde_json::{json, Value};
 use switchyard_engine::Backend;
 use switchyard_observe::ledger::{now_ms, Detection, LedgerError, RateReader, Stamped};
+use switchyard_policy::detect::cache::{cache_collapse, cache_rule};
 use switchyard_policy::detect::{
-    slowdown, slowdown_rule, Baseline, Degradation, DetectorsConfig, Judged, Mode, Verdict,
+    slowdown, slowdown_rule, Baseline, Degradation, DetectorsConfig, Judged, Mode,
 };
 use tokio_util::sync::CancellationToken;
 
@@ -28,8 +29,9 @@ use super::AppState;
 
 mod memory;
 
-/// The detector's name, in the metric, the events and the ledger.
+/// The detectors' names, in the metric, the events and the ledger.
 const SLOWDOWN: &str = "slowdown";
+const CACHE: &str = "cache";
 
 /// What the detectors have learned: each engine identity's baseline, each backend's last
 /// verdicts, each managed engine's memory samples.
@@ -82,6 +84,7 @@ impl Detectors {
             "artifact": key.2,
             "size": config.baseline_requests,
             "bands": learned.baseline.bands(config.baseline_requests),
+            "cache": learned.baseline.cache(config.baseline_requests),
         })
     }
 
@@ -124,28 +127,32 @@ pub(super) fn stamped(backend: &Backend) -> Option<(String, String)> {
     Some((engine.to_string(), artifact.to_string()))
 }
 
-/// Judges every engine once per `detectors.every_ms`, until `stop`. The slowdown detector
-/// reads the ledger; without one, only the memory detector runs.
+/// Judges every engine once per `detectors.every_ms`, until `stop`. The slowdown and cache
+/// detectors read the ledger; without one, only the memory detector runs.
 pub(crate) async fn detector(state: Arc<AppState>, stop: CancellationToken) {
     let reader = match state.recorder.ledger.as_ref() {
         None => {
-            tracing::warn!("no [ledger] configured: the slowdown detector, which judges from its rows, does not run");
+            tracing::warn!("no [ledger] configured: the slowdown and cache detectors, which judge from its rows, do not run");
             None
         }
         Some(ledger) => match RateReader::open(&ledger.path) {
             Ok(reader) => Some(Arc::new(reader)),
             Err(e) => {
-                tracing::error!(error = %e, "the slowdown detector cannot read the ledger; it does not run");
+                tracing::error!(error = %e, "the slowdown and cache detectors cannot read the ledger; they do not run");
                 None
             }
         },
     };
     loop {
         let config = state.config().detectors.clone();
-        match (&reader, config.slowdown.mode) {
-            (_, Mode::Off) => state.detector_off(SLOWDOWN),
-            (Some(reader), _) => state.detect(reader, &config).await,
-            (None, _) => {}
+        for (detector, mode) in [(SLOWDOWN, config.slowdown.mode), (CACHE, config.cache.mode)] {
+            if mode == Mode::Off {
+                state.detector_off(detector);
+            }
+        }
+        let from_ledger = [config.slowdown.mode, config.cache.mode];
+        if let (Some(reader), false) = (&reader, from_ledger.iter().all(|m| *m == Mode::Off)) {
+            state.detect(reader, &config).await;
         }
         if config.memory.mode == Mode::Off {
             state.detector_off(memory::MEMORY);
@@ -202,7 +209,7 @@ impl AppState {
                 .unwrap_or_default();
             let (r, k, c) = (reader.clone(), key.clone(), config.clone());
             let judged = tokio::task::spawn_blocking(move || judge(&r, &k, learned, &c)).await;
-            let (learned, verdict) = match judged {
+            let (learned, verdicts) = match judged {
                 Ok(Ok(judged)) => judged,
                 Ok(Err(e)) => {
                     tracing::warn!(backend = %backend.name, error = %e, "the fail-soft detectors could not read the ledger this window");
@@ -215,15 +222,23 @@ impl AppState {
                 .lock()
                 .unwrap_or_else(PoisonError::into_inner)
                 .insert(key.clone(), learned);
-            let judged: Judged = verdict.into();
-            verdict_entry(&self.detectors, &backend.name, SLOWDOWN, &judged);
-            let found = Found {
-                detector: SLOWDOWN,
-                rule: slowdown_rule(config),
-                mode: config.slowdown.mode,
-                identity: (key.1.clone(), key.2.clone()),
-            };
-            self.apply_detection(backend, found, judged).await;
+            let rules = [
+                (SLOWDOWN, slowdown_rule(config), config.slowdown.mode),
+                (CACHE, cache_rule(config), config.cache.mode),
+            ];
+            for ((detector, rule, mode), judged) in rules.into_iter().zip(verdicts) {
+                if mode == Mode::Off {
+                    continue;
+                }
+                verdict_entry(&self.detectors, &backend.name, detector, &judged);
+                let found = Found {
+                    detector,
+                    rule,
+                    mode,
+                    identity: (key.1.clone(), key.2.clone()),
+                };
+                self.apply_detection(backend, found, judged).await;
+            }
         }
         // Identities no longer served are forgotten: a return is learned again from the ledger.
         self.detectors
@@ -363,13 +378,14 @@ impl AppState {
 }
 
 /// Brings `learned` up to date with the rows written since it was last, and judges the
-/// engine's latest answers against it. On a blocking thread.
+/// engine's latest answers against it: the slowdown's verdict, then the cache's. On a blocking
+/// thread.
 fn judge(
     reader: &RateReader,
     (backend, engine, artifact): &Identity,
     mut learned: Learned,
     config: &DetectorsConfig,
-) -> Result<(Learned, Verdict), LedgerError> {
+) -> Result<(Learned, [Judged; 2]), LedgerError> {
     let stamped = Stamped {
         backend,
         engine,
@@ -386,8 +402,9 @@ fn judge(
         .saturating_sub(i64::try_from(config.window_s.saturating_mul(1000)).unwrap_or(i64::MAX));
     let window = reader.since(stamped, since)?;
     let window: Vec<_> = window.into_iter().filter(|s| s.id <= last).collect();
-    Ok((
-        learned.clone(),
-        slowdown(&learned.baseline, &window, config),
-    ))
+    let verdicts = [
+        slowdown(&learned.baseline, &window, config).into(),
+        cache_collapse(&learned.baseline, &window, config),
+    ];
+    Ok((learned, verdicts))
 }
