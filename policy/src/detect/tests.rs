@@ -1,4 +1,5 @@
 use super::cache::cache_collapse;
+use super::queueing::queueing;
 use super::*;
 
 fn config() -> DetectorsConfig {
@@ -273,4 +274,44 @@ fn an_engine_that_never_cached_has_nothing_to_collapse() {
     assert!(
         matches!(cache_collapse(&young, &window, &config), Judged::Unsure(why) if why.contains("no baseline yet"))
     );
+}
+
+/// An answer, row `id`, that waited `queued` of its time in the queue.
+fn waited(id: i64, queued: f64) -> Sample {
+    Sample::new(id, Some(100), (None, None), (None, None))
+        .with_queue(Some(queued * 100.0), Some(100.0))
+}
+
+#[test]
+fn answers_that_wait_ever_longer_for_a_slot_are_queueing_unless_the_engine_is_slower() {
+    let config = config();
+    let mut baseline = Baseline::default();
+    for i in 0..10 {
+        baseline.learn(&waited(i + 1, 0.01 * i as f64), 10);
+    }
+    assert_eq!(baseline.queue(10).requests, 10);
+    let waiting: Vec<Sample> = (0..12).map(|i| waited(11 + i, 0.6)).collect();
+    let Judged::Degraded { summary, figures } = queueing(&baseline, &waiting, &config, false)
+    else {
+        panic!("expected degraded");
+    };
+    assert!(summary.contains("12 of the latest 12"), "{summary}");
+    assert_eq!(figures["queued"], 12);
+    // The same wait behind an engine that is itself slower is the slowdown's finding.
+    assert!(
+        matches!(queueing(&baseline, &waiting, &config, true), Judged::Unsure(why) if why.contains("slower"))
+    );
+    // Waits like the baseline's clear it; a short prompt's few samples give no verdict.
+    let calm: Vec<Sample> = (0..12).map(|i| waited(11 + i, 0.02)).collect();
+    assert!(matches!(
+        queueing(&baseline, &calm, &config, false),
+        Judged::Clear { .. }
+    ));
+    assert!(
+        matches!(queueing(&baseline, &calm[..3], &config, false), Judged::Unsure(why) if why.contains("too few"))
+    );
+    // An answer with no time recorded has no queue share.
+    let s = Sample::new(1, None, (None, None), (None, None));
+    assert_eq!(s.with_queue(Some(5.0), None).queued, None);
+    assert_eq!(s.with_queue(Some(5.0), Some(0.0)).queued, None);
 }

@@ -634,3 +634,87 @@ async fn a_request_is_marked_when_its_backend_served_its_conversations_earlier_t
         .collect();
     assert_eq!(rows, expected);
 }
+
+/// An engine of one slot asked by eight clients at once: every answer but the first waits for
+/// the slot, while the engine is as fast as ever. The queueing detector finds it (and the
+/// slowdown detector does not), and clears once the clients ask one at a time again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn answers_waiting_for_a_slot_behind_an_engine_as_fast_as_ever_are_queueing() {
+    let dir = tempfile::tempdir().unwrap();
+    let (model, engines) = two_engines(&dir).await;
+    let sections = format!(
+        r#"
+[backends.a]
+engine = "llama.cpp"
+url = "{a}"
+artifact = "{model}"
+max_concurrency = 1
+max_queue = 64
+
+[models.only-a]
+primary = "a"
+"#,
+        a = engines[0].url(),
+        model = model.display(),
+    );
+    let s = start(dir, engines, &sections, &["a"]).await;
+    s.ask("only-a", 21).await;
+    let quiet = s.backends().await;
+    assert_eq!(quiet["a"]["baseline"]["queue"]["requests"], 10, "{quiet}");
+    let crowd = (0..8).map(|c| {
+        let base = s.base.clone();
+        #[allow(clippy::disallowed_methods)] // the test's own clients
+        tokio::spawn(async move {
+            let client = TestClient::new();
+            for i in 0..3 {
+                let body = json!({"model": "only-a", "messages": [{"role": "user", "content": format!("client {c} question {i}")}]});
+                let r = client
+                    .post_json(&format!("{base}/v1/chat/completions"), &body)
+                    .await
+                    .unwrap();
+                assert_eq!(r.status, 200);
+            }
+        })
+    });
+    for client in crowd.collect::<Vec<_>>() {
+        client.await.unwrap();
+    }
+    s.ask("only-a", 0).await;
+    let found = wait_ready(&s.proxy, Duration::from_secs(10), |v| {
+        v["backends"]["a"]["degraded"]
+            .as_array()
+            .is_some_and(|d| !d.is_empty())
+    })
+    .await
+    .unwrap();
+    let found = &found["backends"]["a"]["degraded"];
+    assert_eq!(found.as_array().unwrap().len(), 1, "{found}");
+    assert_eq!(found[0]["detector"], "queueing", "{found}");
+    assert!(
+        found[0]["figures"]["queue_share"].as_f64().unwrap() > 0.3,
+        "{found}"
+    );
+    assert!(s
+        .metrics()
+        .await
+        .contains(r#"switchyard_engine_degraded{backend="a",detector="queueing"} 1"#));
+    // One at a time again: no answer waits.
+    s.ask("only-a", 12).await;
+    wait_ready(&s.proxy, Duration::from_secs(10), |v| {
+        v["backends"]["a"]["degraded"]
+            .as_array()
+            .is_some_and(Vec::is_empty)
+    })
+    .await
+    .unwrap();
+    let states: Vec<(String, String)> = s
+        .detections()
+        .into_iter()
+        .map(|(_, detector, state, _)| (detector, state))
+        .collect();
+    let expected = [("queueing", "degraded"), ("queueing", "cleared")];
+    assert_eq!(
+        states,
+        expected.map(|(d, st)| (d.to_owned(), st.to_owned()))
+    );
+}

@@ -19,8 +19,9 @@ use serde_json::{json, Value};
 use switchyard_engine::Backend;
 use switchyard_observe::ledger::{now_ms, Detection, LedgerError, RateReader, Stamped};
 use switchyard_policy::detect::cache::{cache_collapse, cache_rule};
+use switchyard_policy::detect::queueing::{queueing, queueing_rule};
 use switchyard_policy::detect::{
-    slowdown, slowdown_rule, Baseline, Degradation, DetectorsConfig, Judged, Mode,
+    slowdown, slowdown_rule, Baseline, Degradation, DetectorsConfig, Judged, Mode, Verdict,
 };
 use tokio_util::sync::CancellationToken;
 
@@ -32,6 +33,7 @@ mod memory;
 /// The detectors' names, in the metric, the events and the ledger.
 const SLOWDOWN: &str = "slowdown";
 const CACHE: &str = "cache";
+const QUEUEING: &str = "queueing";
 
 /// What the detectors have learned: each engine identity's baseline, each backend's last
 /// verdicts, each managed engine's memory samples.
@@ -85,6 +87,7 @@ impl Detectors {
             "size": config.baseline_requests,
             "bands": learned.baseline.bands(config.baseline_requests),
             "cache": learned.baseline.cache(config.baseline_requests),
+            "queue": learned.baseline.queue(config.baseline_requests),
         })
     }
 
@@ -145,13 +148,17 @@ pub(crate) async fn detector(state: Arc<AppState>, stop: CancellationToken) {
     };
     loop {
         let config = state.config().detectors.clone();
-        for (detector, mode) in [(SLOWDOWN, config.slowdown.mode), (CACHE, config.cache.mode)] {
+        let from_ledger = [
+            (SLOWDOWN, config.slowdown.mode),
+            (CACHE, config.cache.mode),
+            (QUEUEING, config.queueing.mode),
+        ];
+        for (detector, mode) in from_ledger {
             if mode == Mode::Off {
                 state.detector_off(detector);
             }
         }
-        let from_ledger = [config.slowdown.mode, config.cache.mode];
-        if let (Some(reader), false) = (&reader, from_ledger.iter().all(|m| *m == Mode::Off)) {
+        if let (Some(reader), false) = (&reader, from_ledger.iter().all(|(_, m)| *m == Mode::Off)) {
             state.detect(reader, &config).await;
         }
         if config.memory.mode == Mode::Off {
@@ -225,6 +232,7 @@ impl AppState {
             let rules = [
                 (SLOWDOWN, slowdown_rule(config), config.slowdown.mode),
                 (CACHE, cache_rule(config), config.cache.mode),
+                (QUEUEING, queueing_rule(config), config.queueing.mode),
             ];
             for ((detector, rule, mode), judged) in rules.into_iter().zip(verdicts) {
                 if mode == Mode::Off {
@@ -378,14 +386,14 @@ impl AppState {
 }
 
 /// Brings `learned` up to date with the rows written since it was last, and judges the
-/// engine's latest answers against it: the slowdown's verdict, then the cache's. On a blocking
-/// thread.
+/// engine's latest answers against it: the slowdown's verdict, the cache's, the queue's. On a
+/// blocking thread.
 fn judge(
     reader: &RateReader,
     (backend, engine, artifact): &Identity,
     mut learned: Learned,
     config: &DetectorsConfig,
-) -> Result<(Learned, [Judged; 2]), LedgerError> {
+) -> Result<(Learned, [Judged; 3]), LedgerError> {
     let stamped = Stamped {
         backend,
         engine,
@@ -402,9 +410,12 @@ fn judge(
         .saturating_sub(i64::try_from(config.window_s.saturating_mul(1000)).unwrap_or(i64::MAX));
     let window = reader.since(stamped, since)?;
     let window: Vec<_> = window.into_iter().filter(|s| s.id <= last).collect();
+    let slow = slowdown(&learned.baseline, &window, config);
+    let slower = matches!(slow, Verdict::Degraded(_));
     let verdicts = [
-        slowdown(&learned.baseline, &window, config).into(),
+        slow.into(),
         cache_collapse(&learned.baseline, &window, config),
+        queueing(&learned.baseline, &window, config, slower),
     ];
     Ok((learned, verdicts))
 }
