@@ -148,7 +148,10 @@ fn changes(a: &Record, b: &Record) -> Vec<Change> {
         text(ib.engine.as_deref()),
     );
     differ("identity.backend", ia.backend.clone(), ib.backend.clone());
-    differ("identity.url", ia.url.clone(), ib.url.clone());
+    if a.launch.is_none() && b.launch.is_none() {
+        // A managed engine's URL is a loopback port chosen at each start: not a change.
+        differ("identity.url", ia.url.clone(), ib.url.clone());
+    }
     let launch = |r: &Record, f: fn(&super::Launch) -> String| match &r.launch {
         Some(l) => f(l),
         None => format!(
