@@ -155,7 +155,12 @@ impl Workload {
             workload.update(format!("{} {transport}\n", item.workload).as_bytes());
             sampling.update(format!("{}\n", item.sampling).as_bytes());
         }
-        let hex = |d: &[u8]| d[..16].iter().map(|b| format!("{b:02x}")).collect::<String>();
+        let hex = |d: &[u8]| {
+            d[..16]
+                .iter()
+                .map(|b| format!("{b:02x}"))
+                .collect::<String>()
+        };
         (
             format!("suite:{}", hex(&workload.finalize())),
             format!("suite-sp:{}", hex(&sampling.finalize())),
@@ -338,7 +343,9 @@ impl Record {
         let value: serde_json::Value =
             serde_json::from_str(text).map_err(|e| format!("not JSON: {e}"))?;
         if value.get("kind").and_then(|k| k.as_str()) != Some(KIND) {
-            return Err(format!("not a baseline record (its `kind` is not \"{KIND}\")"));
+            return Err(format!(
+                "not a baseline record (its `kind` is not \"{KIND}\")"
+            ));
         }
         match value.get("schema").and_then(serde_json::Value::as_u64) {
             Some(v) if v == u64::from(SCHEMA) => {}

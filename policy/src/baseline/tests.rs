@@ -226,9 +226,11 @@ fn a_record_reads_back_and_another_shape_is_refused() {
     assert!(Record::from_json(&v.to_string())
         .unwrap_err()
         .contains("not a baseline record"));
-    assert!(Record::from_json("{\"kind\": \"switchyard-baseline\", \"schema\": 1}")
-        .unwrap_err()
-        .starts_with("not a complete record"));
+    assert!(
+        Record::from_json("{\"kind\": \"switchyard-baseline\", \"schema\": 1}")
+            .unwrap_err()
+            .starts_with("not a complete record")
+    );
 }
 
 /// Another artifact, another engine kind, another workload or sampling: refused, each reason
