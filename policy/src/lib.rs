@@ -4,6 +4,7 @@
 //! plain values. The proxy loads configuration (files, environment) and acts on the decisions.
 
 pub mod auth;
+pub mod baseline;
 pub mod compare;
 pub mod config;
 pub mod detect;

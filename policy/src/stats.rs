@@ -1,4 +1,15 @@
-//! The statistics that release verdicts and the equivalence rule share.
+//! The statistics that release verdicts, the equivalence rule, `switchyard report` and
+//! `switchyard baseline` share.
+
+/// The nearest-rank percentile `p` (0–100) of values sorted in ascending order: the smallest
+/// value that at least `p` % of them do not exceed. None when there are none.
+pub fn percentile(sorted: &[f64], p: f64) -> Option<f64> {
+    if sorted.is_empty() {
+        return None;
+    }
+    let rank = ((p / 100.0) * sorted.len() as f64).ceil().max(1.0) as usize;
+    sorted.get(rank.min(sorted.len()) - 1).copied()
+}
 
 /// The lower bound of the 95 % Wilson score interval of `hits` in `n`: the share that is surely
 /// exceeded, given only `n` observations. 0 for no observations.
@@ -25,7 +36,18 @@ pub fn wilson_upper(hits: u64, n: u64) -> f64 {
 
 #[cfg(test)]
 mod tests {
-    use super::{wilson_lower, wilson_upper};
+    use super::{percentile, wilson_lower, wilson_upper};
+
+    #[test]
+    fn percentiles_are_nearest_rank() {
+        let v = [1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 9.0, 10.0];
+        assert_eq!(percentile(&v, 50.0), Some(5.0));
+        assert_eq!(percentile(&v, 95.0), Some(10.0));
+        assert_eq!(percentile(&v, 0.0), Some(1.0));
+        assert_eq!(percentile(&[4.0], 95.0), Some(4.0));
+        assert_eq!(percentile(&[1.0, 2.0], 50.0), Some(1.0));
+        assert_eq!(percentile(&[], 50.0), None);
+    }
 
     #[test]
     fn the_wilson_lower_bound_of_known_shares() {

@@ -255,6 +255,47 @@ fn command_line(pid: u32) -> Option<String> {
     ps(pid, "command=")
 }
 
+/// A process's memory as the operating system reports it, in kilobytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ProcessMemory {
+    /// Resident now.
+    pub rss_kb: u64,
+    /// The most it has been resident since it started (Linux's `VmHWM`); None where the
+    /// system does not keep it.
+    pub peak_kb: Option<u64>,
+    /// In swap now (Linux's `VmSwap`); None where the system does not say per process.
+    pub swap_kb: Option<u64>,
+}
+
+/// Process `pid`'s memory: from `/proc/PID/status` on Linux. None when the process is gone or
+/// cannot be read.
+#[cfg(target_os = "linux")]
+pub fn memory(pid: u32) -> Option<ProcessMemory> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let field = |name: &str| {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(name))
+            .and_then(|rest| rest.split_whitespace().next()?.parse::<u64>().ok())
+    };
+    Some(ProcessMemory {
+        rss_kb: field("VmRSS:")?,
+        peak_kb: field("VmHWM:"),
+        swap_kb: field("VmSwap:"),
+    })
+}
+
+/// Process `pid`'s memory: its resident size from `ps` (macOS keeps no peak, and does not say
+/// how much of a process is in swap). None when the process is gone or cannot be read.
+#[cfg(not(target_os = "linux"))]
+pub fn memory(pid: u32) -> Option<ProcessMemory> {
+    Some(ProcessMemory {
+        rss_kb: ps(pid, "rss=")?.parse().ok()?,
+        peak_kb: None,
+        swap_kb: None,
+    })
+}
+
 #[cfg(not(target_os = "linux"))]
 fn ps(pid: u32, field: &str) -> Option<String> {
     let out = std::process::Command::new("ps")

@@ -136,3 +136,15 @@ async fn a_left_behind_engine_is_stopped_only_if_it_is_the_same_process() {
     let status = child.wait().await.unwrap();
     assert!(!status.success(), "{status}");
 }
+
+/// A live process's memory reads back (this test's own), with its peak on Linux; a pid no
+/// process has reads as none.
+#[test]
+fn a_process_memory_is_read_and_a_missing_one_is_none() {
+    let own = super::memory(std::process::id()).unwrap();
+    assert!(own.rss_kb > 0, "{own:?}");
+    if cfg!(target_os = "linux") {
+        assert!(own.peak_kb.unwrap() >= own.rss_kb, "{own:?}");
+    }
+    assert_eq!(super::memory(u32::MAX), None);
+}

@@ -7,6 +7,7 @@ use clap::{Parser, Subcommand};
 
 mod admin;
 mod agents;
+mod baseline;
 mod discover;
 mod init;
 mod keys;
@@ -83,6 +84,11 @@ pub enum Command {
     /// Run a JSONL suite of OpenAI requests on two configured backends in turn (one cold run,
     /// then --repeat warm runs each) and judge the answers and speed.
     Compare(offline::CompareArgs),
+    /// Take a baseline of one backend on a JSONL suite (each request once cold, then --repeat
+    /// warm runs) and write it as a record (baseline.json, baseline.md): identity, launch flags,
+    /// workload fingerprint, cold and warm p50/p95 per phase, peak memory, failures, decision.
+    /// `baseline diff A B` says what changed between two records, or refuses.
+    Baseline(baseline::BaselineArgs),
 }
 
 /// Runs the command on a runtime of its own and returns the process exit status. `serve` loads
@@ -171,6 +177,7 @@ pub async fn run(cli: Cli, log: &str) -> anyhow::Result<i32> {
             Ok(0)
         }
         Command::Compare(args) => offline::compare(args, log).await,
+        Command::Baseline(args) => baseline::run(args, log).await,
         Command::Init(args) => init::run(args).await,
         Command::Report(args) => offline::report(args),
         Command::Serve(args) => {

@@ -14,6 +14,7 @@ use rusqlite::Connection;
 use serde_json::{json, Value};
 
 use switchyard_observe::ledger::{open_read_only, LedgerError};
+use switchyard_policy::stats::percentile;
 
 /// Output format.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -48,15 +49,6 @@ struct Group {
     decode_tps_engine: Vec<f64>,
     prefill_tps_measured: Vec<f64>,
     decode_tps_measured: Vec<f64>,
-}
-
-/// Nearest-rank percentile of sorted values.
-fn percentile(sorted: &[f64], p: f64) -> Option<f64> {
-    if sorted.is_empty() {
-        return None;
-    }
-    let rank = ((p / 100.0) * sorted.len() as f64).ceil().max(1.0) as usize;
-    sorted.get(rank.min(sorted.len()) - 1).copied()
 }
 
 fn stats(values: &mut [f64]) -> Value {

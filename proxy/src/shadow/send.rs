@@ -34,6 +34,10 @@ pub(crate) struct Ran {
     /// The answer's body, when it was asked for (`keep_body`) and came whole within
     /// [`KEPT_BODY_BYTES`].
     pub(crate) body: Option<bytes::Bytes>,
+    /// What the record has beyond the side: the wait for a managed engine's start (`load`)
+    /// and the error's class.
+    pub(crate) load_ms: Option<f64>,
+    pub(crate) error_class: Option<&'static str>,
 }
 
 /// The most of an answer [`run_on`] keeps when asked to: a replay's answer with the
@@ -69,7 +73,7 @@ pub(crate) async fn run_on(
     recording.keep_text();
     let (tx, rx) = oneshot::channel();
     recording.set_hook(Box::new(move |record: &RequestRecord| {
-        let _ = tx.send(record.side());
+        let _ = tx.send((record.side(), record.phases.load, record.error_class));
     }));
     let ctx = Ctx::new(recording, header_id, outgoing.endpoint);
     let attempt = Attempt::new(ctx, outgoing.clone(), variant);
@@ -99,14 +103,19 @@ pub(crate) async fn run_on(
             let _ = failed.into_response();
         }
     }
-    let side = rx.await.unwrap_or_else(|_| Side {
-        backend: candidate.backend.name.to_string(),
-        error: Some("the request's record was not written".to_owned()),
-        ..Side::default()
+    let (side, load_ms, error_class) = rx.await.unwrap_or_else(|_| {
+        let side = Side {
+            backend: candidate.backend.name.to_string(),
+            error: Some("the request's record was not written".to_owned()),
+            ..Side::default()
+        };
+        (side, None, None)
     });
     Ran {
         side,
         not_ready: refused,
         body: kept.map(bytes::BytesMut::freeze),
+        load_ms,
+        error_class,
     }
 }

@@ -1,12 +1,14 @@
 //! A suite of requests run on two backends in turn — `switchyard compare`'s runs, and a canary
 //! release's golden probes: reading a JSONL suite, and running one request on both sides and
-//! judging and recording the pair.
+//! judging and recording the pair; or on one backend, for `switchyard baseline` ([`run_one`]).
 
 use std::path::Path;
 use std::sync::Arc;
 
 use bytes::Bytes;
 use serde_json::Value;
+use switchyard_adapters::fingerprint::WorkloadFingerprint;
+use switchyard_policy::baseline::Run;
 use switchyard_policy::compare::{judge, Pair, Side, Verdict};
 
 use super::send::{run_on, Candidate};
@@ -23,6 +25,16 @@ pub struct SuiteRequest {
     pub streamed: bool,
     /// `/v1/chat/completions` when the body has `messages`, else `/v1/completions`.
     pub path: &'static str,
+}
+
+impl SuiteRequest {
+    /// The request's workload and sampling fingerprints, as the proxy computes them for a
+    /// client's request.
+    pub fn fingerprint(&self) -> Result<WorkloadFingerprint, String> {
+        Outgoing::from_json(self.path, self.body.clone(), self.streamed)
+            .map(|(_, _, fingerprint)| fingerprint)
+            .map_err(|e| format!("line {}: {e}", self.line))
+    }
 }
 
 /// Reads a JSONL suite: one OpenAI request object per non-empty line. Every bad line is reported,
@@ -153,4 +165,37 @@ pub(crate) async fn run_pair(
     Recorder::log_comparison(&pair, source);
     recorder.comparison(pair.clone(), &fingerprint.sampling_json, source);
     Ok(pair)
+}
+
+/// Runs `request` once on `backend` as its own recorded request (variant `variant`), recorded
+/// as cold for `run` 0 and warm after, and returns the run as a baseline counts it.
+pub(crate) async fn run_one(
+    recorder: &Arc<Recorder>,
+    backend: &Candidate,
+    request: &SuiteRequest,
+    run: usize,
+    variant: &'static str,
+) -> Result<Run, String> {
+    let (outgoing, model, fingerprint) =
+        Outgoing::from_json(request.path, request.body.clone(), request.streamed)
+            .map_err(|e| format!("line {}: {e}", request.line))?;
+    let ran = run_on(
+        recorder,
+        backend,
+        variant,
+        &Arc::new(outgoing),
+        &Arc::from(model.as_str()),
+        &fingerprint,
+        request.streamed,
+        Some(run > 0),
+        false,
+    )
+    .await;
+    Ok(Run {
+        line: request.line,
+        run,
+        side: ran.side,
+        load_ms: ran.load_ms,
+        error_class: ran.error_class.map(str::to_owned),
+    })
 }

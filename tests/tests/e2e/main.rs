@@ -11,6 +11,7 @@
 
 mod admission;
 mod auth;
+mod baseline;
 mod check;
 mod cli;
 mod clients;
