@@ -84,35 +84,14 @@ impl AppState {
     }
 }
 
-/// Process `pid`'s resident memory and swap: from `/proc/PID/status` on Linux; elsewhere (macOS)
-/// its resident memory from `ps`, and no swap (the system does not say per process). None when
-/// the process is gone or cannot be read.
+/// Process `pid`'s resident memory and swap ([`switchyard_engine::managed::memory`]: on macOS no
+/// swap, which the system does not say per process). None when the process is gone.
 fn sample(pid: u32) -> Option<MemorySample> {
-    if cfg!(target_os = "linux") {
-        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-        let field = |name: &str| {
-            status
-                .lines()
-                .find_map(|l| l.strip_prefix(name))
-                .and_then(|rest| rest.split_whitespace().next()?.parse::<u64>().ok())
-        };
-        Some(MemorySample {
-            rss_kb: field("VmRSS:")?,
-            swap_kb: field("VmSwap:"),
-        })
-    } else {
-        let out = std::process::Command::new("ps")
-            .args(["-o", "rss=", "-p", &pid.to_string()])
-            .stdin(std::process::Stdio::null())
-            .stderr(std::process::Stdio::null())
-            .output()
-            .ok()?;
-        let rss_kb = String::from_utf8_lossy(&out.stdout).trim().parse().ok()?;
-        Some(MemorySample {
-            rss_kb,
-            swap_kb: None,
-        })
-    }
+    let m = switchyard_engine::managed::memory(pid)?;
+    Some(MemorySample {
+        rss_kb: m.rss_kb,
+        swap_kb: m.swap_kb,
+    })
 }
 
 /// The name kept with a backend's samples, for callers outside this module.
