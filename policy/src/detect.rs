@@ -10,7 +10,7 @@
 //! below its band's baseline median by more than `slowdown.share`; the engine is degraded when
 //! the 95 % Wilson lower bound of the slow share of the latest requests is above one half (most
 //! requests are surely slow), and clears when the upper bound is below one half. *cache
-//! collapse*: see [`cache`]. *queueing*: see [`queueing`]. *memory* (for the engines Switchyard runs): see [`memory`].
+//! collapse*: see [`cache`]. *queueing*: see [`queueing`]. *offload*: see [`offload`]. *memory* (for the engines Switchyard runs): see [`memory`].
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -20,6 +20,7 @@ use crate::stats::{wilson_lower, wilson_upper};
 mod baseline;
 pub mod cache;
 pub mod memory;
+pub mod offload;
 pub mod queueing;
 
 use baseline::median;
@@ -47,6 +48,7 @@ pub struct DetectorsConfig {
     pub slowdown: SlowdownConfig,
     pub cache: cache::CacheConfig,
     pub queueing: queueing::QueueingConfig,
+    pub offload: offload::OffloadConfig,
     pub memory: memory::MemoryConfig,
 }
 
@@ -61,6 +63,7 @@ impl Default for DetectorsConfig {
             slowdown: SlowdownConfig::default(),
             cache: cache::CacheConfig::default(),
             queueing: queueing::QueueingConfig::default(),
+            offload: offload::OffloadConfig::default(),
             memory: memory::MemoryConfig::default(),
         }
     }

@@ -14,6 +14,7 @@ finds the collapse; restarted with caching on again, it clears.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import sqlite3
@@ -309,3 +310,56 @@ primary = "llama"
             poll("the detections on the record", lambda: detections(db) == expected, p.proc, timeout=10)
     finally:
         engine.stop()
+
+
+def test_a_managed_llama_server_asked_for_gpu_layers_where_there_is_no_gpu_is_found_offloaded(tmp_path: Path) -> None:
+    """The real llama-server, run by Switchyard twice: launched with `-ngl 99` on this machine
+    (no GPU; the build has no GPU support), it says at start that it found no usable GPU and runs
+    every layer on the CPU: the offload detector finds it. Launched with llama.cpp's default
+    (`auto`, as many as fit), it says nothing of the GPU: no finding."""
+    llama = json.dumps(str(required_path("LLAMA_SERVER_BIN")))
+    config = f"""
+[server]
+listen = "127.0.0.1:0"
+probe_interval_ms = 200
+
+[detectors]
+every_ms = 200
+
+[backends.asked]
+engine = "llama.cpp"
+artifact = "{required_path('SMOLLM2_GGUF')}"
+[backends.asked.launch]
+command = [{llama}, "-m", "${{artifact}}", "-c", "2048", "--host", "127.0.0.1", "--port", "${{port}}", "-ngl", "99"]
+start = "boot"
+
+[backends.default]
+engine = "llama.cpp"
+artifact = "{required_path('SMOLLM2_GGUF')}"
+[backends.default.launch]
+command = [{llama}, "-m", "${{artifact}}", "-c", "2048", "--host", "127.0.0.1", "--port", "${{port}}"]
+start = "boot"
+
+[models.asked]
+primary = "asked"
+
+[models.default]
+primary = "default"
+"""
+    with start_switchyard(tmp_path, config, identities_settled("asked", "default")) as p, http_client(timeout=10.0) as http:
+
+        def backends() -> dict:
+            return http.get(f"{p.url}/readyz").json()["backends"]
+
+        found = poll("the offload found", lambda: backends()["asked"]["degraded"], p.proc, timeout=JUDGED_WITHIN_S)
+        assert found[0]["detector"] == "offload", found
+        assert found[0]["summary"] == "no usable GPU: every layer on the CPU, launched with -ngl 99", found
+        assert "no usable GPU found" in found[0]["figures"]["line"], found
+        # Both engines answer; the one at llama.cpp's default is not reported.
+        for model in ("asked", "default"):
+            r = p.client().chat.completions.create(
+                model=model, messages=[{"role": "user", "content": "Hi"}], max_tokens=4)
+            assert r.choices[0].message.content is not None
+        assert backends()["default"]["degraded"] == []
+        metrics = http.get(f"{p.url}/metrics").text
+        assert 'switchyard_engine_degraded{backend="asked",detector="offload"} 1' in metrics

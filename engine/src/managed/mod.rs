@@ -184,6 +184,11 @@ impl Managed {
         self.config.expand(self.port, artifact.as_deref())
     }
 
+    /// What the running engine said of its layers on the GPU (llama.cpp's start-up output).
+    pub fn gpu_layers(&self) -> Option<switchyard_policy::detect::offload::GpuLayers> {
+        self.tail.gpu_layers()
+    }
+
     pub fn status(&self) -> Status {
         self.status.borrow().clone()
     }

@@ -12,27 +12,43 @@ use std::time::Duration;
 use nix::sys::signal::{killpg, Signal};
 use nix::unistd::Pid;
 use serde::{Deserialize, Serialize};
+use switchyard_policy::detect::offload::GpuLayers;
 use tokio::io::{AsyncBufReadExt, AsyncRead, BufReader};
 use tokio::process::{Child, Command};
 
 /// Lines of an engine's output kept for `/admin/backends` when it fails.
 pub(crate) const TAIL_LINES: usize = 20;
 
-/// An engine's last lines of output, newest last.
+/// An engine's last lines of output, newest last, and what the running process said of its
+/// layers on the GPU (llama.cpp's start-up output: the offload detector's evidence).
 #[derive(Debug, Default)]
-pub(crate) struct Tail(Mutex<VecDeque<String>>);
+pub(crate) struct Tail {
+    lines: Mutex<VecDeque<String>>,
+    gpu: Mutex<Option<GpuLayers>>,
+}
 
 impl Tail {
     fn push(&self, line: String) {
-        let mut lines = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(gpu) = GpuLayers::from_line(&line) {
+            *self.gpu.lock().unwrap_or_else(PoisonError::into_inner) = Some(gpu);
+        }
+        let mut lines = self.lines.lock().unwrap_or_else(PoisonError::into_inner);
         if lines.len() == TAIL_LINES {
             lines.pop_front();
         }
         lines.push_back(line);
     }
 
+    /// What the running process said of its layers on the GPU, if it did.
+    pub(crate) fn gpu_layers(&self) -> Option<GpuLayers> {
+        self.gpu
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
     pub(crate) fn lines(&self) -> Vec<String> {
-        let lines = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        let lines = self.lines.lock().unwrap_or_else(PoisonError::into_inner);
         lines.iter().cloned().collect()
     }
 }
@@ -55,6 +71,8 @@ pub(crate) fn spawn(
     let (program, args) = argv
         .split_first()
         .ok_or_else(|| std::io::Error::other("empty command"))?;
+    // A new process says anew what it put on the GPU.
+    *tail.gpu.lock().unwrap_or_else(PoisonError::into_inner) = None;
     let mut command = Command::new(program);
     command
         .args(args)

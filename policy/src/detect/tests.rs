@@ -315,3 +315,97 @@ fn answers_that_wait_ever_longer_for_a_slot_are_queueing_unless_the_engine_is_sl
     assert_eq!(s.with_queue(Some(5.0), None).queued, None);
     assert_eq!(s.with_queue(Some(5.0), Some(0.0)).queued, None);
 }
+
+fn argv(args: &[&str]) -> Vec<String> {
+    std::iter::once("llama-server")
+        .chain(args.iter().copied())
+        .map(str::to_owned)
+        .collect()
+}
+
+#[test]
+fn the_launchs_gpu_layers_are_read_as_llama_cpp_reads_them() {
+    use offload::Intent;
+    let none = std::collections::BTreeMap::new();
+    assert_eq!(
+        Intent::of(&argv(&["-m", "x.gguf"]), &none),
+        Some(Intent::Auto)
+    );
+    assert_eq!(
+        Intent::of(&argv(&["-ngl", "99"]), &none),
+        Some(Intent::Layers(99))
+    );
+    assert_eq!(
+        Intent::of(&argv(&["--gpu-layers=all"]), &none),
+        Some(Intent::All)
+    );
+    assert_eq!(
+        Intent::of(&argv(&["--n-gpu-layers", "-1"]), &none),
+        Some(Intent::All)
+    );
+    assert_eq!(Intent::of(&argv(&["-ngl", "many"]), &none), None);
+    let env: std::collections::BTreeMap<String, String> =
+        [("LLAMA_ARG_N_GPU_LAYERS".to_owned(), "12".to_owned())].into();
+    assert_eq!(Intent::of(&argv(&[]), &env), Some(Intent::Layers(12)));
+    assert_eq!(
+        Intent::of(&argv(&["-ngl", "0"]), &env),
+        Some(Intent::Layers(0))
+    );
+}
+
+#[test]
+fn fewer_layers_on_the_gpu_than_asked_is_an_offload_and_all_of_them_clears() {
+    use offload::{offload, GpuLayers, Intent};
+    let line = "0.00.512.000 I load_tensors: offloaded 20/31 layers to GPU";
+    let partial = GpuLayers::from_line(line).unwrap();
+    assert_eq!((partial.on_gpu, partial.of), (20, Some(31)));
+    let Judged::Degraded { summary, figures } =
+        offload(Some(Intent::Layers(99)), Some(&partial), true)
+    else {
+        panic!("expected degraded");
+    };
+    assert!(
+        summary.starts_with("20 of 31 layers on the GPU, launched with -ngl 99"),
+        "{summary}"
+    );
+    assert!(
+        summary.ends_with("slower than its baseline too"),
+        "{summary}"
+    );
+    assert_eq!(figures["expected"], 31);
+    // Twenty asked, twenty given; all of them given.
+    assert!(matches!(
+        offload(Some(Intent::Layers(20)), Some(&partial), false),
+        Judged::Clear { .. }
+    ));
+    let full = GpuLayers::from_line("load_tensors: offloaded 31/31 layers to GPU").unwrap();
+    assert!(matches!(
+        offload(Some(Intent::Auto), Some(&full), false),
+        Judged::Clear { .. }
+    ));
+    // No GPU at all while layers were asked for.
+    let none =
+        GpuLayers::from_line("warning: no usable GPU found, --gpu-layers option will be ignored")
+            .unwrap();
+    assert!(
+        matches!(offload(Some(Intent::Layers(99)), Some(&none), false), Judged::Degraded { summary, .. } if summary.contains("no usable GPU"))
+    );
+    // Nothing asked, nothing said, or an intent llama.cpp would not take: no verdict.
+    assert!(matches!(
+        offload(Some(Intent::Layers(0)), Some(&none), false),
+        Judged::Unsure(_)
+    ));
+    assert!(matches!(
+        offload(Some(Intent::All), None, false),
+        Judged::Unsure(_)
+    ));
+    assert!(matches!(
+        offload(None, Some(&full), false),
+        Judged::Unsure(_)
+    ));
+    assert_eq!(
+        GpuLayers::from_line("llama_kv_cache: size = 45.00 MiB (30 layers)"),
+        None
+    );
+    assert_eq!(GpuLayers::from_line("offloaded x/31 layers to GPU"), None);
+}

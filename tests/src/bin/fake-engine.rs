@@ -44,11 +44,22 @@ struct Args {
     /// Keeps this many kilobytes for good at every completion: an engine that leaks.
     #[arg(long, default_value_t = 0)]
     leak_kb: usize,
+    /// Accepted as llama-server takes it, and not used: a launch's intent for the offload
+    /// detector.
+    #[arg(long = "n-gpu-layers", allow_hyphen_values = true)]
+    _gpu_layers: Option<String>,
+    /// Lines printed to stderr at start, as llama-server prints its start-up output (`load_tensors:
+    /// offloaded 20/31 layers to GPU`).
+    #[arg(long)]
+    say: Vec<String>,
 }
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let a = Args::parse();
+    for line in &a.say {
+        writeln!(std::io::stderr().lock(), "{line}")?;
+    }
     let config = FakeEngineConfig {
         prefill: std::time::Duration::from_millis(a.prefill_ms),
         per_token: std::time::Duration::from_millis(a.token_ms),

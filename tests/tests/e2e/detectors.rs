@@ -718,3 +718,96 @@ primary = "a"
         expected.map(|(d, st)| (d.to_owned(), st.to_owned()))
     );
 }
+
+/// Two managed engines launched with `-ngl 99`: one says it put 20 of its 31 layers on the
+/// GPU, the other all 31. The first is found degraded by the offload detector, the second not;
+/// unloaded, the first clears (what was found went with its process).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_managed_engine_with_fewer_layers_on_the_gpu_than_asked_is_found_degraded() {
+    let bin = env!("CARGO_BIN_EXE_fake-engine");
+    let sections = format!(
+        r#"
+[backends.partial]
+engine = "llama.cpp"
+[backends.partial.launch]
+command = ["{bin}", "--listen", "127.0.0.1:${{port}}", "--tokens", "3", "--n-gpu-layers", "99",
+  "--say", "0.00.512.000 I load_tensors: offloaded 20/31 layers to GPU"]
+
+[backends.full]
+engine = "llama.cpp"
+[backends.full.launch]
+command = ["{bin}", "--listen", "127.0.0.1:${{port}}", "--tokens", "3", "--n-gpu-layers", "99",
+  "--say", "0.00.512.000 I load_tensors: offloaded 31/31 layers to GPU"]
+
+[models.partial]
+primary = "partial"
+
+[models.full]
+primary = "full"
+"#
+    );
+    let s = start(tempfile::tempdir().unwrap(), Vec::new(), &sections, &[]).await;
+    s.ask("partial", 1).await;
+    s.ask("full", 1).await;
+    let offloaded = |v: &Value, backend: &str| {
+        v["backends"][backend]["degraded"]
+            .as_array()
+            .is_some_and(|d| d.iter().any(|d| d["detector"] == "offload"))
+    };
+    let readyz = wait_ready(&s.proxy, Duration::from_secs(10), |v| {
+        offloaded(v, "partial")
+    })
+    .await
+    .unwrap();
+    assert_eq!(readyz["ready"], true);
+    let found = &readyz["backends"]["partial"]["degraded"][0];
+    assert_eq!(found["detector"], "offload", "{found}");
+    assert_eq!(
+        found["summary"], "20 of 31 layers on the GPU, launched with -ngl 99",
+        "{found}"
+    );
+    assert_eq!(found["figures"]["expected"], 31, "{found}");
+    // The other engine put every layer where it was asked: judged clear, not degraded.
+    let mut windows = s.proxy.state().detector_windows();
+    windows.mark_unchanged();
+    windows.changed().await.unwrap();
+    let backends = s.backends().await;
+    assert_eq!(
+        backends["full"]["detectors"]["offload"]["verdict"], "clear",
+        "{}",
+        backends["full"]
+    );
+    assert!(!offloaded(&readyz, "full"), "{readyz}");
+    let metrics = s.metrics().await;
+    assert!(
+        metrics.contains(r#"switchyard_engine_degraded{backend="partial",detector="offload"} 1"#),
+        "{metrics}"
+    );
+
+    // Unloaded, the engine's process is gone, and what it said with it.
+    let r = crate::release::admin(
+        &s.admin,
+        "POST",
+        "/admin/backends/partial/unload",
+        Some(json!({"reason": "relaunch with fewer layers"})),
+    )
+    .await;
+    assert_eq!(r.status, 200, "{}", r.json());
+    wait_ready(&s.proxy, Duration::from_secs(10), |v| {
+        !offloaded(v, "partial")
+    })
+    .await
+    .unwrap();
+    let rows: Vec<(String, String)> = s
+        .detections()
+        .into_iter()
+        .map(|(backend, detector, state, _)| (backend, format!("{detector} {state}")))
+        .collect();
+    assert_eq!(
+        rows,
+        [
+            ("partial".to_owned(), "offload degraded".to_owned()),
+            ("partial".to_owned(), "offload cleared".to_owned())
+        ]
+    );
+}

@@ -1,13 +1,15 @@
 //! The fail-soft detectors at work: every `detectors.every_ms`, each engine's latest answers
 //! are read back from the ledger and judged against its own warm baseline by the rule of
-//! [`switchyard_policy::detect`], and each managed engine's memory is looked at (`memory`).
+//! [`switchyard_policy::detect`], and each managed engine's memory is looked at (`memory`), and
+//! each managed llama.cpp engine's layers on the GPU (`offload`).
 //! A change (degraded, or clear again) is logged once, set on the
 //! backend (`/readyz`, `/admin/backends`, a pool's balancing under `avoid`, a release's
 //! evaluation), published on `/admin/events`, counted in `switchyard_engine_degraded`, and
 //! written to the ledger's `detections`.
 //!
-//! Nothing is computed on the request path: the rates are those the ledger already holds, read
-//! on a blocking thread once per window. A baseline is learned once per engine identity (its
+//! Nothing is judged on the request path, which only marks whether a request continues a
+//! conversation its backend served (the cache detector's evidence, `Backend::conversations`):
+//! the rates are those the ledger already holds, read on a blocking thread once per window. A baseline is learned once per engine identity (its
 //! first warm answers, kept in the ledger, so a restart learns the same one) and forgotten when
 //! the identity changes: another engine build or artifact starts a baseline of its own.
 
@@ -29,9 +31,10 @@ use super::events::Event;
 use super::AppState;
 
 mod memory;
+mod offload;
 
 /// The detectors' names, in the metric, the events and the ledger.
-const SLOWDOWN: &str = "slowdown";
+pub(super) const SLOWDOWN: &str = "slowdown";
 const CACHE: &str = "cache";
 const QUEUEING: &str = "queueing";
 
@@ -131,7 +134,7 @@ pub(super) fn stamped(backend: &Backend) -> Option<(String, String)> {
 }
 
 /// Judges every engine once per `detectors.every_ms`, until `stop`. The slowdown and cache
-/// detectors read the ledger; without one, only the memory detector runs.
+/// detectors read the ledger; without one, only the memory and offload detectors run.
 pub(crate) async fn detector(state: Arc<AppState>, stop: CancellationToken) {
     let reader = match state.recorder.ledger.as_ref() {
         None => {
@@ -165,6 +168,11 @@ pub(crate) async fn detector(state: Arc<AppState>, stop: CancellationToken) {
             state.detector_off(memory::MEMORY);
         } else {
             state.watch_memory(&config).await;
+        }
+        if config.offload.mode == Mode::Off {
+            state.detector_off(offload::OFFLOAD);
+        } else {
+            state.watch_offload(&config).await;
         }
         state.detectors.windows.send_modify(|n| *n += 1);
         tokio::select! {
