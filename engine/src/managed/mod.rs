@@ -20,7 +20,7 @@ use std::time::{Duration, Instant, SystemTime};
 use switchyard_policy::LaunchConfig;
 use tokio::sync::{watch, Notify};
 
-pub use process::{memory, pid_file, ProcessMemory};
+pub use process::{machine_available_kb, memory, pid_file, ProcessMemory};
 
 /// Where a managed engine stands.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

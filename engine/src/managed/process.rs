@@ -314,6 +314,43 @@ pub fn memory(pid: u32) -> Option<ProcessMemory> {
     })
 }
 
+/// The machine's available memory, in kilobytes: `MemAvailable` of `/proc/meminfo` (what can be
+/// given to a new process without swapping). None when it cannot be read.
+#[cfg(target_os = "linux")]
+pub fn machine_available_kb() -> Option<u64> {
+    let meminfo = std::fs::read_to_string("/proc/meminfo").ok()?;
+    meminfo
+        .lines()
+        .find_map(|l| l.strip_prefix("MemAvailable:"))
+        .and_then(|rest| rest.split_whitespace().next()?.parse().ok())
+}
+
+/// The machine's available memory, in kilobytes: on macOS the free, inactive and speculative
+/// pages `vm_stat` counts (what the system can hand out before it compresses or swaps), at its
+/// page size. None when it cannot be read.
+#[cfg(not(target_os = "linux"))]
+pub fn machine_available_kb() -> Option<u64> {
+    let out = std::process::Command::new("vm_stat").output().ok()?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    let page: u64 = text
+        .split("page size of ")
+        .nth(1)?
+        .split_whitespace()
+        .next()?
+        .parse()
+        .ok()?;
+    let pages = |name: &str| -> Option<u64> {
+        text.lines()
+            .find_map(|l| l.strip_prefix(name))?
+            .trim()
+            .trim_end_matches('.')
+            .parse()
+            .ok()
+    };
+    let free = pages("Pages free:")? + pages("Pages inactive:")? + pages("Pages speculative:")?;
+    Some(free * page / 1024)
+}
+
 #[cfg(not(target_os = "linux"))]
 fn ps(pid: u32, field: &str) -> Option<String> {
     let out = std::process::Command::new("ps")

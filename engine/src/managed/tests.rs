@@ -148,3 +148,19 @@ fn a_process_memory_is_read_and_a_missing_one_is_none() {
     }
     assert_eq!(super::memory(u32::MAX), None);
 }
+
+/// The machine's available memory reads back, and is no more than the machine has.
+#[test]
+fn the_machines_available_memory_is_read() {
+    let available = super::machine_available_kb().unwrap();
+    assert!(available > 0);
+    if cfg!(target_os = "linux") {
+        let total = std::fs::read_to_string("/proc/meminfo").unwrap();
+        let total: u64 = total
+            .lines()
+            .find_map(|l| l.strip_prefix("MemTotal:"))
+            .and_then(|r| r.split_whitespace().next()?.parse().ok())
+            .unwrap();
+        assert!(available <= total, "{available} of {total}");
+    }
+}

@@ -31,6 +31,9 @@ pub struct MemoryConfig {
     /// Growth of fewer megabytes than this is no leak, whatever its share: a small process
     /// settling (its buffers, its threads) is not an engine filling the machine.
     pub min_growth_mb: u64,
+    /// The machine's available memory below this many megabytes in each of the latest three
+    /// samples counts against every engine it runs (0: never).
+    pub free_floor_mb: u64,
 }
 
 impl Default for MemoryConfig {
@@ -42,6 +45,7 @@ impl Default for MemoryConfig {
             min_samples: 6,
             swap_mb: 0,
             min_growth_mb: 256,
+            free_floor_mb: 256,
         }
     }
 }
@@ -80,17 +84,21 @@ pub struct MemorySample {
     pub rss_kb: u64,
     /// None where the system does not say (macOS).
     pub swap_kb: Option<u64>,
+    /// The machine's available memory (Linux `MemAvailable`; on macOS free, inactive and
+    /// speculative pages), when it could be read.
+    pub available_kb: Option<u64>,
 }
 
 /// The rule, for people.
 pub fn memory_rule(config: &MemoryConfig) -> String {
     format!(
-        "a managed engine's resident memory grows across its latest samples (one per window, at most {}): most steps surely rising (the 95 % lower bound of their share above 50 %, from at least {} samples) and {:.0} % more in all, at least {} MB; or more than {} MB of it in swap in each of the latest 3 samples. Clears when it no longer grows (less than {:.0} % more across the samples) and nothing is in swap",
+        "a managed engine's resident memory grows across its latest samples (one per window, at most {}): most steps surely rising (the 95 % lower bound of their share above 50 %, from at least {} samples) and {:.0} % more in all, at least {} MB; or more than {} MB of it in swap in each of the latest 3 samples; or the machine's available memory below {} MB in each of them. Clears when it no longer grows (less than {:.0} % more across the samples), nothing is in swap and the machine has memory again",
         config.samples,
         config.min_samples,
         config.growth * 100.0,
         config.min_growth_mb,
         config.swap_mb,
+        config.free_floor_mb,
         config.growth * 50.0
     )
 }
@@ -113,9 +121,23 @@ pub fn memory(samples: &[MemorySample], config: &MemoryConfig) -> Judged {
             figures: json!({"swap_kb": kb, "rss_kb": last.map(|s| s.rss_kb)}),
         };
     }
-    let in_swap = last
+    let free_floor = config.free_floor_mb.saturating_mul(1024);
+    let short = |s: &MemorySample| s.available_kb.is_some_and(|kb| kb < free_floor);
+    if latest.len() == 3 && latest.iter().all(short) {
+        let kb = last.and_then(|s| s.available_kb).unwrap_or(0);
+        return Judged::Degraded {
+            summary: format!(
+                "the machine has {} MB of memory available, below the floor of {} MB",
+                kb / 1024,
+                config.free_floor_mb
+            ),
+            figures: json!({"available_kb": kb, "free_floor_mb": config.free_floor_mb, "rss_kb": last.map(|s| s.rss_kb)}),
+        };
+    }
+    let pressed = last
         .and_then(|s| s.swap_kb)
-        .is_some_and(|kb| kb > swap_floor);
+        .is_some_and(|kb| kb > swap_floor)
+        || latest.iter().any(short);
     if (samples.len() as u64) < config.min_samples {
         return Judged::Unsure(format!(
             "{} samples of its memory; at least {} needed",
@@ -156,7 +178,7 @@ pub fn memory(samples: &[MemorySample], config: &MemoryConfig) -> Judged {
         };
     }
     let settled = growth < config.growth / 2.0 || wilson_upper(rising, steps) < 0.5;
-    if settled && !in_swap {
+    if settled && !pressed {
         Judged::Clear { figures }
     } else {
         Judged::Unsure(format!(
@@ -177,6 +199,7 @@ mod tests {
             .map(|mb| MemorySample {
                 rss_kb: mb * 1024,
                 swap_kb: Some(0),
+                available_kb: Some(8 << 20),
             })
             .collect()
     }
@@ -215,6 +238,7 @@ mod tests {
             samples.push(MemorySample {
                 rss_kb: 100 * 1024,
                 swap_kb: Some(50 * 1024),
+                available_kb: Some(8 << 20),
             });
         }
         let Judged::Degraded { summary, .. } = memory(&samples, &config) else {
@@ -233,6 +257,40 @@ mod tests {
             memory(&unknown, &config),
             Judged::Degraded { .. }
         ));
+    }
+
+    #[test]
+    fn a_machine_short_of_memory_in_each_of_the_latest_three_samples_is_degraded() {
+        let config = MemoryConfig::default();
+        let mut samples = at(&[100, 100, 100]);
+        let low = |s: &mut MemorySample| s.available_kb = Some(100 * 1024);
+        samples.iter_mut().skip(1).for_each(low);
+        assert!(
+            !matches!(memory(&samples, &config), Judged::Degraded { .. }),
+            "two samples are not three"
+        );
+        samples.push(samples[2]);
+        let Judged::Degraded { summary, .. } = memory(&samples, &config) else {
+            panic!("short of memory");
+        };
+        assert_eq!(
+            summary,
+            "the machine has 100 MB of memory available, below the floor of 256 MB"
+        );
+        // Memory again, but not yet for three samples: no clearing either.
+        samples.extend(at(&[100, 100]));
+        assert!(matches!(memory(&samples, &config), Judged::Unsure(_)));
+        samples.extend(at(&[100, 100, 100]));
+        assert!(matches!(memory(&samples, &config), Judged::Clear { .. }));
+        // Where the machine's memory is not known, nothing is claimed.
+        let unknown: Vec<_> = samples
+            .iter()
+            .map(|s| MemorySample {
+                available_kb: None,
+                ..*s
+            })
+            .collect();
+        assert!(matches!(memory(&unknown, &config), Judged::Clear { .. }));
     }
 
     #[test]

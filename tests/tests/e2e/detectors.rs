@@ -811,3 +811,44 @@ primary = "full"
         ]
     );
 }
+
+/// A floor above what any machine has: the machine is short of memory in every sample, and
+/// each engine Switchyard runs is found degraded by the memory detector, saying so.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_machine_below_its_free_memory_floor_degrades_the_engines_it_runs() {
+    let bin = env!("CARGO_BIN_EXE_fake-engine");
+    let sections = format!(
+        r#"
+[detectors.memory]
+free_floor_mb = 1000000000
+
+[backends.engine]
+engine = "llama.cpp"
+[backends.engine.launch]
+command = ["{bin}", "--listen", "127.0.0.1:${{port}}", "--tokens", "3"]
+
+[models.engine]
+primary = "engine"
+"#
+    );
+    let s = start(tempfile::tempdir().unwrap(), Vec::new(), &sections, &[]).await;
+    s.ask("engine", 1).await;
+    let readyz = wait_ready(&s.proxy, Duration::from_secs(10), |v| {
+        v["backends"]["engine"]["degraded"]
+            .as_array()
+            .is_some_and(|d| d.iter().any(|d| d["detector"] == "memory"))
+    })
+    .await
+    .unwrap();
+    let found = &readyz["backends"]["engine"]["degraded"][0];
+    let summary = found["summary"].as_str().unwrap();
+    assert!(
+        summary.starts_with("the machine has ")
+            && summary.ends_with(" MB of memory available, below the floor of 1000000000 MB"),
+        "{found}"
+    );
+    assert!(
+        found["figures"]["available_kb"].as_u64().unwrap() > 0,
+        "{found}"
+    );
+}

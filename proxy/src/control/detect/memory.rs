@@ -85,12 +85,14 @@ impl AppState {
 }
 
 /// Process `pid`'s resident memory and swap ([`switchyard_engine::managed::memory`]: on macOS no
-/// swap, which the system does not say per process). None when the process is gone.
+/// swap, which the system does not say per process), and the machine's available memory. None
+/// when the process is gone.
 fn sample(pid: u32) -> Option<MemorySample> {
     let m = switchyard_engine::managed::memory(pid)?;
     Some(MemorySample {
         rss_kb: m.rss_kb,
         swap_kb: m.swap_kb,
+        available_kb: switchyard_engine::managed::machine_available_kb(),
     })
 }
 
