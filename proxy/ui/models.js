@@ -81,8 +81,7 @@
           b.pool.name, " · ", b.pool.member.state, " · ", b.pool.member.outstanding, " outstanding",
           b.pool.member.state === "ejected" ? ` · back in ${ms(b.pool.member.ejected_for_ms)}` : "")] : null,
         (b.degraded || []).flatMap((d) => [h("dt", {}, "degraded"), h("dd", { class: "degraded", "data-detector": d.detector, title: d.rule },
-          `${d.detector}: ${d.figures.metric} at ${d.figures.median_ratio.toFixed(2)}× its baseline · `,
-          `${d.figures.slow} of the latest ${d.figures.requests} answers slow · since `, time(d.since_ms), ` (${d.mode})`)]),
+          `${d.detector}: ${d.summary} · since `, time(d.since_ms), ` (${d.mode})`)]),
         baseline(b.baseline)),
       m ? h("div", { class: "actions" }, ACTIONS.map((a) => h("button", {
         "data-action": a, onclick: () => ask(`${a} ${name} (now ${b.state})`, `/admin/backends/${encodeURIComponent(name)}/${a}`),
@@ -95,13 +94,21 @@
         past.length || actions.length ? null : h("p", {}, "nothing recorded in this window")));
   }
 
-  // The warm baseline the detectors judge the engine against: each band's median rates.
+  // The warm baseline the detectors judge the engine against: each band's median rates (and
+  // time to first token, shown only), the cached share of a continuing prompt, the queue's share.
   function baseline(base) {
     const bands = (base && base.bands || []).filter((band) => band.decode_tokens_per_s != null || band.prefill_tokens_per_s != null);
-    if (!bands.length) return null;
+    const share = (v) => `${Math.round(v * 100)} %`;
+    const shares = [
+      base && base.cache && base.cache.cached_share != null ? `prompt cached ${share(base.cache.cached_share)} ` : null,
+      base && base.queue && base.queue.queued_share != null ? `queued ${share(base.queue.queued_share)} of the time` : null,
+    ].filter(Boolean);
+    if (!bands.length && !shares.length) return null;
     const rate = (v) => v == null ? "–" : `${Math.round(v)} tok/s`;
     return [h("dt", {}, "baseline"), h("dd", { class: "baseline", title: `the median of the first ${base.size} warm answers per prompt-size band` },
-      bands.map((band) => h("span", { class: "band" }, `${band.band} tokens: decode ${rate(band.decode_tokens_per_s)}, prefill ${rate(band.prefill_tokens_per_s)} `)))];
+      bands.map((band) => h("span", { class: "band" }, `${band.band} tokens: decode ${rate(band.decode_tokens_per_s)}, prefill ${rate(band.prefill_tokens_per_s)}`,
+        band.ttft_ms == null ? " " : `, first token ${ms(band.ttft_ms)} `)),
+      shares.length ? h("span", { class: "shares" }, shares) : null)];
   }
 
   async function drawEngines() {

@@ -359,7 +359,7 @@ window_requests = 5
         cards = {c["backend"]: c for c in result["pool_cards"]}
         for name in ("a", "b"):
             assert cards[name]["pool_state"] == "in" and cards[name]["pool"].startswith("llama · in · "), cards
-        assert cards["a"]["degraded"].startswith("slowdown: decode at 0.1"), cards
+        assert cards["a"]["degraded"].startswith("slowdown: decode rate at 0.1"), cards
         assert "5 of the latest 5 answers slow" in cards["a"]["degraded"] and cards["a"]["degraded"].endswith("(warn)"), cards
         assert cards["a"]["baseline"].startswith("<256 tokens: decode "), cards
         assert cards["b"]["degraded"] is None, cards

@@ -77,7 +77,7 @@ pub struct Stamped<'a> {
 
 const SAMPLE_COLUMNS: &str =
     "id, prompt_tokens, decode_tokens, decode_ms, prefill_tokens, prefill_ms,
-     cached_tokens, continues, queue_ms, total_ms FROM requests";
+     cached_tokens, continues, queue_ms, total_ms, ttft_ms FROM requests";
 /// Warm answers of one engine that it served whole: what its rates are taken from. Replays
 /// are not: they ask for log-probabilities and stop short, which is not the engine's usual work.
 const SAMPLE_FILTER: &str = "backend = :backend AND engine = :engine AND artifact = :artifact
@@ -167,7 +167,8 @@ impl RateReader {
                     count(row.get(6)?),
                     prompt_tokens,
                 )
-                .with_queue(row.get(8)?, row.get(9)?))
+                .with_queue(row.get(8)?, row.get(9)?)
+                .with_ttft(row.get(10)?))
             })?;
             rows.collect()
         })

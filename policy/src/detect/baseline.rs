@@ -39,6 +39,8 @@ pub struct Sample {
     pub cached: Option<f64>,
     /// The share of the answer's time it spent waiting for a slot in Switchyard's queue.
     pub queued: Option<f64>,
+    /// Its time to first token (streamed answers).
+    pub ttft_ms: Option<f64>,
 }
 
 impl Sample {
@@ -64,7 +66,14 @@ impl Sample {
             prefill: rate(prefill, MIN_PREFILL_TOKENS),
             cached: None,
             queued: None,
+            ttft_ms: None,
         }
+    }
+
+    /// With its time to first token.
+    pub fn with_ttft(mut self, ttft_ms: Option<f64>) -> Self {
+        self.ttft_ms = ttft_ms.filter(|t| t.is_finite() && *t >= 0.0);
+        self
     }
 
     /// With the share of its time (`total_ms`) the answer waited in the queue (`queue_ms`).
@@ -138,6 +147,9 @@ pub struct Baseline {
     /// The queue's share of its first answers' time (all bands), and the last row taken.
     pub(super) queued: Vec<f64>,
     pub(super) queued_through: i64,
+    /// Each band's first streamed answers' time to first token (shown, not judged: the
+    /// rates above say more of the engine, and the first token waits for the queue too).
+    ttft: [Vec<f64>; BANDS.len()],
 }
 
 impl Baseline {
@@ -151,6 +163,10 @@ impl Baseline {
                     self.through[sample.band][m] = sample.id;
                 }
             }
+        }
+        let ttfts = &mut self.ttft[sample.band];
+        if let Some(ttft) = sample.ttft_ms.filter(|_| (ttfts.len() as u64) < size) {
+            ttfts.push(ttft);
         }
         if let Some(share) = sample.cached {
             if (self.cached.len() as u64) < size {
@@ -210,6 +226,7 @@ impl Baseline {
                 prefill_requests: self.rates[b][1].len() as u64,
                 decode_tokens_per_s: self.median(b, Metric::Decode, size),
                 prefill_tokens_per_s: self.median(b, Metric::Prefill, size),
+                ttft_ms: (self.ttft[b].len() as u64 >= size).then(|| median(&self.ttft[b])),
             })
             .collect()
     }
@@ -223,6 +240,8 @@ pub struct BandBaseline {
     pub prefill_requests: u64,
     pub decode_tokens_per_s: Option<f64>,
     pub prefill_tokens_per_s: Option<f64>,
+    /// The median time to first token of its first streamed answers, once there are enough.
+    pub ttft_ms: Option<f64>,
 }
 
 /// The cache's baseline, as the admin API shows it.
