@@ -306,7 +306,10 @@ impl Setup {
                 return name;
             }
         }
-        panic!("40 new conversations, none placed on {member}");
+        panic!(
+            "40 new conversations, none placed on {member}: {}",
+            self.readyz().await
+        );
     }
 }
 
