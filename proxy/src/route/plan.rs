@@ -164,7 +164,8 @@ impl Routing {
 /// continues a conversation its backend served). Empty otherwise, and for an endpoint without
 /// a conversation.
 fn conversation(snapshot: &Snapshot, parsed: &ParsedBody<'_>, ctx: &Ctx) -> Vec<u64> {
-    if snapshot.pools.is_empty() && snapshot.config.detectors.cache.mode == Mode::Off {
+    let affinity = snapshot.pools.values().any(|pool| pool.affinity());
+    if !affinity && snapshot.config.detectors.cache.mode == Mode::Off {
         return Vec::new();
     }
     conversation_chain(
