@@ -31,7 +31,7 @@ from pathlib import Path
 import httpx
 import openai
 
-from conftest import Proc, http_client
+from conftest import Proc, StartupError, http_client
 from test_real_engines import (
     REQUEST_TIMEOUT_S,
     free_port,
@@ -254,7 +254,13 @@ def test_a_replica_killed_under_load(tmp_path: Path) -> None:
     with pooled(tmp_path, "eject_after = 1\neject_ms = 1000\neject_max_ms = 2000") as (procs, url, _):
         load = Load(url, 8)
         try:
-            poll("a stream under way on a", lambda: len(load.done) >= 8 and load.on("a"), procs["a"][0])
+            try:
+                poll("a stream under way on a", lambda: len(load.done) >= 8 and load.on("a"), procs["a"][0])
+            except StartupError as e:
+                with http_client(timeout=5.0) as http:
+                    readyz = http.get(f"{url}/readyz").json()
+                served = {b: sum(d.get("backend") == b for d in load.done) for b in ("a", "b", None)}
+                raise AssertionError(f"no stream on a; answers by replica {served}; /readyz {readyz}") from e
             procs["a"][0].popen.kill()
             killed = time.monotonic()
             # Every conversation sends two turns after the kill.

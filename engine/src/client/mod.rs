@@ -174,7 +174,7 @@ impl Upstream {
                 if reused {
                     continue;
                 }
-                return Err(Failure::Unanswered(describe_chain(&e)));
+                return Err(self.unanswered(endpoint, describe_chain(&e)).await);
             }
             let read_before = conn.read.load(Ordering::Relaxed);
             match conn.sender.try_send_request(request).await {
@@ -218,11 +218,34 @@ impl Upstream {
                             )))
                         }
                         None if answered => return Err(Failure::Broken(describe_chain(e.error()))),
-                        None => return Err(Failure::Unanswered(describe_chain(e.error()))),
+                        None => {
+                            return Err(self.unanswered(endpoint, describe_chain(e.error())).await)
+                        }
                     }
                     retried = true;
                 }
             }
+        }
+    }
+
+    /// Why a new connection ended before any byte of the answer. An engine that no longer
+    /// accepts connections has exited (killed, crashed): a connection the kernel accepted for
+    /// a process being killed is reset when its socket is closed, and whatever such an engine
+    /// read will never be answered, so the request counts as not served and may be sent to
+    /// another backend. An engine that still listens closed the connection itself, and may
+    /// have read the request: that stays [`Failure::Unanswered`].
+    async fn unanswered(&self, endpoint: &Endpoint, why: String) -> Failure {
+        let (host, port) = host_and_port(&endpoint.authority);
+        let again = tokio::time::timeout(
+            self.connect_timeout(endpoint),
+            TcpStream::connect((host, port)),
+        )
+        .await;
+        match again {
+            Ok(Err(e)) if e.kind() == io::ErrorKind::ConnectionRefused => Failure::Connect(format!(
+                "the engine closed the connection before answering and now refuses connections (it exited): {why}"
+            )),
+            _ => Failure::Unanswered(why),
         }
     }
 
@@ -381,7 +404,9 @@ pub enum Error {
     /// No connection within the connect timeout: nothing reached the engine.
     #[error("did not accept the connection within {ms} ms")]
     ConnectTimeout { ms: u64 },
-    /// No connection (refused, unreachable, no such host): nothing reached the engine.
+    /// No connection (refused, unreachable, no such host): nothing reached the engine; or the
+    /// connection ended unanswered and the engine then refused a new one: it exited, and
+    /// nothing it was sent will be answered.
     #[error("could not be reached: {0}")]
     Unreachable(String),
     /// No response head within the first-byte timeout.
@@ -400,7 +425,7 @@ pub enum Error {
 
 impl Error {
     /// Whether the request may be sent to another backend: only when nothing reached the engine
-    /// (the connection was never made).
+    /// (the connection was never made), or the engine exited without answering it.
     pub fn nothing_sent(&self) -> bool {
         matches!(self, Self::ConnectTimeout { .. } | Self::Unreachable(_))
     }

@@ -190,6 +190,42 @@ async fn a_new_connection_that_fails_is_not_sent_again() {
 }
 
 #[tokio::test]
+async fn an_engine_that_exits_unanswering_may_be_replaced() {
+    use tokio::io::AsyncReadExt;
+    // The engine reads the request and exits: its listening socket closes, then the connection.
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let exits = tokio::spawn(async move {
+        let (mut socket, _) = listener.accept().await.unwrap();
+        let mut head = Vec::new();
+        while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+            let mut chunk = [0u8; 1024];
+            let n = socket.read(&mut chunk).await.unwrap();
+            assert!(n > 0, "the request arrives whole");
+            head.extend_from_slice(&chunk[..n]);
+        }
+        drop(listener);
+        drop(socket);
+    });
+    let engine = Scripted {
+        port,
+        seen: Default::default(),
+    };
+    let backend = engine.backend("openai");
+    let (upstream, retries) = upstream();
+    let error = get(&upstream, &backend).await.unwrap_err();
+    exits.await.unwrap();
+    assert!(error.nothing_sent(), "{error:?}");
+    assert!(
+        error
+            .to_string()
+            .contains("now refuses connections (it exited)"),
+        "{error}"
+    );
+    assert!(retries.lock().unwrap().is_empty());
+}
+
+#[tokio::test]
 async fn a_second_failure_is_the_engines() {
     // The kept-alive connection fails the request, and so does the new one: one retry only.
     let engine = Scripted::start(&[Act::Answer(KEPT), Act::Close, Act::Close]).await;
