@@ -23,11 +23,11 @@ pub mod memory;
 pub mod offload;
 pub mod queueing;
 
-use baseline::median;
 pub use baseline::{
     band, BandBaseline, Baseline, CacheBaseline, Metric, QueueBaseline, Sample, BANDS,
     MIN_CACHE_PROMPT_TOKENS, MIN_DECODE_TOKENS, MIN_PREFILL_TOKENS,
 };
+use baseline::{latest, median};
 #[cfg(test)]
 mod tests;
 
@@ -185,16 +185,14 @@ pub fn slowdown(baseline: &Baseline, window: &[Sample], config: &DetectorsConfig
     let mut unsure = None;
     let mut evidence = Vec::new();
     for metric in Metric::ALL {
-        let mut ratios: Vec<f64> = window
+        // Each answer against its own band's baseline.
+        let ratios = window
             .iter()
-            .filter(|s| s.id > baseline.through[s.band][metric as usize])
+            .filter(|s| baseline.rates[s.band][metric as usize].after(s.id))
             .filter_map(|s| Some(metric.of(s)? / baseline.median(s.band, metric, size)?))
             .filter(|r| r.is_finite())
             .collect();
-        let keep = usize::try_from(config.window_requests).unwrap_or(usize::MAX);
-        if ratios.len() > keep {
-            ratios.drain(..ratios.len() - keep);
-        }
+        let ratios = latest(ratios, config.window_requests);
         let n = ratios.len() as u64;
         evidence.push(format!("{} {n}", metric.as_str()));
         if n < config.min_requests {

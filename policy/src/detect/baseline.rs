@@ -134,84 +134,106 @@ impl Metric {
     }
 }
 
+/// The first values of one figure an identity's answers showed, up to the baseline's size, and
+/// the ledger row of the last one taken: later rows are judged against them.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub(super) struct Firsts {
+    values: Vec<f64>,
+    through: i64,
+}
+
+impl Firsts {
+    fn learn(&mut self, id: i64, value: Option<f64>, size: u64) {
+        if let Some(value) = value.filter(|_| self.len() < size) {
+            self.values.push(value);
+            self.through = id;
+        }
+    }
+
+    pub(super) fn len(&self) -> u64 {
+        self.values.len() as u64
+    }
+
+    /// Their median, once there are `size` of them.
+    pub(super) fn median(&self, size: u64) -> Option<f64> {
+        (self.len() >= size).then(|| median(&self.values))
+    }
+
+    /// Whether row `id` came after the baseline's rows (the baseline's own are not judged).
+    pub(super) fn after(&self, id: i64) -> bool {
+        id > self.through
+    }
+
+    /// The values `pick` reads from `window`'s rows after the baseline's: the latest `keep`.
+    pub(super) fn latest(
+        &self,
+        window: &[Sample],
+        pick: impl Fn(&Sample) -> Option<f64>,
+        keep: u64,
+    ) -> Vec<f64> {
+        let values = window
+            .iter()
+            .filter(|s| self.after(s.id))
+            .filter_map(pick)
+            .collect();
+        latest(values, keep)
+    }
+}
+
+/// The last `keep` of `values` (oldest first): a window's latest answers.
+pub(super) fn latest(mut values: Vec<f64>, keep: u64) -> Vec<f64> {
+    let keep = usize::try_from(keep).unwrap_or(usize::MAX);
+    if values.len() > keep {
+        values.drain(..values.len() - keep);
+    }
+    values
+}
+
 /// One engine identity's baseline: per band and metric, its first warm rates, up to
-/// `baseline_requests`, and the id of the last row taken (later rows are judged against it).
+/// `baseline_requests` (and, shown only, time to first token); across bands, the cached share of
+/// its first continuing prompts and the queue's share of its first answers' time (a share does
+/// not grow with the prompt).
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Baseline {
-    rates: [[Vec<f64>; 2]; BANDS.len()],
-    pub(super) through: [[i64; 2]; BANDS.len()],
-    /// The cached shares of its first answers that continue a conversation it served (all
-    /// bands: a share does not grow with the prompt), and the last row taken.
-    pub(super) cached: Vec<f64>,
-    pub(super) cached_through: i64,
-    /// The queue's share of its first answers' time (all bands), and the last row taken.
-    pub(super) queued: Vec<f64>,
-    pub(super) queued_through: i64,
-    /// Each band's first streamed answers' time to first token (shown, not judged: the
-    /// rates above say more of the engine, and the first token waits for the queue too).
-    ttft: [Vec<f64>; BANDS.len()],
+    pub(super) rates: [[Firsts; 2]; BANDS.len()],
+    /// Shown, not judged: the rates say more of the engine, and the first token waits for the
+    /// queue too.
+    ttft: [Firsts; BANDS.len()],
+    pub(super) cached: Firsts,
+    pub(super) queued: Firsts,
 }
 
 impl Baseline {
-    /// Takes `sample` into the baseline where its band's is not full yet.
+    /// Takes `sample` into the baseline where its figures' are not full yet.
     pub fn learn(&mut self, sample: &Sample, size: u64) {
-        for (m, metric) in Metric::ALL.iter().enumerate() {
-            let rates = &mut self.rates[sample.band][m];
-            if let Some(rate) = metric.of(sample) {
-                if (rates.len() as u64) < size {
-                    rates.push(rate);
-                    self.through[sample.band][m] = sample.id;
-                }
-            }
+        let (id, band) = (sample.id, sample.band);
+        for metric in Metric::ALL {
+            self.rates[band][metric as usize].learn(id, metric.of(sample), size);
         }
-        let ttfts = &mut self.ttft[sample.band];
-        if let Some(ttft) = sample.ttft_ms.filter(|_| (ttfts.len() as u64) < size) {
-            ttfts.push(ttft);
-        }
-        if let Some(share) = sample.cached {
-            if (self.cached.len() as u64) < size {
-                self.cached.push(share);
-                self.cached_through = sample.id;
-            }
-        }
-        if let Some(share) = sample.queued {
-            if (self.queued.len() as u64) < size {
-                self.queued.push(share);
-                self.queued_through = sample.id;
-            }
-        }
-    }
-
-    /// The median share of an answer's time spent in the queue, once the baseline is full.
-    pub fn queued_median(&self, size: u64) -> Option<f64> {
-        ((self.queued.len() as u64) >= size).then(|| median(&self.queued))
-    }
-
-    /// The median cached share of a continuing prompt, once the baseline has `size` of them.
-    pub fn cached_median(&self, size: u64) -> Option<f64> {
-        ((self.cached.len() as u64) >= size).then(|| median(&self.cached))
+        self.ttft[band].learn(id, sample.ttft_ms, size);
+        self.cached.learn(id, sample.cached, size);
+        self.queued.learn(id, sample.queued, size);
     }
 
     /// The cached share's baseline as shown (admin API): its answers and, once full, median.
     pub fn cache(&self, size: u64) -> CacheBaseline {
         CacheBaseline {
-            requests: self.cached.len() as u64,
-            cached_share: self.cached_median(size),
+            requests: self.cached.len(),
+            cached_share: self.cached.median(size),
         }
     }
 
     /// The queue's baseline as shown (admin API): its answers and, once full, median share.
     pub fn queue(&self, size: u64) -> QueueBaseline {
         QueueBaseline {
-            requests: self.queued.len() as u64,
-            queued_share: self.queued_median(size),
+            requests: self.queued.len(),
+            queued_share: self.queued.median(size),
         }
     }
 
     /// The median rate of `band` for `metric`, once its baseline is full.
     pub fn median(&self, band: usize, metric: Metric, size: u64) -> Option<f64> {
-        let rates = &self.rates[band][metric as usize];
-        ((rates.len() as u64) >= size).then(|| median(rates))
+        self.rates[band][metric as usize].median(size)
     }
 
     /// Each band's baseline as shown (admin API): its requests and, once full, its medians.
@@ -219,14 +241,14 @@ impl Baseline {
         BANDS
             .iter()
             .enumerate()
-            .filter(|(b, _)| self.rates[*b].iter().any(|r| !r.is_empty()))
+            .filter(|(b, _)| self.rates[*b].iter().any(|r| r.len() > 0))
             .map(|(b, (name, _))| BandBaseline {
                 band: name,
-                decode_requests: self.rates[b][0].len() as u64,
-                prefill_requests: self.rates[b][1].len() as u64,
+                decode_requests: self.rates[b][Metric::Decode as usize].len(),
+                prefill_requests: self.rates[b][Metric::Prefill as usize].len(),
                 decode_tokens_per_s: self.median(b, Metric::Decode, size),
                 prefill_tokens_per_s: self.median(b, Metric::Prefill, size),
-                ttft_ms: (self.ttft[b].len() as u64 >= size).then(|| median(&self.ttft[b])),
+                ttft_ms: self.ttft[b].median(size),
             })
             .collect()
     }

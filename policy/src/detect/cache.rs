@@ -90,7 +90,7 @@ pub fn cache_rule(config: &DetectorsConfig) -> String {
 /// Judges `window` (the engine's latest samples, oldest first) against `baseline`'s cached
 /// share.
 pub fn cache_collapse(baseline: &Baseline, window: &[Sample], config: &DetectorsConfig) -> Judged {
-    let Some(reference) = baseline.cached_median(config.baseline_requests) else {
+    let Some(reference) = baseline.cached.median(config.baseline_requests) else {
         return Judged::Unsure(format!(
             "no baseline yet: {} of {} answers that continue a conversation this engine served",
             baseline.cached.len(),
@@ -104,15 +104,9 @@ pub fn cache_collapse(baseline: &Baseline, window: &[Sample], config: &Detectors
             config.cache.floor * 100.0
         ));
     }
-    let mut shares: Vec<f64> = window
-        .iter()
-        .filter(|s| s.id > baseline.cached_through)
-        .filter_map(|s| s.cached)
-        .collect();
-    let keep = usize::try_from(config.window_requests).unwrap_or(usize::MAX);
-    if shares.len() > keep {
-        shares.drain(..shares.len() - keep);
-    }
+    let shares = baseline
+        .cached
+        .latest(window, |s| s.cached, config.window_requests);
     let n = shares.len() as u64;
     if n < config.min_requests {
         return Judged::Unsure(format!(

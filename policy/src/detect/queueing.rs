@@ -83,22 +83,16 @@ pub fn queueing(
     config: &DetectorsConfig,
     engine_slower: bool,
 ) -> Judged {
-    let Some(reference) = baseline.queued_median(config.baseline_requests) else {
+    let Some(reference) = baseline.queued.median(config.baseline_requests) else {
         return Judged::Unsure(format!(
             "no baseline yet: {} of {} warm answers",
             baseline.queued.len(),
             config.baseline_requests
         ));
     };
-    let mut shares: Vec<f64> = window
-        .iter()
-        .filter(|s| s.id > baseline.queued_through)
-        .filter_map(|s| s.queued)
-        .collect();
-    let keep = usize::try_from(config.window_requests).unwrap_or(usize::MAX);
-    if shares.len() > keep {
-        shares.drain(..shares.len() - keep);
-    }
+    let shares = baseline
+        .queued
+        .latest(window, |s| s.queued, config.window_requests);
     let n = shares.len() as u64;
     if n < config.min_requests {
         return Judged::Unsure(format!(
