@@ -11,7 +11,6 @@ use super::serve::init_logging;
 use super::{report_invalid, EX_USAGE, VERSION};
 use crate::config;
 use crate::offline::baseline::render::{self, Format};
-use crate::App;
 
 #[derive(Debug, Args)]
 #[command(args_conflicts_with_subcommands = true, subcommand_negates_reqs = true)]
@@ -162,11 +161,7 @@ async fn take(args: RunArgs, log: &str) -> anyhow::Result<i32> {
         || suite_path.display().to_string(),
         |n| n.to_string_lossy().into_owned(),
     );
-    let app = App::new(config).map_err(anyhow::Error::msg)?;
-    let tasks = tokio_util::task::TaskTracker::new();
-    let stop = tokio_util::sync::CancellationToken::new();
-    app.start_background(&tasks, stop.clone());
-    let state = app.state().clone();
+    let run = super::offline::InProcess::start(config)?;
     let total = suite.len() * (repeat + 1);
     let mut done = 0;
     let plan = crate::offline::baseline::Plan {
@@ -178,24 +173,19 @@ async fn take(args: RunArgs, log: &str) -> anyhow::Result<i32> {
         switchyard: VERSION,
         ready_timeout: std::time::Duration::from_secs(ready_timeout_s),
     };
-    let result = crate::offline::baseline::take(&state, plan, |run| {
+    let result = crate::offline::baseline::take(&run.state, plan, |one| {
         done += 1;
         tracing::info!(
-            line = run.line,
-            run = run.label(),
-            status = run.side.status,
-            total_ms = run.side.total_ms,
+            line = one.line,
+            run = one.label(),
+            status = one.side.status,
+            total_ms = one.side.total_ms,
             progress = %format!("{done}/{total}"),
             "baseline run"
         );
     })
     .await;
-    stop.cancel();
-    if !state.flush_ledger().await {
-        tracing::warn!("the ledger did not finish writing within 5 s");
-    }
-    // The engines it ran itself stop with it.
-    crate::control::engines::stopped(&state, std::time::Duration::from_secs(60)).await;
+    run.finish().await;
     let record = match result {
         Ok(r) => r,
         Err(e) => {

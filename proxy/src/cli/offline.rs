@@ -64,6 +64,41 @@ pub struct ReportArgs {
     include_cold: bool,
 }
 
+/// Switchyard run in-process by a command that sends requests itself (`compare`, `baseline`):
+/// its background work (probes, the engines it runs, the ledger's writer) goes on until
+/// [`InProcess::finish`].
+pub(super) struct InProcess {
+    _app: App,
+    pub(super) state: std::sync::Arc<crate::control::AppState>,
+    stop: tokio_util::sync::CancellationToken,
+    _tasks: tokio_util::task::TaskTracker,
+}
+
+impl InProcess {
+    pub(super) fn start(config: switchyard_policy::Config) -> anyhow::Result<Self> {
+        let app = App::new(config).map_err(anyhow::Error::msg)?;
+        let tasks = tokio_util::task::TaskTracker::new();
+        let stop = tokio_util::sync::CancellationToken::new();
+        app.start_background(&tasks, stop.clone());
+        Ok(Self {
+            state: app.state().clone(),
+            _app: app,
+            stop,
+            _tasks: tasks,
+        })
+    }
+
+    /// Stops the background work, writes out the ledger (a warning if it takes over 5 s) and
+    /// stops the engines it ran.
+    pub(super) async fn finish(self) {
+        self.stop.cancel();
+        if !self.state.flush_ledger().await {
+            tracing::warn!("the ledger did not finish writing within 5 s");
+        }
+        crate::control::engines::stopped(&self.state, std::time::Duration::from_secs(60)).await;
+    }
+}
+
 /// `switchyard compare`: runs the suite on both backends and prints the comparator's report.
 pub(super) async fn compare(args: CompareArgs, log: &str) -> anyhow::Result<i32> {
     let CompareArgs {
@@ -109,11 +144,8 @@ pub(super) async fn compare(args: CompareArgs, log: &str) -> anyhow::Result<i32>
             "fewer warm repetitions than the comparator needs: no group will have ratios"
         );
     }
-    let app = App::new(config).map_err(anyhow::Error::msg)?;
-    let tasks = tokio_util::task::TaskTracker::new();
-    let stop = tokio_util::sync::CancellationToken::new();
-    app.start_background(&tasks, stop.clone());
-    let state = app.state().clone();
+    let run = InProcess::start(config)?;
+    let state = run.state.clone();
     let result = async {
         crate::offline::compare::wait_ready(
             &state,
@@ -144,12 +176,7 @@ pub(super) async fn compare(args: CompareArgs, log: &str) -> anyhow::Result<i32>
         .await
     }
     .await;
-    stop.cancel();
-    if !state.flush_ledger().await {
-        tracing::warn!("the ledger did not finish writing within 5 s");
-    }
-    // The engines it ran itself stop with it.
-    crate::control::engines::stopped(&state, std::time::Duration::from_secs(60)).await;
+    run.finish().await;
     let pairs = match result {
         Ok(p) => p,
         Err(e) => {
