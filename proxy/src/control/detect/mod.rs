@@ -133,29 +133,35 @@ pub(super) fn stamped(backend: &Backend) -> Option<(String, String)> {
     Some((engine.to_string(), artifact.to_string()))
 }
 
+/// The detectors that judge the ledger's rows, with their modes: in the order [`judge`] gives
+/// their verdicts.
+fn from_ledger(config: &DetectorsConfig) -> [(&'static str, Mode); 3] {
+    [
+        (SLOWDOWN, config.slowdown.mode),
+        (CACHE, config.cache.mode),
+        (QUEUEING, config.queueing.mode),
+    ]
+}
+
 /// Judges every engine once per `detectors.every_ms`, until `stop`. The slowdown and cache
 /// detectors read the ledger; without one, only the memory and offload detectors run.
 pub(crate) async fn detector(state: Arc<AppState>, stop: CancellationToken) {
     let reader = match state.recorder.ledger.as_ref() {
         None => {
-            tracing::warn!("no [ledger] configured: the slowdown and cache detectors, which judge from its rows, do not run");
+            tracing::warn!("no [ledger] configured: the slowdown, cache and queueing detectors, which judge from its rows, do not run");
             None
         }
         Some(ledger) => match RateReader::open(&ledger.path) {
             Ok(reader) => Some(Arc::new(reader)),
             Err(e) => {
-                tracing::error!(error = %e, "the slowdown and cache detectors cannot read the ledger; they do not run");
+                tracing::error!(error = %e, "the slowdown, cache and queueing detectors cannot read the ledger; they do not run");
                 None
             }
         },
     };
     loop {
         let config = state.config().detectors.clone();
-        let from_ledger = [
-            (SLOWDOWN, config.slowdown.mode),
-            (CACHE, config.cache.mode),
-            (QUEUEING, config.queueing.mode),
-        ];
+        let from_ledger = from_ledger(&config);
         for (detector, mode) in from_ledger {
             if mode == Mode::Off {
                 state.detector_off(detector);
@@ -206,6 +212,12 @@ impl AppState {
 
     /// One window: each engine's baseline brought up to date and its latest answers judged.
     async fn detect(self: &Arc<Self>, reader: &Arc<RateReader>, config: &DetectorsConfig) {
+        // In the order of `from_ledger`.
+        let rules = [
+            slowdown_rule(config),
+            cache_rule(config),
+            queueing_rule(config),
+        ];
         let snapshot = self.live.load();
         let mut current = Vec::new();
         for backend in snapshot.backends.values() {
@@ -237,19 +249,16 @@ impl AppState {
                 .lock()
                 .unwrap_or_else(PoisonError::into_inner)
                 .insert(key.clone(), learned);
-            let rules = [
-                (SLOWDOWN, slowdown_rule(config), config.slowdown.mode),
-                (CACHE, cache_rule(config), config.cache.mode),
-                (QUEUEING, queueing_rule(config), config.queueing.mode),
-            ];
-            for ((detector, rule, mode), judged) in rules.into_iter().zip(verdicts) {
+            for (((detector, mode), rule), judged) in
+                from_ledger(config).into_iter().zip(&rules).zip(verdicts)
+            {
                 if mode == Mode::Off {
                     continue;
                 }
                 verdict_entry(&self.detectors, &backend.name, detector, &judged);
                 let found = Found {
                     detector,
-                    rule,
+                    rule: rule.clone(),
                     mode,
                     identity: (key.1.clone(), key.2.clone()),
                 };
