@@ -85,14 +85,23 @@ def detections(db: Path) -> list[tuple[str, str, str]]:
         return conn.execute("SELECT backend, detector, state FROM detections ORDER BY id").fetchall()
 
 
-def test_a_llama_server_under_a_cpu_cap_is_found_degraded_and_cleared_when_it_is_lifted(tmp_path: Path) -> None:
-    port = free_port()
-    admin = f"127.0.0.1:{free_port()}"
-    argv = [str(required_path("LLAMA_SERVER_BIN")), "-m", str(required_path("SMOLLM2_GGUF")),
-            "-c", "2048", "--host", "127.0.0.1", "--port", str(port)]
-    engine = Proc("llama-detected", argv, tmp_path / "llama.log")
-    db = tmp_path / "ledger.db"
-    config = f"""
+def llama_argv(port: int, *flags: str, context: int = 4096) -> list[str]:
+    return [str(required_path("LLAMA_SERVER_BIN")), "-m", str(required_path("SMOLLM2_GGUF")),
+            "-c", str(context), "--host", "127.0.0.1", "--port", str(port), *flags]
+
+
+def engine_up(port: int, engine: Proc) -> None:
+    """Waits until the llama-server on `port` answers its health check."""
+    with http_client(timeout=5.0) as http:
+        poll("llama-server", lambda: http.get(f"http://127.0.0.1:{port}/health").status_code == 200, engine)
+
+
+def judged_config(port: int, admin: str, db: Path, baseline: int, sections: str = "",
+                  window: int = WINDOW, least: int = 8) -> str:
+    """Switchyard in front of the llama-server on `port`, with a ledger at `db`, the admin API at
+    `admin`, and the detectors judging every 500 ms on `baseline` answers and windows of `window`
+    (at least `least` answers); `sections`: the test's own detector settings."""
+    return f"""
 [server]
 listen = "127.0.0.1:0"
 probe_interval_ms = 200
@@ -106,10 +115,10 @@ path = "{db}"
 
 [detectors]
 every_ms = 500
-baseline_requests = {RATES_WINDOW}
-min_requests = {RATES_LEAST}
-window_requests = {RATES_WINDOW}
-
+baseline_requests = {baseline}
+min_requests = {least}
+window_requests = {window}
+{sections}
 [backends.llama]
 engine = "llama.cpp"
 url = "http://127.0.0.1:{port}"
@@ -119,9 +128,16 @@ binary = "{required_path('LLAMA_SERVER_BIN')}"
 [models.smollm2]
 primary = "llama"
 """
+
+
+def test_a_llama_server_under_a_cpu_cap_is_found_degraded_and_cleared_when_it_is_lifted(tmp_path: Path) -> None:
+    port = free_port()
+    admin = f"127.0.0.1:{free_port()}"
+    engine = Proc("llama-detected", llama_argv(port, context=2048), tmp_path / "llama.log")
+    db = tmp_path / "ledger.db"
+    config = judged_config(port, admin, db, baseline=RATES_WINDOW, window=RATES_WINDOW, least=RATES_LEAST)
     try:
-        with http_client(timeout=5.0) as http:
-            poll("llama-server", lambda: http.get(f"http://127.0.0.1:{port}/health").status_code == 200, engine)
+        engine_up(port, engine)
         with start_switchyard(tmp_path, config, identities_settled("llama")) as p, http_client(timeout=10.0) as http:
             client = p.client()
 
@@ -180,11 +196,6 @@ primary = "llama"
         engine.stop()
 
 
-def llama_argv(port: int, *flags: str) -> list[str]:
-    return [str(required_path("LLAMA_SERVER_BIN")), "-m", str(required_path("SMOLLM2_GGUF")),
-            "-c", "4096", "--host", "127.0.0.1", "--port", str(port), *flags]
-
-
 class Conversations:
     """A few conversations that go on turn after turn, in turn, as agents' do: each turn sends
     the whole conversation so far and a new question, and keeps the answer."""
@@ -225,43 +236,9 @@ def test_a_llama_server_restarted_without_its_prompt_cache_is_found_and_cleared_
     admin = f"127.0.0.1:{free_port()}"
     engine = Proc("llama-cached", llama_argv(port), tmp_path / "llama.log")
     db = tmp_path / "ledger.db"
-    config = f"""
-[server]
-listen = "127.0.0.1:0"
-probe_interval_ms = 200
-first_byte_timeout_ms = 120000
-
-[admin]
-listen = "{admin}"
-
-[ledger]
-path = "{db}"
-
-[detectors]
-every_ms = 500
-baseline_requests = 8
-min_requests = 8
-window_requests = {WINDOW}
-
-[detectors.slowdown]
-mode = "off"
-
-[backends.llama]
-engine = "llama.cpp"
-url = "http://127.0.0.1:{port}"
-artifact = "{required_path('SMOLLM2_GGUF')}"
-binary = "{required_path('LLAMA_SERVER_BIN')}"
-
-[models.smollm2]
-primary = "llama"
-"""
-
-    def engine_up() -> None:
-        with http_client(timeout=5.0) as http:
-            poll("llama-server", lambda: http.get(f"http://127.0.0.1:{port}/health").status_code == 200, engine)
-
+    config = judged_config(port, admin, db, baseline=8, sections='[detectors.slowdown]\nmode = "off"\n')
     try:
-        engine_up()
+        engine_up(port, engine)
         with start_switchyard(tmp_path, config, identities_settled("llama")) as p, http_client(timeout=10.0) as http:
             talk = Conversations(p.client())
 
@@ -294,7 +271,7 @@ primary = "llama"
             # Restarted with prompt caching off while the conversations go on.
             engine.stop()
             engine = Proc("llama-uncached", llama_argv(port, "--no-cache-prompt"), tmp_path / "llama-uncached.log")
-            engine_up()
+            engine_up(port, engine)
             started = time.monotonic()
             talk.go_on(WINDOW + 4)
             poll("a degraded engine", degraded, p.proc, timeout=JUDGED_WITHIN_S)
@@ -312,7 +289,7 @@ primary = "llama"
             # Caching again: the conversations' later turns hit, and the finding clears.
             engine.stop()
             engine = Proc("llama-recached", llama_argv(port), tmp_path / "llama-recached.log")
-            engine_up()
+            engine_up(port, engine)
             talk.go_on(WINDOW + 4)
             poll("the collapse cleared", lambda: degraded() == [], p.proc, timeout=JUDGED_WITHIN_S)
             metrics = http.get(f"{p.url}/metrics").text
