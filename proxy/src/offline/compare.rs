@@ -52,8 +52,9 @@ pub async fn run_suite(
 /// names its build in its first answer, which Switchyard asks for right after it is ready).
 const BUILD_GRACE: Duration = Duration::from_secs(30);
 
-/// What a backend still lacks before a comparison can start: readiness and a decided artifact
-/// verification (hashing done, engine probed). An unknown engine build is waited for separately.
+/// What a backend still lacks before a comparison or a baseline can start: readiness, its
+/// artifact and binary hashed (every run is then stamped with the identity it will keep) and a
+/// decided artifact verification. An unknown engine build is waited for separately.
 fn not_settled(state: &AppState, name: &str) -> Result<Option<String>, String> {
     let backend = state
         .backend(name)
@@ -68,6 +69,11 @@ fn not_settled(state: &AppState, name: &str) -> Result<Option<String>, String> {
         return Ok(Some(format!(
             "{name}: {}",
             health.reason().unwrap_or(health.state())
+        )));
+    }
+    if !backend.identity_settled() {
+        return Ok(Some(format!(
+            "{name}: its artifact and binary are still being hashed"
         )));
     }
     let identity = backend.identity_headers();

@@ -71,12 +71,10 @@ pub async fn take(
             })
         })
         .collect::<Result<Vec<_>, String>>()?;
-    let deadline = tokio::time::Instant::now() + plan.ready_timeout;
     wait_ready(state, &[plan.backend], plan.ready_timeout).await?;
     let backend = state
         .backend(plan.backend)
         .ok_or_else(|| format!("no backend named `{}`", plan.backend))?;
-    settled(&backend, deadline).await?;
     let candidate = state
         .live
         .load()
@@ -139,32 +137,6 @@ pub async fn take(
         machine: machine::this_machine(),
         decision: plan.decision,
     })
-}
-
-/// Waits, until `deadline`, while the backend's identity is still being found out (its first
-/// probe, its engine loading, its files hashed): the runs are then all stamped with the
-/// identity the record names.
-async fn settled(backend: &Backend, deadline: tokio::time::Instant) -> Result<(), String> {
-    let mut changes = backend.changes();
-    loop {
-        changes.mark_unchanged();
-        let why = backend.settling().or_else(|| {
-            (!backend.identity_settled())
-                .then(|| "its artifact and binary are still being hashed".to_owned())
-        });
-        let Some(why) = why else {
-            return Ok(());
-        };
-        if !matches!(
-            tokio::time::timeout_at(deadline, changes.changed()).await,
-            Ok(Ok(()))
-        ) {
-            return Err(format!(
-                "{}: identity not settled in time: {why}",
-                backend.name
-            ));
-        }
-    }
 }
 
 /// Why an engine Switchyard does not run has no launch flags or memory in the record.
