@@ -300,7 +300,11 @@ def test_a_replica_killed_under_load(tmp_path: Path) -> None:
 
 #: An admin listener (its port filled in) and a quick plan: copies compared in a shadow step, half
 #: the sessions on the candidate, then promotion. Speed is not under test: four replicas share
-#: two cores, and which one is slower is chance.
+#: two cores, and which one is slower is chance. Nor is the comparator: two replicas of one model
+#: can part at a near tie even at temperature 0, since llama.cpp's arithmetic depends on which
+#: requests it batches together, and two sessions run at a time here — so the plan accepts a
+#: minority of differing pairs (the equivalence rule is what tells a near tie from a difference;
+#: test_equivalence.py).
 RELEASE = """
 [admin]
 listen = "{admin}"
@@ -308,6 +312,7 @@ listen = "{admin}"
 [plans.pools]
 evaluate_every_ms = 200
 performance = {{ allowed = 1000.0, critical = 10000.0 }}
+tolerance = {{ max_mismatch_share = 0.5 }}
 steps = [
     {{ step = "shadow", min_pairs = 4 }},
     {{ step = "live", weight = 50, min_requests = 4 }},
@@ -375,7 +380,8 @@ def test_a_release_from_one_pool_of_replicas_to_another(tmp_path: Path) -> None:
         assert served == {"c", "d"}, served
         evaluations = http.get(f"http://{admin}/admin/releases/{rid}").json()["evaluations"]
     advanced = [e for e in evaluations if e["decision"] == "advance"]
-    assert advanced[0]["evidence"]["comparable_pairs"] >= 4 and advanced[0]["evidence"]["mismatches"] == 0, advanced[0]
+    shadowed = advanced[0]["evidence"]
+    assert shadowed["comparable_pairs"] >= 4 and 2 * shadowed["mismatches"] < shadowed["comparable_pairs"], shadowed
     assert advanced[1]["evidence"]["candidate_requests"] >= 4, advanced[1]
     # Each side's rows name its pool; the copies went to the other side's replicas.
     with contextlib.closing(sqlite3.connect(db)) as conn:

@@ -24,14 +24,19 @@ impl Default for Conversations {
 
 impl Conversations {
     /// Whether `chain` (a request's prefix hashes, shortest first) continues a conversation
-    /// served here, and from now on its prefixes are remembered as served here.
+    /// served here.
     pub fn continues(&self, chain: &[u64]) -> bool {
         let mut seen = self.0.lock().unwrap_or_else(PoisonError::into_inner);
-        let continues = chain.iter().rev().any(|h| seen.get(h).is_some());
+        chain.iter().rev().any(|h| seen.get(h).is_some())
+    }
+
+    /// `chain`'s prefixes were served here: the engine answered the request. A backend that
+    /// was only tried (refused it, or could not be reached) does not hold them.
+    pub fn served(&self, chain: &[u64]) {
+        let mut seen = self.0.lock().unwrap_or_else(PoisonError::into_inner);
         for hash in chain {
             seen.insert(*hash, ());
         }
-        continues
     }
 
     /// The engine's caches are cold: nothing served before counts.
@@ -51,10 +56,17 @@ mod tests {
     fn a_later_turn_continues_and_a_restart_forgets() {
         let c = Conversations::default();
         assert!(!c.continues(&[1, 2]), "a new conversation");
+        assert!(
+            !c.continues(&[1, 2, 3, 4]),
+            "its first turn was not answered here"
+        );
+        c.served(&[1, 2]);
         assert!(c.continues(&[1, 2, 3, 4]), "its next turn");
+        c.served(&[1, 2, 3, 4]);
         assert!(!c.continues(&[9]), "another conversation");
         c.forget();
         assert!(!c.continues(&[1, 2, 3, 4, 5, 6]), "after a restart");
+        c.served(&[1, 2, 3, 4, 5, 6]);
         assert!(c.continues(&[1, 2, 3, 4, 5, 6, 7, 8]));
         assert!(!c.continues(&[]), "no conversation");
     }

@@ -98,7 +98,8 @@ const EVENT_FIELDS: &[&str] = &[
 ];
 
 /// Publishes a `backend` event whenever a backend's health or identity changes, and a `pool`
-/// event whenever a pool's member changes state (`in`, `ejected`, `set apart`), until `stop`.
+/// event whenever a pool's member changes state (`in`, `ejected`, `down`, `set apart`,
+/// `avoided`), until `stop`.
 pub(super) async fn watch_backends(
     state: Arc<super::AppState>,
     stop: tokio_util::sync::CancellationToken,

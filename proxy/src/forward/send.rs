@@ -106,6 +106,11 @@ impl Future for Exchange {
         Poll::Ready(match answered {
             Ok(response) => {
                 ctx.recording.phases.ttfb = Some(between(this.forwarded, Instant::now()));
+                if ctx.recording.continues.is_some() && response.status().is_success() {
+                    if let Some(chain) = ctx.conversation.as_deref() {
+                        this.backend.conversations.served(chain);
+                    }
+                }
                 Ok(Sent {
                     response,
                     ctx,

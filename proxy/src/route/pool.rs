@@ -336,7 +336,8 @@ impl Pool {
     }
 
     /// Each member's state, for `/readyz` and the admin API: `in`, `ejected` (with the
-    /// milliseconds left), `set apart` (another identity), `avoided` (found degraded by a
+    /// milliseconds left), `down` (per its probes: it gets requests only when no other member
+    /// can take them), `set apart` (another identity), `avoided` (found degraded by a
     /// detector under `avoid`: served only when no other member can), and its requests
     /// outstanding.
     pub(crate) fn status(&self, backends: &NameMap<Arc<str>, Arc<Backend>>) -> serde_json::Value {
@@ -348,11 +349,14 @@ impl Pool {
             .map(|(i, name)| {
                 let e = &self.ejections[i];
                 let until = e.until_ms.load(Ordering::Acquire);
+                let backend = backends.get(name);
                 let state = if until > now {
                     "ejected"
+                } else if backend.is_none_or(|b| matches!(b.state().health(), Health::Down(_))) {
+                    "down"
                 } else if self.set_apart[i].load(Ordering::Acquire) {
                     "set apart"
-                } else if backends.get(name).is_some_and(|b| b.avoided()) {
+                } else if backend.is_some_and(|b| b.avoided()) {
                     "avoided"
                 } else {
                     "in"
