@@ -27,6 +27,7 @@ use tokio::sync::mpsc;
 
 mod detections;
 mod phases;
+mod postgres;
 mod read;
 mod releases;
 mod rows;
@@ -41,6 +42,7 @@ mod tests;
 
 pub use detections::{Detection, RateReader, Stamped};
 pub use phases::{model_stats, phase_stats, PhaseFilter, BAR_PHASES};
+pub use postgres::PgError;
 pub use read::{open_read_only, read_comparisons};
 pub use releases::{ArmCounts, Evaluation, Release, ReleaseEvent, ReleaseStore, Rows};
 pub use rows::{ConfigChange, EngineAction, IdentitySnapshot};
@@ -53,7 +55,7 @@ pub use window::{now_ms, parse_window, window_start, MAX_WINDOW_SECS};
 use rows::{unix_ms, ComparisonRow, Row};
 use schema::open;
 use skips::{PendingSkips, PENDING_SKIP_KINDS};
-use writer::{Entry, Writer};
+use writer::{Entry, Store, Writer};
 
 /// Counters of what happened to records, shared with `/metrics` and the report.
 #[derive(Debug, Default)]
@@ -89,6 +91,12 @@ pub enum LedgerError {
         #[source]
         source: rusqlite::Error,
     },
+    #[error("ledger {url}: {source}")]
+    Postgres {
+        url: String,
+        #[source]
+        source: PgError,
+    },
     #[error("ledger {path}: {source}")]
     Io {
         path: String,
@@ -104,7 +112,31 @@ impl Ledger {
         config: &LedgerConfig,
     ) -> Result<(Self, std::thread::JoinHandle<()>), LedgerError> {
         let (tx, rx) = mpsc::channel(config.queue);
-        let writer = Writer::new(open(&config.path)?, rx, Arc::default(), config);
+        let writer = Writer::new(
+            Store::sqlite(open(&config.path)?),
+            rx,
+            Arc::default(),
+            config,
+        );
+        Self::spawn(tx, writer, config)
+    }
+
+    /// Connects to the PostgreSQL database at `url` (with `password`, when given), brings its
+    /// schema forward, and starts the writer thread, which writes every row as `instance`'s.
+    pub fn start_postgres(
+        url: &str,
+        password: Option<&str>,
+        instance: &str,
+        config: &LedgerConfig,
+    ) -> Result<(Self, std::thread::JoinHandle<()>), LedgerError> {
+        let store = postgres::PgStore::connect(url, password, instance).map_err(|source| {
+            LedgerError::Postgres {
+                url: postgres::redacted(url),
+                source,
+            }
+        })?;
+        let (tx, rx) = mpsc::channel(config.queue);
+        let writer = Writer::new(Store::Postgres(Box::new(store)), rx, Arc::default(), config);
         Self::spawn(tx, writer, config)
     }
 

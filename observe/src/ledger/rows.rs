@@ -481,16 +481,65 @@ impl Row {
 }
 
 /// The insert statement for `requests`; [`Row::params`] gives its values.
-pub(super) const INSERT_REQUEST: &str =
-    "INSERT INTO requests (ts_ms, request_id, method, path, model, backend, variant, engine, artifact,
-        workload, sampling, sampling_json, output, status, error_class, error, prompt_tokens,
-        cached_tokens, completion_tokens, queue_ms, load_ms, ttfb_ms, ttft_ms, prefill_ms,
-        prefill_tokens, prefill_source, decode_ms, decode_tokens, decode_source, total_ms, warm,
-        streamed, client_disconnected, fallback_from, release_id, arm, arm_key, disconnect,
-        client_key, model_defaulted, model_sent, model_pattern, pool, placement, continues)
-     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19,
-        ?20, ?21, ?22, ?23, ?24, ?25, ?26, ?27, ?28, ?29, ?30, ?31, ?32, ?33, ?34, ?35, ?36, ?37, ?38,
-        ?39, ?40, ?41, ?42, ?43, ?44, ?45)";
+pub(super) fn insert_request_sql() -> String {
+    let placeholders = (1..=REQUEST_PARAMS)
+        .map(|i| format!("?{i}"))
+        .collect::<Vec<_>>()
+        .join(", ");
+    format!(
+        "INSERT INTO requests ({}) VALUES ({placeholders})",
+        REQUEST_COLUMNS.join(", ")
+    )
+}
 
 /// The request insert's parameter count.
 pub(super) const REQUEST_PARAMS: usize = 45;
+
+/// The columns of a request row, in [`Row::params`]' order.
+pub(super) const REQUEST_COLUMNS: [&str; REQUEST_PARAMS] = [
+    "ts_ms",
+    "request_id",
+    "method",
+    "path",
+    "model",
+    "backend",
+    "variant",
+    "engine",
+    "artifact",
+    "workload",
+    "sampling",
+    "sampling_json",
+    "output",
+    "status",
+    "error_class",
+    "error",
+    "prompt_tokens",
+    "cached_tokens",
+    "completion_tokens",
+    "queue_ms",
+    "load_ms",
+    "ttfb_ms",
+    "ttft_ms",
+    "prefill_ms",
+    "prefill_tokens",
+    "prefill_source",
+    "decode_ms",
+    "decode_tokens",
+    "decode_source",
+    "total_ms",
+    "warm",
+    "streamed",
+    "client_disconnected",
+    "fallback_from",
+    "release_id",
+    "arm",
+    "arm_key",
+    "disconnect",
+    "client_key",
+    "model_defaulted",
+    "model_sent",
+    "model_pattern",
+    "pool",
+    "placement",
+    "continues",
+];

@@ -5,6 +5,16 @@
 
 use std::sync::Arc;
 
+use super::rows::Param;
+
+/// The insert of a run of skips, one `comparisons` row; [`SkippedShadow::params`] gives its
+/// values.
+pub(super) const INSERT_SKIPPED: &str =
+    "INSERT INTO comparisons (ts_ms, source, mode, model, workload, sampling, sampling_json,
+        streamed, verdict, reason, candidate_ran, primary_backend, primary_engine,
+        primary_artifact, primary_warm, count)
+     VALUES (?1, 'shadow', ?2, ?3, ?4, ?5, ?6, ?7, 'incomparable', ?8, 0, ?9, ?10, ?11, ?12, ?13)";
+
 /// A sampled request whose shadow never ran (pool full, shutting down, embeddings). A candidate
 /// slower than the traffic skips nearly every request, so a skip must cost next to nothing:
 /// skips of one kind are counted where they happen, as one pending run
@@ -76,6 +86,27 @@ impl SkippedShadow {
             && self.primary_engine.as_deref() == kind.primary_engine
             && self.primary_artifact.as_deref() == kind.primary_artifact
             && self.primary_warm == kind.primary_warm
+    }
+
+    /// The values of [`INSERT_SKIPPED`]'s parameters: a run of `count` skips of this kind,
+    /// the first `at`.
+    pub(super) fn params(&self, at: i64, count: i64) -> [Param<'_>; 13] {
+        [
+            Param::Int(at),
+            Param::Text(self.mode),
+            Param::Text(&self.model),
+            Param::Text(&self.workload),
+            Param::Text(&self.sampling),
+            Param::Text(&self.sampling_json),
+            Param::Int(i64::from(self.streamed)),
+            Param::Text(&self.reason),
+            Param::text(self.primary_backend.as_deref()),
+            Param::text(self.primary_engine.as_deref()),
+            Param::text(self.primary_artifact.as_deref()),
+            self.primary_warm
+                .map_or(Param::Null, |w| Param::Int(i64::from(w))),
+            Param::Int(count),
+        ]
     }
 
     pub(super) fn kind(&self) -> SkipKind<'_> {

@@ -15,7 +15,7 @@ use switchyard_record::{RequestRecord, Source, TokenPhase};
 use tokio::sync::mpsc;
 
 use super::skips::{SkippedShadow, PENDING_SKIP_KINDS};
-use super::writer::Writer;
+use super::writer::{Store, Writer};
 use super::{open, open_read_only, read_comparisons, IdentitySnapshot, Ledger, LedgerCounters};
 
 pub(super) fn config(path: PathBuf, max_rows: Option<u64>) -> LedgerConfig {
@@ -86,69 +86,7 @@ fn every_column_is_written_as_recorded() {
     let (ledger, writer) = Ledger::start(&config).unwrap();
     let n: u32 = 19;
     for i in 0..n {
-        let mut r = RequestRecord::new(
-            format!("req-{i}"),
-            http::Method::POST,
-            format!("/v1/path-{i}"),
-            Instant::now(),
-        );
-        let f = f64::from(i);
-        r.started_at = UNIX_EPOCH + Duration::from_millis(1_000 + u64::from(i));
-        r.model = Some(format!("model-{i}").into());
-        r.backend = Some(format!("backend-{i}").into());
-        r.variant = "canary";
-        r.engine = Some(format!("engine-{i}").into());
-        r.artifact = Some(format!("artifact-{i}").into());
-        r.fingerprint = Some(WorkloadFingerprint {
-            workload: format!("workload-{i}"),
-            sampling: format!("sampling-{i}"),
-            sampling_json: format!("{{\"seed\":{i}}}"),
-            determinism: switchyard_policy::compare::Determinism::Greedy,
-        });
-        r.status = 200 + i as u16;
-        r.error_class = Some("upstream");
-        r.error = Some(format!("error-{i}"));
-        r.fallback_from = Some(format!("fallback-{i}; code=connect_refused"));
-        r.release = Some(switchyard_record::ReleaseMark {
-            id: format!("rel-{i}").into(),
-            arm: "candidate",
-            key: "header",
-        });
-        r.facts = Some(ResponseFacts {
-            output: Some(format!("output-{i}")),
-            usage: Usage {
-                prompt_tokens: Some(u64::from(i) + 1),
-                completion_tokens: Some(u64::from(i) + 2),
-                cached_tokens: Some(u64::from(i) + 3),
-            },
-            ..ResponseFacts::default()
-        });
-        r.phases.queue = Some(f + 0.25);
-        r.phases.load = Some(f + 0.5);
-        r.phases.ttfb = Some(f + 0.75);
-        r.phases.ttft = Some(f + 1.25);
-        r.phases.prefill = Some(TokenPhase {
-            ms: f + 1.5,
-            tokens: Some(u64::from(i) + 4),
-            source: Source::Engine,
-        });
-        r.phases.decode = Some(TokenPhase {
-            ms: f + 1.75,
-            tokens: Some(u64::from(i) + 5),
-            source: Source::Measured,
-        });
-        r.phases.total = Some(f + 2.25);
-        r.warm = Some(i % 2 == 0);
-        r.streamed = i % 3 == 0;
-        r.client_disconnected = i % 5 == 0;
-        r.disconnect = Some(["cancel", "drain", "drain_cut"][i as usize % 3]);
-        r.client_key = Some(format!("key-{i}").into());
-        r.model_defaulted = i % 2 == 1;
-        r.model_sent = Some(format!("sent-{i}").into());
-        r.model_pattern = Some(format!("pattern-{i}-*").into());
-        r.pool = Some(format!("pool-{i}").into());
-        r.placement = Some(["affinity", "load", "spill"][i as usize % 3]);
-        r.continues = Some(i % 2 == 0);
+        let r = varied_record(i);
         ledger.record(&r);
     }
     drop(ledger);
@@ -267,7 +205,12 @@ fn skips_are_counted_where_they_happen_and_every_one_reaches_the_ledger() {
     let config = config(path.clone(), None);
     // The writer tells each batch it commits: the test awaits the first, not the database.
     let (tx, rx) = mpsc::channel(config.queue);
-    let mut writer = Writer::new(open(&path).unwrap(), rx, Arc::default(), &config);
+    let mut writer = Writer::new(
+        Store::sqlite(open(&path).unwrap()),
+        rx,
+        Arc::default(),
+        &config,
+    );
     let (batches, committed) = std::sync::mpsc::channel();
     writer.batches = Some(batches);
     let (ledger, _writer) = Ledger::spawn(tx, writer, &config).unwrap();
@@ -400,4 +343,72 @@ fn identity_snapshots_are_written_as_taken() {
     assert_eq!(rows[1][2], text("cand"));
     assert_eq!(rows[1][3..7], shared);
     assert_eq!(rows[1][7..], [const { Value::Null }; 6]);
+}
+
+/// A record whose every field holds a value of its own, from `i`.
+pub(super) fn varied_record(i: u32) -> RequestRecord {
+    let mut r = RequestRecord::new(
+        format!("req-{i}"),
+        http::Method::POST,
+        format!("/v1/path-{i}"),
+        Instant::now(),
+    );
+    let f = f64::from(i);
+    r.started_at = UNIX_EPOCH + Duration::from_millis(1_000 + u64::from(i));
+    r.model = Some(format!("model-{i}").into());
+    r.backend = Some(format!("backend-{i}").into());
+    r.variant = "canary";
+    r.engine = Some(format!("engine-{i}").into());
+    r.artifact = Some(format!("artifact-{i}").into());
+    r.fingerprint = Some(WorkloadFingerprint {
+        workload: format!("workload-{i}"),
+        sampling: format!("sampling-{i}"),
+        sampling_json: format!("{{\"seed\":{i}}}"),
+        determinism: switchyard_policy::compare::Determinism::Greedy,
+    });
+    r.status = 200 + i as u16;
+    r.error_class = Some("upstream");
+    r.error = Some(format!("error-{i}"));
+    r.fallback_from = Some(format!("fallback-{i}; code=connect_refused"));
+    r.release = Some(switchyard_record::ReleaseMark {
+        id: format!("rel-{i}").into(),
+        arm: "candidate",
+        key: "header",
+    });
+    r.facts = Some(ResponseFacts {
+        output: Some(format!("output-{i}")),
+        usage: Usage {
+            prompt_tokens: Some(u64::from(i) + 1),
+            completion_tokens: Some(u64::from(i) + 2),
+            cached_tokens: Some(u64::from(i) + 3),
+        },
+        ..ResponseFacts::default()
+    });
+    r.phases.queue = Some(f + 0.25);
+    r.phases.load = Some(f + 0.5);
+    r.phases.ttfb = Some(f + 0.75);
+    r.phases.ttft = Some(f + 1.25);
+    r.phases.prefill = Some(TokenPhase {
+        ms: f + 1.5,
+        tokens: Some(u64::from(i) + 4),
+        source: Source::Engine,
+    });
+    r.phases.decode = Some(TokenPhase {
+        ms: f + 1.75,
+        tokens: Some(u64::from(i) + 5),
+        source: Source::Measured,
+    });
+    r.phases.total = Some(f + 2.25);
+    r.warm = Some(i % 2 == 0);
+    r.streamed = i % 3 == 0;
+    r.client_disconnected = i % 5 == 0;
+    r.disconnect = Some(["cancel", "drain", "drain_cut"][i as usize % 3]);
+    r.client_key = Some(format!("key-{i}").into());
+    r.model_defaulted = i % 2 == 1;
+    r.model_sent = Some(format!("sent-{i}").into());
+    r.model_pattern = Some(format!("pattern-{i}-*").into());
+    r.pool = Some(format!("pool-{i}").into());
+    r.placement = Some(["affinity", "load", "spill"][i as usize % 3]);
+    r.continues = Some(i % 2 == 0);
+    r
 }

@@ -11,20 +11,21 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant, SystemTime};
 
 use rusqlite::types::{ToSqlOutput, ValueRef};
-use rusqlite::{params, Connection};
+use rusqlite::Connection;
 use switchyard_policy::LedgerConfig;
 use tokio::sync::mpsc;
 
+use super::postgres::PgStore;
 use super::rows::{
-    insert_comparison_sql, int, unix_ms, ComparisonRow, ConfigChange, EngineAction,
-    IdentitySnapshot, Param, Row, INSERT_CONFIG_CHANGE, INSERT_ENGINE_ACTION, INSERT_IDENTITY,
-    INSERT_REQUEST, REQUEST_PARAMS,
+    insert_comparison_sql, insert_request_sql, int, unix_ms, ComparisonRow, ConfigChange,
+    EngineAction, IdentitySnapshot, Param, Row, INSERT_CONFIG_CHANGE, INSERT_ENGINE_ACTION,
+    INSERT_IDENTITY, REQUEST_PARAMS,
 };
-use super::skips::{PendingSkips, SkippedShadow};
+use super::skips::{PendingSkips, SkippedShadow, INSERT_SKIPPED};
 use super::LedgerCounters;
 
 #[cfg(test)]
-mod tests;
+pub(super) mod tests;
 
 /// How long the writer waits for more records before committing a partial batch. Records reach
 /// the disk at most this much later; nothing on the request path waits for it.
@@ -49,22 +50,64 @@ pub(super) enum Entry {
     Flush(std::sync::mpsc::SyncSender<()>),
 }
 
-/// The writer thread's state: its connection, the queue's receiving end, and what it keeps
-/// between batches.
+/// Where the writer writes.
+pub(super) enum Store {
+    /// The embedded default: a SQLite file, and the two inserts built at start.
+    Sqlite {
+        conn: Connection,
+        insert_request: String,
+        insert_comparison: String,
+    },
+    /// A PostgreSQL database several Switchyards may share.
+    Postgres(Box<PgStore>),
+}
+
+impl Store {
+    pub(super) fn sqlite(conn: Connection) -> Self {
+        Self::Sqlite {
+            conn,
+            insert_request: insert_request_sql(),
+            insert_comparison: insert_comparison_sql(),
+        }
+    }
+}
+
+/// This run's counters as they will be once a batch commits, written with it: a report
+/// reading the ledger sees what was lost, once the store takes writes again.
+pub(super) struct Health<'a> {
+    pub(super) run_id: &'a str,
+    pub(super) started_ms: i64,
+    pub(super) updated_ms: i64,
+    pub(super) written: i64,
+    pub(super) dropped_full: i64,
+    pub(super) dropped_failed: i64,
+}
+
+/// Why a batch could not be written, or old rows deleted.
+#[derive(Debug, thiserror::Error)]
+pub(super) enum WriteError {
+    #[error("{0}")]
+    Sqlite(#[from] rusqlite::Error),
+    #[error("{0}")]
+    Postgres(#[from] super::postgres::PgError),
+}
+
+/// The writer thread's state: its store, the queue's receiving end, and what it keeps between
+/// batches.
 pub(super) struct Writer {
-    conn: Connection,
+    pub(super) store: Store,
     rx: mpsc::Receiver<Entry>,
     pub(super) skips: Arc<Mutex<PendingSkips>>,
     pub(super) counters: Arc<LedgerCounters>,
     batch: usize,
     retention_days: Option<u64>,
     max_rows: Option<u64>,
+    /// The store, for the log: the SQLite file, or PostgreSQL's server and database.
     path: PathBuf,
     last_prune: Option<Instant>,
     failures_logged: u64,
     run_id: String,
     started_ms: i64,
-    insert_comparison: String,
     /// Told after each batch is committed (or lost), so a test can await the writer.
     #[cfg(test)]
     pub(super) batches: Option<std::sync::mpsc::Sender<()>>,
@@ -72,25 +115,28 @@ pub(super) struct Writer {
 
 impl Writer {
     pub(super) fn new(
-        conn: Connection,
+        store: Store,
         rx: mpsc::Receiver<Entry>,
         counters: Arc<LedgerCounters>,
         config: &LedgerConfig,
     ) -> Self {
+        let path = match &store {
+            Store::Sqlite { .. } => config.path.clone(),
+            Store::Postgres(pg) => PathBuf::from(&pg.describe),
+        };
         Self {
-            conn,
+            store,
             rx,
             skips: Arc::default(),
             counters,
             batch: config.batch,
             retention_days: config.retention_days,
             max_rows: config.max_rows,
-            path: config.path.clone(),
+            path,
             last_prune: None,
             failures_logged: 0,
             run_id: ulid::Ulid::new().to_string(),
             started_ms: unix_ms(SystemTime::now()),
-            insert_comparison: insert_comparison_sql(),
             #[cfg(test)]
             batches: None,
         }
@@ -149,11 +195,12 @@ impl Writer {
     /// shutdown: the database file alone then holds the whole ledger, and a copy of it made
     /// without its `-wal` misses nothing.
     fn checkpoint(&self) {
-        match self
-            .conn
-            .query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |row| {
-                row.get::<_, i64>(0)
-            }) {
+        let Store::Sqlite { conn, .. } = &self.store else {
+            return;
+        };
+        match conn.query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |row| {
+            row.get::<_, i64>(0)
+        }) {
             Ok(0) => {}
             Ok(_) => tracing::info!(
                 ledger = %self.path.display(),
@@ -186,139 +233,163 @@ impl Writer {
         &mut self,
         entries: &[Entry],
         runs: &[(i64, SkippedShadow, i64)],
-    ) -> rusqlite::Result<()> {
-        let tx = self.conn.transaction()?;
-        {
-            let mut insert_request = tx.prepare_cached(INSERT_REQUEST)?;
-            let mut health = tx.prepare_cached(
+    ) -> Result<(), WriteError> {
+        let requests = entries
+            .iter()
+            .filter(|e| matches!(e, Entry::Request(_)))
+            .count() as u64;
+        let count = |n: u64| int(Some(n)).unwrap_or(i64::MAX);
+        let health = Health {
+            run_id: &self.run_id,
+            started_ms: self.started_ms,
+            updated_ms: unix_ms(SystemTime::now()),
+            written: count(self.counters.written.load(Ordering::Relaxed) + requests),
+            dropped_full: count(self.counters.dropped_full.load(Ordering::Relaxed)),
+            dropped_failed: count(self.counters.dropped_failed.load(Ordering::Relaxed)),
+        };
+        match &mut self.store {
+            Store::Sqlite {
+                conn,
+                insert_request,
+                insert_comparison,
+            } => {
+                let statements = (insert_request.as_str(), insert_comparison.as_str());
+                write_sqlite(conn, statements, &self.rx, entries, runs, &health)?;
+            }
+            Store::Postgres(pg) => pg.write(entries, runs, &health)?,
+        }
+        Ok(())
+    }
+}
+
+/// The skips of a batch, one run per kind: the runs counted where the skips happened, and the
+/// skips queued alone added to their kind's run (or starting one): each run's first time, its
+/// kind, how many.
+pub(super) fn skip_runs<'a>(
+    entries: &'a [Entry],
+    runs: &'a [(i64, SkippedShadow, i64)],
+) -> Vec<(i64, &'a SkippedShadow, i64)> {
+    let mut skipped: Vec<(i64, &SkippedShadow, i64)> =
+        runs.iter().map(|(at, s, n)| (*at, s, *n)).collect();
+    for entry in entries {
+        if let Entry::Skipped(at, skip) = entry {
+            match skipped.iter_mut().find(|(_, s, _)| s.is(&skip.kind())) {
+                Some((_, _, count)) => *count += 1,
+                None => skipped.push((*at, skip, 1)),
+            }
+        }
+    }
+    skipped
+}
+
+/// Writes one batch to SQLite in one transaction: `statements` are the request and comparison
+/// inserts; `rx` is the queue, whose length says whether to offer the CPU.
+fn write_sqlite(
+    conn: &mut Connection,
+    statements: (&str, &str),
+    rx: &mpsc::Receiver<Entry>,
+    entries: &[Entry],
+    runs: &[(i64, SkippedShadow, i64)],
+    health: &Health<'_>,
+) -> rusqlite::Result<()> {
+    let tx = conn.transaction()?;
+    {
+        let mut insert_request = tx.prepare_cached(statements.0)?;
+        tx.prepare_cached(
                 "INSERT INTO ledger_health (run_id, started_ms, updated_ms, written, dropped_full, dropped_failed)
                  VALUES (?1, ?2, ?3, ?4, ?5, ?6)
                  ON CONFLICT (run_id) DO UPDATE SET updated_ms = ?3, written = ?4, dropped_full = ?5, dropped_failed = ?6",
-            )?;
-            let requests = entries
-                .iter()
-                .filter(|e| matches!(e, Entry::Request(_)))
-                .count() as u64;
-            // This run's counters, as they will be once this batch commits: a report reading the
-            // ledger sees what was lost, once the disk takes writes again.
-            health.execute(params![
-                self.run_id,
-                self.started_ms,
-                unix_ms(SystemTime::now()),
-                int(Some(
-                    self.counters.written.load(Ordering::Relaxed) + requests
-                )),
-                int(Some(self.counters.dropped_full.load(Ordering::Relaxed))),
-                int(Some(self.counters.dropped_failed.load(Ordering::Relaxed))),
+            )?
+            .execute(rusqlite::params![
+                health.run_id,
+                health.started_ms,
+                health.updated_ms,
+                health.written,
+                health.dropped_full,
+                health.dropped_failed,
             ])?;
-            let mut insert_comparison = tx.prepare_cached(&self.insert_comparison)?;
-            let mut insert_identity = tx.prepare_cached(INSERT_IDENTITY)?;
-            // Skips of one kind: the first one's time, the kind, how many.
-            let mut skipped: Vec<(i64, &SkippedShadow, i64)> =
-                runs.iter().map(|(at, s, n)| (*at, s, *n)).collect();
-            // When the writer last offered the CPU.
-            let mut offered = Instant::now();
-            // What the request insert's parameters hold now. SQLite keeps a statement's
-            // bindings from one execution to the next (until it goes back to the cache, after
-            // this batch), so a row binds only the values that differ from the row before:
-            // most of a row repeats (model, backend, identity, sampling, sources), and binding
-            // a text has SQLite allocate and copy it.
-            let mut bound: Option<[Param<'_>; REQUEST_PARAMS]> = None;
-            // The same for the comparison insert: a comparison row holds both sides' identity
-            // (engine builds and artifact digests, repeated from row to row) among its 53 values.
-            let mut compared: Option<Vec<ValueRef<'_>>> = None;
-            for entry in entries {
-                // A batch under load is a hundred rows or more, written at a stretch. Where the
-                // writer shares a core with the request path, a request that arrives meanwhile
-                // waits until the scheduler preempts the writer, and the tail latency shows it.
-                // So the writer offers the CPU once it has written for YIELD_AFTER; with nothing
-                // else to run, the yield returns at once. Not before every row: with the cores
-                // busy, each yield hands the core over for a while, and a writer yielding per row
-                // falls behind and drops records. And not once a quarter of the queue is
-                // waiting: under sustained load on a shared core, a writer that still yields
-                // falls behind too; the request path then shares the core with a writer that
-                // keeps up.
-                if offered.elapsed() >= YIELD_AFTER {
-                    if self.rx.len() < self.rx.max_capacity() / 4 {
-                        std::thread::yield_now();
-                    }
-                    offered = Instant::now();
+        let mut insert_comparison = tx.prepare_cached(statements.1)?;
+        let mut insert_identity = tx.prepare_cached(INSERT_IDENTITY)?;
+        // When the writer last offered the CPU.
+        let mut offered = Instant::now();
+        // What the request insert's parameters hold now. SQLite keeps a statement's
+        // bindings from one execution to the next (until it goes back to the cache, after
+        // this batch), so a row binds only the values that differ from the row before:
+        // most of a row repeats (model, backend, identity, sampling, sources), and binding
+        // a text has SQLite allocate and copy it.
+        let mut bound: Option<[Param<'_>; REQUEST_PARAMS]> = None;
+        // The same for the comparison insert: a comparison row holds both sides' identity
+        // (engine builds and artifact digests, repeated from row to row) among its 53 values.
+        let mut compared: Option<Vec<ValueRef<'_>>> = None;
+        for entry in entries {
+            // A batch under load is a hundred rows or more, written at a stretch. Where the
+            // writer shares a core with the request path, a request that arrives meanwhile
+            // waits until the scheduler preempts the writer, and the tail latency shows it.
+            // So the writer offers the CPU once it has written for YIELD_AFTER; with nothing
+            // else to run, the yield returns at once. Not before every row: with the cores
+            // busy, each yield hands the core over for a while, and a writer yielding per row
+            // falls behind and drops records. And not once a quarter of the queue is
+            // waiting: under sustained load on a shared core, a writer that still yields
+            // falls behind too; the request path then shares the core with a writer that
+            // keeps up.
+            if offered.elapsed() >= YIELD_AFTER {
+                if rx.len() < rx.max_capacity() / 4 {
+                    std::thread::yield_now();
                 }
-                match entry {
-                    Entry::Request(r) => {
-                        let values = r.params();
-                        for (i, value) in values.iter().enumerate() {
-                            if bound.as_ref().is_none_or(|b| b[i] != *value) {
-                                insert_request.raw_bind_parameter(i + 1, value)?;
-                            }
-                        }
-                        insert_request.raw_execute()?;
-                        bound = Some(values);
-                    }
-                    Entry::Flush(_) | Entry::Skips => {}
-                    Entry::Skipped(at, skip) => {
-                        match skipped.iter_mut().find(|(_, s, _)| s.is(&skip.kind())) {
-                            Some((_, _, count)) => *count += 1,
-                            None => skipped.push((*at, skip, 1)),
-                        }
-                    }
-                    Entry::Comparison(c) => {
-                        let values = c.values();
-                        for (i, value) in values.iter().enumerate() {
-                            if compared.as_ref().is_none_or(|b| b[i] != *value) {
-                                insert_comparison
-                                    .raw_bind_parameter(i + 1, ToSqlOutput::Borrowed(*value))?;
-                            }
-                        }
-                        insert_comparison.raw_execute()?;
-                        compared = Some(values);
-                    }
-                    Entry::Identity(at, s) => {
-                        insert_identity.execute(s.params(*at))?;
-                    }
-                    Entry::ConfigChange(at, c) => {
-                        tx.prepare_cached(INSERT_CONFIG_CHANGE)?
-                            .execute(c.params(*at))?;
-                    }
-                    Entry::EngineAction(at, a) => {
-                        tx.prepare_cached(INSERT_ENGINE_ACTION)?
-                            .execute(a.params(*at))?;
-                    }
-                    Entry::Detection(at, d) => {
-                        tx.prepare_cached(super::detections::INSERT_DETECTION)?
-                            .execute(d.params(*at))?;
-                    }
-                }
+                offered = Instant::now();
             }
-            if !skipped.is_empty() {
-                let mut insert_skipped = tx.prepare_cached(
-                    "INSERT INTO comparisons (ts_ms, source, mode, model, workload, sampling, sampling_json,
-                        streamed, verdict, reason, candidate_ran, primary_backend, primary_engine,
-                        primary_artifact, primary_warm, count)
-                     VALUES (?1, 'shadow', ?2, ?3, ?4, ?5, ?6, ?7, 'incomparable', ?8, 0, ?9, ?10, ?11, ?12, ?13)",
-                )?;
-                for (at, s, count) in skipped {
-                    insert_skipped.execute(params![
-                        at,
-                        s.mode,
-                        &*s.model,
-                        s.workload,
-                        s.sampling,
-                        s.sampling_json,
-                        s.streamed,
-                        &*s.reason,
-                        s.primary_backend.as_deref(),
-                        s.primary_engine,
-                        s.primary_artifact,
-                        s.primary_warm,
-                        count,
-                    ])?;
+            match entry {
+                Entry::Request(r) => {
+                    let values = r.params();
+                    for (i, value) in values.iter().enumerate() {
+                        if bound.as_ref().is_none_or(|b| b[i] != *value) {
+                            insert_request.raw_bind_parameter(i + 1, value)?;
+                        }
+                    }
+                    insert_request.raw_execute()?;
+                    bound = Some(values);
+                }
+                Entry::Flush(_) | Entry::Skips | Entry::Skipped(..) => {}
+                Entry::Comparison(c) => {
+                    let values = c.values();
+                    for (i, value) in values.iter().enumerate() {
+                        if compared.as_ref().is_none_or(|b| b[i] != *value) {
+                            insert_comparison
+                                .raw_bind_parameter(i + 1, ToSqlOutput::Borrowed(*value))?;
+                        }
+                    }
+                    insert_comparison.raw_execute()?;
+                    compared = Some(values);
+                }
+                Entry::Identity(at, s) => {
+                    insert_identity.execute(s.params(*at))?;
+                }
+                Entry::ConfigChange(at, c) => {
+                    tx.prepare_cached(INSERT_CONFIG_CHANGE)?
+                        .execute(c.params(*at))?;
+                }
+                Entry::EngineAction(at, a) => {
+                    tx.prepare_cached(INSERT_ENGINE_ACTION)?
+                        .execute(a.params(*at))?;
+                }
+                Entry::Detection(at, d) => {
+                    tx.prepare_cached(super::detections::INSERT_DETECTION)?
+                        .execute(d.params(*at))?;
                 }
             }
         }
-        tx.commit()
+        let skipped = skip_runs(entries, runs);
+        if !skipped.is_empty() {
+            let mut insert_skipped = tx.prepare_cached(INSERT_SKIPPED)?;
+            for (at, s, count) in skipped {
+                insert_skipped.execute(s.params(at, count))?;
+            }
+        }
     }
+    tx.commit()
+}
 
+impl Writer {
     /// Retention: at most hourly, delete rows past the age or count limit.
     fn prune_if_due(&mut self) {
         if self.retention_days.is_none() && self.max_rows.is_none() {
@@ -331,28 +402,15 @@ impl Writer {
             return;
         }
         self.last_prune = Some(Instant::now());
-        let result = (|| -> rusqlite::Result<usize> {
-            let mut deleted = 0;
-            if let Some(days) = self.retention_days {
-                let cutoff = unix_ms(SystemTime::now()) - (days as i64) * 86_400_000;
-                deleted += self
-                    .conn
-                    .execute("DELETE FROM requests WHERE ts_ms < ?1", [cutoff])?;
-                deleted += self
-                    .conn
-                    .execute("DELETE FROM identities WHERE ts_ms < ?1", [cutoff])?;
-                deleted += self
-                    .conn
-                    .execute("DELETE FROM comparisons WHERE ts_ms < ?1", [cutoff])?;
+        let cutoff = self
+            .retention_days
+            .map(|days| unix_ms(SystemTime::now()) - (days as i64) * 86_400_000);
+        let result: Result<u64, WriteError> = match &mut self.store {
+            Store::Sqlite { conn, .. } => {
+                prune_sqlite(conn, cutoff, self.max_rows).map_err(Into::into)
             }
-            if let Some(max) = self.max_rows {
-                deleted += self.conn.execute(
-                    "DELETE FROM requests WHERE id <= (SELECT id FROM requests ORDER BY id DESC LIMIT 1 OFFSET ?1)",
-                    [max as i64],
-                )?;
-            }
-            Ok(deleted)
-        })();
+            Store::Postgres(pg) => pg.prune(cutoff, self.max_rows).map_err(Into::into),
+        };
         match result {
             Ok(0) => {}
             Ok(n) => {
@@ -363,4 +421,37 @@ impl Writer {
             }
         }
     }
+}
+
+#[cfg(test)]
+impl Writer {
+    /// The SQLite connection of a writer to SQLite.
+    pub(super) fn sqlite(&self) -> &Connection {
+        match &self.store {
+            Store::Sqlite { conn, .. } => conn,
+            Store::Postgres(_) => panic!("a writer to PostgreSQL"),
+        }
+    }
+}
+
+/// Retention on SQLite: deletes rows older than `cutoff_ms`, and requests beyond the newest
+/// `max_rows`; the number deleted.
+fn prune_sqlite(
+    conn: &Connection,
+    cutoff_ms: Option<i64>,
+    max_rows: Option<u64>,
+) -> rusqlite::Result<u64> {
+    let mut deleted = 0;
+    if let Some(cutoff) = cutoff_ms {
+        for table in ["requests", "identities", "comparisons"] {
+            deleted += conn.execute(&format!("DELETE FROM {table} WHERE ts_ms < ?1"), [cutoff])?;
+        }
+    }
+    if let Some(max) = max_rows {
+        deleted += conn.execute(
+            "DELETE FROM requests WHERE id <= (SELECT id FROM requests ORDER BY id DESC LIMIT 1 OFFSET ?1)",
+            [max as i64],
+        )?;
+    }
+    Ok(deleted as u64)
 }

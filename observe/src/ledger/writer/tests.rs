@@ -11,7 +11,7 @@ use switchyard_policy::compare::{Pair, Side, TokenTiming, Verdict};
 use switchyard_record::RequestRecord;
 use tokio::sync::mpsc;
 
-use super::{Entry, Writer};
+use super::{Entry, Store, Writer};
 use crate::ledger::rows::{ComparisonRow, Row};
 use crate::ledger::tests::{config, skip_rows, skipped};
 use crate::ledger::{open, open_read_only, read_comparisons, LedgerCounters};
@@ -20,7 +20,7 @@ use crate::ledger::{open, open_read_only, read_comparisons, LedgerCounters};
 fn batch_writer(path: &Path) -> Writer {
     let (_tx, rx) = mpsc::channel(1);
     Writer::new(
-        open(path).unwrap(),
+        Store::sqlite(open(path).unwrap()),
         rx,
         Arc::new(LedgerCounters::default()),
         &config(path.to_path_buf(), None),
@@ -125,6 +125,83 @@ fn comparisons_of_one_batch_that_repeat_or_change_values_read_back_as_recorded()
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("ledger.db");
     let mut writer = batch_writer(&path);
+    let pairs = varied_pairs();
+    let entries: Vec<Entry> = pairs
+        .iter()
+        .map(|pair| {
+            Entry::Comparison(Box::new(ComparisonRow {
+                ts_ms: 1,
+                source: "shadow",
+                sampling_json: "{}".to_owned(),
+                pair: pair.clone(),
+                equivalence: pair
+                    .equivalence
+                    .as_ref()
+                    .map(|j| serde_json::to_string(j).unwrap()),
+            }))
+        })
+        .collect();
+    writer.write(&entries, &[]).unwrap();
+    let read = read_comparisons(&open_read_only(&path).unwrap(), None).unwrap();
+    assert_eq!(read, pairs);
+}
+
+#[test]
+fn skipped_shadows_of_one_kind_are_one_row_with_their_count() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("ledger.db");
+    let (_tx, rx) = mpsc::channel(1);
+    let config = config(path.clone(), None);
+    let mut writer = Writer::new(
+        Store::sqlite(open(&path).unwrap()),
+        rx,
+        Arc::default(),
+        &config,
+    );
+    // A run counted where the skips happened, and skips queued alone: one row per kind.
+    let runs = [(10, skipped("wl:a", true), 2)];
+    let batch = [
+        Entry::Skipped(11, Box::new(skipped("wl:b", true))),
+        Entry::Skipped(12, Box::new(skipped("wl:a", true))),
+        Entry::Skipped(13, Box::new(skipped("wl:a", false))),
+    ];
+    writer.write(&batch, &runs).unwrap();
+    let rows = skip_rows(writer.sqlite());
+    let kinds: Vec<_> = rows
+        .iter()
+        .map(|(w, warm, n)| (w.as_str(), *warm, *n))
+        .collect();
+    assert_eq!(
+        kinds,
+        [
+            ("wl:a", Some(true), 3),
+            ("wl:b", Some(true), 1),
+            ("wl:a", Some(false), 1)
+        ]
+    );
+    let pairs = read_comparisons(writer.sqlite(), None).unwrap();
+    let first = &pairs[0];
+    assert_eq!(first.verdict, Verdict::Incomparable);
+    assert_eq!(
+        first.reason.as_deref(),
+        Some("shadow skipped: pool full (max_in_flight = 1)")
+    );
+    assert!(first.candidate.is_none());
+    assert_eq!(first.primary.backend, "main");
+    assert_eq!(first.primary.engine.as_deref(), Some("llama.cpp/b1"));
+    assert_eq!(first.primary.artifact.as_deref(), Some("sha256:aa"));
+    assert_eq!(first.primary.request_id, None);
+    // The row carries the first skip's time.
+    let ts: i64 = writer
+        .sqlite()
+        .query_row("SELECT min(ts_ms) FROM comparisons", [], |r| r.get(0))
+        .unwrap();
+    assert_eq!(ts, 10);
+}
+
+/// Comparisons that repeat and change values from one to the next, for every kind of column:
+/// sides that ran and one that did not, a reason present and absent, a token judgement.
+pub(in crate::ledger) fn varied_pairs() -> Vec<Pair> {
     let side = |backend: &str, i: usize, output: Option<&str>| Side {
         request_id: Some(format!("{backend}-{i}")),
         backend: backend.to_owned(),
@@ -156,7 +233,7 @@ fn comparisons_of_one_batch_that_repeat_or_change_values_read_back_as_recorded()
         Some("sha256:b"),
         Some("sha256:b"),
     ];
-    let pairs: Vec<Pair> = (0..outputs.len())
+    (0..outputs.len())
         .map(|i| {
             let ran = i != 2;
             let verdict = match i {
@@ -202,71 +279,5 @@ fn comparisons_of_one_batch_that_repeat_or_change_values_read_back_as_recorded()
                 }),
             }
         })
-        .collect();
-    let entries: Vec<Entry> = pairs
-        .iter()
-        .map(|pair| {
-            Entry::Comparison(Box::new(ComparisonRow {
-                ts_ms: 1,
-                source: "shadow",
-                sampling_json: "{}".to_owned(),
-                pair: pair.clone(),
-                equivalence: pair
-                    .equivalence
-                    .as_ref()
-                    .map(|j| serde_json::to_string(j).unwrap()),
-            }))
-        })
-        .collect();
-    writer.write(&entries, &[]).unwrap();
-    let read = read_comparisons(&open_read_only(&path).unwrap(), None).unwrap();
-    assert_eq!(read, pairs);
-}
-
-#[test]
-fn skipped_shadows_of_one_kind_are_one_row_with_their_count() {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("ledger.db");
-    let (_tx, rx) = mpsc::channel(1);
-    let config = config(path.clone(), None);
-    let mut writer = Writer::new(open(&path).unwrap(), rx, Arc::default(), &config);
-    // A run counted where the skips happened, and skips queued alone: one row per kind.
-    let runs = [(10, skipped("wl:a", true), 2)];
-    let batch = [
-        Entry::Skipped(11, Box::new(skipped("wl:b", true))),
-        Entry::Skipped(12, Box::new(skipped("wl:a", true))),
-        Entry::Skipped(13, Box::new(skipped("wl:a", false))),
-    ];
-    writer.write(&batch, &runs).unwrap();
-    let rows = skip_rows(&writer.conn);
-    let kinds: Vec<_> = rows
-        .iter()
-        .map(|(w, warm, n)| (w.as_str(), *warm, *n))
-        .collect();
-    assert_eq!(
-        kinds,
-        [
-            ("wl:a", Some(true), 3),
-            ("wl:b", Some(true), 1),
-            ("wl:a", Some(false), 1)
-        ]
-    );
-    let pairs = read_comparisons(&writer.conn, None).unwrap();
-    let first = &pairs[0];
-    assert_eq!(first.verdict, Verdict::Incomparable);
-    assert_eq!(
-        first.reason.as_deref(),
-        Some("shadow skipped: pool full (max_in_flight = 1)")
-    );
-    assert!(first.candidate.is_none());
-    assert_eq!(first.primary.backend, "main");
-    assert_eq!(first.primary.engine.as_deref(), Some("llama.cpp/b1"));
-    assert_eq!(first.primary.artifact.as_deref(), Some("sha256:aa"));
-    assert_eq!(first.primary.request_id, None);
-    // The row carries the first skip's time.
-    let ts: i64 = writer
-        .conn
-        .query_row("SELECT min(ts_ms) FROM comparisons", [], |r| r.get(0))
-        .unwrap();
-    assert_eq!(ts, 10);
+        .collect()
 }

@@ -1,0 +1,393 @@
+//! The ledger on PostgreSQL: one record for several Switchyards.
+//!
+//! The writer thread writes each batch in one transaction, as on SQLite: request rows by binary
+//! `COPY` (PostgreSQL's fastest way in), everything else by the same inserts as SQLite's with
+//! PostgreSQL's placeholders, and this run's counters in
+//! `ledger_health`. Connections come from a pool (deadpool-postgres over tokio-postgres), taken
+//! per batch: a connection the server closed (a restart, a failover) is replaced by the next
+//! batch's, so the writer reconnects by itself; a batch that fails is lost and counted, as on
+//! SQLite. The thread drives the driver on a runtime of its own, off the request path's.
+//!
+//! Text that PostgreSQL cannot hold (a NUL character, which a client may send in a model name)
+//! is written with U+FFFD in its place, rather than failing the batch.
+
+use std::error::Error as StdError;
+use std::str::FromStr;
+use std::time::Duration;
+
+use bytes::BytesMut;
+use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod, Timeouts};
+use rusqlite::types::ValueRef;
+use tokio_postgres::binary_copy::BinaryCopyInWriter;
+use tokio_postgres::types::{to_sql_checked, IsNull, ToSql, Type};
+use tokio_postgres::NoTls;
+
+use super::rows::{
+    insert_comparison_sql, Param, INSERT_CONFIG_CHANGE, INSERT_ENGINE_ACTION, INSERT_IDENTITY,
+    REQUEST_COLUMNS, REQUEST_PARAMS,
+};
+use super::skips::{SkippedShadow, INSERT_SKIPPED};
+use super::writer::{skip_runs, Entry, Health};
+
+mod schema;
+
+#[cfg(test)]
+pub(crate) mod cluster;
+#[cfg(test)]
+mod tests;
+
+/// How long the writer waits for a connection (a new one included) before it gives the batch
+/// up: a server that is down costs each batch this much at most, while the queue holds what
+/// comes meanwhile.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// The ledger's PostgreSQL store, for the writer thread.
+pub(crate) struct PgStore {
+    runtime: tokio::runtime::Runtime,
+    pool: Pool,
+    /// The server and database, for the log (never the password).
+    pub(crate) describe: String,
+    /// The name each row is written under (`instance`).
+    instance: String,
+    statements: Statements,
+}
+
+/// The inserts, with PostgreSQL's placeholders (`$1`).
+struct Statements {
+    comparison: String,
+    identity: String,
+    config_change: String,
+    engine_action: String,
+    detection: String,
+    skipped: String,
+    copy_requests: String,
+}
+
+/// Why the PostgreSQL ledger could not be opened, or a batch written.
+#[derive(Debug, thiserror::Error)]
+pub enum PgError {
+    #[error("the URL: {0}")]
+    Url(tokio_postgres::Error),
+    #[error("{0}")]
+    Pool(String),
+    #[error("{0}")]
+    Db(#[from] tokio_postgres::Error),
+    #[error("{0}")]
+    Io(#[from] std::io::Error),
+}
+
+impl PgStore {
+    /// Connects to `url` (`postgres://user@host:port/database`, libpq's keywords accepted),
+    /// with `password` when given (never part of the configuration), and brings the schema
+    /// forward. Rows are written as `instance`'s.
+    pub(crate) fn connect(
+        url: &str,
+        password: Option<&str>,
+        instance: &str,
+    ) -> Result<Self, PgError> {
+        let mut config = tokio_postgres::Config::from_str(url).map_err(PgError::Url)?;
+        if let Some(password) = password {
+            config.password(password);
+        }
+        if config.get_connect_timeout().is_none() {
+            config.connect_timeout(CONNECT_TIMEOUT);
+        }
+        config.application_name("switchyard");
+        let describe = describe(&config);
+        let manager = Manager::from_config(
+            config,
+            NoTls,
+            ManagerConfig {
+                recycling_method: RecyclingMethod::Fast,
+            },
+        );
+        let pool = Pool::builder(manager)
+            .max_size(2)
+            .timeouts(Timeouts {
+                wait: Some(CONNECT_TIMEOUT),
+                create: Some(CONNECT_TIMEOUT),
+                recycle: Some(CONNECT_TIMEOUT),
+            })
+            .runtime(deadpool_postgres::Runtime::Tokio1)
+            .build()
+            .map_err(|e| PgError::Pool(e.to_string()))?;
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()?;
+        let store = Self {
+            runtime,
+            pool,
+            describe,
+            instance: instance.to_owned(),
+            statements: Statements {
+                comparison: numbered(&insert_comparison_sql()),
+                identity: numbered(INSERT_IDENTITY),
+                config_change: numbered(INSERT_CONFIG_CHANGE),
+                engine_action: numbered(INSERT_ENGINE_ACTION),
+                detection: numbered(super::detections::INSERT_DETECTION),
+                skipped: numbered(INSERT_SKIPPED),
+                copy_requests: format!(
+                    "COPY requests ({}) FROM STDIN (FORMAT binary)",
+                    REQUEST_COLUMNS.join(", ")
+                ),
+            },
+        };
+        store.runtime.block_on(store.migrate())?;
+        Ok(store)
+    }
+
+    /// Applies the migrations not applied yet, each in its own transaction.
+    async fn migrate(&self) -> Result<(), PgError> {
+        let mut client = self.client().await?;
+        for (i, migration) in schema::migrations().iter().enumerate() {
+            let version = i64::try_from(i + 1).unwrap_or(i64::MAX);
+            let tx = client.transaction().await?;
+            // Held until this transaction ends: another instance starting now waits, then
+            // finds the migration applied (two `CREATE TABLE IF NOT EXISTS` at once would
+            // collide, too).
+            tx.execute(
+                "SELECT pg_advisory_xact_lock($1)",
+                &[&schema::MIGRATION_LOCK],
+            )
+            .await?;
+            tx.batch_execute(
+                "CREATE TABLE IF NOT EXISTS switchyard_schema (
+                    version BIGINT PRIMARY KEY,
+                    applied_ms BIGINT NOT NULL
+                )",
+            )
+            .await?;
+            let applied = tx
+                .query_opt(
+                    "SELECT 1 FROM switchyard_schema WHERE version = $1",
+                    &[&version],
+                )
+                .await?
+                .is_some();
+            if !applied {
+                tx.batch_execute(migration).await?;
+                tx.execute(
+                    "INSERT INTO switchyard_schema (version, applied_ms)
+                     VALUES ($1, (extract(epoch FROM clock_timestamp()) * 1000)::BIGINT)",
+                    &[&version],
+                )
+                .await?;
+            }
+            tx.commit().await?;
+        }
+        Ok(())
+    }
+
+    async fn client(&self) -> Result<deadpool_postgres::Object, PgError> {
+        self.pool
+            .get()
+            .await
+            .map_err(|e| PgError::Pool(e.to_string()))
+    }
+
+    /// Writes one batch in one transaction.
+    pub(super) fn write(
+        &mut self,
+        entries: &[Entry],
+        runs: &[(i64, SkippedShadow, i64)],
+        health: &Health<'_>,
+    ) -> Result<(), PgError> {
+        self.runtime
+            .block_on(self.write_batch(entries, runs, health))
+    }
+
+    async fn write_batch(
+        &self,
+        entries: &[Entry],
+        runs: &[(i64, SkippedShadow, i64)],
+        health: &Health<'_>,
+    ) -> Result<(), PgError> {
+        let mut client = self.client().await?;
+        let tx = client.transaction().await?;
+        // The instance each row's `instance` column takes, for this transaction.
+        tx.execute(
+            "SELECT set_config('switchyard.instance', $1, true)",
+            &[&self.instance],
+        )
+        .await?;
+        tx.execute(
+            "INSERT INTO ledger_health (run_id, started_ms, updated_ms, written, dropped_full, dropped_failed)
+             VALUES ($1, $2, $3, $4, $5, $6)
+             ON CONFLICT (run_id) DO UPDATE SET updated_ms = $3, written = $4, dropped_full = $5, dropped_failed = $6",
+            &[
+                &health.run_id,
+                &health.started_ms,
+                &health.updated_ms,
+                &health.written,
+                &health.dropped_full,
+                &health.dropped_failed,
+            ],
+        )
+        .await?;
+        if entries.iter().any(|e| matches!(e, Entry::Request(_))) {
+            let sink = tx.copy_in(&self.statements.copy_requests).await?;
+            let mut writer = std::pin::pin!(BinaryCopyInWriter::new(sink, &REQUEST_TYPES));
+            for entry in entries {
+                if let Entry::Request(row) = entry {
+                    let values = row.params();
+                    let refs: [&(dyn ToSql + Sync); REQUEST_PARAMS] =
+                        std::array::from_fn(|i| &values[i] as &(dyn ToSql + Sync));
+                    writer.as_mut().write(&refs).await?;
+                }
+            }
+            writer.finish().await?;
+        }
+        for entry in entries {
+            match entry {
+                Entry::Request(_) | Entry::Flush(_) | Entry::Skips | Entry::Skipped(..) => {}
+                Entry::Comparison(c) => {
+                    let values: Vec<Param<'_>> = c.values().into_iter().map(param).collect();
+                    execute(&tx, &self.statements.comparison, &values).await?;
+                }
+                Entry::Identity(at, s) => {
+                    execute(&tx, &self.statements.identity, &s.params(*at)).await?;
+                }
+                Entry::ConfigChange(at, c) => {
+                    execute(&tx, &self.statements.config_change, &c.params(*at)).await?;
+                }
+                Entry::EngineAction(at, a) => {
+                    execute(&tx, &self.statements.engine_action, &a.params(*at)).await?;
+                }
+                Entry::Detection(at, d) => {
+                    execute(&tx, &self.statements.detection, &d.params(*at)).await?;
+                }
+            }
+        }
+        for (at, s, count) in skip_runs(entries, runs) {
+            let values = s.params(at, count);
+            execute(&tx, &self.statements.skipped, &values).await?;
+        }
+        tx.commit().await?;
+        Ok(())
+    }
+
+    /// Retention: deletes rows older than `cutoff_ms`, and requests beyond the newest
+    /// `max_rows`; the number deleted.
+    pub(super) fn prune(
+        &mut self,
+        cutoff_ms: Option<i64>,
+        max_rows: Option<u64>,
+    ) -> Result<u64, PgError> {
+        self.runtime.block_on(async {
+            let client = self.client().await?;
+            let mut deleted = 0;
+            if let Some(cutoff) = cutoff_ms {
+                for table in ["requests", "identities", "comparisons"] {
+                    deleted += client
+                        .execute(&format!("DELETE FROM {table} WHERE ts_ms < $1"), &[&cutoff])
+                        .await?;
+                }
+            }
+            if let Some(max) = max_rows {
+                let max = i64::try_from(max).unwrap_or(i64::MAX);
+                deleted += client
+                    .execute(
+                        "DELETE FROM requests WHERE id <= (SELECT id FROM requests ORDER BY id DESC LIMIT 1 OFFSET $1)",
+                        &[&max],
+                    )
+                    .await?;
+            }
+            Ok(deleted)
+        })
+    }
+}
+
+/// The types of the request row's columns, in [`REQUEST_COLUMNS`]' order, for binary `COPY`.
+const REQUEST_TYPES: [Type; REQUEST_PARAMS] = {
+    use Type as T;
+    const I: T = T::INT8;
+    const R: T = T::FLOAT8;
+    const S: T = T::TEXT;
+    [
+        I, S, S, S, S, S, S, S, S, S, S, S, S, I, S, S, I, I, I, R, R, R, R, R, I, S, R, I, S, R,
+        I, I, I, S, S, S, S, S, S, I, S, S, S, S, I,
+    ]
+};
+
+async fn execute(
+    tx: &deadpool_postgres::Transaction<'_>,
+    sql: &str,
+    values: &[Param<'_>],
+) -> Result<u64, tokio_postgres::Error> {
+    let statement = tx.prepare_cached(sql).await?;
+    let refs: Vec<&(dyn ToSql + Sync)> = values.iter().map(|v| v as &(dyn ToSql + Sync)).collect();
+    tx.execute(&statement, &refs).await
+}
+
+/// SQLite's numbered placeholders (`?1`) as PostgreSQL's (`$1`). The ledger's statements have
+/// no question mark but in their placeholders.
+fn numbered(sql: &str) -> String {
+    sql.replace('?', "$")
+}
+
+/// A comparison's value, as the request row's are.
+fn param(value: ValueRef<'_>) -> Param<'_> {
+    match value {
+        ValueRef::Null => Param::Null,
+        ValueRef::Integer(n) => Param::Int(n),
+        ValueRef::Real(x) => Param::Real(x),
+        ValueRef::Text(t) | ValueRef::Blob(t) => {
+            std::str::from_utf8(t).map_or(Param::Null, Param::Text)
+        }
+    }
+}
+
+/// `url` without its password, for messages: what `tokio_postgres` reads of it, or, when it
+/// cannot, only its scheme.
+pub(super) fn redacted(url: &str) -> String {
+    tokio_postgres::Config::from_str(url).map_or_else(
+        |_| "postgres://… (not a valid URL)".to_owned(),
+        |config| describe(&config),
+    )
+}
+
+/// The server and database of `config`, for the log.
+fn describe(config: &tokio_postgres::Config) -> String {
+    let host = config
+        .get_hosts()
+        .first()
+        .map(|h| match h {
+            tokio_postgres::config::Host::Tcp(name) => name.clone(),
+            #[cfg(unix)]
+            tokio_postgres::config::Host::Unix(path) => path.display().to_string(),
+        })
+        .unwrap_or_default();
+    let port = config.get_ports().first().copied().unwrap_or(5432);
+    format!(
+        "postgres://{}@{host}:{port}/{}",
+        config.get_user().unwrap_or(""),
+        config.get_dbname().unwrap_or("")
+    )
+}
+
+/// Each value as the column's type takes it: an integer into a `DOUBLE PRECISION` column as a
+/// real, text without NUL characters.
+impl ToSql for Param<'_> {
+    fn to_sql(
+        &self,
+        ty: &Type,
+        out: &mut BytesMut,
+    ) -> Result<IsNull, Box<dyn StdError + Sync + Send>> {
+        match *self {
+            Param::Null => Ok(IsNull::Yes),
+            Param::Int(n) if *ty == Type::FLOAT8 => (n as f64).to_sql_checked(ty, out),
+            Param::Int(n) => n.to_sql_checked(ty, out),
+            Param::Real(x) => x.to_sql_checked(ty, out),
+            Param::Text(s) if s.contains('\0') => {
+                s.replace('\0', "\u{FFFD}").to_sql_checked(ty, out)
+            }
+            Param::Text(s) => s.to_sql_checked(ty, out),
+        }
+    }
+
+    fn accepts(ty: &Type) -> bool {
+        matches!(*ty, Type::INT8 | Type::FLOAT8 | Type::TEXT)
+    }
+
+    to_sql_checked!();
+}
