@@ -25,6 +25,7 @@ use switchyard_policy::LedgerConfig;
 use switchyard_record::RequestRecord;
 use tokio::sync::mpsc;
 
+mod batch;
 mod detections;
 mod phases;
 mod postgres;
@@ -52,10 +53,11 @@ pub use views::{
 };
 pub use window::{now_ms, parse_window, window_start, MAX_WINDOW_SECS};
 
+use batch::Entry;
 use rows::{unix_ms, ComparisonRow, Row};
 use schema::open;
 use skips::{PendingSkips, PENDING_SKIP_KINDS};
-use writer::{Entry, Store, Writer};
+use writer::{Store, Writer};
 
 /// Counters of what happened to records, shared with `/metrics` and the report.
 #[derive(Debug, Default)]

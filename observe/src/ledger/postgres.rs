@@ -22,12 +22,12 @@ use tokio_postgres::binary_copy::BinaryCopyInWriter;
 use tokio_postgres::types::{to_sql_checked, IsNull, ToSql, Type};
 use tokio_postgres::NoTls;
 
+use super::batch::{skip_runs, Entry, Health};
 use super::rows::{
     insert_comparison_sql, Param, INSERT_CONFIG_CHANGE, INSERT_ENGINE_ACTION, INSERT_IDENTITY,
     REQUEST_COLUMNS, REQUEST_PARAMS,
 };
 use super::skips::{SkippedShadow, INSERT_SKIPPED};
-use super::writer::{skip_runs, Entry, Health};
 
 mod schema;
 

@@ -15,11 +15,11 @@ use rusqlite::Connection;
 use switchyard_policy::LedgerConfig;
 use tokio::sync::mpsc;
 
+use super::batch::{skip_runs, Entry, Health};
 use super::postgres::PgStore;
 use super::rows::{
-    insert_comparison_sql, insert_request_sql, int, unix_ms, ComparisonRow, ConfigChange,
-    EngineAction, IdentitySnapshot, Param, Row, INSERT_CONFIG_CHANGE, INSERT_ENGINE_ACTION,
-    INSERT_IDENTITY, REQUEST_PARAMS,
+    insert_comparison_sql, insert_request_sql, int, unix_ms, Param, INSERT_CONFIG_CHANGE,
+    INSERT_ENGINE_ACTION, INSERT_IDENTITY, REQUEST_PARAMS,
 };
 use super::skips::{PendingSkips, SkippedShadow, INSERT_SKIPPED};
 use super::LedgerCounters;
@@ -33,22 +33,6 @@ const LINGER: Duration = Duration::from_millis(20);
 /// How long the writer writes before it offers the CPU to whatever else is waiting for it (see
 /// `Writer::write`).
 const YIELD_AFTER: Duration = Duration::from_micros(50);
-
-/// What goes through the channel.
-#[derive(Debug)]
-pub(super) enum Entry {
-    Request(Box<Row>),
-    Comparison(Box<ComparisonRow>),
-    Skipped(i64, Box<SkippedShadow>),
-    /// Skips are pending ([`PendingSkips`]): the writer takes them with this batch.
-    Skips,
-    Identity(SystemTime, Box<IdentitySnapshot>),
-    ConfigChange(SystemTime, Box<ConfigChange>),
-    EngineAction(SystemTime, Box<EngineAction>),
-    Detection(SystemTime, Box<super::detections::Detection>),
-    /// Answered once everything queued before it is written (or lost).
-    Flush(std::sync::mpsc::SyncSender<()>),
-}
 
 /// Where the writer writes.
 pub(super) enum Store {
@@ -70,17 +54,6 @@ impl Store {
             insert_comparison: insert_comparison_sql(),
         }
     }
-}
-
-/// This run's counters as they will be once a batch commits, written with it: a report
-/// reading the ledger sees what was lost, once the store takes writes again.
-pub(super) struct Health<'a> {
-    pub(super) run_id: &'a str,
-    pub(super) started_ms: i64,
-    pub(super) updated_ms: i64,
-    pub(super) written: i64,
-    pub(super) dropped_full: i64,
-    pub(super) dropped_failed: i64,
 }
 
 /// Why a batch could not be written, or old rows deleted.
@@ -260,26 +233,6 @@ impl Writer {
         }
         Ok(())
     }
-}
-
-/// The skips of a batch, one run per kind: the runs counted where the skips happened, and the
-/// skips queued alone added to their kind's run (or starting one): each run's first time, its
-/// kind, how many.
-pub(super) fn skip_runs<'a>(
-    entries: &'a [Entry],
-    runs: &'a [(i64, SkippedShadow, i64)],
-) -> Vec<(i64, &'a SkippedShadow, i64)> {
-    let mut skipped: Vec<(i64, &SkippedShadow, i64)> =
-        runs.iter().map(|(at, s, n)| (*at, s, *n)).collect();
-    for entry in entries {
-        if let Entry::Skipped(at, skip) = entry {
-            match skipped.iter_mut().find(|(_, s, _)| s.is(&skip.kind())) {
-                Some((_, _, count)) => *count += 1,
-                None => skipped.push((*at, skip, 1)),
-            }
-        }
-    }
-    skipped
 }
 
 /// Writes one batch to SQLite in one transaction: `statements` are the request and comparison

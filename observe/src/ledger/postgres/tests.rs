@@ -14,11 +14,12 @@ use tokio_postgres::NoTls;
 
 use super::cluster::Cluster;
 use super::PgStore;
+use crate::ledger::batch::Entry;
 use crate::ledger::detections::Detection;
 use crate::ledger::rows::{ComparisonRow, ConfigChange, EngineAction, IdentitySnapshot, Row};
 use crate::ledger::tests::{config, skipped, varied_record};
 use crate::ledger::writer::tests::varied_pairs;
-use crate::ledger::writer::{Entry, Store, Writer};
+use crate::ledger::writer::{Store, Writer};
 use crate::ledger::{open, open_read_only, Ledger};
 
 /// Runs `f` with a client of `url`'s database, on a runtime of its own.

@@ -11,7 +11,8 @@ use switchyard_policy::compare::{Pair, Side, TokenTiming, Verdict};
 use switchyard_record::RequestRecord;
 use tokio::sync::mpsc;
 
-use super::{Entry, Store, Writer};
+use super::{Store, Writer};
+use crate::ledger::batch::Entry;
 use crate::ledger::rows::{ComparisonRow, Row};
 use crate::ledger::tests::{config, skip_rows, skipped};
 use crate::ledger::{open, open_read_only, read_comparisons, LedgerCounters};
