@@ -48,8 +48,13 @@ SYSTEM = (Path(__file__).resolve().parents[1] / "prompts" / "kl-divergence.txt")
 
 
 def replica(name: str, port: int, workdir: Path) -> Proc:
+    """A llama-server of the bundled model on `port`, with one thread, as tests/bench/pools runs
+    them: replicas share this machine's two cores, and llama.cpp's threads wait for each other
+    by spinning, so two replicas of two threads each on two cores slowed each other down by a
+    factor of ten or more at times (a first turn over two minutes), where replicas on machines
+    of their own would not."""
     argv = [str(required_path("LLAMA_SERVER_BIN")), "-m", str(required_path("SMOLLM2_GGUF")),
-            "-c", "8192", "--host", "127.0.0.1", "--port", str(port)]
+            "-c", "8192", "--threads", "1", "--host", "127.0.0.1", "--port", str(port)]
     proc = Proc(name, argv, workdir / f"{name}.log")
     with http_client(timeout=5.0) as http:
         poll(name, lambda: http.get(f"http://127.0.0.1:{port}/health").status_code == 200, proc)
