@@ -342,13 +342,18 @@ impl Row {
 
 /// The insert statement for `requests`; [`Row::params`] gives its values.
 pub(super) fn insert_request_sql() -> String {
-    let placeholders = (1..=REQUEST_PARAMS)
+    insert_sql("requests", &REQUEST_COLUMNS)
+}
+
+/// An insert of `columns` into `table`, with a numbered placeholder (`?1`) per column.
+fn insert_sql(table: &str, columns: &[&str]) -> String {
+    let placeholders = (1..=columns.len())
         .map(|i| format!("?{i}"))
         .collect::<Vec<_>>()
         .join(", ");
     format!(
-        "INSERT INTO requests ({}) VALUES ({placeholders})",
-        REQUEST_COLUMNS.join(", ")
+        "INSERT INTO {table} ({}) VALUES ({placeholders})",
+        columns.join(", ")
     )
 }
 

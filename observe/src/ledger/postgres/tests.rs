@@ -36,6 +36,13 @@ fn with_client<T>(url: &str, f: impl AsyncFnOnce(&tokio_postgres::Client) -> T) 
     })
 }
 
+/// The one number `sql` selects from `url`'s database.
+fn number(url: &str, sql: &str) -> i64 {
+    with_client(url, async |client| {
+        client.query_one(sql, &[]).await.unwrap().get(0)
+    })
+}
+
 /// `table`'s rows in id order, as SQLite's values, without the id: `columns` of them.
 fn pg_rows(url: &str, table: &str, columns: &[String]) -> Vec<Vec<Value>> {
     let sql = format!("SELECT {} FROM {table} ORDER BY 1", select_list(columns));
@@ -248,21 +255,17 @@ fn recorded_requests_are_written_and_counted() {
     drop(ledger);
     writer.join().unwrap();
     assert_eq!(counters.written.load(Ordering::Relaxed), 50);
-    let (rows, health): (i64, (i64, i64, String)) = with_client(&cluster.url(), async |client| {
-        let rows = client
-            .query_one("SELECT count(*) FROM requests", &[])
-            .await
-            .unwrap()
-            .get(0);
-        let health = client
+    let health: (i64, i64, String) = with_client(&cluster.url(), async |client| {
+        let row = client
             .query_one(
                 "SELECT written, dropped_full + dropped_failed, instance FROM ledger_health",
                 &[],
             )
             .await
             .unwrap();
-        (rows, (health.get(0), health.get(1), health.get(2)))
+        (row.get(0), row.get(1), row.get(2))
     });
+    let rows = number(&cluster.url(), "SELECT count(*) FROM requests");
     assert_eq!(rows, 50);
     assert_eq!(health, (50, 0, "host-b:8080".to_owned()));
 }
@@ -325,13 +328,7 @@ fn after_a_server_restart_the_writer_writes_again() {
         lost <= 10,
         "at most the batch that met the closed connection: {lost} lost"
     );
-    let rows: i64 = with_client(&cluster.url(), async |client| {
-        client
-            .query_one("SELECT count(*) FROM requests", &[])
-            .await
-            .unwrap()
-            .get(0)
-    });
+    let rows = number(&cluster.url(), "SELECT count(*) FROM requests");
     assert_eq!(rows as usize, written);
     assert_eq!(written + lost, 40);
 }
@@ -387,20 +384,12 @@ fn a_server_stopped_for_a_while_costs_only_counted_drops() {
         "nothing can be written while the server is down"
     );
     assert_eq!(written + counters.dropped(), u64::from(sent));
-    let (rows, after): (i64, i64) = with_client(&cluster.url(), async |client| {
-        let rows = client
-            .query_one("SELECT count(*) FROM requests", &[])
-            .await
-            .unwrap()
-            .get(0);
-        // A record's time is 1,000 ms after the epoch plus its number.
-        let after = client
-            .query_one("SELECT count(*) FROM requests WHERE ts_ms >= 1200", &[])
-            .await
-            .unwrap()
-            .get(0);
-        (rows, after)
-    });
+    let rows = number(&cluster.url(), "SELECT count(*) FROM requests");
+    // A record's time is 1,000 ms after the epoch plus its number.
+    let after = number(
+        &cluster.url(),
+        "SELECT count(*) FROM requests WHERE ts_ms >= 1200",
+    );
     assert_eq!(rows as u64, written);
     assert!(after > 0, "writing resumed after the restart");
 }

@@ -136,12 +136,6 @@ pub(in crate::ledger) fn insert_comparison_sql() -> String {
         columns.extend(SIDE_COLUMNS.iter().map(|c| format!("{side}_{c}")));
     }
     columns.push("equivalence".to_owned());
-    let placeholders = (1..=columns.len())
-        .map(|i| format!("?{i}"))
-        .collect::<Vec<_>>()
-        .join(", ");
-    format!(
-        "INSERT INTO comparisons ({}) VALUES ({placeholders})",
-        columns.join(", ")
-    )
+    let columns: Vec<&str> = columns.iter().map(String::as_str).collect();
+    super::insert_sql("comparisons", &columns)
 }
