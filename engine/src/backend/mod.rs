@@ -59,6 +59,11 @@ pub struct Backend {
     pub endpoint: Endpoint,
     state: ArcSwap<BackendState>,
     headers: ArcSwap<IdentityHeaders>,
+    /// Held by [`Backend::update`] from the change to the headers it publishes: two changes at
+    /// once (a probe's and a finished hash) would otherwise each compute headers from the state
+    /// it saw, and the one computed from the older state could be stored last, and stand until
+    /// the next change.
+    updating: std::sync::Mutex<()>,
     admission: ArcSwapOption<Semaphore>,
     /// Bumped on every state change, for whoever waits for one (see [`Backend::with_revision`]).
     revision: Option<Arc<tokio::sync::watch::Sender<u64>>>,
@@ -183,6 +188,7 @@ impl Backend {
             endpoint,
             state: ArcSwap::from_pointee(state),
             headers: ArcSwap::from_pointee(headers),
+            updating: std::sync::Mutex::new(()),
             admission: ArcSwapOption::new(admission),
             revision: None,
             changes: tokio::sync::watch::Sender::new(0),
@@ -307,6 +313,7 @@ impl Backend {
 
     /// Applies a change to the state and republishes the header values.
     pub fn update(&self, change: impl Fn(&mut BackendState)) {
+        let _updating = self.updating.lock().unwrap_or_else(|e| e.into_inner());
         self.state.rcu(|current| {
             let mut next = BackendState::clone(current);
             change(&mut next);
