@@ -493,14 +493,6 @@ impl Backend {
             &answered,
         )))
     }
-
-    /// How long a probe may take, given how often they run: the interval, at least 1 s and
-    /// at most 2 s. An idle engine on a machine its neighbours' inference saturates can take
-    /// longer than a short interval to answer `/health`; marked down for it, it would get no
-    /// requests, stay idle, and time out again.
-    pub fn probe_timeout(interval: Duration) -> Duration {
-        interval.clamp(Duration::from_secs(1), Duration::from_secs(2))
-    }
 }
 
 #[cfg(test)]

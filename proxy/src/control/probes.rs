@@ -103,7 +103,7 @@ pub(super) async fn probe_loop(
         }
         // Read each time: a reload may change it.
         let interval = Duration::from_millis(state.live.load().config.server.probe_interval_ms);
-        let timeout = Backend::probe_timeout(interval);
+        let timeout = probe_timeout(interval);
         let mut results = Vec::with_capacity(backend.adapter.probes().len());
         for path in backend.adapter.probes() {
             results.push(
@@ -258,3 +258,11 @@ async fn learn_build(state: &AppState, backend: &Backend, path: &str, body: Stri
 
 /// A one-token generation on a CPU engine can take a while on a loaded machine.
 const IDENTITY_REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// How long a probe may take, given how often they run: the interval, at least 1 s and at most
+/// 2 s. An idle engine on a machine its neighbours' inference saturates can take longer than a
+/// short interval to answer `/health`; marked down for it, it would get no requests, stay idle,
+/// and time out again.
+fn probe_timeout(interval: Duration) -> Duration {
+    interval.clamp(Duration::from_secs(1), Duration::from_secs(2))
+}
