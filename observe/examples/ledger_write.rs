@@ -38,6 +38,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         batch,
         retention_days: None,
         max_rows: None,
+        url: None,
+        password_env: None,
+        password_file: None,
+        ca_file: None,
+        instance: None,
     };
     let (store, (ledger, writer)) = match (&sqlite, &postgres) {
         (Some(_), None) => ("sqlite", Ledger::start(&config)?),

@@ -191,6 +191,25 @@ pub struct LedgerConfig {
     /// Keep at most this many request rows (oldest deleted first); none: no limit.
     #[serde(default)]
     pub max_rows: Option<u64>,
+    /// The ledger several Switchyards share, on PostgreSQL:
+    /// `postgres://user@host:port/database[?sslmode=require]`. Each row this Switchyard writes
+    /// goes there too, named by `instance`; the SQLite file at `path` stays this instance's own
+    /// record. Never holds the password.
+    #[serde(default)]
+    pub url: Option<String>,
+    /// The environment variable holding the shared ledger's password.
+    #[serde(default)]
+    pub password_env: Option<String>,
+    /// A file holding the shared ledger's password (one line; its end of line is not part of it).
+    #[serde(default)]
+    pub password_file: Option<PathBuf>,
+    /// PEM certificates to verify the shared ledger's server by, beside the system's roots.
+    #[serde(default)]
+    pub ca_file: Option<PathBuf>,
+    /// The name this Switchyard writes its rows under in the shared ledger; none: the host's
+    /// name and the listen port (`mac-studio:8080`).
+    #[serde(default)]
+    pub instance: Option<String>,
 }
 
 fn default_ledger_queue() -> usize {

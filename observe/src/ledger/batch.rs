@@ -23,6 +23,23 @@ pub(super) enum Entry {
     Flush(std::sync::mpsc::SyncSender<()>),
 }
 
+impl Entry {
+    /// A copy for another store's queue; none for what belongs to one queue (its flush, its
+    /// pending skips).
+    pub(super) fn copy(&self) -> Option<Self> {
+        Some(match self {
+            Self::Request(r) => Self::Request(r.clone()),
+            Self::Comparison(c) => Self::Comparison(c.clone()),
+            Self::Skipped(at, s) => Self::Skipped(*at, s.clone()),
+            Self::Identity(at, s) => Self::Identity(*at, s.clone()),
+            Self::ConfigChange(at, c) => Self::ConfigChange(*at, c.clone()),
+            Self::EngineAction(at, a) => Self::EngineAction(*at, a.clone()),
+            Self::Detection(at, d) => Self::Detection(*at, d.clone()),
+            Self::Skips | Self::Flush(_) => return None,
+        })
+    }
+}
+
 /// This run's counters as they will be once a batch commits, written with it: a report
 /// reading the ledger sees what was lost, once the store takes writes again.
 pub(super) struct Health<'a> {
@@ -52,4 +69,24 @@ pub(super) fn skip_runs<'a>(
         }
     }
     skipped
+}
+
+/// Retention's statements, in SQLite's placeholders (PostgreSQL's store numbers them its way),
+/// each with its one value: delete rows older than `cutoff_ms`, and requests beyond the newest
+/// `max_rows`.
+pub(super) fn retention(cutoff_ms: Option<i64>, max_rows: Option<u64>) -> Vec<(String, i64)> {
+    let mut statements: Vec<(String, i64)> = cutoff_ms
+        .into_iter()
+        .flat_map(|cutoff| {
+            ["requests", "identities", "comparisons"]
+                .map(|table| (format!("DELETE FROM {table} WHERE ts_ms < ?1"), cutoff))
+        })
+        .collect();
+    if let Some(max) = max_rows {
+        statements.push((
+            "DELETE FROM requests WHERE id <= (SELECT id FROM requests ORDER BY id DESC LIMIT 1 OFFSET ?1)".to_owned(),
+            i64::try_from(max).unwrap_or(i64::MAX),
+        ));
+    }
+    statements
 }

@@ -43,6 +43,9 @@ mod tests;
 
 pub use detections::{Detection, RateReader, Stamped};
 pub use phases::{model_stats, phase_stats, PhaseFilter, BAR_PHASES};
+/// A throwaway PostgreSQL server for tests (the `test-cluster` feature).
+#[cfg(any(test, feature = "test-cluster"))]
+pub use postgres::cluster;
 pub use postgres::PgError;
 pub use read::{open_read_only, read_comparisons};
 pub use releases::{ArmCounts, Evaluation, Release, ReleaseEvent, ReleaseStore, Rows};
@@ -75,13 +78,42 @@ impl LedgerCounters {
     }
 }
 
-/// The request path's handle on the ledger.
+/// The request path's handle on the ledger: the local SQLite ledger's queue, and the shared
+/// ledger's when `[ledger] url` is set. Each has its own writer thread, so that a shared
+/// ledger that is slow or down never holds up the local record.
 #[derive(Debug)]
 pub struct Ledger {
-    tx: mpsc::Sender<Entry>,
+    local: Queue,
+    shared: Option<Queue>,
+    /// The local ledger's counters.
     pub counters: Arc<LedgerCounters>,
     pub path: PathBuf,
+}
+
+/// One store's end of the queue: records go through `tx` to its writer thread.
+#[derive(Debug)]
+struct Queue {
+    tx: mpsc::Sender<Entry>,
+    counters: Arc<LedgerCounters>,
     skips: Arc<Mutex<PendingSkips>>,
+    /// The store, for the log: the SQLite file, or the PostgreSQL server and database.
+    describe: String,
+}
+
+/// The ledger's writer threads; joined at shutdown once every [`Ledger`] handle is dropped.
+#[derive(Debug)]
+pub struct Writers {
+    local: std::thread::JoinHandle<()>,
+    shared: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Writers {
+    /// Waits until both writers have written everything queued and ended.
+    pub fn join(self) -> std::thread::Result<()> {
+        let local = self.local.join();
+        let shared = self.shared.map_or(Ok(()), |h| h.join());
+        local.and(shared)
+    }
 }
 
 /// Why the ledger could not be opened or started.
@@ -108,69 +140,93 @@ pub enum LedgerError {
 }
 
 impl Ledger {
-    /// Opens the database and starts the writer thread. The thread ends when every `Ledger`
-    /// handle is dropped and the queue is drained.
-    pub fn start(
-        config: &LedgerConfig,
-    ) -> Result<(Self, std::thread::JoinHandle<()>), LedgerError> {
-        let (tx, rx) = mpsc::channel(config.queue);
-        let writer = Writer::new(
-            Store::sqlite(open(&config.path)?),
-            rx,
-            Arc::default(),
-            config,
-        );
-        Self::spawn(tx, writer, config)
+    /// Opens the SQLite ledger and starts its writer thread; with `url` set, connects to the
+    /// shared ledger too (see [`Ledger::start_postgres`]) and starts its writer. The threads
+    /// end when every `Ledger` handle is dropped and their queues are drained.
+    pub fn start(config: &LedgerConfig) -> Result<(Self, Writers), LedgerError> {
+        let shared = match &config.url {
+            Some(url) => {
+                let store =
+                    postgres::PgStore::connect(&postgres::Connect::from_config(url, config)?)
+                        .map_err(|source| LedgerError::Postgres {
+                            url: postgres::redacted(url),
+                            source,
+                        })?;
+                Some(Store::Postgres(Box::new(store)))
+            }
+            None => None,
+        };
+        let (local, local_writer) = Queue::spawn(Store::sqlite(open(&config.path)?), config)?;
+        let (shared, shared_writer) = match shared {
+            Some(store) => {
+                let (queue, writer) = Queue::spawn(store, config)?;
+                (Some(queue), Some(writer))
+            }
+            None => (None, None),
+        };
+        if let Some(queue) = &shared {
+            tracing::info!(ledger = %queue.describe, instance = config.instance.as_deref().unwrap_or(""), "recording requests in the shared ledger too");
+        }
+        Ok((
+            Self {
+                counters: local.counters.clone(),
+                local,
+                shared,
+                path: config.path.clone(),
+            },
+            Writers {
+                local: local_writer,
+                shared: shared_writer,
+            },
+        ))
     }
 
     /// Connects to the PostgreSQL database at `url` (with `password`, when given), brings its
-    /// schema forward, and starts the writer thread, which writes every row as `instance`'s.
+    /// schema forward, and starts a writer to it alone, which writes every row as `instance`'s
+    /// (for the store's tests and benchmark).
     pub fn start_postgres(
         url: &str,
         password: Option<&str>,
         instance: &str,
         config: &LedgerConfig,
-    ) -> Result<(Self, std::thread::JoinHandle<()>), LedgerError> {
-        let store = postgres::PgStore::connect(url, password, instance).map_err(|source| {
-            LedgerError::Postgres {
+    ) -> Result<(Self, Writers), LedgerError> {
+        let connect = postgres::Connect {
+            url: url.to_owned(),
+            password: password.map(str::to_owned),
+            ca_file: None,
+            instance: instance.to_owned(),
+        };
+        let store =
+            postgres::PgStore::connect(&connect).map_err(|source| LedgerError::Postgres {
                 url: postgres::redacted(url),
                 source,
-            }
-        })?;
-        let (tx, rx) = mpsc::channel(config.queue);
-        let writer = Writer::new(Store::Postgres(Box::new(store)), rx, Arc::default(), config);
-        Self::spawn(tx, writer, config)
+            })?;
+        let (queue, writer) = Queue::spawn(Store::Postgres(Box::new(store)), config)?;
+        let writers = Writers {
+            local: writer,
+            shared: None,
+        };
+        Ok((Self::alone(queue, config), writers))
     }
 
-    /// Starts `writer` on its own thread, with the handle that feeds it through `tx`.
-    fn spawn(
-        tx: mpsc::Sender<Entry>,
-        writer: Writer,
-        config: &LedgerConfig,
-    ) -> Result<(Self, std::thread::JoinHandle<()>), LedgerError> {
-        let counters = writer.counters.clone();
-        let skips = writer.skips.clone();
-        let handle = std::thread::Builder::new()
-            .name("switchyard-ledger".to_owned())
-            .spawn(move || writer.run())
-            .map_err(|source| LedgerError::Io {
-                path: config.path.display().to_string(),
-                source,
-            })?;
-        Ok((
-            Self {
-                tx,
-                counters,
-                path: config.path.clone(),
-                skips,
-            },
-            handle,
-        ))
+    /// A handle on one store, `queue`'s.
+    fn alone(queue: Queue, config: &LedgerConfig) -> Self {
+        Self {
+            counters: queue.counters.clone(),
+            local: queue,
+            shared: None,
+            path: config.path.clone(),
+        }
+    }
+
+    /// The shared ledger's counters, when there is one.
+    pub fn shared_counters(&self) -> Option<&Arc<LedgerCounters>> {
+        self.shared.as_ref().map(|q| &q.counters)
     }
 
     /// Queues a finished request. Never blocks; a full queue drops and counts the record.
     pub fn record(&self, r: &RequestRecord) {
-        self.submit(Entry::Request(Box::new(Row::from_record(r))));
+        self.each(Entry::Request(Box::new(Row::from_record(r))), Queue::submit);
     }
 
     /// Queues a comparison. Never blocks; a full queue drops and counts it.
@@ -179,13 +235,14 @@ impl Ledger {
             .equivalence
             .as_ref()
             .and_then(|j| serde_json::to_string(j).ok());
-        self.submit(Entry::Comparison(Box::new(ComparisonRow {
+        let row = ComparisonRow {
             ts_ms: unix_ms(SystemTime::now()),
             source,
             sampling_json: sampling_json.to_owned(),
             pair,
             equivalence,
-        })));
+        };
+        self.each(Entry::Comparison(Box::new(row)), Queue::submit);
     }
 
     /// Counts a skipped shadow into the pending run of its kind, which the writer takes with its
@@ -193,6 +250,118 @@ impl Ledger {
     /// writer per batch. A skip of yet another kind, when [`PENDING_SKIP_KINDS`] are pending,
     /// is queued alone (a full queue drops and counts it). Never blocks on the writer.
     pub fn skipped(&self, kind: SkipKind<'_>) {
+        if let Some(shared) = &self.shared {
+            shared.skipped(kind);
+        }
+        self.local.skipped(kind);
+    }
+
+    /// Queues an identity snapshot.
+    pub fn identity(&self, snapshot: IdentitySnapshot) {
+        let entry = Entry::Identity(SystemTime::now(), Box::new(snapshot));
+        self.each(entry, Queue::submit);
+    }
+
+    /// Queues a configuration change (or a refused one), waiting for room in the queue rather
+    /// than dropping it: a change is rare, and its record is what an operator relies on. False
+    /// when the writer is gone.
+    pub async fn config_change(&self, change: ConfigChange) -> bool {
+        self.send(Entry::ConfigChange(SystemTime::now(), Box::new(change)))
+            .await
+    }
+
+    /// Queues an operator's action on an engine, waiting for room as a configuration change
+    /// does. False when the writer is gone.
+    pub async fn engine_action(&self, action: EngineAction) -> bool {
+        self.send(Entry::EngineAction(SystemTime::now(), Box::new(action)))
+            .await
+    }
+
+    /// Queues a detector's finding (an engine degraded, or clear again), waiting for room as a
+    /// configuration change does. False when the writer is gone.
+    pub async fn detection(&self, detection: Detection) -> bool {
+        self.send(Entry::Detection(SystemTime::now(), Box::new(detection)))
+            .await
+    }
+
+    /// Waits (up to `timeout`) until every record queued so far is written, in each store;
+    /// for shutdown. False when a writer did not answer in time.
+    pub fn flush(&self, timeout: Duration) -> bool {
+        let deadline = std::time::Instant::now() + timeout;
+        let waits: Vec<_> = std::iter::once(&self.local)
+            .chain(&self.shared)
+            .map(Queue::flush)
+            .collect();
+        waits.into_iter().all(|wait| {
+            wait.is_some_and(|wait| {
+                let left = deadline.saturating_duration_since(std::time::Instant::now());
+                wait.recv_timeout(left).is_ok()
+            })
+        })
+    }
+
+    /// Hands `entry` to the shared ledger's queue (a copy) and the local one, by `submit`.
+    fn each(&self, entry: Entry, submit: fn(&Queue, Entry)) {
+        if let Some(shared) = &self.shared {
+            if let Some(copy) = entry.copy() {
+                submit(shared, copy);
+            }
+        }
+        submit(&self.local, entry);
+    }
+
+    /// Queues `entry` in every store, waiting for room: the shared ledger's wait is bounded
+    /// (a shared ledger that is down must not hold up a reload), the local one's is not.
+    async fn send(&self, entry: Entry) -> bool {
+        if let (Some(shared), Some(copy)) = (&self.shared, entry.copy()) {
+            if !matches!(
+                tokio::time::timeout(SHARED_SEND_WAIT, shared.tx.send(copy)).await,
+                Ok(Ok(()))
+            ) {
+                shared.dropped();
+            }
+        }
+        self.local.tx.send(entry).await.is_ok()
+    }
+}
+
+/// How long an event that waits for room (a configuration change, an operator's action)
+/// waits for the shared ledger's queue before it is dropped there and counted.
+const SHARED_SEND_WAIT: Duration = Duration::from_secs(1);
+
+impl Queue {
+    /// Starts a writer to `store` on its own thread, with the queue that feeds it.
+    fn spawn(
+        store: Store,
+        config: &LedgerConfig,
+    ) -> Result<(Self, std::thread::JoinHandle<()>), LedgerError> {
+        let (tx, rx) = mpsc::channel(config.queue);
+        Self::run(tx, Writer::new(store, rx, Arc::default(), config))
+    }
+
+    /// Starts `writer` on its own thread, fed through `tx`.
+    fn run(
+        tx: mpsc::Sender<Entry>,
+        writer: Writer,
+    ) -> Result<(Self, std::thread::JoinHandle<()>), LedgerError> {
+        let queue = Self {
+            tx,
+            counters: writer.counters.clone(),
+            skips: writer.skips.clone(),
+            describe: writer.describe.clone(),
+        };
+        let handle = std::thread::Builder::new()
+            .name("switchyard-ledger".to_owned())
+            .spawn(move || writer.run())
+            .map_err(|source| LedgerError::Io {
+                path: queue.describe.clone(),
+                source,
+            })?;
+        Ok((queue, handle))
+    }
+
+    /// See [`Ledger::skipped`].
+    fn skipped(&self, kind: SkipKind<'_>) {
         let mut pending = self.skips.lock().unwrap_or_else(PoisonError::into_inner);
         if let Some(run) = pending.runs.iter_mut().find(|(_, s, _)| s.is(&kind)) {
             run.2 += 1;
@@ -211,48 +380,24 @@ impl Ledger {
         }
     }
 
-    /// Queues an identity snapshot.
-    pub fn identity(&self, snapshot: IdentitySnapshot) {
-        self.submit(Entry::Identity(SystemTime::now(), Box::new(snapshot)));
-    }
-
-    /// Queues a configuration change (or a refused one), waiting for room in the queue rather
-    /// than dropping it: a change is rare, and its record is what an operator relies on. False
-    /// when the writer is gone.
-    pub async fn config_change(&self, change: ConfigChange) -> bool {
-        let entry = Entry::ConfigChange(SystemTime::now(), Box::new(change));
-        self.tx.send(entry).await.is_ok()
-    }
-
-    /// Queues an operator's action on an engine, waiting for room as a configuration change
-    /// does. False when the writer is gone.
-    pub async fn engine_action(&self, action: EngineAction) -> bool {
-        let entry = Entry::EngineAction(SystemTime::now(), Box::new(action));
-        self.tx.send(entry).await.is_ok()
-    }
-
-    /// Queues a detector's finding (an engine degraded, or clear again), waiting for room as a
-    /// configuration change does. False when the writer is gone.
-    pub async fn detection(&self, detection: Detection) -> bool {
-        let entry = Entry::Detection(SystemTime::now(), Box::new(detection));
-        self.tx.send(entry).await.is_ok()
-    }
-
-    /// Waits (up to `timeout`) until every record queued so far is written; for shutdown.
-    pub fn flush(&self, timeout: Duration) -> bool {
+    /// Asks the writer to answer once everything queued so far is written; none when the
+    /// queue is full or the writer gone.
+    fn flush(&self) -> Option<std::sync::mpsc::Receiver<()>> {
         let (done, wait) = std::sync::mpsc::sync_channel(1);
-        if self.tx.try_send(Entry::Flush(done)).is_err() {
-            return false;
-        }
-        wait.recv_timeout(timeout).is_ok()
+        self.tx.try_send(Entry::Flush(done)).ok().map(|()| wait)
     }
 
     fn submit(&self, entry: Entry) {
         if self.tx.try_send(entry).is_err() {
-            let n = self.counters.dropped_full.fetch_add(1, Ordering::Relaxed) + 1;
-            if n.is_power_of_two() {
-                tracing::warn!(ledger = %self.path.display(), dropped = n, "ledger queue full: record dropped");
-            }
+            self.dropped();
+        }
+    }
+
+    /// Counts a record dropped for want of room in the queue, and says so (at powers of two).
+    fn dropped(&self) {
+        let n = self.counters.dropped_full.fetch_add(1, Ordering::Relaxed) + 1;
+        if n.is_power_of_two() {
+            tracing::warn!(ledger = %self.describe, dropped = n, "ledger queue full: record dropped");
         }
     }
 }

@@ -20,9 +20,8 @@ use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod, Timeouts}
 use rusqlite::types::ValueRef;
 use tokio_postgres::binary_copy::BinaryCopyInWriter;
 use tokio_postgres::types::{to_sql_checked, IsNull, ToSql, Type};
-use tokio_postgres::NoTls;
 
-use super::batch::{skip_runs, Entry, Health};
+use super::batch::{retention, skip_runs, Entry, Health};
 use super::rows::{
     insert_comparison_sql, Param, INSERT_CONFIG_CHANGE, INSERT_ENGINE_ACTION, INSERT_IDENTITY,
     REQUEST_COLUMNS, REQUEST_PARAMS,
@@ -30,9 +29,10 @@ use super::rows::{
 use super::skips::{SkippedShadow, INSERT_SKIPPED};
 
 mod schema;
+mod tls;
 
-#[cfg(test)]
-pub(crate) mod cluster;
+#[cfg(any(test, feature = "test-cluster"))]
+pub mod cluster;
 #[cfg(test)]
 mod tests;
 
@@ -71,32 +71,84 @@ pub enum PgError {
     #[error("{0}")]
     Pool(String),
     #[error("{0}")]
+    Config(String),
+    #[error("{}", chain(.0))]
     Db(#[from] tokio_postgres::Error),
     #[error("{0}")]
     Io(#[from] std::io::Error),
 }
 
-impl PgStore {
-    /// Connects to `url` (`postgres://user@host:port/database`, libpq's keywords accepted),
-    /// with `password` when given (never part of the configuration), and brings the schema
-    /// forward. Rows are written as `instance`'s.
-    pub(crate) fn connect(
+/// How to reach the shared ledger, and the name to write rows under.
+#[derive(Debug, Clone)]
+pub(crate) struct Connect {
+    /// `postgres://user@host:port/database`, libpq's keywords accepted; `sslmode=require`
+    /// connects over TLS, verifying the server's certificate and name.
+    pub(crate) url: String,
+    /// Never part of the configuration: read from an environment variable or a file.
+    pub(crate) password: Option<String>,
+    /// PEM certificates to verify the server by, beside the system's roots.
+    pub(crate) ca_file: Option<std::path::PathBuf>,
+    pub(crate) instance: String,
+}
+
+impl Connect {
+    /// The shared ledger of `[ledger]`: its `url`, the password from `password_env` or
+    /// `password_file`, its `ca_file` and `instance` (which the caller has filled in).
+    pub(crate) fn from_config(
         url: &str,
-        password: Option<&str>,
-        instance: &str,
-    ) -> Result<Self, PgError> {
-        let mut config = tokio_postgres::Config::from_str(url).map_err(PgError::Url)?;
-        if let Some(password) = password {
+        config: &switchyard_policy::LedgerConfig,
+    ) -> Result<Self, super::LedgerError> {
+        let error = |source: PgError| super::LedgerError::Postgres {
+            url: redacted(url),
+            source,
+        };
+        let password = match (&config.password_env, &config.password_file) {
+            (Some(name), _) => Some(std::env::var(name).map_err(|_| {
+                error(PgError::Config(format!(
+                    "ledger.password_env names {name}, which is not set (or not UTF-8)"
+                )))
+            })?),
+            (None, Some(path)) => {
+                let text = std::fs::read_to_string(path).map_err(|e| {
+                    error(PgError::Config(format!(
+                        "ledger.password_file {}: {e}",
+                        path.display()
+                    )))
+                })?;
+                Some(text.trim_end_matches(['\n', '\r']).to_owned())
+            }
+            (None, None) => None,
+        };
+        let instance = config.instance.clone().ok_or_else(|| {
+            error(PgError::Config(
+                "ledger.instance: the shared ledger needs this Switchyard's name".to_owned(),
+            ))
+        })?;
+        Ok(Self {
+            url: url.to_owned(),
+            password,
+            ca_file: config.ca_file.clone(),
+            instance,
+        })
+    }
+}
+
+impl PgStore {
+    /// Connects as `connect` says and brings the schema forward.
+    pub(crate) fn connect(connect: &Connect) -> Result<Self, PgError> {
+        let mut config = tokio_postgres::Config::from_str(&connect.url).map_err(PgError::Url)?;
+        if let Some(password) = &connect.password {
             config.password(password);
         }
         if config.get_connect_timeout().is_none() {
             config.connect_timeout(CONNECT_TIMEOUT);
         }
         config.application_name("switchyard");
+        let tls = tls::connector(connect.ca_file.as_deref()).map_err(PgError::Config)?;
         let describe = describe(&config);
         let manager = Manager::from_config(
             config,
-            NoTls,
+            tls,
             ManagerConfig {
                 recycling_method: RecyclingMethod::Fast,
             },
@@ -118,7 +170,7 @@ impl PgStore {
             runtime,
             pool,
             describe,
-            instance: instance.to_owned(),
+            instance: connect.instance.clone(),
             statements: Statements {
                 comparison: numbered(&insert_comparison_sql()),
                 identity: numbered(INSERT_IDENTITY),
@@ -179,10 +231,7 @@ impl PgStore {
     }
 
     async fn client(&self) -> Result<deadpool_postgres::Object, PgError> {
-        self.pool
-            .get()
-            .await
-            .map_err(|e| PgError::Pool(e.to_string()))
+        self.pool.get().await.map_err(|e| PgError::Pool(chain(&e)))
     }
 
     /// Writes one batch in one transaction.
@@ -276,21 +325,8 @@ impl PgStore {
         self.runtime.block_on(async {
             let client = self.client().await?;
             let mut deleted = 0;
-            if let Some(cutoff) = cutoff_ms {
-                for table in ["requests", "identities", "comparisons"] {
-                    deleted += client
-                        .execute(&format!("DELETE FROM {table} WHERE ts_ms < $1"), &[&cutoff])
-                        .await?;
-                }
-            }
-            if let Some(max) = max_rows {
-                let max = i64::try_from(max).unwrap_or(i64::MAX);
-                deleted += client
-                    .execute(
-                        "DELETE FROM requests WHERE id <= (SELECT id FROM requests ORDER BY id DESC LIMIT 1 OFFSET $1)",
-                        &[&max],
-                    )
-                    .await?;
+            for (sql, value) in retention(cutoff_ms, max_rows) {
+                deleted += client.execute(&numbered(&sql), &[&value]).await?;
             }
             Ok(deleted)
         })
@@ -317,6 +353,21 @@ async fn execute(
     let statement = tx.prepare_cached(sql).await?;
     let refs: Vec<&(dyn ToSql + Sync)> = values.iter().map(|v| v as &(dyn ToSql + Sync)).collect();
     tx.execute(&statement, &refs).await
+}
+
+/// `error` and its causes, each once: the driver says "db error" and leaves the server's
+/// message ("password authentication failed for user …") to its source.
+fn chain(error: &dyn StdError) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        let more = cause.to_string();
+        if !text.contains(&more) {
+            text = format!("{text}: {more}");
+        }
+        source = cause.source();
+    }
+    text
 }
 
 /// SQLite's numbered placeholders (`?1`) as PostgreSQL's (`$1`). The ledger's statements have

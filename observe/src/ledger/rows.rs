@@ -139,7 +139,7 @@ pub(super) const INSERT_IDENTITY: &str =
 /// another in one allocation ([`Texts`]): the request path copies them in one go instead of
 /// allocating a dozen strings, and the writer thread reads one block, where it would otherwise
 /// chase a dozen allocations made long before on another thread, and frees it once.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub(super) struct Row {
     ts_ms: i64,
     texts: Texts,
@@ -193,7 +193,7 @@ enum Text {
 const TEXTS: usize = Text::Pool as usize + 1;
 
 /// Optional strings, one after another in one `String`.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 struct Texts {
     buf: String,
     /// Where each text ends in `buf` (it starts where the one before ends).

@@ -22,7 +22,7 @@ pub(super) const INSERT_SKIPPED: &str =
 /// as one `comparisons` row with its `count` (verdict `incomparable`, no candidate side, no
 /// request id — each primary has its own row in `requests`). The kind is everything the
 /// comparator groups by.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub(super) struct SkippedShadow {
     pub(super) model: Arc<str>,
     pub(super) mode: &'static str,

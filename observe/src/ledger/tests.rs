@@ -16,7 +16,9 @@ use tokio::sync::mpsc;
 
 use super::skips::{SkippedShadow, PENDING_SKIP_KINDS};
 use super::writer::{Store, Writer};
-use super::{open, open_read_only, read_comparisons, IdentitySnapshot, Ledger, LedgerCounters};
+use super::{
+    open, open_read_only, read_comparisons, IdentitySnapshot, Ledger, LedgerCounters, Queue,
+};
 
 pub(super) fn config(path: PathBuf, max_rows: Option<u64>) -> LedgerConfig {
     LedgerConfig {
@@ -25,6 +27,11 @@ pub(super) fn config(path: PathBuf, max_rows: Option<u64>) -> LedgerConfig {
         batch: 4,
         retention_days: None,
         max_rows,
+        url: None,
+        password_env: None,
+        password_file: None,
+        ca_file: None,
+        instance: None,
     }
 }
 
@@ -213,7 +220,8 @@ fn skips_are_counted_where_they_happen_and_every_one_reaches_the_ledger() {
     );
     let (batches, committed) = std::sync::mpsc::channel();
     writer.batches = Some(batches);
-    let (ledger, _writer) = Ledger::spawn(tx, writer, &config).unwrap();
+    let (queue, _writer) = Queue::run(tx, writer).unwrap();
+    let ledger = Ledger::alone(queue, &config);
     let read = || skip_rows(&open(&path).unwrap());
     // Alone, with nothing else queued: the skip wakes the writer, which writes it within
     // its linger, without a flush.

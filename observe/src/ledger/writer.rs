@@ -5,7 +5,6 @@
 //! answered once everything queued before it is written (or lost). Retention prunes old rows at
 //! most hourly.
 
-use std::path::PathBuf;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant, SystemTime};
@@ -15,7 +14,7 @@ use rusqlite::Connection;
 use switchyard_policy::LedgerConfig;
 use tokio::sync::mpsc;
 
-use super::batch::{skip_runs, Entry, Health};
+use super::batch::{retention, skip_runs, Entry, Health};
 use super::postgres::PgStore;
 use super::rows::{
     insert_comparison_sql, insert_request_sql, int, unix_ms, Param, INSERT_CONFIG_CHANGE,
@@ -68,7 +67,7 @@ pub(super) enum WriteError {
 /// The writer thread's state: its store, the queue's receiving end, and what it keeps between
 /// batches.
 pub(super) struct Writer {
-    pub(super) store: Store,
+    store: Store,
     rx: mpsc::Receiver<Entry>,
     pub(super) skips: Arc<Mutex<PendingSkips>>,
     pub(super) counters: Arc<LedgerCounters>,
@@ -76,7 +75,7 @@ pub(super) struct Writer {
     retention_days: Option<u64>,
     max_rows: Option<u64>,
     /// The store, for the log: the SQLite file, or PostgreSQL's server and database.
-    path: PathBuf,
+    pub(super) describe: String,
     last_prune: Option<Instant>,
     failures_logged: u64,
     run_id: String,
@@ -93,9 +92,9 @@ impl Writer {
         counters: Arc<LedgerCounters>,
         config: &LedgerConfig,
     ) -> Self {
-        let path = match &store {
-            Store::Sqlite { .. } => config.path.clone(),
-            Store::Postgres(pg) => PathBuf::from(&pg.describe),
+        let describe = match &store {
+            Store::Sqlite { .. } => config.path.display().to_string(),
+            Store::Postgres(pg) => pg.describe.clone(),
         };
         Self {
             store,
@@ -105,7 +104,7 @@ impl Writer {
             batch: config.batch,
             retention_days: config.retention_days,
             max_rows: config.max_rows,
-            path,
+            describe,
             last_prune: None,
             failures_logged: 0,
             run_id: ulid::Ulid::new().to_string(),
@@ -144,7 +143,7 @@ impl Writer {
                         + requests;
                     self.failures_logged += 1;
                     if self.failures_logged.is_power_of_two() {
-                        tracing::error!(ledger = %self.path.display(), error = %e, lost_total = lost, "ledger write failed: records lost");
+                        tracing::error!(ledger = %self.describe, error = %e, lost_total = lost, "ledger write failed: records lost");
                     }
                 }
             }
@@ -176,11 +175,11 @@ impl Writer {
         }) {
             Ok(0) => {}
             Ok(_) => tracing::info!(
-                ledger = %self.path.display(),
+                ledger = %self.describe,
                 "ledger checkpoint incomplete: a reader holds the write-ahead log, which stays beside the database"
             ),
             Err(e) => {
-                tracing::warn!(ledger = %self.path.display(), error = %e, "ledger checkpoint failed")
+                tracing::warn!(ledger = %self.describe, error = %e, "ledger checkpoint failed")
             }
         }
     }
@@ -367,10 +366,10 @@ impl Writer {
         match result {
             Ok(0) => {}
             Ok(n) => {
-                tracing::info!(ledger = %self.path.display(), deleted = n, "ledger retention pruned rows")
+                tracing::info!(ledger = %self.describe, deleted = n, "ledger retention pruned rows")
             }
             Err(e) => {
-                tracing::warn!(ledger = %self.path.display(), error = %e, "ledger retention failed")
+                tracing::warn!(ledger = %self.describe, error = %e, "ledger retention failed")
             }
         }
     }
@@ -395,16 +394,8 @@ fn prune_sqlite(
     max_rows: Option<u64>,
 ) -> rusqlite::Result<u64> {
     let mut deleted = 0;
-    if let Some(cutoff) = cutoff_ms {
-        for table in ["requests", "identities", "comparisons"] {
-            deleted += conn.execute(&format!("DELETE FROM {table} WHERE ts_ms < ?1"), [cutoff])?;
-        }
-    }
-    if let Some(max) = max_rows {
-        deleted += conn.execute(
-            "DELETE FROM requests WHERE id <= (SELECT id FROM requests ORDER BY id DESC LIMIT 1 OFFSET ?1)",
-            [max as i64],
-        )?;
+    for (sql, value) in retention(cutoff_ms, max_rows) {
+        deleted += conn.execute(&sql, [value])?;
     }
     Ok(deleted as u64)
 }

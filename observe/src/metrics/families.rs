@@ -206,7 +206,7 @@ pub(super) struct Families {
 impl Families {
     /// Creates every family and registers it in `registry`, with the run ledger's two counters
     /// (`[written, dropped]`, owned by [`super::Metrics`]) in their place among them.
-    pub(super) fn register(registry: &mut Registry, ledger: [&Counter; 2]) -> Self {
+    pub(super) fn register(registry: &mut Registry, ledger: [&Counter; 4]) -> Self {
         let families = Self {
             duration: Family::new_with_constructor(latency),
             ttft: Family::new_with_constructor(latency),
@@ -316,6 +316,16 @@ impl Families {
             "switchyard_ledger_records_dropped",
             "Request records the run ledger dropped (queue full or write failed)",
             ledger[1].clone(),
+        );
+        registry.register(
+            "switchyard_shared_ledger_records_written",
+            "Request records written to the ledger Switchyards share on PostgreSQL ([ledger] url; 0 without one)",
+            ledger[2].clone(),
+        );
+        registry.register(
+            "switchyard_shared_ledger_records_dropped",
+            "Request records the shared ledger dropped (queue full, or a write failed: the server down or unreachable)",
+            ledger[3].clone(),
         );
         registry.register(
             "switchyard_idle_connections_closed",

@@ -25,6 +25,8 @@
 //! | `switchyard_engine_retries_total` | counter | `backend`, `reason` (`unsent`, `closed`) |
 //! | `switchyard_ledger_records_written_total` | counter | none |
 //! | `switchyard_ledger_records_dropped_total` | counter | none |
+//! | `switchyard_shared_ledger_records_written_total` | counter | none |
+//! | `switchyard_shared_ledger_records_dropped_total` | counter | none |
 //! | `switchyard_idle_connections_closed_total` | counter | none |
 //! | `switchyard_rejected_request_heads_total` | counter | `status` (`400`, `414`, `431`, `501`) |
 //! | `switchyard_client_connections` | gauge | none |
@@ -142,6 +144,10 @@ pub struct Metrics {
     /// Records the run ledger dropped (queue full, write failed), set like `ledger_written`.
     /// Written as `switchyard_ledger_records_dropped_total`.
     pub ledger_dropped: Counter,
+    /// The same two counts for the shared ledger (`[ledger] url`), written as
+    /// `switchyard_shared_ledger_records_written_total` and `…_dropped_total`.
+    pub shared_ledger_written: Counter,
+    pub shared_ledger_dropped: Counter,
 }
 
 impl Default for Metrics {
@@ -189,7 +195,17 @@ impl Metrics {
         let mut registry = Registry::default();
         let ledger_written = Counter::default();
         let ledger_dropped = Counter::default();
-        let families = Families::register(&mut registry, [&ledger_written, &ledger_dropped]);
+        let shared_ledger_written = Counter::default();
+        let shared_ledger_dropped = Counter::default();
+        let families = Families::register(
+            &mut registry,
+            [
+                &ledger_written,
+                &ledger_dropped,
+                &shared_ledger_written,
+                &shared_ledger_dropped,
+            ],
+        );
         let rejected_heads = REJECTED_HEAD_STATUSES.map(|status| {
             families
                 .rejected_heads
@@ -230,6 +246,8 @@ impl Metrics {
             overloads,
             ledger_written,
             ledger_dropped,
+            shared_ledger_written,
+            shared_ledger_dropped,
         }
     }
 

@@ -120,3 +120,67 @@ pub(super) fn check_origin(origin: &str, of: usize) -> Result<(), String> {
     }
     Ok(())
 }
+
+/// The shared ledger's settings (`ledger.url` and what goes with it). The URL is read whole
+/// when Switchyard connects; here, that it is PostgreSQL's, and that no password is in it.
+pub(super) fn shared_ledger(ledger: &crate::LedgerConfig, problems: &mut Vec<super::Problem>) {
+    use super::Problem;
+    let Some(url) = &ledger.url else {
+        for (key, set) in [
+            ("ledger.password_env", ledger.password_env.is_some()),
+            ("ledger.password_file", ledger.password_file.is_some()),
+            ("ledger.ca_file", ledger.ca_file.is_some()),
+            ("ledger.instance", ledger.instance.is_some()),
+        ] {
+            if set {
+                problems.push(Problem::new(
+                    key,
+                    "is for the shared ledger: set ledger.url, or leave this out",
+                ));
+            }
+        }
+        return;
+    };
+    match url.split_once("://") {
+        Some(("postgres" | "postgresql", rest)) => {
+            let authority = rest.split(['/', '?']).next().unwrap_or("");
+            let userinfo = authority.rsplit_once('@').map(|(u, _)| u);
+            let query = rest.split_once('?').map_or("", |(_, q)| q);
+            if userinfo.is_some_and(|u| u.contains(':'))
+                || query.split('&').any(|p| p.starts_with("password="))
+            {
+                problems.push(Problem::new(
+                    "ledger.url",
+                    "holds a password: the configuration is no place for it; put it in an environment variable named by ledger.password_env, or a file named by ledger.password_file",
+                ));
+            }
+        }
+        // Not repeated whole: it may hold a password.
+        _ => problems.push(Problem::new(
+            "ledger.url",
+            "is not a PostgreSQL URL: postgres://user@host:5432/database",
+        )),
+    }
+    if ledger.password_env.is_some() && ledger.password_file.is_some() {
+        problems.push(Problem::new(
+            "ledger.password_file",
+            "set either ledger.password_env or ledger.password_file, not both",
+        ));
+    }
+    if let Some(name) = &ledger.password_env {
+        if !is_env_name(name) {
+            problems.push(Problem::new(
+                "ledger.password_env",
+                format!("{name:?} cannot name an environment variable"),
+            ));
+        }
+    }
+    if let Some(instance) = &ledger.instance {
+        if instance.is_empty() || instance.len() > 200 || instance.chars().any(char::is_control) {
+            problems.push(Problem::new(
+                "ledger.instance",
+                "must be 1 to 200 printable characters (leave it out for the host's name and port)",
+            ));
+        }
+    }
+}

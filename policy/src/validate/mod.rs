@@ -154,6 +154,7 @@ pub fn validate(config: &Config) -> Vec<Problem> {
         if ledger.path.as_os_str().is_empty() {
             problems.push(Problem::new("ledger.path", "must not be empty"));
         }
+        checks::shared_ledger(ledger, &mut problems);
     }
 
     if let Some(telemetry) = &config.telemetry {

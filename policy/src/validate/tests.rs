@@ -701,3 +701,72 @@ fn pools_are_checked_all_at_once() {
     assert_eq!(validate(&config), vec![]);
     assert_eq!(config.pools["llama"].max_imbalance, 2, "the default");
 }
+
+#[test]
+fn the_shared_ledger_is_postgresql_without_a_password_in_the_configuration() {
+    let problems = |ledger: &str| -> Vec<String> {
+        let config = parse(&format!(
+            "[ledger]\npath = \"l.db\"\n{ledger}\n[backends.llama]\nengine = \"llama.cpp\"\nurl = \"http://127.0.0.1:8081\"\n[models.m]\nprimary = \"llama\"\n"
+        ));
+        validate(&config)
+            .into_iter()
+            .map(|p| format!("{}: {}", p.path, p.message))
+            .collect()
+    };
+    assert_eq!(
+        problems(
+            "url = \"postgres://switchyard@db:5432/ledger?sslmode=require\"\npassword_env = \"SWITCHYARD_LEDGER_PASSWORD\"\ninstance = \"studio-1\""
+        ),
+        Vec::<String>::new()
+    );
+    assert_eq!(
+        problems(
+            "url = \"postgresql://switchyard@db/ledger\"\npassword_file = \"/run/secrets/pg\""
+        ),
+        Vec::<String>::new()
+    );
+    for (ledger, expected) in [
+        (
+            "url = \"mysql://u:hunter2@db/ledger\"",
+            "ledger.url: is not a PostgreSQL URL",
+        ),
+        (
+            "url = \"postgres://switchyard:hunter2@db/ledger\"",
+            "ledger.url: holds a password",
+        ),
+        (
+            "url = \"postgres://db/ledger?user=s&password=hunter2\"",
+            "ledger.url: holds a password",
+        ),
+        (
+            "url = \"postgres://db/l\"\npassword_env = \"P\"\npassword_file = \"p\"",
+            "ledger.password_file: set either",
+        ),
+        (
+            "url = \"postgres://db/l\"\npassword_env = \"1-X\"",
+            "ledger.password_env: \"1-X\" cannot name",
+        ),
+        (
+            "url = \"postgres://db/l\"\ninstance = \"\"",
+            "ledger.instance: must be 1 to 200",
+        ),
+        (
+            "password_env = \"P\"",
+            "ledger.password_env: is for the shared ledger",
+        ),
+        (
+            "instance = \"a\"",
+            "ledger.instance: is for the shared ledger",
+        ),
+    ] {
+        let found = problems(ledger);
+        assert!(
+            found.iter().any(|p| p.starts_with(expected)),
+            "no {expected:?} for {ledger:?} in {found:#?}"
+        );
+        assert!(
+            !found.iter().any(|p| p.contains("hunter2")),
+            "a problem repeats the password: {found:#?}"
+        );
+    }
+}

@@ -290,7 +290,12 @@ impl App {
         let started = SystemTime::now();
         let ledger = match &config.ledger {
             Some(ledger_config) => {
-                let (ledger, _writer) = Ledger::start(ledger_config).map_err(|e| e.to_string())?;
+                let mut ledger_config = ledger_config.clone();
+                if ledger_config.url.is_some() && ledger_config.instance.is_none() {
+                    ledger_config.instance = Some(default_instance(config.server.listen));
+                }
+                let (ledger, _writers) =
+                    Ledger::start(&ledger_config).map_err(|e| e.to_string())?;
                 tracing::info!(ledger = %ledger_config.path.display(), "recording requests in the ledger");
                 Some(ledger)
             }
@@ -382,4 +387,15 @@ impl App {
         let config = self.state.config();
         crate::ingress::stack(self.state.router(), activity, &config.server.cors_origins)
     }
+}
+
+/// The name a Switchyard writes its rows under in the shared ledger when `[ledger] instance`
+/// is not set: the host's name and the listen port, which tell two Switchyards apart on one
+/// machine as on two.
+fn default_instance(listen: std::net::SocketAddr) -> String {
+    let host = nix::unistd::gethostname()
+        .ok()
+        .and_then(|h| h.into_string().ok())
+        .unwrap_or_else(|| "localhost".to_owned());
+    format!("{host}:{}", listen.port())
 }

@@ -106,6 +106,16 @@ impl Recorder {
                 .ledger_dropped
                 .inner()
                 .store(c.dropped(), Ordering::Relaxed);
+            if let Some(c) = ledger.shared_counters() {
+                self.metrics
+                    .shared_ledger_written
+                    .inner()
+                    .store(c.written.load(Ordering::Relaxed), Ordering::Relaxed);
+                self.metrics
+                    .shared_ledger_dropped
+                    .inner()
+                    .store(c.dropped(), Ordering::Relaxed);
+            }
         }
         self.metrics.render_with(trace_spans)
     }

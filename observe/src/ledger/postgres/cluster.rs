@@ -6,21 +6,40 @@
 //! installs Debian's package when none is there. PostgreSQL refuses to run as root, so as root
 //! the cluster belongs to, and runs as, the `postgres` user the package creates.
 
+// A test's fixture: what it cannot do fails the test, with PostgreSQL's words for why.
+#![allow(clippy::expect_used)]
+
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
 /// A running PostgreSQL server of its own.
-pub(crate) struct Cluster {
+pub struct Cluster {
     bin: PathBuf,
     data: PathBuf,
     port: u16,
     dir: tempfile::TempDir,
+    /// Whether connections over TCP need the password and may use TLS (see
+    /// [`Cluster::start_secured`]).
+    secured: bool,
 }
 
 impl Cluster {
-    /// Creates and starts a cluster; panics (the test fails) with PostgreSQL's output when it
-    /// cannot.
-    pub(crate) fn start() -> Self {
+    /// Creates and starts a cluster that trusts every connection; panics (the test fails) with
+    /// PostgreSQL's output when it cannot.
+    pub fn start() -> Self {
+        Self::create(None)
+    }
+
+    /// Creates and starts a cluster whose connections over TCP need `password` (SCRAM) and may
+    /// use TLS, with a certificate for `localhost` signed by a CA of its own, whose certificate
+    /// (PEM) it returns beside it.
+    pub fn start_secured(password: &str) -> (Self, String) {
+        let ca = tls_files();
+        let cluster = Self::create(Some((password, &ca)));
+        (cluster, ca.ca_pem)
+    }
+
+    fn create(secured: Option<(&str, &TlsFiles)>) -> Self {
         let bin = bin_dir();
         let dir = tempfile::tempdir().expect("a temporary folder");
         let data = dir.path().join("data");
@@ -31,23 +50,47 @@ impl Cluster {
                 .arg(dir.path()));
         }
         let port = free_port();
-        run(as_owner(root, &bin.join("initdb"))
-            .arg("-D")
-            .arg(&data)
-            .args([
-                "-U",
-                "switchyard",
-                "--auth=trust",
-                "-E",
-                "UTF8",
-                "--no-sync",
-                "--no-instructions",
-            ]));
+        let mut initdb = as_owner(root, &bin.join("initdb"));
+        initdb.arg("-D").arg(&data).args([
+            "-U",
+            "switchyard",
+            "-E",
+            "UTF8",
+            "--no-sync",
+            "--no-instructions",
+        ]);
+        match secured {
+            None => {
+                initdb.arg("--auth=trust");
+            }
+            Some((password, tls)) => {
+                let owned = |name: &str, text: &str| {
+                    let path = dir.path().join(name);
+                    std::fs::write(&path, text).expect("a file in the temporary folder");
+                    run(Command::new("chmod").arg("600").arg(&path));
+                    if root {
+                        run(Command::new("chown").arg("postgres:postgres").arg(&path));
+                    }
+                };
+                owned("pwfile", password);
+                owned("server.crt", &tls.chain_pem);
+                owned("server.key", &tls.key_pem);
+                initdb
+                    .args([
+                        "--auth-local=trust",
+                        "--auth-host=scram-sha-256",
+                        "--pwfile",
+                    ])
+                    .arg(dir.path().join("pwfile"));
+            }
+        }
+        run(&mut initdb);
         let cluster = Self {
             bin,
             data,
             port,
             dir,
+            secured: secured.is_some(),
         };
         cluster.resume();
         cluster
@@ -55,26 +98,32 @@ impl Cluster {
 
     /// Restarts the server (a fast shutdown: its connections are closed), and waits until it
     /// accepts connections again.
-    pub(crate) fn restart(&self) {
+    pub fn restart(&self) {
         self.stop();
         self.resume();
     }
 
     /// Stops the server (a fast shutdown), until [`Cluster::resume`].
-    pub(crate) fn stop(&self) {
+    pub fn stop(&self) {
         self.pg_ctl(&["-m", "fast", "stop"]);
     }
 
     /// Starts the server (again, after [`Cluster::stop`]) on loopback at its port, and waits
     /// until it accepts connections.
-    pub(crate) fn resume(&self) {
+    pub fn resume(&self) {
         let dir = self.dir.path();
         let log = dir.join("server.log");
-        let options = format!(
+        let mut options = format!(
             "-h 127.0.0.1 -p {} -k {} -F -c max_connections=20",
             self.port,
             dir.display()
         );
+        if self.secured {
+            options += &format!(
+                " -c ssl=on -c ssl_cert_file={0}/server.crt -c ssl_key_file={0}/server.key",
+                dir.display()
+            );
+        }
         self.pg_ctl(&["-l", &log.to_string_lossy(), "-o", &options, "start"]);
     }
 
@@ -89,9 +138,39 @@ impl Cluster {
             .args(args));
     }
 
-    /// The URL of its `postgres` database.
-    pub(crate) fn url(&self) -> String {
-        format!("postgres://switchyard@127.0.0.1:{}/postgres", self.port)
+    /// The URL of its `postgres` database (by the name its certificate holds when secured).
+    pub fn url(&self) -> String {
+        let host = if self.secured {
+            "localhost"
+        } else {
+            "127.0.0.1"
+        };
+        format!("postgres://switchyard@{host}:{}/postgres", self.port)
+    }
+}
+
+/// A server certificate for `localhost` and its key, and the CA's certificate that signed it.
+struct TlsFiles {
+    chain_pem: String,
+    key_pem: String,
+    ca_pem: String,
+}
+
+fn tls_files() -> TlsFiles {
+    use rcgen::{BasicConstraints, CertificateParams, IsCa, KeyPair};
+    let ca_key = KeyPair::generate().expect("a key");
+    let mut ca = CertificateParams::new(Vec::<String>::new()).expect("CA parameters");
+    ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    let ca = ca.self_signed(&ca_key).expect("a CA certificate");
+    let key = KeyPair::generate().expect("a key");
+    let leaf = CertificateParams::new(vec!["localhost".to_owned()])
+        .expect("server parameters")
+        .signed_by(&key, &ca, &ca_key)
+        .expect("a server certificate");
+    TlsFiles {
+        chain_pem: leaf.pem() + &ca.pem(),
+        key_pem: key.serialize_pem(),
+        ca_pem: ca.pem(),
     }
 }
 

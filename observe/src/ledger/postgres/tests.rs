@@ -13,7 +13,7 @@ use tokio_postgres::types::Type;
 use tokio_postgres::NoTls;
 
 use super::cluster::Cluster;
-use super::PgStore;
+use super::{Connect, PgStore};
 use crate::ledger::batch::Entry;
 use crate::ledger::detections::Detection;
 use crate::ledger::rows::{ComparisonRow, ConfigChange, EngineAction, IdentitySnapshot, Row};
@@ -23,6 +23,16 @@ use crate::ledger::writer::{Store, Writer};
 use crate::ledger::{open, open_read_only, Ledger};
 
 /// Runs `f` with a client of `url`'s database, on a runtime of its own.
+/// How to reach the test's server, as `instance`.
+fn connect(url: &str, instance: &str) -> Connect {
+    Connect {
+        url: url.to_owned(),
+        password: None,
+        ca_file: None,
+        instance: instance.to_owned(),
+    }
+}
+
 fn with_client<T>(url: &str, f: impl AsyncFnOnce(&tokio_postgres::Client) -> T) -> T {
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -198,7 +208,7 @@ fn a_batch_reads_back_from_postgresql_as_from_sqlite() {
     writer(Store::sqlite(open(&path).unwrap()), &path)
         .write(&entries, &runs)
         .unwrap();
-    let pg = PgStore::connect(&cluster.url(), None, "host-a:8080").unwrap();
+    let pg = PgStore::connect(&connect(&cluster.url(), "host-a:8080")).unwrap();
     writer(Store::Postgres(Box::new(pg)), &path)
         .write(&entries, &runs)
         .unwrap();
@@ -280,7 +290,7 @@ fn migrations_apply_once_when_two_instances_start_together() {
         .into_iter()
         .map(|instance| {
             let url = url.clone();
-            std::thread::spawn(move || PgStore::connect(&url, None, instance).map(|_| ()))
+            std::thread::spawn(move || PgStore::connect(&connect(&url, instance)).map(|_| ()))
         })
         .collect();
     for start in starts {
@@ -307,7 +317,7 @@ fn migrations_apply_once_when_two_instances_start_together() {
 fn after_a_server_restart_the_writer_writes_again() {
     let cluster = Cluster::start();
     let dir = tempfile::tempdir().unwrap();
-    let pg = PgStore::connect(&cluster.url(), None, "host-c").unwrap();
+    let pg = PgStore::connect(&connect(&cluster.url(), "host-c")).unwrap();
     let mut writer = writer(Store::Postgres(Box::new(pg)), &dir.path().join("unused"));
     let batch = |from: u32| -> Vec<Entry> {
         (from..from + 10)
@@ -392,4 +402,86 @@ fn a_server_stopped_for_a_while_costs_only_counted_drops() {
     );
     assert_eq!(rows as u64, written);
     assert!(after > 0, "writing resumed after the restart");
+}
+
+/// `[ledger] url`: each record goes to the local SQLite ledger and to the shared one, over
+/// TLS verified against the configured CA, with the password read from a file; a wrong
+/// password, an unset password variable or an untrusted server stop the start with a message
+/// that names the cause and never the password.
+#[test]
+fn the_shared_ledger_is_written_beside_the_local_one_over_verified_tls() {
+    let password = "s3cret-pw";
+    let (cluster, ca_pem) = Cluster::start_secured(password);
+    let dir = tempfile::tempdir().unwrap();
+    let ca_file = dir.path().join("ca.pem");
+    std::fs::write(&ca_file, &ca_pem).unwrap();
+    let password_file = dir.path().join("password");
+    std::fs::write(&password_file, format!("{password}\n")).unwrap();
+    let mut config = config(dir.path().join("ledger.db"), None);
+    config.queue = 64;
+    config.url = Some(format!("{}?sslmode=require", cluster.url()));
+    config.password_file = Some(password_file.clone());
+    config.ca_file = Some(ca_file.clone());
+    config.instance = Some("studio-1:8080".to_owned());
+
+    let (ledger, writers) = Ledger::start(&config).unwrap();
+    for i in 0..20 {
+        ledger.record(&varied_record(i));
+    }
+    assert!(ledger.flush(Duration::from_secs(10)));
+    let local = ledger.counters.clone();
+    let shared = ledger.shared_counters().unwrap().clone();
+    drop(ledger);
+    writers.join().unwrap();
+    assert_eq!(local.written.load(Ordering::Relaxed), 20);
+    assert_eq!(shared.written.load(Ordering::Relaxed), 20);
+    let local_rows: i64 = open_read_only(&config.path)
+        .unwrap()
+        .query_row("SELECT count(*) FROM requests", [], |r| r.get(0))
+        .unwrap();
+    assert_eq!(local_rows, 20);
+    let with_password = cluster
+        .url()
+        .replace("switchyard@", &format!("switchyard:{password}@"));
+    let instances: Vec<(String, i64)> = with_client(&with_password, async |client| {
+        client
+            .query("SELECT instance, count(*) FROM requests GROUP BY 1", &[])
+            .await
+            .unwrap()
+            .iter()
+            .map(|r| (r.get(0), r.get(1)))
+            .collect()
+    });
+    assert_eq!(instances, [("studio-1:8080".to_owned(), 20)]);
+
+    let refused = |config: &switchyard_policy::LedgerConfig| {
+        let e = Ledger::start(config).expect_err("a start that should be refused");
+        let message = format!("{e}: {:?}", std::error::Error::source(&e));
+        assert!(!message.contains(password), "{message}");
+        message
+    };
+    let mut wrong = config.clone();
+    let wrong_file = dir.path().join("wrong");
+    std::fs::write(&wrong_file, "not-it").unwrap();
+    wrong.password_file = Some(wrong_file);
+    let message = refused(&wrong);
+    assert!(
+        message.contains("password authentication failed"),
+        "{message}"
+    );
+
+    let mut unset = config.clone();
+    unset.password_file = None;
+    unset.password_env = Some("SWITCHYARD_TEST_NO_SUCH_PASSWORD_VARIABLE".to_owned());
+    let message = refused(&unset);
+    assert!(
+        message.contains("SWITCHYARD_TEST_NO_SUCH_PASSWORD_VARIABLE, which is not set"),
+        "{message}"
+    );
+
+    // Without the CA, the server's certificate is not trusted: no connection, no rows.
+    let mut untrusted = config.clone();
+    untrusted.ca_file = None;
+    let message = refused(&untrusted);
+    assert!(message.to_lowercase().contains("certificate"), "{message}");
 }

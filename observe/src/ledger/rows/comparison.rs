@@ -34,7 +34,7 @@ const SIDE_COLUMNS: [&str; 22] = [
 ];
 
 /// A comparison, copied for the writer.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub(in crate::ledger) struct ComparisonRow {
     pub(in crate::ledger) ts_ms: i64,
     pub(in crate::ledger) source: &'static str,
