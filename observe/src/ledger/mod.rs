@@ -144,19 +144,14 @@ impl Ledger {
     /// shared ledger too (see [`Ledger::start_postgres`]) and starts its writer. The threads
     /// end when every `Ledger` handle is dropped and their queues are drained.
     pub fn start(config: &LedgerConfig) -> Result<(Self, Writers), LedgerError> {
+        let local = Store::sqlite(open(&config.path)?);
         let shared = match &config.url {
-            Some(url) => {
-                let store =
-                    postgres::PgStore::connect(&postgres::Connect::from_config(url, config)?)
-                        .map_err(|source| LedgerError::Postgres {
-                            url: postgres::redacted(url),
-                            source,
-                        })?;
-                Some(Store::Postgres(Box::new(store)))
-            }
+            Some(url) => Some(Store::Postgres(Box::new(connect_off_runtime(
+                &postgres::Connect::from_config(url, config)?,
+            )?))),
             None => None,
         };
-        let (local, local_writer) = Queue::spawn(Store::sqlite(open(&config.path)?), config)?;
+        let (local, local_writer) = Queue::spawn(local, config)?;
         let (shared, shared_writer) = match shared {
             Some(store) => {
                 let (queue, writer) = Queue::spawn(store, config)?;
@@ -196,11 +191,7 @@ impl Ledger {
             ca_file: None,
             instance: instance.to_owned(),
         };
-        let store =
-            postgres::PgStore::connect(&connect).map_err(|source| LedgerError::Postgres {
-                url: postgres::redacted(url),
-                source,
-            })?;
+        let store = connect_off_runtime(&connect)?;
         let (queue, writer) = Queue::spawn(Store::Postgres(Box::new(store)), config)?;
         let writers = Writers {
             local: writer,
@@ -323,6 +314,21 @@ impl Ledger {
         }
         self.local.tx.send(entry).await.is_ok()
     }
+}
+
+/// Connects to the shared ledger on a thread of its own: the store drives its driver on a
+/// runtime of its own, which cannot start (or be dropped) on a thread of the caller's runtime.
+fn connect_off_runtime(connect: &postgres::Connect) -> Result<postgres::PgStore, LedgerError> {
+    std::thread::scope(|scope| {
+        scope
+            .spawn(|| postgres::PgStore::connect(connect))
+            .join()
+            .unwrap_or_else(|_| Err(PgError::Config("the connecting thread panicked".to_owned())))
+    })
+    .map_err(|source| LedgerError::Postgres {
+        url: postgres::redacted(&connect.url),
+        source,
+    })
 }
 
 /// How long an event that waits for room (a configuration change, an operator's action)

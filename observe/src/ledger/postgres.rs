@@ -49,6 +49,9 @@ pub(crate) struct PgStore {
     pub(crate) describe: String,
     /// The name each row is written under (`instance`).
     instance: String,
+    /// Whether the schema is known to be current: false while the server has not answered
+    /// since the start; the next batch brings it forward first.
+    migrated: bool,
     statements: Statements,
 }
 
@@ -70,6 +73,8 @@ pub enum PgError {
     Url(tokio_postgres::Error),
     #[error("{0}")]
     Pool(String),
+    #[error("{}", chain(.0))]
+    Connect(deadpool_postgres::PoolError),
     #[error("{0}")]
     Config(String),
     #[error("{}", chain(.0))]
@@ -166,11 +171,12 @@ impl PgStore {
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()?;
-        let store = Self {
+        let mut store = Self {
             runtime,
             pool,
             describe,
             instance: connect.instance.clone(),
+            migrated: false,
             statements: Statements {
                 comparison: numbered(&insert_comparison_sql()),
                 identity: numbered(INSERT_IDENTITY),
@@ -184,7 +190,18 @@ impl PgStore {
                 ),
             },
         };
-        store.runtime.block_on(store.migrate())?;
+        match store.runtime.block_on(store.migrate()) {
+            Ok(()) => store.migrated = true,
+            // A server down at start is an outage like any other: Switchyard serves, and what
+            // it records meanwhile is dropped and counted until the server answers. A server
+            // that answers no (a password, a certificate) is a mistake to fix before serving.
+            Err(e) if e.unreachable() => tracing::warn!(
+                ledger = %store.describe,
+                error = %e,
+                "shared ledger unreachable at start: records are dropped and counted until it answers"
+            ),
+            Err(e) => return Err(e),
+        }
         Ok(store)
     }
 
@@ -231,7 +248,7 @@ impl PgStore {
     }
 
     async fn client(&self) -> Result<deadpool_postgres::Object, PgError> {
-        self.pool.get().await.map_err(|e| PgError::Pool(chain(&e)))
+        self.pool.get().await.map_err(PgError::Connect)
     }
 
     /// Writes one batch in one transaction.
@@ -241,6 +258,11 @@ impl PgStore {
         runs: &[(i64, SkippedShadow, i64)],
         health: &Health<'_>,
     ) -> Result<(), PgError> {
+        if !self.migrated {
+            self.runtime.block_on(self.migrate())?;
+            self.migrated = true;
+            tracing::info!(ledger = %self.describe, "shared ledger reached: its schema is current, writing");
+        }
         self.runtime
             .block_on(self.write_batch(entries, runs, health))
     }
@@ -353,6 +375,42 @@ async fn execute(
     let statement = tx.prepare_cached(sql).await?;
     let refs: Vec<&(dyn ToSql + Sync)> = values.iter().map(|v| v as &(dyn ToSql + Sync)).collect();
     tx.execute(&statement, &refs).await
+}
+
+impl PgError {
+    /// Whether the server could not be reached (refused, reset, timed out), rather than
+    /// reached and saying no (a wrong password, a certificate not trusted, a query refused).
+    pub(crate) fn unreachable(&self) -> bool {
+        use std::io::ErrorKind as K;
+        let mut source: Option<&(dyn StdError + 'static)> = match self {
+            Self::Connect(deadpool_postgres::PoolError::Timeout(_)) => return true,
+            Self::Connect(e) => Some(e),
+            Self::Db(e) => Some(e),
+            Self::Io(e) => Some(e),
+            Self::Url(_) | Self::Pool(_) | Self::Config(_) => None,
+        };
+        while let Some(e) = source {
+            if let Some(io) = e.downcast_ref::<std::io::Error>() {
+                if matches!(
+                    io.kind(),
+                    K::ConnectionRefused
+                        | K::ConnectionReset
+                        | K::ConnectionAborted
+                        | K::NotConnected
+                        | K::TimedOut
+                        | K::HostUnreachable
+                        | K::NetworkUnreachable
+                        | K::AddrNotAvailable
+                        | K::UnexpectedEof
+                        | K::BrokenPipe
+                ) {
+                    return true;
+                }
+            }
+            source = e.source();
+        }
+        false
+    }
 }
 
 /// `error` and its causes, each once: the driver says "db error" and leaves the server's

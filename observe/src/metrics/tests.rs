@@ -447,8 +447,16 @@ const DOCUMENTED: &[(&str, &str, &[&str])] = &[
     ),
     ("switchyard_ledger_records_written_total", "counter", &[]),
     ("switchyard_ledger_records_dropped_total", "counter", &[]),
-    ("switchyard_shared_ledger_records_written_total", "counter", &[]),
-    ("switchyard_shared_ledger_records_dropped_total", "counter", &[]),
+    (
+        "switchyard_shared_ledger_records_written_total",
+        "counter",
+        &[],
+    ),
+    (
+        "switchyard_shared_ledger_records_dropped_total",
+        "counter",
+        &[],
+    ),
     (
         "switchyard_shadow_comparisons_total",
         "counter",

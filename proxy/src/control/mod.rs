@@ -391,11 +391,14 @@ impl App {
 
 /// The name a Switchyard writes its rows under in the shared ledger when `[ledger] instance`
 /// is not set: the host's name and the listen port, which tell two Switchyards apart on one
-/// machine as on two.
+/// machine as on two (the process id where the port is chosen at start, `listen = …:0`).
 fn default_instance(listen: std::net::SocketAddr) -> String {
     let host = nix::unistd::gethostname()
         .ok()
         .and_then(|h| h.into_string().ok())
         .unwrap_or_else(|| "localhost".to_owned());
-    format!("{host}:{}", listen.port())
+    match listen.port() {
+        0 => format!("{host}/pid-{}", std::process::id()),
+        port => format!("{host}:{port}"),
+    }
 }

@@ -39,6 +39,7 @@ mod reuse;
 mod routing;
 mod service;
 mod shadow;
+mod shared_ledger;
 mod stream_limits;
 mod streaming;
 mod support;

@@ -485,3 +485,31 @@ fn the_shared_ledger_is_written_beside_the_local_one_over_verified_tls() {
     let message = refused(&untrusted);
     assert!(message.to_lowercase().contains("certificate"), "{message}");
 }
+
+/// A server down when the ledger starts is an outage, not a mistake: the start goes on, the
+/// records meanwhile are dropped and counted, and once the server answers the schema is
+/// brought forward and writing begins.
+#[test]
+fn a_server_down_at_start_is_waited_for_not_refused() {
+    let cluster = Cluster::start();
+    cluster.stop();
+    let mut config = config("unused".into(), None);
+    config.queue = 64;
+    let (ledger, writer) = Ledger::start_postgres(&cluster.url(), None, "host-e", &config)
+        .expect("a start while the server is down");
+    for i in 0..10 {
+        ledger.record(&varied_record(i));
+    }
+    assert!(ledger.flush(Duration::from_secs(10)));
+    assert_eq!(ledger.counters.dropped(), 10);
+    cluster.resume();
+    for i in 10..30 {
+        ledger.record(&varied_record(i));
+    }
+    assert!(ledger.flush(Duration::from_secs(10)));
+    let counters = ledger.counters.clone();
+    drop(ledger);
+    writer.join().unwrap();
+    assert_eq!(counters.written.load(Ordering::Relaxed), 20);
+    assert_eq!(number(&cluster.url(), "SELECT count(*) FROM requests"), 20);
+}

@@ -5,7 +5,7 @@
 //!
 //! The full disk is `ledger::a_full_disk_loses_records_not_requests_and_says_so`.
 
-mod support;
+pub(crate) mod support;
 
 use std::collections::HashSet;
 use std::sync::atomic::{AtomicBool, Ordering};

@@ -1,0 +1,248 @@
+//! Several Switchyards, one record (issue 49): two `switchyard serve` processes write one
+//! shared PostgreSQL ledger (`[ledger] url`, over TLS, the password from the environment),
+//! each row named by its instance, each keeping its own SQLite ledger too. PostgreSQL stopped
+//! for 30 s under load costs records — counted in `/metrics`, said in the log — never
+//! requests; writing resumes by itself, and each instance's rows plus its counted drops equal
+//! the requests it answered.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use switchyard_observe::ledger::cluster::Cluster;
+use switchyard_tests::fake_engine::FakeEngine;
+use switchyard_tests::harness::{config_for, serve_logged, until_ready, TestClient};
+
+use crate::durability::support::chat;
+
+const PASSWORD: &str = "fleet-pw-7";
+/// How long PostgreSQL is down: the issue's outage.
+const OUTAGE: Duration = Duration::from_secs(30);
+const INSTANCES: [&str; 2] = ["studio-a", "studio-b"];
+
+/// What the clients share: requests answered per instance, and whatever went wrong.
+#[derive(Default)]
+struct Load {
+    answered: Mutex<BTreeMap<&'static str, u64>>,
+    unexpected: Mutex<Vec<String>>,
+    stop: AtomicBool,
+}
+
+impl Load {
+    fn answered(&self) -> BTreeMap<&'static str, u64> {
+        self.answered.lock().unwrap().clone()
+    }
+
+    fn total(&self) -> u64 {
+        self.answered().values().sum()
+    }
+}
+
+/// One client: requests one after another, alternating between the two Switchyards.
+async fn client(load: Arc<Load>, bases: Vec<(&'static str, String)>, n: usize) {
+    let client = TestClient::new();
+    for i in 0usize.. {
+        if load.stop.load(Ordering::Relaxed) {
+            return;
+        }
+        let (instance, base) = &bases[(n + i) % bases.len()];
+        let id = format!("fleet-{n}-{i}");
+        match chat(&client, base, &id, i % 3 == 0).await {
+            Ok(true) => *load.answered.lock().unwrap().entry(instance).or_default() += 1,
+            other => load
+                .unexpected
+                .lock()
+                .unwrap()
+                .push(format!("{instance} {id}: {other:?}")),
+        }
+    }
+}
+
+/// `name`'s value in `base`'s `/metrics`.
+async fn metric(client: &TestClient, base: &str, name: &str) -> u64 {
+    let r = client.get(&format!("{base}/metrics")).await.unwrap();
+    let text = String::from_utf8_lossy(&r.body).into_owned();
+    text.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse::<f64>().ok())
+        .unwrap_or_else(|| panic!("no {name} in {text}")) as u64
+}
+
+/// Waits (up to 60 s, the load going on) until `more` requests beyond `from` are answered.
+async fn until_answered(load: &Load, more: u64) {
+    let target = load.total() + more;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while load.total() < target {
+        assert!(
+            Instant::now() < deadline,
+            "the load stalled: {:?}",
+            load.unexpected.lock().unwrap()
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_switchyards_share_one_ledger_and_a_stopped_server_costs_records_not_requests() {
+    let (cluster, ca_pem) = Cluster::start_secured(PASSWORD);
+    let cluster = Arc::new(cluster);
+    let dir = tempfile::tempdir().unwrap();
+    let ca_file = dir.path().join("ca.pem");
+    std::fs::write(&ca_file, ca_pem).unwrap();
+    let mut engine = FakeEngine::llama_cpp()
+        .slots(16)
+        .tokens(4)
+        .token_ms(1)
+        .spawn()
+        .await
+        .unwrap();
+    engine.ignore_events();
+
+    let mut served = Vec::new();
+    for instance in INSTANCES {
+        let home = dir.path().join(instance);
+        std::fs::create_dir(&home).unwrap();
+        let ledger = format!(
+            "\n[ledger]\npath = \"{}\"\nurl = \"{}?sslmode=require\"\npassword_env = \"FLEET_LEDGER_PASSWORD\"\nca_file = \"{}\"\ninstance = \"{instance}\"\n",
+            home.join("ledger.db").display(),
+            cluster.url(),
+            ca_file.display(),
+        );
+        let (child, base, log) = serve_logged(
+            &home,
+            &config_for(&engine.url(), &ledger),
+            &[
+                ("SWITCHYARD_LOG", "info"),
+                ("FLEET_LEDGER_PASSWORD", PASSWORD),
+            ],
+        )
+        .await
+        .unwrap();
+        until_ready(&TestClient::new(), &base).await;
+        served.push((instance, child, base, log));
+    }
+    let bases: Vec<(&'static str, String)> = served
+        .iter()
+        .map(|(instance, _, base, _)| (*instance, base.clone()))
+        .collect();
+
+    let load = Arc::new(Load::default());
+    let tasks: Vec<_> = (0..4)
+        .map(|n| {
+            #[allow(clippy::disallowed_methods)] // the client side of the test
+            tokio::spawn(client(load.clone(), bases.clone(), n))
+        })
+        .collect();
+    until_answered(&load, 200).await;
+
+    // PostgreSQL down for the outage, the load going on.
+    let stopped = cluster.clone();
+    tokio::task::spawn_blocking(move || stopped.stop())
+        .await
+        .unwrap();
+    let down_at = load.total();
+    tokio::time::sleep(OUTAGE).await;
+    let during = load.total() - down_at;
+    let resumed = cluster.clone();
+    tokio::task::spawn_blocking(move || resumed.resume())
+        .await
+        .unwrap();
+    // Writing resumes by itself: more requests, and each instance's shared ledger writes again.
+    let client = TestClient::new();
+    let mut written_at_resume = BTreeMap::new();
+    for (instance, base) in &bases {
+        let written = metric(
+            &client,
+            base,
+            "switchyard_shared_ledger_records_written_total",
+        )
+        .await;
+        written_at_resume.insert(*instance, written);
+    }
+    until_answered(&load, 200).await;
+    load.stop.store(true, Ordering::Relaxed);
+    for task in tasks {
+        task.await.unwrap();
+    }
+    assert!(
+        load.unexpected.lock().unwrap().is_empty(),
+        "requests not answered whole: {:?}",
+        load.unexpected.lock().unwrap()
+    );
+    assert!(
+        during > 100,
+        "only {during} requests served while PostgreSQL was down"
+    );
+    let answered = load.answered();
+
+    // Every answered request is on one instance's record: written to the shared ledger, or
+    // counted as dropped there; the local ledger has all of them.
+    let with_password = cluster
+        .url()
+        .replace("switchyard@", &format!("switchyard:{PASSWORD}@"));
+    for (instance, _, base, log) in &served {
+        let requests = answered[instance];
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let (written, dropped) = loop {
+            let written = metric(
+                &client,
+                base,
+                "switchyard_shared_ledger_records_written_total",
+            )
+            .await;
+            let dropped = metric(
+                &client,
+                base,
+                "switchyard_shared_ledger_records_dropped_total",
+            )
+            .await;
+            if written + dropped >= requests {
+                break (written, dropped);
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{instance}: {written} written and {dropped} dropped of {requests}"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        };
+        assert_eq!(written + dropped, requests, "{instance}");
+        assert!(dropped > 0, "{instance}: the outage cost nothing?");
+        assert!(
+            written > written_at_resume[instance],
+            "{instance}: nothing written after PostgreSQL came back"
+        );
+        let local = metric(&client, base, "switchyard_ledger_records_written_total").await;
+        let local_dropped = metric(&client, base, "switchyard_ledger_records_dropped_total").await;
+        assert_eq!(
+            (local, local_dropped),
+            (requests, 0),
+            "{instance}: the local ledger"
+        );
+        let rows = rows_of(&with_password, instance).await;
+        assert_eq!(rows, written, "{instance}: rows in the shared ledger");
+        let lines: Vec<String> = log.try_iter().collect();
+        assert!(
+            lines
+                .iter()
+                .any(|l| l.contains("ledger write failed: records lost")),
+            "{instance} never said it lost records: {lines:#?}"
+        );
+    }
+}
+
+/// The shared ledger's request rows written by `instance`.
+async fn rows_of(url: &str, instance: &str) -> u64 {
+    let (client, connection) = tokio_postgres::connect(url, tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    #[allow(clippy::disallowed_methods)] // ends with the connection, at the end of the test
+    tokio::spawn(connection);
+    let row = client
+        .query_one(
+            "SELECT count(*) FROM requests WHERE instance = $1",
+            &[&instance],
+        )
+        .await
+        .unwrap();
+    u64::try_from(row.get::<_, i64>(0)).unwrap()
+}
