@@ -20,8 +20,28 @@
       h("small", { class: "engine", title: (b.engine || "") + "\n" + (b.artifact || "") }, engineName(b.engine)));
   }
 
+  // The fleet on the shared ledger: how many Switchyards run, and which run a configuration
+  // other than this one's. Nothing without a shared ledger; its error when it cannot be read.
+  function fleetNote(fleet) {
+    if (fleet instanceof Error) return h("p", { class: "fleet bad" }, "fleet: " + fleet.message);
+    if (!fleet.shared_ledger) return null;
+    const running = fleet.instances.filter((i) => i.running);
+    const drift = fleet.instances.filter((i) => i.running && !i.same_config);
+    return h("div", { class: "fleet", "data-running": running.length, "data-drift": drift.length },
+      h("p", {}, `fleet: ${running.length} Switchyard${running.length === 1 ? "" : "s"} running on the shared ledger — `,
+        running.map((i) => h("span", { class: "instance", "data-instance": i.instance, title: i.config_digest },
+          i.instance, i.this ? " (this one)" : "", " ")),
+        h("small", {}, fleet.shared_ledger)),
+      drift.length ? h("p", { class: "drift bad" },
+        `configuration differs from this one's (${short(fleet.this.config_digest)}): `,
+        drift.map((i) => h("span", { class: "instance", "data-instance": i.instance }, `${i.instance} (${short(i.config_digest)}) `))) : null);
+  }
+
   async function drawModels() {
-    const data = await api("/admin/overview?window=" + windowParam());
+    const [data, fleet] = await Promise.all([
+      api("/admin/overview?window=" + windowParam()),
+      api("/admin/instances").catch((e) => e),
+    ]);
     const rows = data.models.map((m) => {
       const backends = m.backends.slice().sort((a, b) => ROLE_ORDER.indexOf(a.role) - ROLE_ORDER.indexOf(b.role));
       const primary = backends.find((b) => b.role === "primary");
@@ -41,6 +61,7 @@
     });
     const groups = Object.entries(data.swap_groups || {});
     fill("models",
+      fleetNote(fleet),
       h("table", { class: "grid overview" },
         h("thead", {}, h("tr", {}, ["model", "state", "engines by role", "release", `requests (${windowParam()})`, "errors", "p50 total", "p50 first token"]
           .map((c) => h("th", {}, c)))),

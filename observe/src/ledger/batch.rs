@@ -19,6 +19,9 @@ pub(super) enum Entry {
     ConfigChange(SystemTime, Box<ConfigChange>),
     EngineAction(SystemTime, Box<EngineAction>),
     Detection(SystemTime, Box<Detection>),
+    /// This Switchyard is alive with the configuration of this digest: the shared ledger's
+    /// `instances` row says so (the local ledger has no use for it).
+    Presence(std::sync::Arc<str>),
     /// Answered once everything queued before it is written (or lost).
     Flush(std::sync::mpsc::SyncSender<()>),
 }
@@ -35,6 +38,7 @@ impl Entry {
             Self::ConfigChange(at, c) => Self::ConfigChange(*at, c.clone()),
             Self::EngineAction(at, a) => Self::EngineAction(*at, a.clone()),
             Self::Detection(at, d) => Self::Detection(*at, d.clone()),
+            Self::Presence(digest) => Self::Presence(digest.clone()),
             Self::Skips | Self::Flush(_) => return None,
         })
     }

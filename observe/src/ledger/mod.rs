@@ -27,6 +27,7 @@ use tokio::sync::mpsc;
 
 mod batch;
 mod detections;
+mod fleet;
 mod phases;
 mod postgres;
 mod read;
@@ -42,6 +43,7 @@ mod writer;
 mod tests;
 
 pub use detections::{Detection, RateReader, Stamped};
+pub use fleet::{Fleet, Instance, Instances, LIVE_WITHIN_MS};
 pub use phases::{model_stats, phase_stats, PhaseFilter, BAR_PHASES};
 /// A throwaway PostgreSQL server for tests (the `test-cluster` feature).
 #[cfg(any(test, feature = "test-cluster"))]
@@ -275,20 +277,36 @@ impl Ledger {
             .await
     }
 
+    /// Says in the shared ledger that this Switchyard is alive with the configuration of
+    /// `digest` (its `instances` row); nothing without a shared ledger. A beat the queue has
+    /// no room for is skipped: the next one says the same.
+    pub fn presence(&self, digest: Arc<str>) {
+        if let Some(shared) = &self.shared {
+            let _ = shared.tx.try_send(Entry::Presence(digest));
+        }
+    }
+
     /// Waits (up to `timeout`) until every record queued so far is written, in each store;
-    /// for shutdown. False when a writer did not answer in time.
+    /// for a reload's record and for shutdown. Whether the local ledger answered in time: it
+    /// is what this Switchyard's record rests on; a shared ledger that did not is said in the
+    /// log (what it could not write is counted as dropped).
     pub fn flush(&self, timeout: Duration) -> bool {
         let deadline = std::time::Instant::now() + timeout;
-        let waits: Vec<_> = std::iter::once(&self.local)
-            .chain(&self.shared)
-            .map(Queue::flush)
-            .collect();
-        waits.into_iter().all(|wait| {
+        let local = self.local.flush();
+        let shared = self.shared.as_ref().map(|q| (q, q.flush()));
+        let answered = |wait: Option<std::sync::mpsc::Receiver<()>>| {
             wait.is_some_and(|wait| {
                 let left = deadline.saturating_duration_since(std::time::Instant::now());
                 wait.recv_timeout(left).is_ok()
             })
-        })
+        };
+        let flushed = answered(local);
+        if let Some((queue, wait)) = shared {
+            if !answered(wait) {
+                tracing::warn!(ledger = %queue.describe, "the shared ledger's writer did not finish what was queued in time");
+            }
+        }
+        flushed
     }
 
     /// Hands `entry` to the shared ledger's queue (a copy) and the local one, by `submit`.

@@ -12,11 +12,10 @@
 //! is written with U+FFFD in its place, rather than failing the batch.
 
 use std::error::Error as StdError;
-use std::str::FromStr;
 use std::time::Duration;
 
 use bytes::BytesMut;
-use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod, Timeouts};
+use deadpool_postgres::Pool;
 use rusqlite::types::ValueRef;
 use tokio_postgres::binary_copy::BinaryCopyInWriter;
 use tokio_postgres::types::{to_sql_checked, IsNull, ToSql, Type};
@@ -28,8 +27,11 @@ use super::rows::{
 };
 use super::skips::{SkippedShadow, INSERT_SKIPPED};
 
+mod connect;
 mod schema;
 mod tls;
+
+pub(crate) use connect::{redacted, Connect};
 
 #[cfg(any(test, feature = "test-cluster"))]
 pub mod cluster;
@@ -83,91 +85,10 @@ pub enum PgError {
     Io(#[from] std::io::Error),
 }
 
-/// How to reach the shared ledger, and the name to write rows under.
-#[derive(Debug, Clone)]
-pub(crate) struct Connect {
-    /// `postgres://user@host:port/database`, libpq's keywords accepted; `sslmode=require`
-    /// connects over TLS, verifying the server's certificate and name.
-    pub(crate) url: String,
-    /// Never part of the configuration: read from an environment variable or a file.
-    pub(crate) password: Option<String>,
-    /// PEM certificates to verify the server by, beside the system's roots.
-    pub(crate) ca_file: Option<std::path::PathBuf>,
-    pub(crate) instance: String,
-}
-
-impl Connect {
-    /// The shared ledger of `[ledger]`: its `url`, the password from `password_env` or
-    /// `password_file`, its `ca_file` and `instance` (which the caller has filled in).
-    pub(crate) fn from_config(
-        url: &str,
-        config: &switchyard_policy::LedgerConfig,
-    ) -> Result<Self, super::LedgerError> {
-        let error = |source: PgError| super::LedgerError::Postgres {
-            url: redacted(url),
-            source,
-        };
-        let password = match (&config.password_env, &config.password_file) {
-            (Some(name), _) => Some(std::env::var(name).map_err(|_| {
-                error(PgError::Config(format!(
-                    "ledger.password_env names {name}, which is not set (or not UTF-8)"
-                )))
-            })?),
-            (None, Some(path)) => {
-                let text = std::fs::read_to_string(path).map_err(|e| {
-                    error(PgError::Config(format!(
-                        "ledger.password_file {}: {e}",
-                        path.display()
-                    )))
-                })?;
-                Some(text.trim_end_matches(['\n', '\r']).to_owned())
-            }
-            (None, None) => None,
-        };
-        let instance = config.instance.clone().ok_or_else(|| {
-            error(PgError::Config(
-                "ledger.instance: the shared ledger needs this Switchyard's name".to_owned(),
-            ))
-        })?;
-        Ok(Self {
-            url: url.to_owned(),
-            password,
-            ca_file: config.ca_file.clone(),
-            instance,
-        })
-    }
-}
-
 impl PgStore {
     /// Connects as `connect` says and brings the schema forward.
     pub(crate) fn connect(connect: &Connect) -> Result<Self, PgError> {
-        let mut config = tokio_postgres::Config::from_str(&connect.url).map_err(PgError::Url)?;
-        if let Some(password) = &connect.password {
-            config.password(password);
-        }
-        if config.get_connect_timeout().is_none() {
-            config.connect_timeout(CONNECT_TIMEOUT);
-        }
-        config.application_name("switchyard");
-        let tls = tls::connector(connect.ca_file.as_deref()).map_err(PgError::Config)?;
-        let describe = describe(&config);
-        let manager = Manager::from_config(
-            config,
-            tls,
-            ManagerConfig {
-                recycling_method: RecyclingMethod::Fast,
-            },
-        );
-        let pool = Pool::builder(manager)
-            .max_size(2)
-            .timeouts(Timeouts {
-                wait: Some(CONNECT_TIMEOUT),
-                create: Some(CONNECT_TIMEOUT),
-                recycle: Some(CONNECT_TIMEOUT),
-            })
-            .runtime(deadpool_postgres::Runtime::Tokio1)
-            .build()
-            .map_err(|e| PgError::Pool(e.to_string()))?;
+        let (pool, describe) = connect.pool(2)?;
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()?;
@@ -311,6 +232,18 @@ impl PgStore {
         for entry in entries {
             match entry {
                 Entry::Request(_) | Entry::Flush(_) | Entry::Skips | Entry::Skipped(..) => {}
+                Entry::Presence(digest) => {
+                    tx.execute(
+                        UPSERT_INSTANCE,
+                        &[
+                            &self.instance,
+                            &&**digest,
+                            &env!("CARGO_PKG_VERSION"),
+                            &health.started_ms,
+                        ],
+                    )
+                    .await?;
+                }
                 Entry::Comparison(c) => {
                     let values: Vec<Param<'_>> = c.values().into_iter().map(param).collect();
                     execute(&tx, &self.statements.comparison, &values).await?;
@@ -354,6 +287,14 @@ impl PgStore {
         })
     }
 }
+
+/// This instance's row in `instances`, seen now by the server's clock (every instance's rows
+/// are then compared on one clock).
+const UPSERT_INSTANCE: &str =
+    "INSERT INTO instances (instance, config_digest, version, started_ms, seen_ms)
+     VALUES ($1, $2, $3, $4, (extract(epoch FROM clock_timestamp()) * 1000)::BIGINT)
+     ON CONFLICT (instance) DO UPDATE SET config_digest = $2, version = $3, started_ms = $4,
+         seen_ms = EXCLUDED.seen_ms";
 
 /// The types of the request row's columns, in [`REQUEST_COLUMNS`]' order, for binary `COPY`.
 const REQUEST_TYPES: [Type; REQUEST_PARAMS] = {
@@ -444,34 +385,6 @@ fn param(value: ValueRef<'_>) -> Param<'_> {
             std::str::from_utf8(t).map_or(Param::Null, Param::Text)
         }
     }
-}
-
-/// `url` without its password, for messages: what `tokio_postgres` reads of it, or, when it
-/// cannot, only its scheme.
-pub(super) fn redacted(url: &str) -> String {
-    tokio_postgres::Config::from_str(url).map_or_else(
-        |_| "postgres://… (not a valid URL)".to_owned(),
-        |config| describe(&config),
-    )
-}
-
-/// The server and database of `config`, for the log.
-fn describe(config: &tokio_postgres::Config) -> String {
-    let host = config
-        .get_hosts()
-        .first()
-        .map(|h| match h {
-            tokio_postgres::config::Host::Tcp(name) => name.clone(),
-            #[cfg(unix)]
-            tokio_postgres::config::Host::Unix(path) => path.display().to_string(),
-        })
-        .unwrap_or_default();
-    let port = config.get_ports().first().copied().unwrap_or(5432);
-    format!(
-        "postgres://{}@{host}:{port}/{}",
-        config.get_user().unwrap_or(""),
-        config.get_dbname().unwrap_or("")
-    )
 }
 
 /// Each value as the column's type takes it: an integer into a `DOUBLE PRECISION` column as a

@@ -301,7 +301,7 @@ fn write_sqlite(
                     insert_request.raw_execute()?;
                     bound = Some(values);
                 }
-                Entry::Flush(_) | Entry::Skips | Entry::Skipped(..) => {}
+                Entry::Flush(_) | Entry::Skips | Entry::Skipped(..) | Entry::Presence(_) => {}
                 Entry::Comparison(c) => {
                     let values = c.values();
                     for (i, value) in values.iter().enumerate() {

@@ -42,6 +42,7 @@ const PATHS: &[(&str, Method)] = &[
     ("/admin/backends", Method::GET),
     ("/admin/models", Method::GET),
     ("/admin/config", Method::GET),
+    ("/admin/instances", Method::GET),
     ("/admin/reload", Method::POST),
     ("/admin/events", Method::GET),
     ("/admin/releases", Method::GET),
@@ -179,6 +180,14 @@ async fn route(
             &state.detectors,
         )),
         (&Method::GET, "/admin/models") => json(api::models(state).await),
+        (&Method::GET, "/admin/instances") => match crate::control::fleet::instances(state).await {
+            Ok(value) => json(value),
+            Err(message) => error(
+                StatusCode::SERVICE_UNAVAILABLE,
+                &message,
+                "shared_ledger_unavailable",
+            ),
+        },
         (&Method::GET, "/admin/config") => {
             json(api::config(&state.live.load(), state.reloads.source()))
         }

@@ -119,6 +119,29 @@ pub fn digest(config: &Config) -> String {
     format!("sha256:{:x}", Sha256::digest(&json))
 }
 
+/// The digest of what Switchyards sharing a ledger should agree on: the configuration as
+/// [`digest`] reads it, without each instance's own settings — where it listens
+/// (`server.listen`, `server.metrics_listen`, `admin.listen`), its admin tokens' file, its
+/// local ledger file, its name in the fleet and where it reads the shared ledger's secrets
+/// from. Two Switchyards configured alike for one fleet have the same fleet digest.
+pub fn fleet_digest(config: &Config) -> String {
+    let mut shared = config.clone();
+    shared.server.listen = std::net::SocketAddr::from(([0, 0, 0, 0], 0));
+    shared.server.metrics_listen = None;
+    if let Some(admin) = &mut shared.admin {
+        admin.listen = std::net::SocketAddr::from(([0, 0, 0, 0], 0));
+        admin.tokens = None;
+    }
+    if let Some(ledger) = &mut shared.ledger {
+        ledger.path = std::path::PathBuf::new();
+        ledger.instance = None;
+        ledger.password_env = None;
+        ledger.password_file = None;
+        ledger.ca_file = None;
+    }
+    digest(&shared)
+}
+
 /// The environment overrides: `SWITCHYARD_SECTION__KEY=value`. Only names with a `__` are
 /// configuration; other `SWITCHYARD_*` variables (`SWITCHYARD_LOG`, the tooling's
 /// `SWITCHYARD_CACHE`) are not, so they never trip the unknown-key check. A misspelt override

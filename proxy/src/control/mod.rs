@@ -5,6 +5,7 @@
 pub(crate) mod detect;
 pub(crate) mod engines;
 pub mod events;
+pub(crate) mod fleet;
 mod probes;
 pub mod releases;
 pub mod reload;
@@ -25,7 +26,7 @@ use crate::ingress::{Router, Stack};
 use crate::route::{Live, Routing, Snapshot};
 use crate::shadow::Shadowing;
 use crate::sinks::Recorder;
-use switchyard_observe::ledger::{Ledger, ReleaseStore};
+use switchyard_observe::ledger::{Fleet, Ledger, ReleaseStore};
 use switchyard_observe::telemetry::Telemetry;
 
 /// The application's state. What requests read comes first (the live snapshot, the recorder,
@@ -65,6 +66,8 @@ pub struct AppState {
     pub(crate) engines: engines::Engines,
     /// The fail-soft detectors' baselines (what they find is set on each backend).
     pub(crate) detectors: detect::Detectors,
+    /// The shared ledger's reader (`[ledger] url`): the fleet's instances.
+    pub(crate) fleet: Option<Arc<Fleet>>,
 }
 
 /// The background work of a running application, kept so that a reload can start the probes
@@ -91,6 +94,7 @@ impl Background {
         tasks.spawn(events::watch_backends(state.clone(), stop.clone()));
         tasks.spawn(releases::evaluate::evaluator(state.clone(), stop.clone()));
         tasks.spawn(detect::detector(state.clone(), stop.clone()));
+        tasks.spawn(fleet::presence(state.clone(), stop.clone()));
         let mut running = Running {
             tasks: tasks.clone(),
             stop,
@@ -288,20 +292,21 @@ impl App {
     fn build(config: Config, source: Option<crate::config::Source>) -> Result<Self, String> {
         let revision = Arc::new(tokio::sync::watch::Sender::new(0u64));
         let started = SystemTime::now();
-        let ledger = match &config.ledger {
+        let (ledger, fleet) = match &config.ledger {
             Some(ledger_config) => {
                 let mut ledger_config = ledger_config.clone();
                 if ledger_config.url.is_some() && ledger_config.instance.is_none() {
-                    ledger_config.instance = Some(default_instance(config.server.listen));
+                    ledger_config.instance = Some(fleet::default_instance(config.server.listen));
                 }
                 let (ledger, _writers) =
                     Ledger::start(&ledger_config).map_err(|e| e.to_string())?;
                 tracing::info!(ledger = %ledger_config.path.display(), "recording requests in the ledger");
-                Some(ledger)
+                let fleet = Fleet::new(&ledger_config).map_err(|e| e.to_string())?;
+                (Some(ledger), fleet.map(Arc::new))
             }
             None => {
                 tracing::warn!("no [ledger] configured: requests are logged but not recorded");
-                None
+                (None, None)
             }
         };
         let telemetry = Telemetry::from_config(config.telemetry.as_ref())?.map(Arc::new);
@@ -362,6 +367,7 @@ impl App {
                 releases,
                 engines: engines::Engines::default(),
                 detectors: detect::Detectors::default(),
+                fleet,
             }),
         })
     }
@@ -386,19 +392,5 @@ impl App {
     pub(crate) fn service_on(&self, activity: Option<Arc<Activity>>) -> Stack {
         let config = self.state.config();
         crate::ingress::stack(self.state.router(), activity, &config.server.cors_origins)
-    }
-}
-
-/// The name a Switchyard writes its rows under in the shared ledger when `[ledger] instance`
-/// is not set: the host's name and the listen port, which tell two Switchyards apart on one
-/// machine as on two (the process id where the port is chosen at start, `listen = …:0`).
-fn default_instance(listen: std::net::SocketAddr) -> String {
-    let host = nix::unistd::gethostname()
-        .ok()
-        .and_then(|h| h.into_string().ok())
-        .unwrap_or_else(|| "localhost".to_owned());
-    match listen.port() {
-        0 => format!("{host}/pid-{}", std::process::id()),
-        port => format!("{host}:{port}"),
     }
 }

@@ -256,6 +256,7 @@ impl AppState {
                     errors: (!reload.problems.is_empty()).then(|| reload.problems.join("\n")),
                 })
                 .await;
+            ledger.presence(super::fleet::fleet_digest(self));
             reload.recorded = queued && self.flush_ledger().await;
             if !reload.recorded {
                 tracing::error!(actor = %reload.actor, "the configuration change could not be written to the ledger");

@@ -12,7 +12,9 @@ use std::time::{Duration, Instant};
 
 use switchyard_observe::ledger::cluster::Cluster;
 use switchyard_tests::fake_engine::FakeEngine;
-use switchyard_tests::harness::{config_for, serve_logged, until_ready, TestClient};
+use switchyard_tests::harness::{
+    config_for, serve_logged, start_switchyard, until_ready, TestClient,
+};
 
 use crate::durability::support::chat;
 
@@ -245,4 +247,77 @@ async fn rows_of(url: &str, instance: &str) -> u64 {
         .await
         .unwrap();
     u64::try_from(row.get::<_, i64>(0)).unwrap()
+}
+
+/// Each Switchyard says in the shared ledger that it runs, with the digest of its configuration
+/// less its own settings (where it listens, its local ledger, its name): `/admin/instances`
+/// shows the fleet, and which running instances are configured otherwise than this one. An
+/// unreachable server is a 503 that names it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_fleet_and_its_configuration_drift_show_in_the_admin_api() {
+    let cluster = Cluster::start();
+    let engine = FakeEngine::llama_cpp().spawn().await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let config = |instance: &str, extra: &str| {
+        config_for(
+            &engine.url(),
+            &format!(
+                "\n[admin]\nlisten = \"127.0.0.1:0\"\n\n[ledger]\npath = \"{}\"\nurl = \"{}\"\ninstance = \"{instance}\"\n{extra}",
+                dir.path().join(format!("{instance}.db")).display(),
+                cluster.url(),
+            ),
+        )
+    };
+    let a = start_switchyard(&config("a", "")).await.unwrap();
+    // The same configuration as a's but for its own settings.
+    let c = start_switchyard(&config("c", "")).await.unwrap();
+    // A model more than a and c serve.
+    let b = start_switchyard(&config("b", "\n[models.other]\nprimary = \"fake\"\n"))
+        .await
+        .unwrap();
+    let client = TestClient::new();
+    let instances = async |proxy: &switchyard::Running| {
+        let admin = format!("http://{}", proxy.admin_addr().unwrap());
+        client
+            .get(&format!("{admin}/admin/instances"))
+            .await
+            .unwrap()
+    };
+    // Each says so at its start; wait until all three have.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let view = loop {
+        let r = instances(&a).await;
+        assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+        let view = r.json();
+        if view["instances"].as_array().map(Vec::len) == Some(3) {
+            break view;
+        }
+        assert!(Instant::now() < deadline, "not three instances: {view}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert_eq!(view["this"]["instance"], "a");
+    let names: Vec<&str> = view["instances"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|i| i["instance"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["a", "b", "c"]);
+    for i in view["instances"].as_array().unwrap() {
+        assert_eq!(i["running"], true, "{i}");
+        assert_eq!(i["same_config"], i["instance"] != "b", "{i}");
+        assert_eq!(i["this"], i["instance"] == "a", "{i}");
+    }
+    assert_eq!(view["drift"], serde_json::json!(["b"]));
+    let from_b = instances(&b).await.json();
+    assert_eq!(from_b["drift"], serde_json::json!(["a", "c"]));
+
+    cluster.stop();
+    let r = instances(&a).await;
+    assert_eq!(r.status, 503);
+    let error = &r.json()["error"];
+    assert_eq!(error["code"], "shared_ledger_unavailable");
+    let message = error["message"].as_str().unwrap();
+    assert!(message.contains(&cluster.url()), "{message}");
+    drop(c);
 }

@@ -8,6 +8,9 @@
 //! `switchyard.instance` setting (which the writer sets in each transaction), so that a fleet's
 //! rows each name their instance without every insert naming it.
 //!
+//! `instances` is the fleet's alone: one row per Switchyard, its configuration digest and when
+//! it was last seen (by the server's clock).
+//!
 //! Migrations are numbered and applied in order, each in its own transaction, under an advisory
 //! lock held for the transaction so that two instances starting together do not both apply
 //! one; `switchyard_schema` holds one row per migration applied.
@@ -19,9 +22,10 @@ const INSTANCE: &str =
 /// The key of the advisory lock migrations are applied under (`switchyard` in ASCII).
 pub(super) const MIGRATION_LOCK: i64 = 0x7377_6974_6368_7961;
 
-/// Migrations, in order: the first is SQLite's version 17 whole.
+/// Migrations, in order: the first is SQLite's version 17 whole; the second the fleet's own
+/// table, `instances`: each Switchyard's configuration digest and when it was last seen.
 pub(super) fn migrations() -> Vec<String> {
-    vec![format!(
+    let first = format!(
         r#"
     CREATE TABLE requests (
         id BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
@@ -207,7 +211,17 @@ pub(super) fn migrations() -> Vec<String> {
     "#,
         primary = side("primary"),
         candidate = side("candidate"),
-    )]
+    );
+    let instances = r#"
+    CREATE TABLE instances (
+        instance TEXT PRIMARY KEY,
+        config_digest TEXT NOT NULL,
+        version TEXT NOT NULL,
+        started_ms BIGINT NOT NULL,
+        seen_ms BIGINT NOT NULL
+    );
+    "#;
+    vec![first, instances.to_owned()]
 }
 
 /// One side's columns of a comparison.
