@@ -8,6 +8,7 @@
 use serde::Serialize;
 use switchyard_policy::LedgerConfig;
 
+use super::figures::{self, RecordHealth, RequestFigures};
 use super::postgres::{self, Connect, PgError};
 use super::LedgerError;
 
@@ -101,5 +102,64 @@ impl Fleet {
                 })
                 .collect(),
         })
+    }
+
+    /// The figures of every instance's requests recorded from `from_ms` on, each naming the
+    /// instance that served it.
+    pub async fn request_figures(&self, from_ms: i64) -> Result<Vec<RequestFigures>, PgError> {
+        let client = self.pool.get().await.map_err(PgError::Connect)?;
+        let rows = client
+            .query(&figures::select("arm", "instance"), &[&from_ms])
+            .await?;
+        let flag = |v: Option<i64>| v.map(|n| n != 0);
+        Ok(rows
+            .iter()
+            .map(|r| RequestFigures {
+                model: r.get(0),
+                backend: r.get(1),
+                variant: r.get(2),
+                warm: flag(r.get(3)),
+                status: r.get(4),
+                error_class: r.get(5),
+                client_disconnected: r.get::<_, i64>(6) != 0,
+                ttft_ms: r.get(7),
+                total_ms: r.get(8),
+                queue_ms: r.get(9),
+                prefill_ms: r.get(10),
+                prefill_tokens: r.get(11),
+                prefill_source: r.get(12),
+                decode_ms: r.get(13),
+                decode_tokens: r.get(14),
+                decode_source: r.get(15),
+                arm: r.get(16),
+                instance: r.get(17),
+            })
+            .collect())
+    }
+
+    /// What the shared ledger holds and lost, per instance: its rows, and what its runs
+    /// wrote and dropped.
+    pub async fn record_health(&self) -> Result<Vec<RecordHealth>, PgError> {
+        let client = self.pool.get().await.map_err(PgError::Connect)?;
+        let rows = client
+            .query(
+                "SELECT h.instance,
+                        (SELECT count(*) FROM requests r WHERE r.instance = h.instance),
+                        SUM(h.written)::BIGINT, SUM(h.dropped_full)::BIGINT,
+                        SUM(h.dropped_failed)::BIGINT
+                 FROM ledger_health h GROUP BY h.instance ORDER BY h.instance",
+                &[],
+            )
+            .await?;
+        Ok(rows
+            .iter()
+            .map(|r| RecordHealth {
+                instance: r.get(0),
+                rows: r.get(1),
+                written: r.get(2),
+                dropped_full: r.get(3),
+                dropped_failed: r.get(4),
+            })
+            .collect())
     }
 }

@@ -27,6 +27,7 @@ use tokio::sync::mpsc;
 
 mod batch;
 mod detections;
+mod figures;
 mod fleet;
 mod phases;
 mod postgres;
@@ -43,6 +44,7 @@ mod writer;
 mod tests;
 
 pub use detections::{Detection, RateReader, Stamped};
+pub use figures::{record_health, request_figures, RecordHealth, RequestFigures};
 pub use fleet::{Fleet, Instance, Instances, LIVE_WITHIN_MS};
 pub use phases::{model_stats, phase_stats, PhaseFilter, BAR_PHASES};
 /// A throwaway PostgreSQL server for tests (the `test-cluster` feature).
@@ -148,6 +150,15 @@ impl Ledger {
     pub fn start(config: &LedgerConfig) -> Result<(Self, Writers), LedgerError> {
         let local = Store::sqlite(open(&config.path)?);
         let shared = match &config.url {
+            Some(url) if config.instance.is_none() => {
+                return Err(LedgerError::Postgres {
+                    url: postgres::redacted(url),
+                    source: PgError::Config(
+                        "ledger.instance: the shared ledger needs this Switchyard's name"
+                            .to_owned(),
+                    ),
+                })
+            }
             Some(url) => Some(Store::Postgres(Box::new(connect_off_runtime(
                 &postgres::Connect::from_config(url, config)?,
             )?))),

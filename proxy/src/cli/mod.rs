@@ -179,7 +179,7 @@ pub async fn run(cli: Cli, log: &str) -> anyhow::Result<i32> {
         Command::Compare(args) => offline::compare(args, log).await,
         Command::Baseline(args) => baseline::run(args, log).await,
         Command::Init(args) => init::run(args).await,
-        Command::Report(args) => offline::report(args),
+        Command::Report(args) => offline::report(args).await,
         Command::Serve(args) => {
             let (config, source) = match args.load() {
                 Ok(loaded) => loaded,

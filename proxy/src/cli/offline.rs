@@ -50,6 +50,10 @@ pub struct ReportArgs {
     /// Take the ledger path from this configuration.
     #[arg(long, short)]
     config: Option<PathBuf>,
+    /// Read the shared ledger of the configuration's `[ledger] url`: every instance's rows,
+    /// with the instances that served each group.
+    #[arg(long, requires = "config", conflicts_with = "comparisons")]
+    shared: bool,
     /// Only requests from this recent window: `30m`, `24h`, `7d`.
     #[arg(long)]
     since: Option<String>,
@@ -205,15 +209,19 @@ pub(super) async fn compare(args: CompareArgs, log: &str) -> anyhow::Result<i32>
 }
 
 /// `switchyard report`: summarizes the ledger, or judges its comparisons.
-pub(super) fn report(args: ReportArgs) -> anyhow::Result<i32> {
+pub(super) async fn report(args: ReportArgs) -> anyhow::Result<i32> {
     let ReportArgs {
         ledger,
         config,
+        shared,
         since,
         format,
         comparisons,
         include_cold,
     } = args;
+    if shared {
+        return report_shared(config.as_deref(), since.as_deref(), format).await;
+    }
     let path = match (ledger, config) {
         (Some(path), _) => path,
         (None, Some(config)) => match config::load(&config) {
@@ -256,4 +264,52 @@ pub(super) fn report(args: ReportArgs) -> anyhow::Result<i32> {
         .lock()
         .write_all(crate::offline::report::render(&report, format).as_bytes())?;
     Ok(0)
+}
+
+/// `switchyard report --shared`: the report of the shared ledger the configuration at
+/// `config` names.
+async fn report_shared(
+    config: Option<&std::path::Path>,
+    since: Option<&str>,
+    format: crate::offline::report::Format,
+) -> anyhow::Result<i32> {
+    let mut stderr = std::io::stderr().lock();
+    let Some(path) = config else {
+        return Ok(EX_USAGE);
+    };
+    let ledger = match config::load(path) {
+        Ok(c) => c.ledger,
+        Err(e) => return Ok(report_invalid(&e)),
+    };
+    let Some(ledger) = ledger.filter(|l| l.url.is_some()) else {
+        let _ = writeln!(stderr, "{}: no [ledger] url is configured", path.display());
+        return Ok(EX_USAGE);
+    };
+    let window = match since.map(crate::offline::report::parse_window).transpose() {
+        Ok(w) => w,
+        Err(e) => {
+            let _ = writeln!(stderr, "--since {e}");
+            return Ok(EX_USAGE);
+        }
+    };
+    let fleet = match switchyard_observe::ledger::Fleet::new(&ledger) {
+        Ok(Some(fleet)) => fleet,
+        Ok(None) => return Ok(EX_USAGE),
+        Err(e) => {
+            let _ = writeln!(stderr, "{e}");
+            return Ok(1);
+        }
+    };
+    match crate::offline::report::build_shared(&fleet, window).await {
+        Ok(report) => {
+            std::io::stdout()
+                .lock()
+                .write_all(crate::offline::report::render(&report, format).as_bytes())?;
+            Ok(0)
+        }
+        Err(e) => {
+            let _ = writeln!(stderr, "{e}");
+            Ok(1)
+        }
+    }
 }

@@ -10,10 +10,12 @@ use std::fmt::Write as _;
 use std::path::Path;
 use std::time::Duration;
 
-use rusqlite::Connection;
 use serde_json::{json, Value};
 
-use switchyard_observe::ledger::{open_read_only, LedgerError};
+use switchyard_observe::ledger::{
+    open_read_only, record_health, request_figures, Fleet, LedgerError, PgError, RecordHealth,
+    RequestFigures,
+};
 use switchyard_policy::stats::percentile;
 
 /// Output format.
@@ -40,6 +42,8 @@ struct Key {
 #[derive(Debug, Default)]
 struct Group {
     requests: u64,
+    /// The requests each instance served (the shared ledger's rows name theirs).
+    instances: BTreeMap<String, u64>,
     errors: BTreeMap<String, u64>,
     disconnected: u64,
     ttft: Vec<f64>,
@@ -65,7 +69,6 @@ fn stats(values: &mut [f64]) -> Value {
 pub use switchyard_observe::ledger::parse_window;
 use switchyard_observe::ledger::{now_ms, window_start};
 
-/// The report as JSON (the other formats are rendered from it).
 /// The comparisons recorded in the ledger at `path` within the window.
 pub fn read_comparisons(
     path: &Path,
@@ -81,20 +84,52 @@ pub fn read_comparisons(
     })
 }
 
+/// The report of the local ledger at `path`, over the window `since` (everything when none).
 pub fn build(path: &Path, since: Option<Duration>) -> Result<Value, LedgerError> {
     let conn = open_read_only(path)?;
     let sqlite = |source| LedgerError::Sqlite {
         path: path.display().to_string(),
         source,
     };
-    let now_ms = now_ms();
     let from_ms = since.map_or(0, window_start);
-    let groups = read_groups(&conn, from_ms).map_err(sqlite)?;
-    let health = read_health(&conn).map_err(sqlite)?;
-    let rows: Vec<Value> = groups
+    let figures = request_figures(&conn, from_ms).map_err(sqlite)?;
+    let health = record_health(&conn).map_err(sqlite)?;
+    Ok(assemble(
+        path.display().to_string(),
+        from_ms,
+        &figures,
+        &[health],
+    ))
+}
+
+/// The report of the shared ledger (every instance's rows), over the window `since`.
+pub async fn build_shared(fleet: &Fleet, since: Option<Duration>) -> Result<Value, String> {
+    let from_ms = since.map_or(0, window_start);
+    let failed = |e: PgError| format!("the shared ledger {}: {e}", fleet.describe());
+    let figures = fleet.request_figures(from_ms).await.map_err(failed)?;
+    let health = fleet.record_health().await.map_err(failed)?;
+    Ok(assemble(
+        fleet.describe().to_owned(),
+        from_ms,
+        &figures,
+        &health,
+    ))
+}
+
+/// The report of `figures` read from `ledger`, with what its runs recorded and lost: one
+/// `health` for a local ledger, one per instance for the shared one (then each group says
+/// which instances served it, and `records` has each instance's counts).
+fn assemble(
+    ledger: String,
+    from_ms: i64,
+    figures: &[RequestFigures],
+    health: &[RecordHealth],
+) -> Value {
+    let shared = health.iter().any(|h| h.instance.is_some());
+    let rows: Vec<Value> = group(figures)
         .into_iter()
         .map(|(key, mut g)| {
-            json!({
+            let mut row = json!({
                 "model": key.model,
                 "backend": key.backend,
                 "variant": key.variant,
@@ -110,45 +145,53 @@ pub fn build(path: &Path, since: Option<Duration>) -> Result<Value, LedgerError>
                 "decode_tok_s_engine": stats(&mut g.decode_tps_engine),
                 "prefill_tok_s_measured": stats(&mut g.prefill_tps_measured),
                 "decode_tok_s_measured": stats(&mut g.decode_tps_measured),
-            })
+            });
+            if shared {
+                row["instances"] = json!(g.instances);
+            }
+            row
         })
         .collect();
-    Ok(json!({
-        "ledger": path.display().to_string(),
-        "window": {"from_ms": from_ms, "to_ms": now_ms},
-        "records": health,
+    let sum = |f: fn(&RecordHealth) -> i64| health.iter().map(f).sum::<i64>();
+    let mut records = json!({
+        "rows": sum(|h| h.rows),
+        "written": sum(|h| h.written),
+        "dropped_queue_full": sum(|h| h.dropped_full),
+        "dropped_write_failed": sum(|h| h.dropped_failed),
+    });
+    if shared {
+        records["instances"] = health
+            .iter()
+            .map(|h| {
+                json!({
+                    "instance": h.instance,
+                    "rows": h.rows,
+                    "written": h.written,
+                    "dropped_queue_full": h.dropped_full,
+                    "dropped_write_failed": h.dropped_failed,
+                })
+            })
+            .collect();
+    }
+    json!({
+        "ledger": ledger,
+        "window": {"from_ms": from_ms, "to_ms": now_ms()},
+        "records": records,
         "groups": rows,
-    }))
+    })
 }
 
-fn read_groups(conn: &Connection, from_ms: i64) -> rusqlite::Result<BTreeMap<Key, Group>> {
-    // A ledger written before canary releases (migration 7) has no arms.
-    let arm = if conn.prepare("SELECT arm FROM requests LIMIT 0").is_ok() {
-        "arm"
-    } else {
-        "NULL"
-    };
-    let mut stmt = conn.prepare(&format!(
-        "SELECT model, backend, variant, warm, status, error_class, client_disconnected, ttft_ms, total_ms, queue_ms,
-                prefill_ms, prefill_tokens, prefill_source, decode_ms, decode_tokens, decode_source, {arm}
-         FROM requests WHERE ts_ms >= ?1"
-    ))?;
+/// The requests by model × backend × variant × arm × warmth.
+fn group(figures: &[RequestFigures]) -> BTreeMap<Key, Group> {
     let mut groups: BTreeMap<Key, Group> = BTreeMap::new();
-    let mut rows = stmt.query([from_ms])?;
-    while let Some(row) = rows.next()? {
-        let warm: Option<bool> = row.get(3)?;
+    let dash = |v: &Option<String>| v.clone().unwrap_or_else(|| "-".to_owned());
+    for f in figures {
         let key = Key {
-            model: row
-                .get::<_, Option<String>>(0)?
-                .unwrap_or_else(|| "-".to_owned()),
-            backend: row
-                .get::<_, Option<String>>(1)?
-                .unwrap_or_else(|| "-".to_owned()),
-            variant: row.get(2)?,
-            arm: row
-                .get::<_, Option<String>>(16)?
-                .unwrap_or_else(|| "-".to_owned()),
-            warmth: match warm {
+            model: dash(&f.model),
+            backend: dash(&f.backend),
+            variant: f.variant.clone(),
+            arm: dash(&f.arm),
+            warmth: match f.warm {
                 Some(true) => "warm",
                 Some(false) => "cold",
                 None => "-",
@@ -157,42 +200,43 @@ fn read_groups(conn: &Connection, from_ms: i64) -> rusqlite::Result<BTreeMap<Key
         };
         let g = groups.entry(key).or_default();
         g.requests += 1;
-        if let Some(class) = row.get::<_, Option<String>>(5)? {
-            *g.errors.entry(class).or_default() += 1;
+        if let Some(instance) = &f.instance {
+            *g.instances.entry(instance.clone()).or_default() += 1;
         }
-        if row.get::<_, bool>(6)? {
+        if let Some(class) = &f.error_class {
+            *g.errors.entry(class.clone()).or_default() += 1;
+        }
+        if f.client_disconnected {
             g.disconnected += 1;
         }
-        let status: i64 = row.get(4)?;
-        let ok = (200..300).contains(&status);
-        for (i, target) in [(7, &mut g.ttft), (8, &mut g.total), (9, &mut g.queue)] {
-            if let Some(v) = row.get::<_, Option<f64>>(i)? {
-                // Latencies of failed requests would mix two populations; errors are counted apart.
-                if ok || i == 9 {
-                    target.push(v);
-                }
+        let ok = (200..300).contains(&f.status);
+        // Latencies of failed requests would mix two populations; errors are counted apart.
+        for (value, target, always) in [
+            (f.ttft_ms, &mut g.ttft, false),
+            (f.total_ms, &mut g.total, false),
+            (f.queue_ms, &mut g.queue, true),
+        ] {
+            if let Some(v) = value.filter(|_| ok || always) {
+                target.push(v);
             }
         }
         if ok {
-            for (ms_i, tok_i, src_i, engine, measured) in [
+            for (ms, tokens, source, engine, measured) in [
                 (
-                    10,
-                    11,
-                    12,
+                    f.prefill_ms,
+                    f.prefill_tokens,
+                    &f.prefill_source,
                     &mut g.prefill_tps_engine,
                     &mut g.prefill_tps_measured,
                 ),
                 (
-                    13,
-                    14,
-                    15,
+                    f.decode_ms,
+                    f.decode_tokens,
+                    &f.decode_source,
                     &mut g.decode_tps_engine,
                     &mut g.decode_tps_measured,
                 ),
             ] {
-                let ms: Option<f64> = row.get(ms_i)?;
-                let tokens: Option<i64> = row.get(tok_i)?;
-                let source: Option<String> = row.get(src_i)?;
                 if let (Some(ms), Some(tokens)) = (ms, tokens) {
                     if ms > 0.0 {
                         let rate = tokens as f64 * 1000.0 / ms;
@@ -205,20 +249,7 @@ fn read_groups(conn: &Connection, from_ms: i64) -> rusqlite::Result<BTreeMap<Key
             }
         }
     }
-    Ok(groups)
-}
-
-fn read_health(conn: &Connection) -> rusqlite::Result<Value> {
-    let (rows, written, full, failed): (i64, i64, i64, i64) = conn.query_row(
-        "SELECT (SELECT COUNT(*) FROM requests),
-                COALESCE(SUM(written), 0), COALESCE(SUM(dropped_full), 0), COALESCE(SUM(dropped_failed), 0)
-         FROM ledger_health",
-        [],
-        |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)),
-    )?;
-    Ok(
-        json!({"rows": rows, "written": written, "dropped_queue_full": full, "dropped_write_failed": failed}),
-    )
+    groups
 }
 
 const COLUMNS: &[(&str, &str)] = &[
@@ -297,6 +328,22 @@ pub fn render(report: &Value, format: Format) -> String {
                 rec["dropped_queue_full"],
                 rec["dropped_write_failed"]
             );
+            // The shared ledger: what each instance recorded and lost.
+            if let Some(instances) = rec["instances"].as_array() {
+                out.push_str("Instances:");
+                for i in instances {
+                    let _ = write!(
+                        out,
+                        " `{}` {} rows, dropped {} + {};",
+                        i["instance"].as_str().unwrap_or("-"),
+                        i["rows"],
+                        i["dropped_queue_full"],
+                        i["dropped_write_failed"]
+                    );
+                }
+                out.pop();
+                out.push_str(".\n\n");
+            }
             out.push_str(
                 "| model | backend | variant | arm | warmth | requests | errors | disconnected |",
             );

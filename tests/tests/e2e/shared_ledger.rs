@@ -182,6 +182,7 @@ async fn two_switchyards_share_one_ledger_and_a_stopped_server_costs_records_not
     let with_password = cluster
         .url()
         .replace("switchyard@", &format!("switchyard:{PASSWORD}@"));
+    let mut rows_total = 0;
     for (instance, _, base, log) in &served {
         let requests = answered[instance];
         let deadline = Instant::now() + Duration::from_secs(30);
@@ -222,6 +223,7 @@ async fn two_switchyards_share_one_ledger_and_a_stopped_server_costs_records_not
         );
         let rows = rows_of(&with_password, instance).await;
         assert_eq!(rows, written, "{instance}: rows in the shared ledger");
+        rows_total += rows;
         let lines: Vec<String> = log.try_iter().collect();
         assert!(
             lines
@@ -230,6 +232,52 @@ async fn two_switchyards_share_one_ledger_and_a_stopped_server_costs_records_not
             "{instance} never said it lost records: {lines:#?}"
         );
     }
+
+    // The fleet's report, from either instance's configuration: every row, and per instance
+    // what it wrote and dropped — its rows plus its drops are the requests it answered.
+    let report = shared_report(dir.path(), "studio-b");
+    assert_eq!(report["records"]["rows"], rows_total);
+    let counted: BTreeMap<String, u64> = report["records"]["instances"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|i| {
+            let n = |k: &str| i[k].as_u64().unwrap();
+            (
+                i["instance"].as_str().unwrap().to_owned(),
+                n("rows") + n("dropped_queue_full") + n("dropped_write_failed"),
+            )
+        })
+        .collect();
+    let expected: BTreeMap<String, u64> = answered
+        .iter()
+        .map(|(instance, n)| ((*instance).to_owned(), *n))
+        .collect();
+    assert_eq!(counted, expected, "{report:#}");
+    let served_by: u64 = report["groups"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|g| g["instances"].as_object().unwrap().values())
+        .map(|n| n.as_u64().unwrap())
+        .sum();
+    assert_eq!(served_by, rows_total, "each row names its instance");
+}
+
+/// `switchyard report --shared` on `instance`'s configuration (in `dir/instance`), as JSON.
+fn shared_report(dir: &std::path::Path, instance: &str) -> serde_json::Value {
+    let out = std::process::Command::new(switchyard_tests::harness::switchyard_bin().unwrap())
+        .args(["report", "--shared", "--format", "json", "--config"])
+        .arg(dir.join(instance).join("switchyard.toml"))
+        .env("FLEET_LEDGER_PASSWORD", PASSWORD)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap()
 }
 
 /// The shared ledger's request rows written by `instance`.

@@ -48,11 +48,8 @@ impl Connect {
             }
             (None, None) => None,
         };
-        let instance = config.instance.clone().ok_or_else(|| {
-            error(PgError::Config(
-                "ledger.instance: the shared ledger needs this Switchyard's name".to_owned(),
-            ))
-        })?;
+        // A reader of the fleet's rows writes none: it may go without a name.
+        let instance = config.instance.clone().unwrap_or_default();
         Ok(Self {
             url: url.to_owned(),
             password,
