@@ -1,19 +1,23 @@
-//! The run ledger: every request on the record, in SQLite (WAL mode).
+//! The run ledger: every request on the record, in SQLite (WAL mode), and, for several
+//! Switchyards, in a shared ledger on PostgreSQL too (`[ledger] url`).
 //!
-//! The request path never waits on the disk. Finished records go into a bounded channel; one
-//! writer thread drains it in batches, one transaction per batch. When the channel is full the
-//! record is dropped and counted; when a write fails (disk full, read-only, gone) the batch is
-//! lost and counted. Both counts show in `/metrics`, in the log and in `switchyard report` —
-//! a ledger that stops recording is never silent.
+//! The request path never waits on the disk. Finished records go into a bounded channel per
+//! store; one writer thread per store drains it in batches, one transaction per batch. When a
+//! channel is full the record is dropped and counted; when a write fails (disk full,
+//! read-only, gone; the server down) the batch is lost and counted. Both counts show in
+//! `/metrics`, in the log and in `switchyard report` — a ledger that stops recording is never
+//! silent.
 //!
-//! The schema is versioned (`PRAGMA user_version`) and migrated forward at open.
+//! The schema is versioned (`PRAGMA user_version`; `switchyard_schema` on PostgreSQL) and
+//! migrated forward at open.
 //!
 //! Here: the request path's handle ([`Ledger`]), its counters and errors. Beside it:
 //! `schema` (tables, migrations, opening for writing), `rows` (a record, comparison or identity
-//! as the values its insert binds), `skips` (skipped shadows counted by kind), `writer` (the
-//! writer thread and its batches), `read` (what `switchyard report` reads back), and for the
-//! admin API's dashboard `views` (latest requests, identity history), `phases` (where the time
-//! goes) and `window` (the time windows reads cover).
+//! as the values its insert binds), `skips` (skipped shadows counted by kind), `batch` (what a
+//! writer writes), `writer` (the writer thread and its batches), `postgres` (the shared
+//! ledger's store), `read` and `figures` (what `switchyard report` reads back), `fleet` (reads of
+//! the shared ledger), and for the admin API's dashboard `views` (latest requests, identity
+//! history), `phases` (where the time goes) and `window` (the time windows reads cover).
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
