@@ -2,7 +2,7 @@
 // tests/run into $UI_NODE_MODULES). Run by tests/python/test_dashboard.py and
 // test_real_engines.py, which start Switchyard and the engines, and by tests/bench/dashboard:
 //
-//   node tests/ui/check.mjs '{"mode": "real" | "release" | "managed" | "measure", "admin": URL,
+//   node tests/ui/check.mjs '{"mode": "real" | "release" | "managed" | "measure" | "fleet", "admin": URL,
 //                             "client": URL, "token": TOKEN, "out": DIR, "release": ID?,
 //                             "reason": TEXT?, "backend": NAME?}'
 //
@@ -292,6 +292,20 @@ async function measure(page) {
   result.bars = await page.$$eval(".bar-row", (rows) => rows.length).catch(() => null);
 }
 
+// The fleet on the shared ledger, as the models view says it above its table: the running
+// instances, and those configured otherwise than this one.
+async function fleet(page) {
+  await page.waitForSelector("#view-models .fleet", { timeout: WAIT_MS });
+  result.fleet = await page.$eval("#view-models .fleet", (el) => ({
+    running: Number(el.dataset.running),
+    drift: Number(el.dataset.drift),
+    instances: [...el.querySelectorAll("p:first-child .instance")].map((i) => i.dataset.instance),
+    drifted: [...el.querySelectorAll(".drift .instance")].map((i) => i.dataset.instance),
+    text: el.textContent,
+  }));
+  await shot(page, "fleet");
+}
+
 const browser = await chromium.launch({ executablePath, args: ["--no-sandbox"] });
 let failed = null;
 try {
@@ -312,6 +326,7 @@ try {
   else if (config.mode === "managed") await managed(page);
   else if (config.mode === "pool") await pooled(page);
   else if (config.mode === "measure") await measure(page);
+  else if (config.mode === "fleet") await fleet(page);
   else await release(page);
   await context.close();
 } catch (err) {

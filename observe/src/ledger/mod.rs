@@ -234,7 +234,7 @@ impl Ledger {
 
     /// Queues a finished request. Never blocks; a full queue drops and counts the record.
     pub fn record(&self, r: &RequestRecord) {
-        self.each(Entry::Request(Box::new(Row::from_record(r))), Queue::submit);
+        self.each(Entry::Request(Box::new(Row::from_record(r))));
     }
 
     /// Queues a comparison. Never blocks; a full queue drops and counts it.
@@ -250,7 +250,7 @@ impl Ledger {
             pair,
             equivalence,
         };
-        self.each(Entry::Comparison(Box::new(row)), Queue::submit);
+        self.each(Entry::Comparison(Box::new(row)));
     }
 
     /// Counts a skipped shadow into the pending run of its kind, which the writer takes with its
@@ -267,7 +267,7 @@ impl Ledger {
     /// Queues an identity snapshot.
     pub fn identity(&self, snapshot: IdentitySnapshot) {
         let entry = Entry::Identity(SystemTime::now(), Box::new(snapshot));
-        self.each(entry, Queue::submit);
+        self.each(entry);
     }
 
     /// Queues a configuration change (or a refused one), waiting for room in the queue rather
@@ -324,14 +324,14 @@ impl Ledger {
         flushed
     }
 
-    /// Hands `entry` to the shared ledger's queue (a copy) and the local one, by `submit`.
-    fn each(&self, entry: Entry, submit: fn(&Queue, Entry)) {
+    /// Queues `entry` in the shared ledger (a copy) and the local one; never blocks.
+    fn each(&self, entry: Entry) {
         if let Some(shared) = &self.shared {
             if let Some(copy) = entry.copy() {
-                submit(shared, copy);
+                shared.submit(copy);
             }
         }
-        submit(&self.local, entry);
+        self.local.submit(entry);
     }
 
     /// Queues `entry` in every store, waiting for room: the shared ledger's wait is bounded

@@ -173,6 +173,11 @@ pub(super) fn shared_ledger(ledger: &crate::LedgerConfig, problems: &mut Vec<sup
                 "ledger.password_env",
                 format!("{name:?} cannot name an environment variable"),
             ));
+        } else if name.starts_with("SWITCHYARD_") {
+            problems.push(Problem::new(
+                "ledger.password_env",
+                format!("{name:?}: names starting with SWITCHYARD_ are Switchyard's own settings; name the password otherwise (e.g. LEDGER_PASSWORD)"),
+            ));
         }
     }
     if let Some(instance) = &ledger.instance {

@@ -715,7 +715,7 @@ fn the_shared_ledger_is_postgresql_without_a_password_in_the_configuration() {
     };
     assert_eq!(
         problems(
-            "url = \"postgres://switchyard@db:5432/ledger?sslmode=require\"\npassword_env = \"SWITCHYARD_LEDGER_PASSWORD\"\ninstance = \"studio-1\""
+            "url = \"postgres://switchyard@db:5432/ledger?sslmode=require\"\npassword_env = \"LEDGER_PASSWORD\"\ninstance = \"studio-1\""
         ),
         Vec::<String>::new()
     );

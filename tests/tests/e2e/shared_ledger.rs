@@ -359,6 +359,20 @@ async fn the_fleet_and_its_configuration_drift_show_in_the_admin_api() {
     assert_eq!(view["drift"], serde_json::json!(["b"]));
     let from_b = instances(&b).await.json();
     assert_eq!(from_b["drift"], serde_json::json!(["a", "c"]));
+    // The same in `switchyard admin instances`.
+    let admin = format!("http://{}", a.admin_addr().unwrap());
+    let text =
+        switchyard_tests::harness::run_switchyard(["admin", "instances", "--url", &admin]).unwrap();
+    assert!(text.contains("a (this one)"), "{text}");
+    assert!(
+        text.lines()
+            .any(|l| l.starts_with("b ") && l.contains("differs")),
+        "{text}"
+    );
+    assert!(
+        text.contains("configured otherwise than this one: b\n"),
+        "{text}"
+    );
 
     cluster.stop();
     let r = instances(&a).await;

@@ -33,6 +33,8 @@ pub enum AdminCommand {
     Models(Remote),
     /// The configuration in force, with its digest.
     Config(Remote),
+    /// The Switchyards on the shared ledger, and which are configured otherwise than this one.
+    Instances(Remote),
     /// Re-read the configuration file and apply it, or print every problem found.
     Reload(Remote),
     /// Follow state changes (backends going down and up, reloads) until interrupted.
@@ -87,6 +89,7 @@ pub(super) async fn run(command: AdminCommand) -> anyhow::Result<i32> {
         AdminCommand::Backends { remote, .. } => (remote, http::Method::GET, "/admin/backends"),
         AdminCommand::Models(r) => (r, http::Method::GET, "/admin/models"),
         AdminCommand::Config(r) => (r, http::Method::GET, "/admin/config"),
+        AdminCommand::Instances(r) => (r, http::Method::GET, "/admin/instances"),
         AdminCommand::Reload(r) => (r, http::Method::POST, "/admin/reload"),
         AdminCommand::Events(r) => (r, http::Method::GET, "/admin/events"),
     };
@@ -115,6 +118,7 @@ pub(super) async fn run(command: AdminCommand) -> anyhow::Result<i32> {
             AdminCommand::Backends { .. } => backends(&value),
             AdminCommand::Models(_) => models(&value),
             AdminCommand::Config(_) => config_text(&value)?,
+            AdminCommand::Instances(_) => instances(&value),
             _ => reload(&value),
         }
     };
@@ -322,6 +326,48 @@ fn lines_after(v: &Value, key: &str, separator: &str) -> String {
     } else {
         format!(": {}", items.join(separator))
     }
+}
+
+/// `/admin/instances` as a table, with a line naming the instances configured otherwise.
+fn instances(v: &Value) -> String {
+    let Some(shared) = v["shared_ledger"].as_str() else {
+        return "no shared ledger is configured ([ledger] url): this Switchyard is alone\n"
+            .to_owned();
+    };
+    let mut rows = vec![["INSTANCE", "RUNNING", "SEEN", "CONFIG", "VERSION"].map(str::to_owned)];
+    for i in v["instances"].as_array().into_iter().flatten() {
+        let name = text(&i["instance"]).to_owned();
+        rows.push([
+            if i["this"] == true {
+                format!("{name} (this one)")
+            } else {
+                name
+            },
+            (if i["running"] == true { "yes" } else { "no" }).to_owned(),
+            format!("{} s ago", i["seen_ago_ms"].as_i64().unwrap_or(0) / 1000),
+            if i["same_config"] == true {
+                "same".to_owned()
+            } else {
+                format!("differs ({})", text(&i["config_digest"]))
+            },
+            text(&i["version"]).to_owned(),
+        ]);
+    }
+    let mut out = format!("shared ledger {shared}\n");
+    out.push_str(&table(&rows));
+    let drift: Vec<&str> = v["drift"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(Value::as_str)
+        .collect();
+    if !drift.is_empty() {
+        out.push_str(&format!(
+            "configured otherwise than this one: {}\n",
+            drift.join(", ")
+        ));
+    }
+    out
 }
 
 fn models(v: &Value) -> String {
