@@ -11,8 +11,9 @@ tests/tests/e2e/shared_ledger.rs, proves the same on the fake engine).
 - PostgreSQL stopped costs records, never requests: the SDK's requests are all answered, each
   instance counts the records it could not write in `/metrics` (written + dropped = requests it
   served), says so in its log, and `/admin/instances` answers 503 `shared_ledger_unavailable`.
-  Started again, it is written to again by itself, and the fleet's report then accounts for
-  every request: each instance's rows plus its dropped records.
+  Started again, it is written to again by itself; restarted while the writers idle, nothing
+  is lost (the batch that meets a closed connection goes again on a new one). The fleet's
+  report then accounts for every request: each instance's rows plus its dropped records.
 """
 
 from __future__ import annotations
@@ -33,6 +34,8 @@ import openai
 import pytest
 
 from conftest import Proc, http_client
+from test_dashboard import admin_token
+from ui_check import console_problems, run_check
 from test_real_engines import (
     REQUEST_TIMEOUT_S,
     Proxy,
@@ -174,7 +177,9 @@ class Instance:
     served: int = 0
 
 
-def config(name: str, home: Path, llama_url: str, shared: str, admin: str) -> str:
+def config(name: str, home: Path, llama_url: str, shared: str, admin: str, tokens: Path | None = None,
+           extra: str = "") -> str:
+    tokens_line = f'tokens = "{tokens}"' if tokens else ""
     return f"""
 [server]
 listen = "127.0.0.1:0"
@@ -183,6 +188,7 @@ first_byte_timeout_ms = 120000
 
 [admin]
 listen = "{admin}"
+{tokens_line}
 
 [ledger]
 path = "{home / 'ledger.db'}"
@@ -198,6 +204,7 @@ require_verified_identity = true
 
 [models.smollm2]
 primary = "llama"
+{extra}
 """
 
 
@@ -319,7 +326,7 @@ def test_two_switchyards_share_one_ledger_and_a_stopped_server_costs_records_not
         assert error["code"] == "shared_ledger_unavailable", error
         assert postgres.url in error["message"], error
         for i in fleet:
-            assert "ledger write failed: records lost" in i.log.read_text("utf-8", "replace"), f"{i.name} never said it lost records"
+            assert "ledger write failed: the batch is lost" in i.log.read_text("utf-8", "replace"), f"{i.name} never said it lost records"
 
         # PostgreSQL back: writing resumes by itself.
         written_before = {name: written for name, (written, _) in counts.items()}
@@ -328,6 +335,15 @@ def test_two_switchyards_share_one_ledger_and_a_stopped_server_costs_records_not
         counts = until_recorded(http, fleet, {n: w + AFTER // 2 for n, w in written_before.items()})
         assert counts == {i.name: ((BEFORE + AFTER) // 2, DURING // 2) for i in fleet}, f"written, dropped: {counts}"
         assert instances_view(http, b).status_code == 200
+
+        # A restart while the writers idle: the next batch meets its pooled connection closed
+        # before its commit and is written again on a new one; nothing is lost.
+        written_before = {name: written for name, (written, _) in counts.items()}
+        postgres.stop()
+        postgres.start()
+        traffic(fleet, AFTER)
+        counts = until_recorded(http, fleet, {n: w + AFTER // 2 for n, w in written_before.items()})
+        assert counts == {i.name: ((BEFORE + 2 * AFTER) // 2, DURING // 2) for i in fleet}, f"written, dropped: {counts}"
 
         # Each local ledger has every request; the fleet's report accounts for each one.
         for i in fleet:
@@ -338,6 +354,40 @@ def test_two_switchyards_share_one_ledger_and_a_stopped_server_costs_records_not
             for i in report["records"]["instances"]
         }
         assert accounted == {i.name: (counts[i.name][0], i.served) for i in fleet}, report["records"]
-        assert report["records"]["rows"] == BEFORE + AFTER, report["records"]
-    print(f"\nfleet: {BEFORE + DURING + AFTER} requests, {DURING} while PostgreSQL was down; per instance "
+        assert report["records"]["rows"] == BEFORE + 2 * AFTER, report["records"]
+    print(f"\nfleet: {BEFORE + DURING + 2 * AFTER} requests, {DURING} while PostgreSQL was down; per instance "
           f"(written, dropped) {counts}")
+
+
+def test_the_dashboard_shows_the_fleet_and_its_drift(tmp_path: Path, postgres: Postgres, llama: str) -> None:
+    """Two Switchyards on one shared ledger, the second serving a model more: the dashboard of
+    the first, in a real browser, names both running and the second as configured otherwise,
+    as `/admin/instances` does."""
+    tokens = tmp_path / "admin-tokens"
+    token = admin_token(tokens)
+    with contextlib.ExitStack() as stack, http_client(timeout=10.0) as http:
+        admins, procs = [], []
+        for name, extra in (("studio-a", ""), ("studio-b", '[models.other]\nprimary = "llama"\n')):
+            home = tmp_path / name
+            home.mkdir()
+            admin = f"127.0.0.1:{free_port()}"
+            proxy = stack.enter_context(start_switchyard(
+                home, config(name, home, llama, postgres.url, admin, tokens, extra), identities_settled("llama")))
+            admins.append(f"http://{admin}")
+            procs.append(proxy.proc)
+        headers = {"authorization": f"Bearer {token}"}
+
+        def drift_seen() -> dict | None:
+            view = http.get(f"{admins[0]}/admin/instances", headers=headers).json()
+            return view if len(view.get("instances", [])) == 2 else None
+
+        view = poll("both instances in the shared ledger", drift_seen, procs[0], timeout=RECORDED_TIMEOUT_S)
+        assert view["drift"] == ["studio-b"], view
+        result = run_check("fleet", {"mode": "fleet", "admin": admins[0], "token": token})
+        assert console_problems(result) == [], result
+        assert result["login"]["opened"], result["login"]
+        fleet = result["fleet"]
+        assert (fleet["running"], fleet["drift"]) == (2, 1), fleet
+        assert fleet["instances"] == ["studio-a", "studio-b"], fleet
+        assert fleet["drifted"] == ["studio-b"], fleet
+        assert "studio-a (this one)" in fleet["text"], fleet

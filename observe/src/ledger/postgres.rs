@@ -184,15 +184,32 @@ impl PgStore {
             self.migrated = true;
             tracing::info!(ledger = %self.describe, "shared ledger reached: its schema is current, writing");
         }
-        self.runtime
-            .block_on(self.write_batch(entries, runs, health))
+        let mut committing = false;
+        match self
+            .runtime
+            .block_on(self.write_batch(entries, runs, health, &mut committing))
+        {
+            // A pooled connection the server closed while it idled (a restart, a failover):
+            // the pool saw it open, since its driver runs only while this thread writes. The
+            // batch met the closed connection before its commit, so nothing of it is written:
+            // it goes again, once, on a new connection.
+            Err(PgError::Db(e)) if !committing && connection_lost(&e) => {
+                tracing::info!(ledger = %self.describe, error = %chain(&e), "shared ledger connection closed by the server: writing the batch on a new one");
+                self.runtime
+                    .block_on(self.write_batch(entries, runs, health, &mut committing))
+            }
+            done => done,
+        }
     }
 
+    /// Writes one batch in one transaction; `committing` is set once the commit is sent (a
+    /// failure after it leaves the batch's fate unknown).
     async fn write_batch(
         &self,
         entries: &[Entry],
         runs: &[(i64, SkippedShadow, i64)],
         health: &Health<'_>,
+        committing: &mut bool,
     ) -> Result<(), PgError> {
         let mut client = self.client().await?;
         let tx = client.transaction().await?;
@@ -266,6 +283,7 @@ impl PgStore {
             let values = s.params(at, count);
             execute(&tx, &self.statements.skipped, &values).await?;
         }
+        *committing = true;
         tx.commit().await?;
         Ok(())
     }
@@ -322,36 +340,57 @@ impl PgError {
     /// Whether the server could not be reached (refused, reset, timed out), rather than
     /// reached and saying no (a wrong password, a certificate not trusted, a query refused).
     pub(crate) fn unreachable(&self) -> bool {
-        use std::io::ErrorKind as K;
-        let mut source: Option<&(dyn StdError + 'static)> = match self {
-            Self::Connect(deadpool_postgres::PoolError::Timeout(_)) => return true,
-            Self::Connect(e) => Some(e),
-            Self::Db(e) => Some(e),
-            Self::Io(e) => Some(e),
-            Self::Url(_) | Self::Pool(_) | Self::Config(_) => None,
-        };
-        while let Some(e) = source {
-            if let Some(io) = e.downcast_ref::<std::io::Error>() {
-                if matches!(
-                    io.kind(),
-                    K::ConnectionRefused
-                        | K::ConnectionReset
-                        | K::ConnectionAborted
-                        | K::NotConnected
-                        | K::TimedOut
-                        | K::HostUnreachable
-                        | K::NetworkUnreachable
-                        | K::AddrNotAvailable
-                        | K::UnexpectedEof
-                        | K::BrokenPipe
-                ) {
-                    return true;
-                }
-            }
-            source = e.source();
+        match self {
+            Self::Connect(deadpool_postgres::PoolError::Timeout(_)) => true,
+            Self::Connect(e) => io_unreachable(Some(e)),
+            Self::Db(e) => io_unreachable(Some(e)),
+            Self::Io(e) => io_unreachable(Some(e)),
+            Self::Url(_) | Self::Pool(_) | Self::Config(_) => false,
         }
-        false
     }
+}
+
+/// Whether `error` or one of its causes is a network failure: refused, reset, timed out.
+fn io_unreachable(error: Option<&(dyn StdError + 'static)>) -> bool {
+    use std::io::ErrorKind as K;
+    let mut source = error;
+    while let Some(e) = source {
+        if let Some(io) = e.downcast_ref::<std::io::Error>() {
+            if matches!(
+                io.kind(),
+                K::ConnectionRefused
+                    | K::ConnectionReset
+                    | K::ConnectionAborted
+                    | K::NotConnected
+                    | K::TimedOut
+                    | K::HostUnreachable
+                    | K::NetworkUnreachable
+                    | K::AddrNotAvailable
+                    | K::UnexpectedEof
+                    | K::BrokenPipe
+            ) {
+                return true;
+            }
+        }
+        source = e.source();
+    }
+    false
+}
+
+/// Whether `error` says the connection is gone: closed, or ended by the server (shutting
+/// down, or not yet accepting connections).
+fn connection_lost(error: &tokio_postgres::Error) -> bool {
+    use tokio_postgres::error::SqlState;
+    error.is_closed()
+        || error.code().is_some_and(|code| {
+            [
+                SqlState::ADMIN_SHUTDOWN,
+                SqlState::CRASH_SHUTDOWN,
+                SqlState::CANNOT_CONNECT_NOW,
+            ]
+            .contains(code)
+        })
+        || (error.as_db_error().is_none() && io_unreachable(Some(error)))
 }
 
 /// `error` and its causes, each once: the driver says "db error" and leaves the server's

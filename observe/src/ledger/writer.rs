@@ -143,7 +143,7 @@ impl Writer {
                         + requests;
                     self.failures_logged += 1;
                     if self.failures_logged.is_power_of_two() {
-                        tracing::error!(ledger = %self.describe, error = %e, lost_total = lost, "ledger write failed: records lost");
+                        tracing::error!(ledger = %self.describe, error = %e, requests, lost_total = lost, failures = self.failures_logged, "ledger write failed: the batch is lost");
                     }
                 }
             }

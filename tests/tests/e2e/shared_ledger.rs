@@ -228,7 +228,7 @@ async fn two_switchyards_share_one_ledger_and_a_stopped_server_costs_records_not
         assert!(
             lines
                 .iter()
-                .any(|l| l.contains("ledger write failed: records lost")),
+                .any(|l| l.contains("ledger write failed: the batch is lost")),
             "{instance} never said it lost records: {lines:#?}"
         );
     }
