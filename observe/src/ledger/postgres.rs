@@ -337,11 +337,21 @@ async fn execute(
 }
 
 impl PgError {
-    /// Whether the server could not be reached (refused, reset, timed out), rather than
-    /// reached and saying no (a wrong password, a certificate not trusted, a query refused).
+    /// Whether the server could not be reached (refused, reset, timed out, not accepting
+    /// connections yet), rather than reached and saying no (a wrong password, a certificate not
+    /// trusted, a query refused).
     pub(crate) fn unreachable(&self) -> bool {
+        let starting = |e: &tokio_postgres::Error| {
+            e.code() == Some(&tokio_postgres::error::SqlState::CANNOT_CONNECT_NOW)
+        };
         match self {
             Self::Connect(deadpool_postgres::PoolError::Timeout(_)) => true,
+            // "The database system is starting up" (or shutting down): not a refusal.
+            Self::Connect(deadpool_postgres::PoolError::Backend(e)) | Self::Db(e)
+                if starting(e) =>
+            {
+                true
+            }
             Self::Connect(e) => io_unreachable(Some(e)),
             Self::Db(e) => io_unreachable(Some(e)),
             Self::Io(e) => io_unreachable(Some(e)),
