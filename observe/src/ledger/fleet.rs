@@ -8,7 +8,10 @@
 use serde::Serialize;
 use switchyard_policy::LedgerConfig;
 
+use switchyard_policy::compare::Pair;
+
 use super::figures::{self, RecordHealth, RequestFigures};
+use super::pairs::{pair, Shape};
 use super::postgres::{self, Connect, PgError};
 use super::LedgerError;
 
@@ -161,5 +164,25 @@ impl Fleet {
                 dropped_failed: r.get(4),
             })
             .collect())
+    }
+
+    /// Every instance's comparisons recorded from `from_ms` on, oldest first.
+    pub async fn comparisons(&self, from_ms: i64) -> Result<Vec<Pair>, PgError> {
+        let client = self.pool.get().await.map_err(PgError::Connect)?;
+        let rows = client
+            .query(
+                "SELECT * FROM comparisons WHERE ts_ms >= $1 ORDER BY ts_ms, id",
+                &[&from_ms],
+            )
+            .await?;
+        let shape = Shape {
+            counted: true,
+            texted: true,
+            judged: true,
+        };
+        rows.iter()
+            .map(|row| pair(row, shape).map(|(_, pair)| pair))
+            .collect::<Result<_, _>>()
+            .map_err(PgError::Db)
     }
 }

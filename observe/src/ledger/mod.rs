@@ -15,7 +15,7 @@
 //! `schema` (tables, migrations, opening for writing), `rows` (a record, comparison or identity
 //! as the values its insert binds), `skips` (skipped shadows counted by kind), `batch` (what a
 //! writer writes), `writer` (the writer thread and its batches), `postgres` (the shared
-//! ledger's store), `read` and `figures` (what `switchyard report` reads back), `fleet` (reads of
+//! ledger's store), `read`, `figures` and `pairs` (what `switchyard report` reads back), `fleet` (reads of
 //! the shared ledger), and for the admin API's dashboard `views` (latest requests, identity
 //! history), `phases` (where the time goes) and `window` (the time windows reads cover).
 
@@ -33,6 +33,7 @@ mod batch;
 mod detections;
 mod figures;
 mod fleet;
+mod pairs;
 mod phases;
 mod postgres;
 mod read;

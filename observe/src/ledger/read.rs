@@ -7,8 +7,9 @@ use std::path::Path;
 use std::time::Duration;
 
 use rusqlite::Connection;
-use switchyard_policy::compare::{Pair, Side, TokenTiming, Verdict};
+use switchyard_policy::compare::Pair;
 
+use super::pairs::{pair, Shape};
 use super::LedgerError;
 
 #[cfg(test)]
@@ -82,88 +83,11 @@ pub(super) fn read_comparisons_between(
     let mut statement = conn.prepare(
         "SELECT * FROM comparisons WHERE ts_ms >= ?1 AND ts_ms < ?2 AND id <= ?3 ORDER BY id",
     )?;
-    let rows = statement.query_map([since_ms, until_ms, last_id], |row| {
-        let side = |prefix: &str| -> rusqlite::Result<Side> {
-            let col = |c: &str| format!("{prefix}_{c}");
-            let timing = |name: &str| -> rusqlite::Result<Option<TokenTiming>> {
-                let ms: Option<f64> = row.get(col(&format!("{name}_ms")).as_str())?;
-                let tokens: Option<i64> = row.get(col(&format!("{name}_tokens")).as_str())?;
-                let source: Option<String> = row.get(col(&format!("{name}_source")).as_str())?;
-                Ok(ms.map(|ms| TokenTiming {
-                    ms,
-                    tokens: tokens.map(|t| t.max(0) as u64),
-                    engine: source.as_deref() == Some("engine"),
-                }))
-            };
-            let unsigned = |c: &str| -> rusqlite::Result<Option<u64>> {
-                Ok(row
-                    .get::<_, Option<i64>>(col(c).as_str())?
-                    .map(|v| v.max(0) as u64))
-            };
-            Ok(Side {
-                request_id: row.get(col("request_id").as_str())?,
-                backend: row
-                    .get::<_, Option<String>>(col("backend").as_str())?
-                    .unwrap_or_default(),
-                engine: row.get(col("engine").as_str())?,
-                artifact: row.get(col("artifact").as_str())?,
-                status: row
-                    .get::<_, Option<i64>>(col("status").as_str())?
-                    .and_then(|s| u16::try_from(s).ok())
-                    .unwrap_or(0),
-                error: row.get(col("error").as_str())?,
-                output: row.get(col("output").as_str())?,
-                prompt_tokens: unsigned("prompt_tokens")?,
-                completion_tokens: unsigned("completion_tokens")?,
-                queue_ms: row.get(col("queue_ms").as_str())?,
-                ttft_ms: row.get(col("ttft_ms").as_str())?,
-                total_ms: row.get(col("total_ms").as_str())?,
-                prefill: timing("prefill")?,
-                decode: timing("decode")?,
-                warm: row.get(col("warm").as_str())?,
-                in_flight: unsigned("in_flight")?,
-                client_disconnected: row
-                    .get::<_, Option<bool>>(col("client_disconnected").as_str())?
-                    .unwrap_or(false),
-                text: if texted {
-                    row.get(col("text").as_str())?
-                } else {
-                    None
-                },
-            })
-        };
-        let verdict: String = row.get("verdict")?;
-        let candidate_ran: bool = row.get("candidate_ran")?;
-        let ts_ms: i64 = row.get("ts_ms")?;
-        let pair = Pair {
-            model: row.get("model")?,
-            workload: row.get("workload")?,
-            sampling: row.get("sampling")?,
-            streamed: row.get("streamed")?,
-            mode: row.get("mode")?,
-            primary: side("primary")?,
-            candidate: if candidate_ran {
-                Some(side("candidate")?)
-            } else {
-                None
-            },
-            verdict: Verdict::parse(&verdict).unwrap_or(Verdict::Incomparable),
-            reason: row.get("reason")?,
-            count: if counted {
-                row.get::<_, i64>("count")?.max(1) as u64
-            } else {
-                1
-            },
-            // A judgement that does not read (written by a later Switchyard) is left out.
-            equivalence: if judged {
-                row.get::<_, Option<String>>("equivalence")?
-                    .and_then(|j| serde_json::from_str(&j).ok())
-                    .map(Box::new)
-            } else {
-                None
-            },
-        };
-        Ok((ts_ms, pair))
-    })?;
+    let shape = Shape {
+        counted,
+        texted,
+        judged,
+    };
+    let rows = statement.query_map([since_ms, until_ms, last_id], |row| pair(row, shape))?;
     rows.collect()
 }

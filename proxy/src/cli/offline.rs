@@ -51,8 +51,9 @@ pub struct ReportArgs {
     #[arg(long, short)]
     config: Option<PathBuf>,
     /// Read the shared ledger of the configuration's `[ledger] url`: every instance's rows,
-    /// with the instances that served each group.
-    #[arg(long, requires = "config", conflicts_with = "comparisons")]
+    /// with the instances that served each group (with --comparisons: every instance's
+    /// comparisons).
+    #[arg(long, requires = "config")]
     shared: bool,
     /// Only requests from this recent window: `30m`, `24h`, `7d`.
     #[arg(long)]
@@ -220,7 +221,8 @@ pub(super) async fn report(args: ReportArgs) -> anyhow::Result<i32> {
         include_cold,
     } = args;
     if shared {
-        return report_shared(config.as_deref(), since.as_deref(), format).await;
+        let comparisons = comparisons.then_some(include_cold);
+        return report_shared(config.as_deref(), since.as_deref(), format, comparisons).await;
     }
     let path = match (ledger, config) {
         (Some(path), _) => path,
@@ -267,11 +269,12 @@ pub(super) async fn report(args: ReportArgs) -> anyhow::Result<i32> {
 }
 
 /// `switchyard report --shared`: the report of the shared ledger the configuration at
-/// `config` names.
+/// `config` names; with `comparisons` (`Some(include_cold)`), the judgement of its comparisons.
 async fn report_shared(
     config: Option<&std::path::Path>,
     since: Option<&str>,
     format: crate::offline::report::Format,
+    comparisons: Option<bool>,
 ) -> anyhow::Result<i32> {
     let mut stderr = std::io::stderr().lock();
     let Some(path) = config else {
@@ -300,6 +303,22 @@ async fn report_shared(
             return Ok(1);
         }
     };
+    if let Some(include_cold) = comparisons {
+        let from_ms = window.map_or(i64::MIN, switchyard_observe::ledger::window_start);
+        return match fleet.comparisons(from_ms).await {
+            Ok(pairs) => {
+                let comparison = switchyard_policy::compare::compare(&pairs, include_cold);
+                std::io::stdout()
+                    .lock()
+                    .write_all(crate::offline::render::render(&comparison, format).as_bytes())?;
+                Ok(0)
+            }
+            Err(e) => {
+                let _ = writeln!(stderr, "the shared ledger {}: {e}", fleet.describe());
+                Ok(1)
+            }
+        };
+    }
     match crate::offline::report::build_shared(&fleet, window).await {
         Ok(report) => {
             std::io::stdout()

@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use switchyard_observe::ledger::cluster::Cluster;
 use switchyard_tests::fake_engine::FakeEngine;
 use switchyard_tests::harness::{
-    config_for, serve_logged, start_switchyard, until_ready, TestClient,
+    config_for, serve_logged, start_switchyard, until_ready, wait_ready, TestClient,
 };
 
 use crate::durability::support::chat;
@@ -382,4 +382,94 @@ async fn the_fleet_and_its_configuration_drift_show_in_the_admin_api() {
     let message = error["message"].as_str().unwrap();
     assert!(message.contains(&cluster.url()), "{message}");
     drop(c);
+}
+
+/// Each Switchyard of a fleet shadows its own traffic; `switchyard report --shared
+/// --comparisons` judges every instance's pairs together, as the local report judges one's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_fleets_comparisons_are_judged_together() {
+    let cluster = Cluster::start();
+    let primary = FakeEngine::llama_cpp().spawn().await.unwrap();
+    let candidate = FakeEngine::llama_cpp().spawn().await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let config = |instance: &str| {
+        config_for(
+            &primary.url(),
+            &format!(
+                "shadow = {{ backend = \"candidate\", sample = 1.0 }}\n\n[backends.candidate]\nengine = \"llama.cpp\"\nurl = \"{}\"\n\n[ledger]\npath = \"{}\"\nurl = \"{}\"\ninstance = \"{instance}\"\n",
+                candidate.url(),
+                dir.path().join(format!("{instance}.db")).display(),
+                cluster.url(),
+            ),
+        )
+    };
+    let client = TestClient::new();
+    const EACH: u64 = 3;
+    let mut proxies = Vec::new();
+    for instance in ["a", "b"] {
+        let text = config(instance);
+        std::fs::write(dir.path().join(format!("{instance}.toml")), &text).unwrap();
+        let proxy = start_switchyard(&text).await.unwrap();
+        let base = format!("http://{}", proxy.addr());
+        wait_ready(&proxy, Duration::from_secs(10), |v| {
+            ["fake", "candidate"]
+                .iter()
+                .all(|b| v["backends"][b]["state"] == "ready")
+        })
+        .await
+        .unwrap();
+        for i in 0..EACH {
+            let body = serde_json::json!({"model": "smollm2", "temperature": 0,
+                "messages": [{"role": "user", "content": format!("{instance} {i}")}]});
+            let r = client
+                .post_json(&format!("{base}/v1/chat/completions"), &body)
+                .await
+                .unwrap();
+            assert_eq!(r.status, 200);
+        }
+        // Every comparison recorded, and queued to both ledgers' writers, which are flushed.
+        let mut recorded = proxy.state().shadowing.recorded();
+        tokio::time::timeout(Duration::from_secs(10), recorded.wait_for(|c| *c >= EACH))
+            .await
+            .expect("comparisons recorded in time")
+            .unwrap();
+        proxy.state().recorder.settled().await;
+        let ledger = proxy.state().recorder.ledger.as_ref().unwrap();
+        assert!(tokio::task::block_in_place(
+            || ledger.flush(Duration::from_secs(5))
+        ));
+        assert_eq!(
+            ledger
+                .shared_counters()
+                .unwrap()
+                .dropped_failed
+                .load(std::sync::atomic::Ordering::Relaxed),
+            0
+        );
+        proxies.push(proxy);
+    }
+    let config_file = dir.path().join("b.toml");
+    let report = tokio::task::spawn_blocking(move || {
+        switchyard_tests::harness::run_switchyard([
+            std::ffi::OsStr::new("report"),
+            "--shared".as_ref(),
+            "--comparisons".as_ref(),
+            "--include-cold".as_ref(),
+            "--format".as_ref(),
+            "json".as_ref(),
+            "--config".as_ref(),
+            config_file.as_os_str(),
+        ])
+    })
+    .await
+    .unwrap()
+    .unwrap();
+    let report: serde_json::Value = serde_json::from_str(&report).unwrap();
+    let pairs: u64 = report["summaries"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["counts"]["pairs"].as_u64().unwrap())
+        .sum();
+    assert_eq!(pairs, 2 * EACH, "{report:#}");
 }

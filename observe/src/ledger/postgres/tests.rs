@@ -20,7 +20,7 @@ use crate::ledger::rows::{ComparisonRow, ConfigChange, EngineAction, IdentitySna
 use crate::ledger::tests::{config, skipped, varied_record};
 use crate::ledger::writer::tests::varied_pairs;
 use crate::ledger::writer::{Store, Writer};
-use crate::ledger::{open, open_read_only, Ledger};
+use crate::ledger::{open, open_read_only, read_comparisons, Ledger};
 
 /// Runs `f` with a client of `url`'s database, on a runtime of its own.
 /// How to reach the test's server, as `instance`.
@@ -247,6 +247,24 @@ fn a_batch_reads_back_from_postgresql_as_from_sqlite() {
         });
         assert_eq!(instances, ["host-a:8080"], "{table}");
     }
+    // The comparisons read back as the comparator's pairs, from both stores alike (the
+    // shared ledger's in time order, the local one's in row order: compared as sets).
+    let mut shared_config = config(path.clone(), None);
+    shared_config.url = Some(cluster.url());
+    let fleet = crate::ledger::Fleet::new(&shared_config).unwrap().unwrap();
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let sorted = |pairs: Vec<switchyard_policy::compare::Pair>| {
+        let mut texts: Vec<String> = pairs.iter().map(|p| format!("{p:?}")).collect();
+        texts.sort();
+        texts
+    };
+    let shared = runtime.block_on(fleet.comparisons(i64::MIN)).unwrap();
+    let local = read_comparisons(&open_read_only(&path).unwrap(), None).unwrap();
+    assert!(!local.is_empty());
+    assert_eq!(sorted(shared), sorted(local));
 }
 
 /// Through the ledger's handle: what is recorded is written, counted, and on the record of the
