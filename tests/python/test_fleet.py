@@ -347,7 +347,13 @@ def test_two_switchyards_share_one_ledger_and_a_stopped_server_costs_records_not
 
         # Each local ledger has every request; the fleet's report accounts for each one.
         for i in fleet:
-            assert (metric(http, i, LOCAL_WRITTEN), metric(http, i, LOCAL_DROPPED)) == (i.served, 0), i.name
+            # The local writer commits on its own schedule: wait until it has taken every request.
+            def taken(i: Instance = i) -> tuple[int, int] | None:
+                counts = (metric(http, i, LOCAL_WRITTEN), metric(http, i, LOCAL_DROPPED))
+                return counts if sum(counts) >= i.served else None
+
+            local = poll(f"{i.name}: the local ledger's records", taken, i.proxy.proc, timeout=RECORDED_TIMEOUT_S)
+            assert local == (i.served, 0), f"{i.name}: (written, dropped) {local}"
         report = shared_report(b)
         accounted = {
             i["instance"]: (i["rows"], i["rows"] + i["dropped_queue_full"] + i["dropped_write_failed"])

@@ -214,8 +214,17 @@ async fn two_switchyards_share_one_ledger_and_a_stopped_server_costs_records_not
             written > written_at_resume[instance],
             "{instance}: nothing written after PostgreSQL came back"
         );
-        let local = metric(&client, base, "switchyard_ledger_records_written_total").await;
-        let local_dropped = metric(&client, base, "switchyard_ledger_records_dropped_total").await;
+        // The local ledger's writer commits on its own schedule too: wait until it has
+        // taken every request.
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let (local, local_dropped) = loop {
+            let local = metric(&client, base, "switchyard_ledger_records_written_total").await;
+            let dropped = metric(&client, base, "switchyard_ledger_records_dropped_total").await;
+            if local + dropped >= requests || Instant::now() >= deadline {
+                break (local, dropped);
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        };
         assert_eq!(
             (local, local_dropped),
             (requests, 0),
