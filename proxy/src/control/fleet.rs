@@ -37,8 +37,8 @@ pub(crate) async fn presence(state: Arc<AppState>, stop: CancellationToken) {
 /// `GET /admin/instances`: the fleet on the shared ledger, each instance with its
 /// configuration's fleet digest, whether it is running (seen within [`LIVE_WITHIN_MS`]) and whether its
 /// configuration differs from this one's; `drift` names the running instances whose
-/// configuration differs. Without a shared ledger, this instance alone. Err: the server's or
-/// the network's words, for a 503.
+/// configuration differs. Without a shared ledger, `shared_ledger` is null and the list empty.
+/// Err: the server's or the network's words, for a 503.
 pub(crate) async fn instances(state: &AppState) -> Result<Value, String> {
     let digest = fleet_digest(state);
     let Some(fleet) = &state.fleet else {
@@ -85,9 +85,9 @@ pub(crate) async fn instances(state: &AppState) -> Result<Value, String> {
 }
 
 /// The digest of the configuration in force as the fleet compares it (see
-/// [`crate::config::fleet_digest`]).
+/// [`crate::config::fleet_digest`]), computed once per configuration.
 pub(crate) fn fleet_digest(state: &AppState) -> Arc<str> {
-    crate::config::fleet_digest(&state.live.load().config).into()
+    state.live.load().fleet_digest.clone()
 }
 
 /// The name a Switchyard writes its rows under in the shared ledger when `[ledger] instance`

@@ -29,6 +29,8 @@ pub struct Snapshot {
     pub(crate) config: Arc<Config>,
     /// The configuration's digest ([`crate::config::digest`]).
     pub(crate) digest: Arc<str>,
+    /// Its digest as a fleet on a shared ledger compares it ([`crate::config::fleet_digest`]).
+    pub(crate) fleet_digest: Arc<str>,
     pub(crate) routes: RoutingTable,
     pub(crate) backends: NameMap<Arc<str>, Arc<Backend>>,
     /// Each backend with its stack, for a request to be sent to.
@@ -137,6 +139,7 @@ impl Snapshot {
             keys,
             routes,
             digest: crate::config::digest(&config).into(),
+            fleet_digest: crate::config::fleet_digest(&config).into(),
             config: Arc::new(config),
             backends,
             candidates,
@@ -152,6 +155,7 @@ impl Snapshot {
         Self {
             config: self.config.clone(),
             digest: self.digest.clone(),
+            fleet_digest: self.fleet_digest.clone(),
             routes: self.routes.clone(),
             backends: self.backends.clone(),
             candidates: self.candidates.clone(),

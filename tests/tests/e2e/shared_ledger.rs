@@ -16,7 +16,7 @@ use switchyard_tests::harness::{
     config_for, serve_logged, start_switchyard, until_ready, wait_ready, TestClient,
 };
 
-use crate::durability::support::chat;
+use crate::durability::support::{chat, metric};
 
 const PASSWORD: &str = "fleet-pw-7";
 /// How long PostgreSQL is down: the outage.
@@ -27,6 +27,8 @@ const INSTANCES: [&str; 2] = ["studio-a", "studio-b"];
 #[derive(Default)]
 struct Load {
     answered: Mutex<BTreeMap<&'static str, u64>>,
+    /// Requests answered in all, told to whoever waits for the load to get somewhere.
+    total: tokio::sync::watch::Sender<u64>,
     unexpected: Mutex<Vec<String>>,
     stop: AtomicBool,
 }
@@ -37,7 +39,7 @@ impl Load {
     }
 
     fn total(&self) -> u64 {
-        self.answered().values().sum()
+        *self.total.borrow()
     }
 }
 
@@ -51,7 +53,10 @@ async fn client(load: Arc<Load>, bases: Vec<(&'static str, String)>, n: usize) {
         let (instance, base) = &bases[(n + i) % bases.len()];
         let id = format!("fleet-{n}-{i}");
         match chat(&client, base, &id, i % 3 == 0).await {
-            Ok(true) => *load.answered.lock().unwrap().entry(instance).or_default() += 1,
+            Ok(true) => {
+                *load.answered.lock().unwrap().entry(instance).or_default() += 1;
+                load.total.send_modify(|n| *n += 1);
+            }
             other => load
                 .unexpected
                 .lock()
@@ -61,27 +66,16 @@ async fn client(load: Arc<Load>, bases: Vec<(&'static str, String)>, n: usize) {
     }
 }
 
-/// `name`'s value in `base`'s `/metrics`.
-async fn metric(client: &TestClient, base: &str, name: &str) -> u64 {
-    let r = client.get(&format!("{base}/metrics")).await.unwrap();
-    let text = String::from_utf8_lossy(&r.body).into_owned();
-    text.lines()
-        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse::<f64>().ok())
-        .unwrap_or_else(|| panic!("no {name} in {text}")) as u64
-}
-
-/// Waits (up to 60 s, the load going on) until `more` requests beyond `from` are answered.
+/// Waits (up to 60 s, the load going on) until `more` requests beyond those answered now are.
 async fn until_answered(load: &Load, more: u64) {
-    let target = load.total() + more;
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while load.total() < target {
-        assert!(
-            Instant::now() < deadline,
-            "the load stalled: {:?}",
-            load.unexpected.lock().unwrap()
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    let mut total = load.total.subscribe();
+    let target = *total.borrow_and_update() + more;
+    let reached = tokio::time::timeout(Duration::from_secs(60), total.wait_for(|n| *n >= target));
+    assert!(
+        matches!(reached.await, Ok(Ok(_))),
+        "the load stalled: {:?}",
+        load.unexpected.lock().unwrap()
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -26,18 +26,20 @@ pub(crate) async fn serve(dir: &Path, text: &str) -> Served {
 
 /// The ledger's counters as `/metrics` shows them: records written and dropped.
 pub(crate) async fn ledger_counts(client: &TestClient, base: &str) -> (u64, u64) {
+    (
+        metric(client, base, "switchyard_ledger_records_written_total").await,
+        metric(client, base, "switchyard_ledger_records_dropped_total").await,
+    )
+}
+
+/// The value of the series `name` (without labels) in `base`'s `/metrics`.
+pub(crate) async fn metric(client: &TestClient, base: &str, name: &str) -> u64 {
     let r = client.get(&format!("{base}/metrics")).await.unwrap();
     assert_eq!(r.status, 200);
     let text = String::from_utf8_lossy(&r.body).into_owned();
-    let value = |name: &str| -> u64 {
-        text.lines()
-            .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse::<f64>().ok())
-            .unwrap_or_else(|| panic!("no {name} in {text}")) as u64
-    };
-    (
-        value("switchyard_ledger_records_written_total"),
-        value("switchyard_ledger_records_dropped_total"),
-    )
+    text.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse::<f64>().ok())
+        .unwrap_or_else(|| panic!("no {name} in {text}")) as u64
 }
 
 /// A chat request with `id`, streamed or not, read to its end: whether it was answered 200 and
