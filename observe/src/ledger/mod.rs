@@ -57,7 +57,10 @@ pub use phases::{model_stats, phase_stats, PhaseFilter, BAR_PHASES};
 pub use postgres::cluster;
 pub use postgres::PgError;
 pub use read::{open_read_only, read_comparisons};
-pub use releases::{ArmCounts, Evaluation, Release, ReleaseEvent, ReleaseStore, Rows};
+pub use releases::{
+    ArmCounts, Evaluation, InstanceRows, Lease, Release, ReleaseEvent, ReleaseStore, Rows,
+    LEASE_FOR,
+};
 pub use rows::{ConfigChange, EngineAction, IdentitySnapshot};
 pub use skips::SkipKind;
 pub use views::{

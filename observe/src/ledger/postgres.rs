@@ -83,6 +83,9 @@ pub enum PgError {
     Db(#[from] tokio_postgres::Error),
     #[error("{0}")]
     Io(#[from] std::io::Error),
+    /// Another instance changed the shared state first: nothing was written.
+    #[error("{0}")]
+    Conflict(String),
 }
 
 impl PgStore {
@@ -355,7 +358,7 @@ impl PgError {
             Self::Connect(e) => io_unreachable(Some(e)),
             Self::Db(e) => io_unreachable(Some(e)),
             Self::Io(e) => io_unreachable(Some(e)),
-            Self::Url(_) | Self::Pool(_) | Self::Config(_) => false,
+            Self::Url(_) | Self::Pool(_) | Self::Config(_) | Self::Conflict(_) => false,
         }
     }
 }

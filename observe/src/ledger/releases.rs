@@ -5,19 +5,28 @@
 //! and the write is awaited: a transition is on the record before traffic moves, and a restart
 //! finds every release where it was. Evidence is never kept in memory: it is counted from the
 //! ledger's rows each time, so a restarted Switchyard counts the same.
+//!
+//! Two stores hold them: the local SQLite ledger ([`local`]), for one Switchyard, and the
+//! shared ledger on PostgreSQL ([`shared`]) when `[ledger] url` is set, for a fleet: there
+//! every instance reads and writes the same rows, one evaluates under a lease, and the
+//! evidence is counted from every instance's requests.
 
-use std::path::{Path, PathBuf};
-use std::sync::{Mutex, PoisonError};
+use std::path::Path;
 use std::time::SystemTime;
 
-use rusqlite::{params, Connection, OptionalExtension as _, Row};
+use rusqlite::Row;
 use switchyard_policy::compare::Pair;
+use switchyard_policy::LedgerConfig;
 
 use super::rows::unix_ms;
 use super::LedgerError;
 
+mod local;
+mod shared;
 #[cfg(test)]
 mod tests;
+
+pub use shared::{Lease, LEASE_FOR};
 
 /// A release as its row has it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -122,36 +131,44 @@ pub struct ArmCounts {
 }
 
 /// The last row ids an evaluation counted within.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+///
+/// In the local ledger, one writer assigns ids in commit order, so the last ids bound every
+/// row written before. In the shared ledger each instance's writer commits its batches in
+/// order but the instances interleave: the bounds are per instance (`fleet`), and
+/// `requests`/`comparisons` are the largest of them, for the reader.
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Rows {
+    pub requests: i64,
+    pub comparisons: i64,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub fleet: Vec<InstanceRows>,
+}
+
+/// One instance's last rows in the shared ledger.
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct InstanceRows {
+    pub instance: String,
     pub requests: i64,
     pub comparisons: i64,
 }
 
-/// The ledger's release tables, on a connection of their own.
+/// The ledger's release tables: the local ledger's, or the fleet's on PostgreSQL.
 #[derive(Debug)]
 pub struct ReleaseStore {
-    path: PathBuf,
-    conn: Mutex<Connection>,
+    store: Store,
+}
+
+#[derive(Debug)]
+enum Store {
+    Local(local::Local),
+    Shared(shared::Shared),
 }
 
 impl ReleaseStore {
     /// Opens (creating and migrating) the ledger at `path` for release rows.
     pub fn open(path: &Path) -> Result<Self, LedgerError> {
         Ok(Self {
-            path: path.to_path_buf(),
-            conn: Mutex::new(super::schema::open(path)?),
-        })
-    }
-
-    fn with<T>(
-        &self,
-        f: impl FnOnce(&mut Connection) -> rusqlite::Result<T>,
-    ) -> Result<T, LedgerError> {
-        let mut conn = self.conn.lock().unwrap_or_else(PoisonError::into_inner);
-        f(&mut conn).map_err(|source| LedgerError::Sqlite {
-            path: self.path.display().to_string(),
-            source,
+            store: Store::Local(local::Local::open(path)?),
         })
     }
 
@@ -159,49 +176,57 @@ impl ReleaseStore {
     /// is created or migrated.
     pub fn open_read_only(path: &Path) -> Result<Self, LedgerError> {
         Ok(Self {
-            path: path.to_path_buf(),
-            conn: Mutex::new(super::read::open_read_only(path)?),
+            store: Store::Local(local::Local::open_read_only(path)?),
         })
+    }
+
+    /// The release tables `config` says: the shared ledger's with `url` (whose writer brings
+    /// its schema forward), else the local ledger's. Shared, calls block on the runtime this is
+    /// called on: make them from its blocking threads (as every caller does, through
+    /// `spawn_blocking`), never from its tasks.
+    pub fn from_config(config: &LedgerConfig) -> Result<Self, LedgerError> {
+        let store = match &config.url {
+            Some(url) => Store::Shared(shared::Shared::new(url, config)?),
+            None => Store::Local(local::Local::open(&config.path)?),
+        };
+        Ok(Self { store })
+    }
+
+    /// Whether the rows are the fleet's (`[ledger] url`): every instance reads and writes them.
+    pub fn is_shared(&self) -> bool {
+        matches!(self.store, Store::Shared(_))
+    }
+
+    /// Takes or renews the evaluator's lease for `LEASE_FOR`: whether this Switchyard may
+    /// evaluate releases now. The local ledger's releases are this Switchyard's alone.
+    pub fn hold_lease(&self) -> Result<Lease, LedgerError> {
+        match &self.store {
+            Store::Local(_) => Ok(Lease::Alone),
+            Store::Shared(s) => s.hold_lease(),
+        }
+    }
+
+    /// Gives the evaluator's lease up (at a clean stop), so that another instance takes it at
+    /// once rather than when it expires.
+    pub fn give_up_lease(&self) -> Result<(), LedgerError> {
+        match &self.store {
+            Store::Local(_) => Ok(()),
+            Store::Shared(s) => s.give_up_lease(),
+        }
     }
 
     /// Records a new release and its first event, in one transaction.
     pub fn create(&self, release: &Release, actor: &str, reason: &str) -> Result<(), LedgerError> {
-        self.with(|conn| {
-            let tx = conn.transaction()?;
-            tx.execute(
-                "INSERT INTO releases (id, model, primary_backend, candidate_backend, plan_name,
-                    plan_json, primary_engine, primary_artifact, candidate_engine,
-                    candidate_artifact, created_ms, state, step, step_started_ms,
-                    promote_requested, override_correctness, reason, updated_ms)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18)",
-                params![
-                    release.id,
-                    release.model,
-                    release.primary_backend,
-                    release.candidate_backend,
-                    release.plan_name,
-                    release.plan_json,
-                    release.primary_engine,
-                    release.primary_artifact,
-                    release.candidate_engine,
-                    release.candidate_artifact,
-                    release.created_ms,
-                    release.state,
-                    release.step,
-                    release.step_started_ms,
-                    release.promote_requested,
-                    release.override_correctness,
-                    release.reason,
-                    release.updated_ms,
-                ],
-            )?;
-            insert_event(&tx, release, None, actor, reason)?;
-            tx.commit()
-        })
+        match &self.store {
+            Store::Local(s) => s.create(release, actor, reason),
+            Store::Shared(s) => s.create(release, actor, reason),
+        }
     }
 
     /// Writes `next` over the release's row and records the transition from `previous`, in one
-    /// transaction. An unchanged state and step writes the row alone (a new reason).
+    /// transaction. An unchanged state and step writes the row alone (a new reason). In the
+    /// shared ledger, a row another instance changed since `previous` was read is not
+    /// overwritten: the write fails, and nothing changes.
     pub fn update(
         &self,
         previous: &Release,
@@ -209,15 +234,15 @@ impl ReleaseStore {
         actor: &str,
         reason: &str,
     ) -> Result<(), LedgerError> {
-        self.with(|conn| {
-            let tx = conn.transaction()?;
-            update_release(&tx, previous, next, actor, reason)?;
-            tx.commit()
-        })
+        match &self.store {
+            Store::Local(s) => s.update(previous, next, actor, reason),
+            Store::Shared(s) => s.update(previous, next, actor, reason),
+        }
     }
 
     /// Records one evaluation and the release row it leaves (`previous` → `next`, with the
-    /// transition's event when the state or step moved), in one transaction.
+    /// transition's event when the state or step moved), in one transaction. In the shared
+    /// ledger, only while this instance holds the evaluator's lease it last took.
     pub fn evaluated(
         &self,
         evaluation: &Evaluation,
@@ -225,92 +250,48 @@ impl ReleaseStore {
         next: &Release,
         reason: &str,
     ) -> Result<(), LedgerError> {
-        self.with(|conn| {
-            let tx = conn.transaction()?;
-            insert_evaluation(&tx, &next.id, evaluation)?;
-            update_release(&tx, previous, next, "auto", reason)?;
-            tx.commit()
-        })
+        match &self.store {
+            Store::Local(s) => s.evaluated(evaluation, previous, next, reason),
+            Store::Shared(s) => s.evaluated(evaluation, previous, next, reason),
+        }
     }
 
     /// Every release, newest first.
     pub fn all(&self) -> Result<Vec<Release>, LedgerError> {
-        self.with(|conn| {
-            let mut statement =
-                conn.prepare("SELECT * FROM releases ORDER BY created_ms DESC, id DESC")?;
-            let rows = statement.query_map([], Release::from_row)?;
-            rows.collect()
-        })
+        match &self.store {
+            Store::Local(s) => s.all(),
+            Store::Shared(s) => s.all(),
+        }
     }
 
     pub fn get(&self, id: &str) -> Result<Option<Release>, LedgerError> {
-        self.with(|conn| {
-            conn.query_row(
-                "SELECT * FROM releases WHERE id = ?1",
-                [id],
-                Release::from_row,
-            )
-            .optional()
-        })
+        match &self.store {
+            Store::Local(s) => s.get(id),
+            Store::Shared(s) => s.get(id),
+        }
     }
 
     pub fn events(&self, id: &str) -> Result<Vec<ReleaseEvent>, LedgerError> {
-        self.with(|conn| {
-            let mut statement = conn.prepare(
-                "SELECT ts_ms, actor, from_state, to_state, from_step, to_step, reason
-                 FROM release_events WHERE release_id = ?1 ORDER BY id",
-            )?;
-            let rows = statement.query_map([id], |r| {
-                Ok(ReleaseEvent {
-                    ts_ms: r.get(0)?,
-                    actor: r.get(1)?,
-                    from_state: r.get(2)?,
-                    to_state: r.get(3)?,
-                    from_step: r.get(4)?,
-                    to_step: r.get(5)?,
-                    reason: r.get(6)?,
-                })
-            })?;
-            rows.collect()
-        })
+        match &self.store {
+            Store::Local(s) => s.events(id),
+            Store::Shared(s) => s.events(id),
+        }
     }
 
     pub fn evaluations(&self, id: &str) -> Result<Vec<Evaluation>, LedgerError> {
-        self.with(|conn| {
-            let mut statement = conn.prepare(
-                "SELECT ts_ms, step, window_start_ms, decision, reason, evidence_json
-                 FROM release_evaluations WHERE release_id = ?1 ORDER BY id",
-            )?;
-            let rows = statement.query_map([id], |r| {
-                Ok(Evaluation {
-                    ts_ms: r.get(0)?,
-                    step: r.get(1)?,
-                    window_start_ms: r.get(2)?,
-                    decision: r.get(3)?,
-                    reason: r.get(4)?,
-                    evidence_json: r.get(5)?,
-                })
-            })?;
-            rows.collect()
-        })
+        match &self.store {
+            Store::Local(s) => s.evaluations(id),
+            Store::Shared(s) => s.evaluations(id),
+        }
     }
 
-    /// The last request row and the last comparison row written so far: the bounds an
-    /// evaluation counts within, so that it can be counted again, the same, later.
+    /// The last request and comparison rows written so far: the bounds an evaluation counts
+    /// within, so that it can be counted again, the same, later.
     pub fn last_rows(&self) -> Result<Rows, LedgerError> {
-        self.with(|conn| {
-            let last = |table: &str| -> rusqlite::Result<i64> {
-                conn.query_row(
-                    &format!("SELECT coalesce(max(id), 0) FROM {table}"),
-                    [],
-                    |r| r.get(0),
-                )
-            };
-            Ok(Rows {
-                requests: last("requests")?,
-                comparisons: last("comparisons")?,
-            })
-        })
+        match &self.store {
+            Store::Local(s) => s.last_rows(),
+            Store::Shared(s) => s.last_rows(),
+        }
     }
 
     /// What the requests `release` split to `arm` did from `since_ms` to `until_ms`, among the
@@ -322,54 +303,18 @@ impl ReleaseStore {
         arm: &str,
         since_ms: i64,
         until_ms: i64,
-        rows: Rows,
+        rows: &Rows,
         engine: &str,
         artifact: &str,
     ) -> Result<ArmCounts, LedgerError> {
-        self.with(|conn| {
-            // A request passed from one member of a pool to another (spilled, or passed over)
-            // is still its arm's: only one served by the other side or a configured fallback
-            // (variant `fallback`) counts for neither.
-            let (requests, errors, broken, fallbacks): (i64, i64, i64, i64) = conn.query_row(
-                "SELECT coalesce(sum(variant != 'fallback'), 0),
-                        coalesce(sum(variant != 'fallback' AND status >= 500), 0),
-                        coalesce(sum(variant != 'fallback'
-                                     AND status = 200 AND error_class = 'upstream'), 0),
-                        coalesce(sum(variant = 'fallback'), 0)
-                 FROM requests
-                 WHERE release_id = ?1 AND arm = ?2 AND arm_key != 'forced'
-                   AND ts_ms >= ?3 AND ts_ms < ?4 AND variant != 'shadow' AND id <= ?5",
-                params![release, arm, since_ms, until_ms, rows.requests],
-                |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)),
-            )?;
-            let foreign: Option<(String, String)> = conn
-                .query_row(
-                    "SELECT engine, artifact FROM requests
-                     WHERE release_id = ?1 AND arm = ?2 AND ts_ms >= ?3 AND ts_ms < ?4
-                       AND id <= ?7 AND status < 500 AND engine IS NOT NULL
-                       AND variant NOT IN ('shadow', 'fallback')
-                       AND arm_key != 'forced' AND (engine != ?5 OR artifact != ?6)
-                     ORDER BY id LIMIT 1",
-                    params![
-                        release,
-                        arm,
-                        since_ms,
-                        until_ms,
-                        engine,
-                        artifact,
-                        rows.requests
-                    ],
-                    |r| Ok((r.get(0)?, r.get(1)?)),
-                )
-                .optional()?;
-            Ok(ArmCounts {
-                requests: requests.max(0) as u64,
-                errors: errors.max(0) as u64,
-                broken: broken.max(0) as u64,
-                fallbacks: fallbacks.max(0) as u64,
-                foreign_identity: foreign.map(|(e, a)| format!("engine {e}, artifact {a}")),
-            })
-        })
+        match &self.store {
+            Store::Local(s) => {
+                s.arm_counts(release, arm, since_ms, until_ms, rows, engine, artifact)
+            }
+            Store::Shared(s) => {
+                s.arm_counts(release, arm, since_ms, until_ms, rows, engine, artifact)
+            }
+        }
     }
 
     /// The comparisons of `model` between a backend of `a` and one of `b` (either way round;
@@ -378,25 +323,15 @@ impl ReleaseStore {
     pub fn pairs(
         &self,
         model: &str,
-        (a, b): (&[String], &[String]),
+        sides: (&[String], &[String]),
         since_ms: i64,
         until_ms: i64,
-        rows: Rows,
+        rows: &Rows,
     ) -> Result<Vec<(i64, Pair)>, LedgerError> {
-        self.with(|conn| {
-            let mut pairs =
-                super::read::read_comparisons_between(conn, since_ms, until_ms, rows.comparisons)?;
-            pairs.retain(|(_, p)| {
-                let Some(candidate) = p.candidate.as_ref().map(|c| &c.backend) else {
-                    return false;
-                };
-                let primary = &p.primary.backend;
-                p.model == model
-                    && ((a.contains(primary) && b.contains(candidate))
-                        || (b.contains(primary) && a.contains(candidate)))
-            });
-            Ok(pairs)
-        })
+        match &self.store {
+            Store::Local(s) => s.pairs(model, sides, since_ms, until_ms, rows),
+            Store::Shared(s) => s.pairs(model, sides, since_ms, until_ms, rows),
+        }
     }
 
     /// Now, as the release rows date it.
@@ -405,75 +340,13 @@ impl ReleaseStore {
     }
 }
 
-fn update_release(
-    tx: &rusqlite::Transaction<'_>,
-    previous: &Release,
-    next: &Release,
-    actor: &str,
-    reason: &str,
-) -> rusqlite::Result<()> {
-    tx.execute(
-        "UPDATE releases SET state = ?2, step = ?3, step_started_ms = ?4,
-            promote_requested = ?5, override_correctness = ?6, reason = ?7, updated_ms = ?8
-         WHERE id = ?1",
-        params![
-            next.id,
-            next.state,
-            next.step,
-            next.step_started_ms,
-            next.promote_requested,
-            next.override_correctness,
-            next.reason,
-            next.updated_ms,
-        ],
-    )?;
-    if previous.state != next.state || previous.step != next.step {
-        insert_event(tx, next, Some(previous), actor, reason)?;
-    }
-    Ok(())
-}
-
-fn insert_evaluation(
-    tx: &rusqlite::Transaction<'_>,
-    release: &str,
-    evaluation: &Evaluation,
-) -> rusqlite::Result<()> {
-    tx.execute(
-        "INSERT INTO release_evaluations (release_id, ts_ms, step, window_start_ms,
-            decision, reason, evidence_json) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
-        params![
-            release,
-            evaluation.ts_ms,
-            evaluation.step,
-            evaluation.window_start_ms,
-            evaluation.decision,
-            evaluation.reason,
-            evaluation.evidence_json,
-        ],
-    )?;
-    Ok(())
-}
-
-fn insert_event(
-    tx: &rusqlite::Transaction<'_>,
-    next: &Release,
-    previous: Option<&Release>,
-    actor: &str,
-    reason: &str,
-) -> rusqlite::Result<()> {
-    tx.execute(
-        "INSERT INTO release_events (release_id, ts_ms, actor, from_state, to_state, from_step,
-            to_step, reason) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
-        params![
-            next.id,
-            next.updated_ms,
-            actor,
-            previous.map(|p| p.state.as_str()),
-            next.state,
-            previous.map(|p| p.step),
-            next.step,
-            reason,
-        ],
-    )?;
-    Ok(())
+/// Whether `pair` is of `model`, between a backend of `a` and one of `b`, either way round.
+fn between(pair: &Pair, model: &str, (a, b): (&[String], &[String])) -> bool {
+    let Some(candidate) = pair.candidate.as_ref().map(|c| &c.backend) else {
+        return false;
+    };
+    let primary = &pair.primary.backend;
+    pair.model == model
+        && ((a.contains(primary) && b.contains(candidate))
+            || (b.contains(primary) && a.contains(candidate)))
 }

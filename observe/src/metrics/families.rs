@@ -197,6 +197,7 @@ pub(super) struct Families {
     pub(super) release_weight: Family<ReleaseLabels, Gauge>,
     pub(super) release_state: Family<StateLabels, Gauge>,
     pub(super) release_decisions: Family<DecisionLabels, Counter>,
+    pub(super) release_evaluator: Gauge,
     pub(super) engine_state: Family<EngineStateLabels, Gauge>,
     pub(super) engine_starts: Family<EngineLabels, Counter>,
     pub(super) engine_crashes: Family<EngineLabels, Counter>,
@@ -236,6 +237,7 @@ impl Families {
             release_weight: Family::default(),
             release_state: Family::default(),
             release_decisions: Family::default(),
+            release_evaluator: Gauge::default(),
             engine_state: Family::default(),
             engine_starts: Family::default(),
             engine_crashes: Family::default(),
@@ -391,6 +393,11 @@ impl Families {
             "switchyard_release_weight",
             "The percentage of a model's sessions its canary release sends to the candidate (100 once promoted; 0 without an open release)",
             f.release_weight.clone(),
+        );
+        registry.register(
+            "switchyard_release_evaluator",
+            "1 while this Switchyard evaluates canary releases: always with a ledger of its own; with a shared one ([ledger] url), while it holds the fleet's evaluator lease",
+            f.release_evaluator.clone(),
         );
         registry.register(
             "switchyard_release_state",

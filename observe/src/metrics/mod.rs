@@ -351,6 +351,11 @@ impl Metrics {
         }
     }
 
+    /// Sets whether this Switchyard evaluates canary releases now.
+    pub fn release_evaluator(&self, evaluates: bool) {
+        self.families.release_evaluator.set(i64::from(evaluates));
+    }
+
     /// Counts a recorded release decision for `model`.
     pub fn release_decision(&self, model: &str, decision: &'static str) {
         self.families

@@ -491,6 +491,7 @@ const DOCUMENTED: &[(&str, &str, &[&str])] = &[
     ("switchyard_config_last_reload_successful", "gauge", &[]),
     ("switchyard_release_weight", "gauge", &["model"]),
     ("switchyard_release_state", "gauge", &["model", "state"]),
+    ("switchyard_release_evaluator", "gauge", &[]),
     (
         "switchyard_release_decisions_total",
         "counter",

@@ -334,10 +334,22 @@ fn explain_again(
     ledger: Option<&PathBuf>,
     from: Option<&PathBuf>,
 ) -> anyhow::Result<i32> {
-    let path = match (ledger, from) {
-        (Some(path), _) => path.clone(),
+    // The ledger a configuration names: the fleet's on PostgreSQL with `url`, which holds
+    // every instance's rows and releases.
+    let (store, name) = match (ledger, from) {
+        (Some(path), _) => (
+            ReleaseStore::open_read_only(path)?,
+            path.display().to_string(),
+        ),
         (None, Some(from)) => match config::load(from).map(|c| c.ledger) {
-            Ok(Some(ledger)) => ledger.path,
+            Ok(Some(ledger)) if ledger.url.is_some() => (
+                ReleaseStore::from_config(&ledger)?,
+                "the shared ledger".to_owned(),
+            ),
+            Ok(Some(ledger)) => (
+                ReleaseStore::open_read_only(&ledger.path)?,
+                ledger.path.display().to_string(),
+            ),
             Ok(None) => {
                 eprintln(&format!("{}: no [ledger] is configured", from.display()));
                 return Ok(config::EX_USAGE);
@@ -352,9 +364,8 @@ fn explain_again(
             return Ok(config::EX_USAGE);
         }
     };
-    let store = ReleaseStore::open_read_only(&path)?;
     let Some(release) = store.get(id)? else {
-        eprintln(&format!("no release {id} in {}", path.display()));
+        eprintln(&format!("no release {id} in {name}"));
         return Ok(1);
     };
     let mut out = String::new();

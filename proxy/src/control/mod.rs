@@ -292,16 +292,17 @@ impl App {
     fn build(config: Config, source: Option<crate::config::Source>) -> Result<Self, String> {
         let revision = Arc::new(tokio::sync::watch::Sender::new(0u64));
         let started = SystemTime::now();
-        let (ledger, fleet) = match &config.ledger {
+        let ledger_config = config.ledger.clone().map(|mut ledger_config| {
+            if ledger_config.url.is_some() && ledger_config.instance.is_none() {
+                ledger_config.instance = Some(fleet::default_instance(config.server.listen));
+            }
+            ledger_config
+        });
+        let (ledger, fleet) = match &ledger_config {
             Some(ledger_config) => {
-                let mut ledger_config = ledger_config.clone();
-                if ledger_config.url.is_some() && ledger_config.instance.is_none() {
-                    ledger_config.instance = Some(fleet::default_instance(config.server.listen));
-                }
-                let (ledger, _writers) =
-                    Ledger::start(&ledger_config).map_err(|e| e.to_string())?;
+                let (ledger, _writers) = Ledger::start(ledger_config).map_err(|e| e.to_string())?;
                 tracing::info!(ledger = %ledger_config.path.display(), "recording requests in the ledger");
-                let fleet = Fleet::new(&ledger_config).map_err(|e| e.to_string())?;
+                let fleet = Fleet::new(ledger_config).map_err(|e| e.to_string())?;
                 (Some(ledger), fleet.map(Arc::new))
             }
             None => {
@@ -331,9 +332,10 @@ impl App {
             revision: revision.clone(),
         };
         let subscribe = |backend: Backend| backend.with_revision(revision.clone());
-        let store = match &config.ledger {
+        // With a shared ledger, releases are the fleet's: their rows are on PostgreSQL.
+        let store = match &ledger_config {
             Some(ledger) => Some(Arc::new(
-                ReleaseStore::open(&ledger.path).map_err(|e| e.to_string())?,
+                ReleaseStore::from_config(ledger).map_err(|e| e.to_string())?,
             )),
             None => None,
         };
@@ -342,9 +344,19 @@ impl App {
         // Releases open when the process last stopped route as they did then.
         let snapshot = match &releases.store {
             Some(store) => {
-                let all = store.all().map_err(|e| e.to_string())?;
+                let all = match store.all() {
+                    Ok(all) => all,
+                    // The fleet's releases are not known until the server answers: nothing
+                    // goes to a candidate meanwhile, and the evaluator applies them then.
+                    Err(e) if store.is_shared() => {
+                        tracing::warn!(error = %e, "the fleet's releases could not be read: every model serves from its primary until the shared ledger answers");
+                        Vec::new()
+                    }
+                    Err(e) => return Err(e.to_string()),
+                };
                 let routes = releases.routes(&snapshot, &all);
                 releases.gauges(&recorder.metrics, &snapshot, &routes, &all);
+                releases.applied(&all);
                 snapshot.with_releases(routes)
             }
             None => snapshot,

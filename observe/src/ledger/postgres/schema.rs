@@ -23,7 +23,8 @@ const INSTANCE: &str =
 pub(super) const MIGRATION_LOCK: i64 = 0x7377_6974_6368_7961;
 
 /// Migrations, in order: the first is SQLite's version 17 whole; the second the fleet's own
-/// table, `instances`: each Switchyard's configuration digest and when it was last seen.
+/// table, `instances`: each Switchyard's configuration digest and when it was last seen; the
+/// third the evaluator's lease for releases shared by the fleet.
 pub(super) fn migrations() -> Vec<String> {
     let first = format!(
         r#"
@@ -221,7 +222,20 @@ pub(super) fn migrations() -> Vec<String> {
         seen_ms BIGINT NOT NULL
     );
     "#;
-    vec![first, instances.to_owned()]
+    // Release state shared by the fleet: the evaluator's lease (one row; whoever holds it
+    // unexpired on the server's clock evaluates, and its epoch fences a holder that lost it),
+    // and each instance's last rows found fast, for an evaluation's watermarks.
+    let releases = r#"
+    CREATE TABLE release_lease (
+        name TEXT PRIMARY KEY,
+        holder TEXT NOT NULL,
+        epoch BIGINT NOT NULL,
+        expires_at TIMESTAMPTZ NOT NULL
+    );
+    CREATE INDEX requests_instance_id ON requests (instance, id);
+    CREATE INDEX comparisons_instance_id ON comparisons (instance, id);
+    "#;
+    vec![first, instances.to_owned(), releases.to_owned()]
 }
 
 /// One side's columns of a comparison.

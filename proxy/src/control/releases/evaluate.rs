@@ -21,15 +21,30 @@ use crate::route::Snapshot;
 /// The longest the evaluator sleeps between two looks at the running releases.
 const LONGEST_TICK: Duration = Duration::from_secs(1);
 
-/// Evaluates every running release on its plan's schedule, until `stop`.
+/// Evaluates every running release on its plan's schedule, until `stop`. With a shared ledger,
+/// only while this instance holds the evaluator's lease; and every second, whichever instance
+/// it is, it applies the releases' rows others changed ([`super::fleet`]).
 pub(crate) async fn evaluator(state: Arc<AppState>, stop: CancellationToken) {
     let Some(store) = state.releases.store.clone() else {
         return;
     };
+    let shared = store.is_shared();
     let mut last: HashMap<String, Instant> = HashMap::new();
     let mut waiting = std::collections::HashSet::new();
     loop {
-        state.start_declared(&store, &mut waiting).await;
+        let evaluates = if shared {
+            // A release another instance moved is evaluated here at once, when this one
+            // evaluates (an operator's promotion made there, say).
+            for id in state.resync_releases(&store).await {
+                last.remove(&id);
+            }
+            state.hold_lease(&store).await
+        } else {
+            true
+        };
+        if evaluates {
+            state.start_declared(&store, &mut waiting).await;
+        }
         let running = match blocking(&store, |s| s.all()).await {
             Ok(all) => all
                 .into_iter()
@@ -41,7 +56,7 @@ pub(crate) async fn evaluator(state: Arc<AppState>, stop: CancellationToken) {
             }
         };
         let mut tick = LONGEST_TICK;
-        for release in &running {
+        for release in running.iter().filter(|_| evaluates) {
             let every = serde_json::from_str::<Plan>(&release.plan_json)
                 .map(|p| Duration::from_millis(p.evaluate_every_ms))
                 .unwrap_or(LONGEST_TICK);
@@ -53,7 +68,16 @@ pub(crate) async fn evaluator(state: Arc<AppState>, stop: CancellationToken) {
             }
         }
         tokio::select! {
-            () = stop.cancelled() => return,
+            () = stop.cancelled() => {
+                if shared {
+                    // Another instance takes the evaluation at once rather than when the
+                    // lease runs out.
+                    if let Err(e) = blocking(&store, |s| s.give_up_lease()).await {
+                        tracing::warn!(error = %e, "the evaluator's lease was not given up; another instance takes it when it expires");
+                    }
+                }
+                return;
+            }
             () = tokio::time::sleep(tick) => {}
             () = state.releases.changed.notified() => {}
         }
@@ -63,6 +87,14 @@ pub(crate) async fn evaluator(state: Arc<AppState>, stop: CancellationToken) {
 impl AppState {
     /// Evaluates release `id` once, if it is running, and applies the decision.
     pub(crate) async fn evaluate_release(self: &Arc<Self>, store: &Arc<ReleaseStore>, id: &str) {
+        // Another instance holds the fleet's evaluator lease: it evaluates.
+        if !self
+            .releases
+            .evaluating
+            .load(std::sync::atomic::Ordering::Relaxed)
+        {
+            return;
+        }
         let _changing = self.reloads.changing.lock().await;
         let key = id.to_owned();
         let release = match blocking(store, move |s| s.get(&key)).await {
@@ -296,7 +328,7 @@ pub(crate) fn count(
     observed: &Observed,
 ) -> Result<Evidence, switchyard_observe::ledger::LedgerError> {
     let until = until_ms + 1;
-    let rows = observed.rows;
+    let rows = &observed.rows;
     let r = release;
     let candidate = store.arm_counts(
         &r.id,

@@ -11,6 +11,7 @@ mod actions;
 mod declared;
 pub(crate) mod evaluate;
 pub(crate) mod explain;
+mod fleet;
 mod pairs;
 mod probes;
 mod sides;
@@ -20,6 +21,7 @@ pub use actions::Action;
 pub use view::describe;
 
 use std::collections::HashMap;
+use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex, PoisonError};
 
 use serde_json::Value;
@@ -57,15 +59,29 @@ pub(crate) struct Releases {
     pools: Mutex<HashMap<String, Arc<Pool>>>,
     /// Wakes the evaluator when a release starts or an operator moves one.
     pub(crate) changed: tokio::sync::Notify,
+    /// Whether this instance evaluates releases: always with the local ledger; with a shared
+    /// one, while it holds the evaluator's lease.
+    pub(crate) evaluating: AtomicBool,
+    /// The releases' rows the live routing was built from: with a shared ledger, rows that
+    /// differ were changed by another instance ([`fleet`]).
+    pub(crate) applied: Mutex<Vec<Release>>,
 }
 
 impl Releases {
     pub(crate) fn new(store: Option<Arc<ReleaseStore>>) -> Self {
+        let shared = store.as_ref().is_some_and(|s| s.is_shared());
         Self {
             store,
             pools: Mutex::default(),
             changed: tokio::sync::Notify::new(),
+            evaluating: AtomicBool::new(!shared),
+            applied: Mutex::default(),
         }
+    }
+
+    /// Notes `all` as the rows the live routing is built from.
+    pub(crate) fn applied(&self, all: &[Release]) {
+        *self.applied.lock().unwrap_or_else(PoisonError::into_inner) = all.to_vec();
     }
 
     fn store(&self) -> Result<&Arc<ReleaseStore>, ReleaseError> {
@@ -410,6 +426,7 @@ impl AppState {
         self.background
             .swap(self, current.with_releases(routes))
             .map_err(ReleaseError::Refused)?;
+        self.releases.applied(&all);
         let mut event = describe(release);
         if let Value::Object(fields) = &mut event {
             fields.insert("actor".to_owned(), Value::from(actor));

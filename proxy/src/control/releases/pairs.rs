@@ -126,7 +126,7 @@ pub(crate) async fn token_evidence(
             (&primary, &candidate),
             r.created_ms,
             i64::MAX,
-            rows,
+            &rows,
         )?;
         Ok(pairs
             .into_iter()

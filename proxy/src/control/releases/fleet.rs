@@ -1,0 +1,110 @@
+//! Releases shared by a fleet (`[ledger] url`): which instance evaluates, and every instance
+//! applying what another recorded.
+//!
+//! Every second the evaluator of each instance takes or renews the lease (only its holder
+//! evaluates: see `switchyard_observe::ledger::releases`) and reads the releases' rows; rows
+//! that differ from those its routing was built from — a step another instance's evaluator took,
+//! an operator's action made on another instance — are applied to its routing at once. So every
+//! instance applies a decision within a second or so of its being recorded, and, since the split
+//! hashes the release's id and the session's key alone, sends each session to the same side.
+
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, PoisonError};
+
+use serde_json::Value;
+use switchyard_observe::ledger::{Lease, Release, ReleaseStore};
+
+use super::{blocking, describe};
+use crate::control::events::Event;
+use crate::control::AppState;
+
+impl AppState {
+    /// Takes or renews the evaluator's lease: whether this instance evaluates now. A lease
+    /// that cannot be read is not held (another instance may hold it).
+    pub(crate) async fn hold_lease(self: &Arc<Self>, store: &Arc<ReleaseStore>) -> bool {
+        let lease = blocking(store, |s| s.hold_lease()).await;
+        let releases = &self.releases;
+        let was = releases.evaluating.load(Ordering::Relaxed);
+        let now = match &lease {
+            Ok(lease) => lease.evaluates(),
+            Err(_) => false,
+        };
+        match &lease {
+            Ok(Lease::Held {
+                epoch,
+                taken_from: Some(from),
+            }) => {
+                tracing::warn!(epoch, from = %from, "evaluating the fleet's releases: took the evaluator's lease from an instance that did not renew it");
+            }
+            Ok(Lease::Held { epoch, .. }) if !was => {
+                tracing::info!(
+                    epoch,
+                    "evaluating the fleet's releases: this instance holds the evaluator's lease"
+                );
+            }
+            Ok(Lease::Elsewhere { holder }) if was => {
+                tracing::warn!(holder = %holder, "no longer evaluating the fleet's releases: another instance holds the evaluator's lease");
+            }
+            Err(e) if was => {
+                tracing::warn!(error = %e, "no longer evaluating the fleet's releases: the evaluator's lease could not be renewed");
+            }
+            _ => {}
+        }
+        releases.evaluating.store(now, Ordering::Relaxed);
+        self.recorder.metrics.release_evaluator(now);
+        now
+    }
+
+    /// Applies the fleet's releases to this instance's routing when their rows differ from
+    /// those it was built from, and publishes each changed one as an event. Returns the ids of
+    /// the releases that changed.
+    pub(crate) async fn resync_releases(
+        self: &Arc<Self>,
+        store: &Arc<ReleaseStore>,
+    ) -> Vec<String> {
+        let _changing = self.reloads.changing.lock().await;
+        let all = match blocking(store, |s| s.all()).await {
+            Ok(all) => all,
+            Err(e) => {
+                tracing::warn!(error = %e, "the fleet's releases could not be read; routing stays as it is");
+                return Vec::new();
+            }
+        };
+        let changed: Vec<Release> = {
+            let applied = self
+                .releases
+                .applied
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner);
+            all.iter()
+                .filter(|r| !applied.contains(r))
+                .cloned()
+                .collect()
+        };
+        if changed.is_empty() {
+            return Vec::new();
+        }
+        let current = self.live.load();
+        let routes = self.releases.routes(&current, &all);
+        self.releases
+            .gauges(&self.recorder.metrics, &current, &routes, &all);
+        if let Err(e) = self.background.swap(self, current.with_releases(routes)) {
+            tracing::error!(error = %e, "the fleet's releases could not be applied to routing");
+            return Vec::new();
+        }
+        for release in &changed {
+            tracing::info!(release = %release.id, state = %release.state, step = release.step, "release applied from the shared ledger");
+            let mut event = describe(release);
+            if let Value::Object(fields) = &mut event {
+                fields.insert("applied_from".to_owned(), Value::from("shared ledger"));
+            }
+            self.events.publish(Event::new("release", event));
+        }
+        *self
+            .releases
+            .applied
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = all;
+        changed.into_iter().map(|r| r.id).collect()
+    }
+}
