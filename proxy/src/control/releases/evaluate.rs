@@ -187,6 +187,7 @@ impl AppState {
                 self.run_probes(&next);
             }
         } else {
+            self.releases.applied_one(&next);
             // What the release waits for changed: for whoever follows it (dashboards, scripts).
             let mut event = super::describe(&next);
             if let serde_json::Value::Object(fields) = &mut event {

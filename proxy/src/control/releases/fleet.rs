@@ -92,8 +92,19 @@ impl AppState {
             tracing::error!(error = %e, "the fleet's releases could not be applied to routing");
             return Vec::new();
         }
+        let moved = |r: &Release| {
+            self.releases
+                .applied
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .iter()
+                .find(|a| a.id == r.id)
+                .is_none_or(|a| a.state != r.state || a.step != r.step)
+        };
         for release in &changed {
-            tracing::info!(release = %release.id, state = %release.state, step = release.step, "release applied from the shared ledger");
+            if moved(release) {
+                tracing::info!(release = %release.id, state = %release.state, step = release.step, "release applied from the shared ledger");
+            }
             let mut event = describe(release);
             if let Value::Object(fields) = &mut event {
                 fields.insert("applied_from".to_owned(), Value::from("shared ledger"));

@@ -79,6 +79,14 @@ impl Releases {
         }
     }
 
+    /// Notes `release`'s new row (a new reason alone, routing unchanged) as applied.
+    pub(crate) fn applied_one(&self, release: &Release) {
+        let mut applied = self.applied.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(row) = applied.iter_mut().find(|r| r.id == release.id) {
+            *row = release.clone();
+        }
+    }
+
     /// Notes `all` as the rows the live routing is built from.
     pub(crate) fn applied(&self, all: &[Release]) {
         *self.applied.lock().unwrap_or_else(PoisonError::into_inner) = all.to_vec();
