@@ -67,6 +67,7 @@
           .map((c) => h("th", {}, c)))),
         h("tbody", {}, rows)),
       data.models.length ? null : h("p", {}, "no models configured"),
+      data.figures_from === "fleet" ? h("p", { class: "note figures-from" }, "requests, errors and times: every Switchyard of the fleet, from the shared ledger") : null,
       data.unrouted ? h("p", { class: "note" }, `${data.unrouted.requests} requests in the window named no configured model (see the live tail).`) : null,
       groups.length ? h("p", { class: "swap-groups" }, "swap groups: ", groups.map(([name, g]) =>
         h("span", { class: "group", "data-group": name }, h("b", {}, name), " held by ", g.holder || "nobody", ` (${g.swaps} swaps) `))) : null,

@@ -94,7 +94,9 @@
   function tailRow(r) {
     const error = r.error || "";
     return h("tr", { class: failed(r) ? "failed" : "", "data-request": r.request_id },
-      h("td", {}, time(r.ts_ms)), h("td", {}, h("code", {}, r.request_id)), h("td", {}, r.model ?? "–"),
+      h("td", {}, time(r.ts_ms)),
+      h("td", {}, h("code", {}, r.request_id), r.instance ? h("small", { class: "instance", title: "the Switchyard that served it" }, " " + r.instance) : null),
+      h("td", {}, r.model ?? "–"),
       h("td", { class: "backend", title: r.pool ? `a member of pool ${r.pool}, placed by ${r.placement}` : "" }, r.backend ?? "–",
         r.pool ? h("span", { class: "pool" }, ` · ${r.pool} (${r.placement})`) : ""),
       h("td", {}, r.variant), h("td", { class: "status" }, r.status, r.error_class ? " " + r.error_class : ""),

@@ -14,6 +14,9 @@ tests/tests/e2e/shared_ledger.rs, proves the same on the fake engine).
   Started again, it is written to again by itself; restarted while the writers idle, nothing
   is lost (the batch that meets a closed connection goes again on a new one). The fleet's
   report then accounts for every request: each instance's rows plus its dropped records.
+- The dashboard of one instance, in Chromium, names both running and the one configured
+  otherwise, and shows the fleet's figures: requests served by either, in its models view, its
+  phases and its live tail, each row naming the instance that served it.
 """
 
 from __future__ import annotations
@@ -368,11 +371,12 @@ def test_two_switchyards_share_one_ledger_and_a_stopped_server_costs_records_not
 def test_the_dashboard_shows_the_fleet_and_its_drift(tmp_path: Path, postgres: Postgres, llama: str) -> None:
     """Two Switchyards on one shared ledger, the second serving a model more: the dashboard of
     the first, in a real browser, names both running and the second as configured otherwise,
-    as `/admin/instances` does."""
+    as `/admin/instances` does; and its figures, phases and tail are the fleet's: requests
+    served by either, each row naming its instance."""
     tokens = tmp_path / "admin-tokens"
     token = admin_token(tokens)
     with contextlib.ExitStack() as stack, http_client(timeout=10.0) as http:
-        admins, procs = [], []
+        admins, procs, urls = [], [], []
         for name, extra in (("studio-a", ""), ("studio-b", '[models.other]\nprimary = "llama"\n')):
             home = tmp_path / name
             home.mkdir()
@@ -381,6 +385,7 @@ def test_the_dashboard_shows_the_fleet_and_its_drift(tmp_path: Path, postgres: P
                 home, config(name, home, llama, postgres.url, admin, tokens, extra), identities_settled("llama")))
             admins.append(f"http://{admin}")
             procs.append(proxy.proc)
+            urls.append(proxy.url)
         headers = {"authorization": f"Bearer {token}"}
 
         def drift_seen() -> dict | None:
@@ -389,6 +394,24 @@ def test_the_dashboard_shows_the_fleet_and_its_drift(tmp_path: Path, postgres: P
 
         view = poll("both instances in the shared ledger", drift_seen, procs[0], timeout=RECORDED_TIMEOUT_S)
         assert view["drift"] == ["studio-b"], view
+        # Requests through each instance: the dashboard's figures and tail are the fleet's.
+        for i, proxy_url in enumerate(urls):
+            for _ in range(i + 1):
+                answer = http.post(f"{proxy_url}/v1/chat/completions", json={
+                    "model": "smollm2", "messages": PROMPT, "max_tokens": MAX_TOKENS, "temperature": 0})
+                assert answer.status_code == 200, answer.text
+
+        def fleet_figures() -> dict | None:
+            overview = http.get(f"{admins[0]}/admin/overview", headers=headers).json()
+            stats = next(m["stats"] for m in overview["models"] if m["model"] == "smollm2")
+            return overview if stats["requests"] == 3 else None
+
+        overview = poll("the fleet's three requests in the overview", fleet_figures, procs[0], timeout=RECORDED_TIMEOUT_S)
+        assert overview["figures_from"] == "fleet", overview
+        tail = http.get(f"{admins[0]}/admin/requests", headers=headers).json()["requests"]
+        assert sorted(r["instance"] for r in tail) == ["studio-a", "studio-b", "studio-b"], tail
+        phases = http.get(f"{admins[0]}/admin/stats/phases", headers=headers).json()["groups"]
+        assert sum(g["requests"] for g in phases if g["model"] == "smollm2") == 3, phases
         result = run_check("fleet", {"mode": "fleet", "admin": admins[0], "token": token})
         assert console_problems(result) == [], result
         assert result["login"]["opened"], result["login"]
@@ -397,3 +420,6 @@ def test_the_dashboard_shows_the_fleet_and_its_drift(tmp_path: Path, postgres: P
         assert fleet["instances"] == ["studio-a", "studio-b"], fleet
         assert fleet["drifted"] == ["studio-b"], fleet
         assert "studio-a (this one)" in fleet["text"], fleet
+        assert "every Switchyard of the fleet" in fleet["figures_from"], fleet
+        assert fleet["requests"]["smollm2"] == "3", fleet
+        assert fleet["tail_error"] == "" and fleet["tail_instances"] == ["studio-a", "studio-b"], fleet

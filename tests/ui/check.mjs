@@ -303,7 +303,15 @@ async function fleet(page) {
     drifted: [...el.querySelectorAll(".drift .instance")].map((i) => i.dataset.instance),
     text: el.textContent,
   }));
+  // The figures are the fleet's: the requests of every instance, each row of the tail naming
+  // the instance that served it.
+  result.fleet.figures_from = await page.textContent("#view-models .figures-from").catch(() => null);
+  result.fleet.requests = await page.$$eval("#view-models tr.model", (rows) =>
+    Object.fromEntries(rows.map((r) => [r.dataset.model, r.querySelector("td.requests").textContent])));
   await shot(page, "fleet");
+  result.fleet.tail_error = await view(page, "live");
+  result.fleet.tail_instances = await page.$$eval("#tail-rows small.instance", (tags) =>
+    [...new Set(tags.map((t) => t.textContent.trim()))].sort());
 }
 
 const browser = await chromium.launch({ executablePath, args: ["--no-sandbox"] });

@@ -12,8 +12,12 @@ use switchyard_policy::compare::Pair;
 
 use super::figures::{self, RecordHealth, RequestFigures};
 use super::pairs::{pair, Shape};
+use super::phases::{phases_sql_postgres, Models, Phases, MODELS_SQL};
 use super::postgres::{self, Connect, PgError};
+use super::views::{RequestFilter, StatusFilter, FLAGS, REQUEST_COLUMNS};
 use super::LedgerError;
+use super::PhaseFilter;
+use serde_json::{Map, Value};
 
 /// How long an instance may go unseen and still count as running: a few of its beats.
 pub const LIVE_WITHIN_MS: i64 = 30_000;
@@ -185,4 +189,109 @@ impl Fleet {
             .collect::<Result<_, _>>()
             .map_err(PgError::Db)
     }
+
+    /// Every instance's requests in the window grouped as `phase_stats` groups the local
+    /// ledger's (`GET /admin/stats/phases` for a fleet).
+    pub async fn phase_stats(&self, filter: &PhaseFilter) -> Result<Vec<Value>, PgError> {
+        let client = self.pool.get().await.map_err(PgError::Connect)?;
+        let rows = client
+            .query(
+                &phases_sql_postgres(),
+                &[&filter.from_ms, &filter.model, &filter.backend],
+            )
+            .await?;
+        let mut groups = Phases::default();
+        for row in &rows {
+            groups.add(row)?;
+        }
+        Ok(groups.finish())
+    }
+
+    /// Every instance's clients' requests in the window per model, as `model_stats` has the
+    /// local ledger's (the dashboard's overview for a fleet).
+    pub async fn model_stats(&self, from_ms: i64) -> Result<Vec<Value>, PgError> {
+        let client = self.pool.get().await.map_err(PgError::Connect)?;
+        let rows = client
+            .query(&MODELS_SQL.replace("?1", "$1"), &[&from_ms])
+            .await?;
+        let mut models = Models::default();
+        for row in &rows {
+            models.add(row)?;
+        }
+        Ok(models.finish())
+    }
+
+    /// The fleet's newest requests that pass `filter`, newest first, as `latest_requests`
+    /// reads the local ledger's, each naming the `instance` that served it.
+    pub async fn latest_requests(&self, filter: &RequestFilter) -> Result<Vec<Value>, PgError> {
+        let status = match filter.status {
+            None => "",
+            Some(StatusFilter::Ok) => {
+                " AND status BETWEEN 200 AND 299 AND error_class IS NULL AND error IS NULL"
+            }
+            Some(StatusFilter::Error) => {
+                " AND NOT (status BETWEEN 200 AND 299 AND error_class IS NULL AND error IS NULL)"
+            }
+            Some(StatusFilter::Code(_)) => " AND status = $6",
+        };
+        let sql = format!(
+            "SELECT id, instance, {} FROM requests
+             WHERE id < $1 AND ($2::TEXT IS NULL OR model = $2)
+               AND ($3::TEXT IS NULL OR backend = $3) AND ($4::TEXT IS NULL OR variant = $4){status}
+             ORDER BY id DESC LIMIT $5",
+            REQUEST_COLUMNS.join(", ")
+        );
+        let before = filter.before_id.unwrap_or(i64::MAX);
+        let limit = i64::from(filter.limit);
+        let code = match filter.status {
+            Some(StatusFilter::Code(c)) => Some(i64::from(c)),
+            _ => None,
+        };
+        let mut params: Vec<&(dyn tokio_postgres::types::ToSql + Sync)> = vec![
+            &before,
+            &filter.model,
+            &filter.backend,
+            &filter.variant,
+            &limit,
+        ];
+        if let Some(code) = &code {
+            params.push(code);
+        }
+        let client = self.pool.get().await.map_err(PgError::Connect)?;
+        let rows = client.query(&sql, &params).await?;
+        rows.iter()
+            .map(|row| {
+                let mut object = Map::new();
+                object.insert("id".to_owned(), Value::from(row.try_get::<_, i64>(0)?));
+                object.insert(
+                    "instance".to_owned(),
+                    Value::from(row.try_get::<_, String>(1)?),
+                );
+                for (i, column) in REQUEST_COLUMNS.iter().enumerate() {
+                    object.insert((*column).to_owned(), cell(row, i + 2, column)?);
+                }
+                Ok(Value::Object(object))
+            })
+            .collect::<Result<_, tokio_postgres::Error>>()
+            .map_err(PgError::Db)
+    }
+}
+
+/// One cell of a shared ledger's request row as JSON, as `views::cell` reads the local
+/// ledger's: flags as booleans.
+fn cell(row: &tokio_postgres::Row, i: usize, column: &str) -> Result<Value, tokio_postgres::Error> {
+    use tokio_postgres::types::Type;
+    Ok(match *row.columns()[i].type_() {
+        Type::INT8 => match row.try_get::<_, Option<i64>>(i)? {
+            None => Value::Null,
+            Some(n) if FLAGS.contains(&column) => Value::Bool(n != 0),
+            Some(n) => Value::from(n),
+        },
+        Type::FLOAT8 => row
+            .try_get::<_, Option<f64>>(i)?
+            .map_or(Value::Null, Value::from),
+        _ => row
+            .try_get::<_, Option<String>>(i)?
+            .map_or(Value::Null, Value::from),
+    })
 }

@@ -19,6 +19,8 @@ use std::collections::BTreeMap;
 
 use rusqlite::Connection;
 
+use super::pairs::Cells;
+
 #[cfg(test)]
 mod tests;
 use serde_json::{json, Map, Value};
@@ -29,13 +31,31 @@ pub const BAR_PHASES: [&str; 5] = ["queue", "load", "prefill", "decode", "rest"]
 /// How many bins a distribution's histogram has.
 const BINS: usize = 12;
 
-/// The window's rows; `ts_ms >= ?1` walks the `requests_ts` index.
-const PHASES_SQL: &str =
-    "SELECT model, backend, variant, warm, status, error_class, error IS NOT NULL,
+/// The window's rows; `ts_ms >= ?1` walks the `requests_ts` index. In SQL both stores read
+/// alike (`failed` a `BIGINT`, as PostgreSQL's rows are read); [`phases_sql_postgres`] puts
+/// PostgreSQL's placeholders in.
+pub(super) const PHASES_SQL: &str = "SELECT model, backend, variant, warm, status, error_class,
+        CAST(CASE WHEN error IS NULL THEN 0 ELSE 1 END AS BIGINT) AS failed,
         queue_ms, load_ms, ttfb_ms, prefill_ms, decode_ms, ttft_ms,
         prefill_tokens, prefill_source, decode_tokens, decode_source, total_ms
  FROM requests
  WHERE ts_ms >= ?1 AND (?2 IS NULL OR model = ?2) AND (?3 IS NULL OR backend = ?3)";
+
+/// [`PHASES_SQL`] for the shared ledger.
+pub(super) fn phases_sql_postgres() -> String {
+    PHASES_SQL
+        .replace("?1", "$1")
+        .replace("?2 IS NULL", "$2::TEXT IS NULL")
+        .replace("?3 IS NULL", "$3::TEXT IS NULL")
+        .replace("?2", "$2")
+        .replace("?3", "$3")
+}
+
+/// [`model_stats`]'s rows: clients' requests in the window.
+pub(super) const MODELS_SQL: &str =
+    "SELECT model, status, error_class, CAST(CASE WHEN error IS NULL THEN 0 ELSE 1 END AS BIGINT) AS failed,
+        total_ms, ttft_ms
+ FROM requests WHERE ts_ms >= ?1 AND variant NOT IN ('shadow', 'replay')";
 
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
 struct Key {
@@ -78,41 +98,55 @@ pub struct PhaseFilter {
 /// The groups of requests in the window, sorted by model, backend, variant and warmth.
 pub fn phase_stats(conn: &Connection, filter: &PhaseFilter) -> rusqlite::Result<Vec<Value>> {
     let mut statement = conn.prepare(PHASES_SQL)?;
-    let mut groups: BTreeMap<Key, Group> = BTreeMap::new();
+    let mut groups = Phases::default();
     let mut rows = statement.query(rusqlite::params![
         filter.from_ms,
         filter.model,
         filter.backend
     ])?;
     while let Some(row) = rows.next()? {
+        groups.add(row)?;
+    }
+    Ok(groups.finish())
+}
+
+/// Requests grouped as they are read, from either store's rows of [`PHASES_SQL`].
+#[derive(Debug, Default)]
+pub(super) struct Phases(BTreeMap<Key, Group>);
+
+impl Phases {
+    pub(super) fn add<C: Cells>(&mut self, row: &C) -> Result<(), C::Error> {
         let key = Key {
-            model: row.get::<_, Option<String>>(0)?.unwrap_or_else(dash),
-            backend: row.get::<_, Option<String>>(1)?.unwrap_or_else(dash),
-            variant: row.get(2)?,
-            warmth: match row.get::<_, Option<bool>>(3)? {
-                Some(true) => "warm",
-                Some(false) => "cold",
+            model: row.text("model")?.unwrap_or_else(dash),
+            backend: row.text("backend")?.unwrap_or_else(dash),
+            variant: row.text("variant")?.unwrap_or_else(dash),
+            warmth: match row.int("warm")? {
+                Some(0) => "cold",
+                Some(_) => "warm",
                 None => "unknown",
             },
         };
-        let g = groups.entry(key).or_default();
+        let g = self.0.entry(key).or_default();
         g.requests += 1;
-        let status: i64 = row.get(4)?;
+        let status = row.int("status")?.unwrap_or(0);
         let failed = !(200..300).contains(&status)
-            || row.get::<_, Option<String>>(5)?.is_some()
-            || row.get::<_, bool>(6)?;
+            || row.text("error_class")?.is_some()
+            || row.int("failed")? == Some(1);
         if failed {
             g.errors += 1;
-            continue;
+            return Ok(());
         }
-        let ttfb: Option<f64> = row.get(9)?;
-        if let Some(ms) = ttfb {
+        if let Some(ms) = row.real("ttfb_ms")? {
             g.ttfb.0 += ms;
             g.ttfb.1 += 1;
         }
-        if let Some(total) = row.get::<_, Option<f64>>(17)? {
-            let phase = |i: usize| row.get::<_, Option<f64>>(i);
-            let had = [phase(7)?, phase(8)?, phase(10)?, phase(11)?];
+        if let Some(total) = row.real("total_ms")? {
+            let had = [
+                row.real("queue_ms")?,
+                row.real("load_ms")?,
+                row.real("prefill_ms")?,
+                row.real("decode_ms")?,
+            ];
             let (parts, clipped) = partition(total, had);
             for (i, part) in parts.iter().enumerate() {
                 g.parts[i].0 += part;
@@ -125,16 +159,16 @@ pub fn phase_stats(conn: &Connection, filter: &PhaseFilter) -> rusqlite::Result<
             g.totals.push(total);
             g.clipped += u64::from(clipped);
         }
-        if let Some(ttft) = row.get::<_, Option<f64>>(12)? {
+        if let Some(ttft) = row.real("ttft_ms")? {
             g.ttft.push(ttft);
         }
-        for (ms_i, tok_i, src_i, engine, measured) in [
-            (10, 13, 14, &mut g.prefill_engine, &mut g.prefill_measured),
-            (11, 15, 16, &mut g.decode_engine, &mut g.decode_measured),
+        for (phase, engine, measured) in [
+            ("prefill", &mut g.prefill_engine, &mut g.prefill_measured),
+            ("decode", &mut g.decode_engine, &mut g.decode_measured),
         ] {
-            let ms: Option<f64> = row.get(ms_i)?;
-            let tokens: Option<i64> = row.get(tok_i)?;
-            let source: Option<String> = row.get(src_i)?;
+            let ms = row.real(&format!("{phase}_ms"))?;
+            let tokens = row.int(&format!("{phase}_tokens"))?;
+            let source = row.text(&format!("{phase}_source"))?;
             if let (Some(ms), Some(tokens)) = (ms, tokens) {
                 if ms > 0.0 && tokens > 0 {
                     let rate = tokens as f64 * 1000.0 / ms;
@@ -145,8 +179,12 @@ pub fn phase_stats(conn: &Connection, filter: &PhaseFilter) -> rusqlite::Result<
                 }
             }
         }
+        Ok(())
     }
-    Ok(groups.into_iter().map(|(k, g)| group_json(k, g)).collect())
+
+    pub(super) fn finish(self) -> Vec<Value> {
+        self.0.into_iter().map(|(k, g)| group_json(k, g)).collect()
+    }
 }
 
 fn dash() -> String {
@@ -223,56 +261,70 @@ fn group_json(key: Key, mut g: Group) -> Value {
 /// time to first token (streamed answers only: an unstreamed answer has no first token before
 /// its last), sorted by model. Requests that named no known model are under `-`.
 pub fn model_stats(conn: &Connection, from_ms: i64) -> rusqlite::Result<Vec<Value>> {
-    #[derive(Default)]
-    struct Model {
-        requests: u64,
-        errors: u64,
-        totals: Vec<f64>,
-        ttfts: Vec<f64>,
-    }
-    let mut statement = conn.prepare(
-        "SELECT model, status, error_class, error IS NOT NULL, total_ms, ttft_ms
-         FROM requests WHERE ts_ms >= ?1 AND variant NOT IN ('shadow', 'replay')",
-    )?;
-    let mut models: BTreeMap<String, Model> = BTreeMap::new();
+    let mut statement = conn.prepare(MODELS_SQL)?;
+    let mut models = Models::default();
     let mut rows = statement.query(rusqlite::params![from_ms])?;
     while let Some(row) = rows.next()? {
-        let m = models
-            .entry(row.get::<_, Option<String>>(0)?.unwrap_or_else(dash))
+        models.add(row)?;
+    }
+    Ok(models.finish())
+}
+
+/// [`model_stats`]' figures as rows of [`MODELS_SQL`] are read, from either store.
+#[derive(Debug, Default)]
+pub(super) struct Models(BTreeMap<String, Model>);
+
+#[derive(Debug, Default)]
+pub(super) struct Model {
+    requests: u64,
+    errors: u64,
+    totals: Vec<f64>,
+    ttfts: Vec<f64>,
+}
+
+impl Models {
+    pub(super) fn add<C: Cells>(&mut self, row: &C) -> Result<(), C::Error> {
+        let m = self
+            .0
+            .entry(row.text("model")?.unwrap_or_else(dash))
             .or_default();
         m.requests += 1;
-        let status: i64 = row.get(1)?;
+        let status = row.int("status")?.unwrap_or(0);
         if !(200..300).contains(&status)
-            || row.get::<_, Option<String>>(2)?.is_some()
-            || row.get::<_, bool>(3)?
+            || row.text("error_class")?.is_some()
+            || row.int("failed")? == Some(1)
         {
             m.errors += 1;
-            continue;
+            return Ok(());
         }
-        if let Some(total) = row.get::<_, Option<f64>>(4)? {
+        if let Some(total) = row.real("total_ms")? {
             m.totals.push(total);
         }
-        if let Some(ttft) = row.get::<_, Option<f64>>(5)? {
+        if let Some(ttft) = row.real("ttft_ms")? {
             m.ttfts.push(ttft);
         }
+        Ok(())
     }
-    let median = |values: &mut Vec<f64>| {
-        values.sort_by(f64::total_cmp);
-        (!values.is_empty()).then(|| nearest_rank(values, 0.5))
-    };
-    Ok(models
-        .into_iter()
-        .map(|(model, mut m)| {
-            json!({
-                "model": model,
-                "requests": m.requests,
-                "errors": m.errors,
-                "p50_total_ms": median(&mut m.totals),
-                "p50_ttft_ms": median(&mut m.ttfts),
-                "ttft_n": m.ttfts.len(),
+
+    pub(super) fn finish(self) -> Vec<Value> {
+        let median = |values: &mut Vec<f64>| {
+            values.sort_by(f64::total_cmp);
+            (!values.is_empty()).then(|| nearest_rank(values, 0.5))
+        };
+        self.0
+            .into_iter()
+            .map(|(model, mut m)| {
+                json!({
+                    "model": model,
+                    "requests": m.requests,
+                    "errors": m.errors,
+                    "p50_total_ms": median(&mut m.totals),
+                    "p50_ttft_ms": median(&mut m.ttfts),
+                    "ttft_n": m.ttfts.len(),
+                })
             })
-        })
-        .collect())
+            .collect()
+    }
 }
 
 /// The nearest-rank `q` quantile of sorted, non-empty `values`.

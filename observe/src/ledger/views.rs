@@ -18,7 +18,7 @@ pub(super) mod tests;
 
 /// The columns of a request row the dashboard shows, in the order [`latest_requests`] selects
 /// them; each is the key of the same name in [`request_json`].
-const REQUEST_COLUMNS: [&str; 35] = [
+pub(super) const REQUEST_COLUMNS: [&str; 35] = [
     "ts_ms",
     "request_id",
     "model",
@@ -57,7 +57,7 @@ const REQUEST_COLUMNS: [&str; 35] = [
 ];
 
 /// Columns stored as 0/1 that read back as booleans.
-const FLAGS: [&str; 4] = ["warm", "streamed", "client_disconnected", "continues"];
+pub(super) const FLAGS: [&str; 4] = ["warm", "streamed", "client_disconnected", "continues"];
 
 /// Which requests [`latest_requests`] returns.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]

@@ -14,6 +14,11 @@
 //!
 //! Each read opens the ledger read-only on a blocking thread (WAL lets it run beside the
 //! writer), so the runtime never waits on the disk, and each is bounded by a window or a limit.
+//!
+//! With a shared ledger (`[ledger] url`), the overview's figures, the requests, the phases and
+//! the comparisons are the whole fleet's, read from PostgreSQL (each request naming its
+//! `instance`); the identities and engine actions stay this instance's own (what its probes
+//! saw, what was done to the engines through it).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -24,7 +29,7 @@ use rusqlite::Connection;
 use serde_json::{json, Value};
 use switchyard_observe::ledger::{
     engine_actions, identity_history, latest_requests, model_stats, now_ms, open_read_only,
-    parse_window, phase_stats, read_comparisons, window_start, PhaseFilter, RequestFilter,
+    parse_window, phase_stats, read_comparisons, window_start, PgError, PhaseFilter, RequestFilter,
     StatusFilter,
 };
 use switchyard_policy::compare::{compare, GroupKey, Pair, Status, Verdict};
@@ -62,7 +67,9 @@ async fn overview(state: &Arc<AppState>, params: &Params) -> Answer {
     let from_ms = params.window().map_err(bad)?;
     // The states come from memory and are shown whatever the ledger does; without a readable
     // ledger the figures are null (`read` has logged why).
-    let figures = if state.config().ledger.is_some() {
+    let figures = if let Some(fleet) = &state.fleet {
+        shared(fleet.model_stats(from_ms)).await.ok()
+    } else if state.config().ledger.is_some() {
         read(state, move |conn| model_stats(conn, from_ms))
             .await
             .ok()
@@ -135,6 +142,7 @@ async fn overview(state: &Arc<AppState>, params: &Params) -> Answer {
         "config_digest": &*snapshot.digest,
         "models": models,
         "unrouted": unrouted,
+        "figures_from": if state.fleet.is_some() { "fleet" } else { "instance" },
         "swap_groups": state.engines.swap_groups(),
     })))
 }
@@ -164,7 +172,10 @@ async fn requests(state: &Arc<AppState>, params: &Params) -> Answer {
             )),
         },
     };
-    let rows = read(state, move |conn| latest_requests(conn, &filter)).await?;
+    let rows = match &state.fleet {
+        Some(fleet) => shared(fleet.latest_requests(&filter)).await?,
+        None => read(state, move |conn| latest_requests(conn, &filter)).await?,
+    };
     Ok(ok(json!({"requests": rows})))
 }
 
@@ -176,7 +187,10 @@ async fn phases(state: &Arc<AppState>, params: &Params) -> Answer {
         model: params.text("model"),
         backend: params.text("backend"),
     };
-    let groups = read(state, move |conn| phase_stats(conn, &filter)).await?;
+    let groups = match &state.fleet {
+        Some(fleet) => shared(fleet.phase_stats(&filter)).await?,
+        None => read(state, move |conn| phase_stats(conn, &filter)).await?,
+    };
     Ok(ok(json!({
         "window": {"from_ms": from_ms, "to_ms": now_ms()},
         "phases": switchyard_observe::ledger::BAR_PHASES,
@@ -190,7 +204,10 @@ async fn comparisons(state: &Arc<AppState>, params: &Params) -> Answer {
         .map_err(bad)?;
     let from_ms = params.window().map_err(bad)?;
     let (model, candidate) = (params.text("model"), params.text("candidate"));
-    let mut pairs = read(state, move |conn| read_comparisons(conn, Some(from_ms))).await?;
+    let mut pairs = match &state.fleet {
+        Some(fleet) => shared(fleet.comparisons(from_ms)).await?,
+        None => read(state, move |conn| read_comparisons(conn, Some(from_ms))).await?,
+    };
     pairs.retain(|p| {
         model.as_ref().is_none_or(|m| &p.model == m)
             && candidate
@@ -322,6 +339,20 @@ async fn read<T: Send + 'static>(
             "internal_error",
         )),
     }
+}
+
+/// Awaits a read of the shared ledger; one that fails answers 503 with the server's words.
+async fn shared<T>(
+    read: impl std::future::Future<Output = Result<T, PgError>>,
+) -> Result<T, Response<ProxyBody>> {
+    read.await.map_err(|e| {
+        tracing::warn!(error = %e, "an admin read of the shared ledger failed");
+        error(
+            StatusCode::SERVICE_UNAVAILABLE,
+            &format!("the shared ledger could not be read: {e}"),
+            "shared_ledger_unavailable",
+        )
+    })
 }
 
 fn ok(value: Value) -> Response<ProxyBody> {

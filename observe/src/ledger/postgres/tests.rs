@@ -528,3 +528,65 @@ fn a_server_down_at_start_is_waited_for_not_refused() {
     assert_eq!(counters.written.load(Ordering::Relaxed), 20);
     assert_eq!(number(&cluster.url(), "SELECT count(*) FROM requests"), 20);
 }
+
+/// The dashboard's reads of the fleet (`Fleet::phase_stats`, `model_stats`, `latest_requests`)
+/// give what the same reads of the local ledger give for the same records, the request rows
+/// naming their instance besides.
+#[test]
+fn the_fleets_dashboard_reads_agree_with_the_local_ones() {
+    use crate::ledger::{
+        latest_requests, model_stats, phase_stats, Fleet, PhaseFilter, RequestFilter,
+    };
+    let cluster = Cluster::start();
+    let dir = tempfile::tempdir().unwrap();
+    let mut config = config(dir.path().join("ledger.db"), None);
+    config.url = Some(cluster.url());
+    config.instance = Some("studio-1".to_owned());
+    config.queue = 64;
+    let (ledger, writers) = Ledger::start(&config).unwrap();
+    for i in 0..40 {
+        ledger.record(&varied_record(i));
+    }
+    assert!(ledger.flush(Duration::from_secs(10)));
+    drop(ledger);
+    writers.join().unwrap();
+
+    let every = RequestFilter {
+        limit: 100,
+        ..RequestFilter::default()
+    };
+    let conn = open_read_only(&config.path).unwrap();
+    let phases = phase_stats(&conn, &PhaseFilter::default()).unwrap();
+    let models = model_stats(&conn, 0).unwrap();
+    let requests = latest_requests(&conn, &every).unwrap();
+    assert!(phases.len() > 1 && models.len() > 1 && requests.len() == 40);
+
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let fleet = Fleet::new(&config).unwrap().unwrap();
+    let (fleet_phases, fleet_models, fleet_requests) = runtime.block_on(async {
+        (
+            fleet.phase_stats(&PhaseFilter::default()).await.unwrap(),
+            fleet.model_stats(0).await.unwrap(),
+            fleet.latest_requests(&every).await.unwrap(),
+        )
+    });
+    assert_eq!(fleet_phases, phases);
+    assert_eq!(fleet_models, models);
+    let without = |rows: Vec<serde_json::Value>, key: &str| -> Vec<serde_json::Value> {
+        rows.into_iter()
+            .map(|mut r| {
+                r.as_object_mut().unwrap().remove(key);
+                r.as_object_mut().unwrap().remove("id");
+                r
+            })
+            .collect()
+    };
+    assert!(fleet_requests.iter().all(|r| r["instance"] == "studio-1"));
+    assert_eq!(
+        without(fleet_requests, "instance"),
+        without(requests, "instance")
+    );
+}
