@@ -21,6 +21,7 @@ mod detectors;
 mod durability;
 mod endpoints;
 mod errors;
+mod fleet_release;
 mod fuzz_corpus;
 mod ledger;
 mod lifecycle;

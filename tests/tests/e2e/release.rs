@@ -75,7 +75,7 @@ steps = [{ step = "shadow", min_pairs = 3 }, { step = "promote", bake_s = 0 }]
 /// The backends `p` and `c` (at `primary` and `candidate`, serving the same artifact in `dir`)
 /// of model `smollm2`, the release plans, a ledger in `dir` and an admin listener on a port of
 /// its own.
-fn config(dir: &Path, primary: &str, candidate: &str) -> String {
+pub(crate) fn config(dir: &Path, primary: &str, candidate: &str) -> String {
     let artifact = dir.join("model.gguf");
     format!(
         r#"
@@ -109,7 +109,10 @@ primary = "p"
     )
 }
 
-async fn engine(dir: &Path, change: impl FnOnce(FakeEngine) -> FakeEngine) -> FakeEngineHandle {
+pub(crate) async fn engine(
+    dir: &Path,
+    change: impl FnOnce(FakeEngine) -> FakeEngine,
+) -> FakeEngineHandle {
     let artifact = dir.join("model.gguf");
     std::fs::write(&artifact, b"GGUF weights").unwrap();
     let mut e = change(FakeEngine::llama_cpp().model_path(artifact.display().to_string()))
@@ -185,7 +188,7 @@ pub(crate) async fn admin(
     TestClient::new().send(request).await.unwrap()
 }
 
-async fn start_release(admin_url: &str, plan: &str) -> String {
+pub(crate) async fn start_release(admin_url: &str, plan: &str) -> String {
     let r = admin(
         admin_url,
         "POST",
@@ -219,7 +222,7 @@ async fn ask(base: &str, session: &str) -> TestResponse {
 /// Sends requests of new sessions, a few at a time, until `done` accepts the release's status
 /// (passing a gate on the way when `promote`), and returns that status. Each round looks at the
 /// status the evaluator left after the requests before it.
-async fn drive(
+pub(crate) async fn drive(
     base: &str,
     admin_url: &str,
     id: &str,

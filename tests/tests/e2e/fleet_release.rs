@@ -1,0 +1,170 @@
+//! A canary release run by a fleet (issue 49): two Switchyards on one shared ledger, in front
+//! of the fake engine. One evaluates (it holds the lease); an operator's action on either —
+//! passing the gate, pausing, resuming, aborting — is applied by both, each instance's routing
+//! (`/readyz`) showing it within a couple of seconds.
+
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+use switchyard::Running;
+use switchyard_observe::ledger::cluster::Cluster;
+use switchyard_tests::harness::{start_switchyard_file, wait_ready, TestClient};
+
+use crate::durability::support::metric;
+use crate::release::{admin, config, drive, engine, start_release};
+
+/// The longest an instance may take to apply what another recorded: it reads the releases
+/// each second.
+const APPLIED_WITHIN: Duration = Duration::from_secs(5);
+
+/// This instance's route for `smollm2`'s release as its `/readyz` shows it (null without one).
+async fn routed(proxy: &Running) -> Value {
+    let r = TestClient::new()
+        .get(&format!("http://{}/readyz", proxy.addr()))
+        .await
+        .unwrap();
+    r.json()["models"]["smollm2"]["release"].clone()
+}
+
+/// Waits until every instance's route passes `applied`.
+async fn applied_by_all(fleet: &[Running], what: &str, applied: impl Fn(&Value) -> bool) {
+    let deadline = Instant::now() + APPLIED_WITHIN;
+    for proxy in fleet {
+        loop {
+            let route = routed(proxy).await;
+            if applied(&route) {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{what}: not applied by {} within {APPLIED_WITHIN:?}: {route}",
+                proxy.addr()
+            );
+            // Another instance's change reaches this one by its own read of the shared ledger:
+            // no signal crosses between them to wait on.
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_operators_action_on_either_instance_moves_the_release_on_both() {
+    let cluster = Cluster::start();
+    let dir = tempfile::tempdir().unwrap();
+    let p = engine(dir.path(), |e| e.deterministic()).await;
+    let c = engine(dir.path(), |e| e.deterministic().build_info("b5000-cand")).await;
+    let mut fleet = Vec::new();
+    for instance in ["a", "b"] {
+        let text = config(dir.path(), &p.url(), &c.url()).replace(
+            &format!("path = \"{}\"", dir.path().join("ledger.db").display()),
+            &format!(
+                "path = \"{}\"\nurl = \"{}\"\ninstance = \"{instance}\"",
+                dir.path().join(format!("{instance}.db")).display(),
+                cluster.url()
+            ),
+        );
+        assert!(text.contains(&format!("instance = \"{instance}\"")));
+        let path = dir.path().join(format!("{instance}.toml"));
+        std::fs::write(&path, text).unwrap();
+        let proxy = start_switchyard_file(&path).await.unwrap();
+        wait_ready(&proxy, Duration::from_secs(5), |v| {
+            ["p", "c"]
+                .iter()
+                .all(|n| v["backends"][n]["identity"] == "verified")
+        })
+        .await
+        .unwrap();
+        fleet.push(proxy);
+    }
+    let admin_of = |i: usize| format!("http://{}", fleet[i].admin_addr().unwrap());
+    let base_of = |i: usize| format!("http://{}", fleet[i].addr());
+
+    // Exactly one evaluates.
+    let client = TestClient::new();
+    let deadline = Instant::now() + APPLIED_WITHIN;
+    let evaluator = loop {
+        let mut flags = Vec::new();
+        for i in 0..fleet.len() {
+            flags.push(metric(&client, &base_of(i), "switchyard_release_evaluator").await);
+        }
+        if flags.iter().sum::<u64>() == 1 {
+            break flags.iter().position(|f| *f == 1).unwrap();
+        }
+        assert!(Instant::now() < deadline, "evaluators: {flags:?}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    let other = 1 - evaluator;
+
+    // Started on the instance that does not evaluate; driven through the evaluator up to the
+    // gate (10 % of sessions on the candidate).
+    let id = start_release(&admin_of(other), "climb").await;
+    applied_by_all(&fleet, "the release", |r| r["weight"] == 10).await;
+    drive(&base_of(evaluator), &admin_of(evaluator), &id, false, |r| {
+        r["step_label"] == "gate"
+    })
+    .await;
+
+    // The gate passed on the instance that does not evaluate: the evaluator takes the step.
+    let r = admin(
+        &admin_of(other),
+        "POST",
+        &format!("/admin/releases/{id}/promote"),
+        Some(json!({"reason": "looks good"})),
+    )
+    .await;
+    assert_eq!(r.status, 200, "{}", r.json());
+    applied_by_all(&fleet, "the gate passed", |r| r["weight"] == 50).await;
+
+    // Paused on one, resumed on the other, aborted on the first.
+    for (on, action, applied) in [
+        (other, "pause", "paused"),
+        (evaluator, "resume", "running"),
+        (other, "abort", "aborted"),
+    ] {
+        let r = admin(
+            &admin_of(on),
+            "POST",
+            &format!("/admin/releases/{id}/{action}"),
+            Some(json!({"reason": format!("{action} from instance {on}")})),
+        )
+        .await;
+        assert_eq!(r.status, 200, "{action}: {}", r.json());
+        if applied == "aborted" {
+            // An ended release routes nothing: every session on the primary.
+            applied_by_all(&fleet, action, Value::is_null).await;
+        } else {
+            applied_by_all(&fleet, action, |r| r["state"] == applied).await;
+        }
+    }
+    // One history, seen alike from both, naming the operator's actions and the evaluator's steps.
+    let history = |i: usize| {
+        let admin = admin_of(i);
+        let id = id.clone();
+        async move {
+            admin_get(&admin, &format!("/admin/releases/{id}")).await["events"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|e| {
+                    (
+                        e["to_state"].clone(),
+                        e["to_step"].clone(),
+                        e["actor"].clone(),
+                    )
+                })
+                .collect::<Vec<_>>()
+        }
+    };
+    let (seen_a, seen_b) = (history(0).await, history(1).await);
+    assert_eq!(seen_a, seen_b);
+    let states: Vec<&str> = seen_a.iter().map(|(s, _, _)| s.as_str().unwrap()).collect();
+    assert_eq!(
+        states,
+        ["running", "running", "running", "paused", "running", "aborted"],
+        "{seen_a:?}"
+    );
+}
+
+async fn admin_get(admin_url: &str, path: &str) -> Value {
+    admin(admin_url, "GET", path, None).await.json()
+}
