@@ -157,7 +157,12 @@
         h("h4", {}, "decision log ", h("small", {}, `${events.length} transitions` + (shown.evaluations ? `, ${evaluations.length} evaluations` : `; ${evaluations.length} evaluations hidden`))),
         h("ul", { class: "log" }, log));
     });
+    // In a fleet on a shared ledger, one Switchyard evaluates every release: say which.
+    const ev = list.evaluator || {};
+    const evaluator = ev.shared ? h("p", { class: "evaluator", "data-instance": ev.instance || "" },
+      ev.instance ? `releases evaluated by ${ev.instance}${ev.this ? " (this one)" : ""}, for the whole fleet` : "the evaluator's lease could not be read: no release is evaluated here") : null;
     fill("releases",
+      evaluator,
       h("label", { class: "toggle" }, h("input", {
         type: "checkbox", id: "show-evaluations", checked: shown.evaluations,
         onchange: (e) => { shown.evaluations = e.target.checked; refresh(); },

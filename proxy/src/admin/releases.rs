@@ -54,7 +54,10 @@ pub(super) async fn route(
     let parts: Vec<&str> = rest.split('/').filter(|p| !p.is_empty()).collect();
     let response = match (method, parts.as_slice()) {
         (&Method::GET, []) => match state.releases().await {
-            Ok(all) => ok(json!({"releases": all.iter().map(describe).collect::<Vec<_>>()})),
+            Ok(all) => ok(json!({
+                "releases": all.iter().map(describe).collect::<Vec<_>>(),
+                "evaluator": state.release_evaluator(),
+            })),
             Err(e) => failed(&e),
         },
         (&Method::POST, []) => match serde_json::from_slice::<Start>(body) {

@@ -79,21 +79,33 @@ async fn an_operators_action_on_either_instance_moves_the_release_on_both() {
     let admin_of = |i: usize| format!("http://{}", fleet[i].admin_addr().unwrap());
     let base_of = |i: usize| format!("http://{}", fleet[i].addr());
 
-    // Exactly one evaluates.
+    // Exactly one evaluates, and each says which.
     let client = TestClient::new();
     let deadline = Instant::now() + APPLIED_WITHIN;
     let evaluator = loop {
-        let mut flags = Vec::new();
+        let mut views = Vec::new();
         for i in 0..fleet.len() {
-            flags.push(metric(&client, &base_of(i), "switchyard_release_evaluator").await);
+            views.push(admin_get(&admin_of(i), "/admin/releases").await["evaluator"].clone());
         }
-        if flags.iter().sum::<u64>() == 1 {
-            break flags.iter().position(|f| *f == 1).unwrap();
+        let holders: Vec<usize> = (0..views.len())
+            .filter(|i| views[*i]["this"] == true)
+            .collect();
+        if holders.len() == 1 && views.iter().all(|v| !v["instance"].is_null()) {
+            let holder = holders[0];
+            for v in &views {
+                assert_eq!(v["shared"], true, "{views:?}");
+                assert_eq!(v["instance"], ["a", "b"][holder], "{views:?}");
+            }
+            break holder;
         }
-        assert!(Instant::now() < deadline, "evaluators: {flags:?}");
+        assert!(Instant::now() < deadline, "evaluators: {views:?}");
         tokio::time::sleep(Duration::from_millis(50)).await;
     };
     let other = 1 - evaluator;
+    for (i, flag) in [(evaluator, 1), (other, 0)] {
+        let seen = metric(&client, &base_of(i), "switchyard_release_evaluator").await;
+        assert_eq!(seen, flag);
+    }
 
     // Started on the instance that does not evaluate; driven through the evaluator up to the
     // gate (10 % of sessions on the candidate).

@@ -19,6 +19,22 @@ use crate::control::events::Event;
 use crate::control::AppState;
 
 impl AppState {
+    /// Which instance evaluates releases, for the admin API: `{shared, this, instance}`.
+    pub(crate) fn release_evaluator(&self) -> serde_json::Value {
+        let shared = self.releases.store.as_ref().is_some_and(|s| s.is_shared());
+        let instance = self
+            .releases
+            .evaluator
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone();
+        serde_json::json!({
+            "shared": shared,
+            "this": self.releases.evaluating.load(Ordering::Relaxed),
+            "instance": instance,
+        })
+    }
+
     /// Takes or renews the evaluator's lease: whether this instance evaluates now. A lease
     /// that cannot be read is not held (another instance may hold it).
     pub(crate) async fn hold_lease(self: &Arc<Self>, store: &Arc<ReleaseStore>) -> bool {
@@ -50,6 +66,15 @@ impl AppState {
             }
             _ => {}
         }
+        let holder = match &lease {
+            Ok(Lease::Held { .. }) => self.fleet.as_ref().map(|f| f.instance().to_owned()),
+            Ok(Lease::Elsewhere { holder }) => Some(holder.clone()),
+            Ok(Lease::Alone) | Err(_) => None,
+        };
+        *releases
+            .evaluator
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = holder;
         releases.evaluating.store(now, Ordering::Relaxed);
         self.recorder.metrics.release_evaluator(now);
         now

@@ -65,6 +65,9 @@ pub(crate) struct Releases {
     /// The releases' rows the live routing was built from: with a shared ledger, rows that
     /// differ were changed by another instance ([`fleet`]).
     pub(crate) applied: Mutex<Vec<Release>>,
+    /// With a shared ledger, the instance that held the evaluator's lease when this one last
+    /// looked (this one's name when it does); none when the lease could not be read.
+    pub(crate) evaluator: Mutex<Option<String>>,
 }
 
 impl Releases {
@@ -76,6 +79,7 @@ impl Releases {
             changed: tokio::sync::Notify::new(),
             evaluating: AtomicBool::new(!shared),
             applied: Mutex::default(),
+            evaluator: Mutex::default(),
         }
     }
 
