@@ -423,3 +423,5 @@ def test_the_dashboard_shows_the_fleet_and_its_drift(tmp_path: Path, postgres: P
         assert "every Switchyard of the fleet" in fleet["figures_from"], fleet
         assert fleet["requests"]["smollm2"] == "3", fleet
         assert fleet["tail_error"] == "" and fleet["tail_instances"] == ["studio-a", "studio-b"], fleet
+        assert fleet["releases_error"] == "", fleet
+        assert re.fullmatch(r"releases evaluated by studio-[ab]( \(this one\))?, for the whole fleet", fleet["evaluator"]), fleet

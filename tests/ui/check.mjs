@@ -312,6 +312,9 @@ async function fleet(page) {
   result.fleet.tail_error = await view(page, "live");
   result.fleet.tail_instances = await page.$$eval("#tail-rows small.instance", (tags) =>
     [...new Set(tags.map((t) => t.textContent.trim()))].sort());
+  // The releases view says which instance evaluates the fleet's releases.
+  result.fleet.releases_error = await view(page, "releases");
+  result.fleet.evaluator = await page.textContent("#view-releases .evaluator").catch(() => null);
 }
 
 const browser = await chromium.launch({ executablePath, args: ["--no-sandbox"] });
