@@ -1,7 +1,8 @@
 //! A canary release run by a fleet (issue 49): two Switchyards on one shared ledger, in front
 //! of the fake engine. One evaluates (it holds the lease); an operator's action on either —
 //! passing the gate, pausing, resuming, aborting — is applied by both, each instance's routing
-//! (`/readyz`) showing it within a couple of seconds.
+//! (`/readyz`) showing it within a couple of seconds. With the server stopped, neither
+//! evaluates and both route as they did; started again, one evaluates again.
 
 use std::time::{Duration, Instant};
 
@@ -126,6 +127,47 @@ async fn an_operators_action_on_either_instance_moves_the_release_on_both() {
     .await;
     assert_eq!(r.status, 200, "{}", r.json());
     applied_by_all(&fleet, "the gate passed", |r| r["weight"] == 50).await;
+
+    // The shared ledger stopped: no instance evaluates, each routes as it did, every request
+    // is answered; started again, one evaluates again.
+    let evaluators = async || {
+        let mut sum = 0;
+        for i in 0..fleet.len() {
+            sum += metric(&client, &base_of(i), "switchyard_release_evaluator").await;
+        }
+        sum
+    };
+    tokio::task::block_in_place(|| cluster.stop());
+    let deadline = Instant::now() + Duration::from_secs(15);
+    let mut served = 0;
+    while evaluators().await != 0 {
+        assert!(
+            Instant::now() < deadline,
+            "still evaluating with the server stopped"
+        );
+        let r = TestClient::new()
+            .post_json(
+                &format!("{}/v1/chat/completions", base_of(served % 2)),
+                &json!({"model": "smollm2", "messages": [{"role": "user", "content": "hi"}]}),
+            )
+            .await
+            .unwrap();
+        assert_eq!(r.status, 200);
+        served += 1;
+    }
+    applied_by_all(&fleet, "the outage", |r| {
+        r["weight"] == 50 && r["state"] == "running"
+    })
+    .await;
+    tokio::task::block_in_place(|| cluster.resume());
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while evaluators().await != 1 {
+        assert!(
+            Instant::now() < deadline,
+            "no evaluator once the server is back"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
 
     // Paused on one, resumed on the other, aborted on the first.
     for (on, action, applied) in [

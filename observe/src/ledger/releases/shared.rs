@@ -36,6 +36,9 @@ use crate::ledger::LedgerError;
 /// for another instance to evaluate them (plus that instance's next look, within a second).
 pub const LEASE_FOR: Duration = Duration::from_secs(5);
 
+/// The longest one call may take, connecting included.
+const CALL_TIMEOUT: Duration = Duration::from_secs(10);
+
 /// The one lease's row.
 const LEASE: &str = "evaluator";
 
@@ -108,10 +111,22 @@ impl Shared {
         let Some(runtime) = &self.runtime else {
             unreachable!("the runtime is taken only on drop");
         };
+        // Bounded: a call holds up the evaluator (and, applying a change, reloads and
+        // operators' actions) while it runs; a server gone silent mid-query is an outage.
         let run = || {
             runtime.block_on(async {
-                let mut client = self.pool.get().await.map_err(PgError::Connect)?;
-                f(&mut client).await
+                let call = async {
+                    let mut client = self.pool.get().await.map_err(PgError::Connect)?;
+                    f(&mut client).await
+                };
+                tokio::time::timeout(CALL_TIMEOUT, call)
+                    .await
+                    .unwrap_or_else(|_| {
+                        Err(PgError::Io(std::io::Error::new(
+                            std::io::ErrorKind::TimedOut,
+                            format!("no answer within {CALL_TIMEOUT:?}"),
+                        )))
+                    })
             })
         };
         // A thread of its own: the caller may be on a runtime's task, where blocking on

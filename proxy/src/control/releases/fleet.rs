@@ -88,10 +88,19 @@ impl AppState {
         store: &Arc<ReleaseStore>,
     ) -> Vec<String> {
         let _changing = self.reloads.changing.lock().await;
+        let unreadable = &self.releases.unreadable;
         let all = match blocking(store, |s| s.all()).await {
-            Ok(all) => all,
+            Ok(all) => {
+                if unreadable.swap(false, Ordering::Relaxed) {
+                    tracing::info!("the fleet's releases are read again");
+                }
+                all
+            }
             Err(e) => {
-                tracing::warn!(error = %e, "the fleet's releases could not be read; routing stays as it is");
+                // Said once per outage, not every second of it.
+                if !unreadable.swap(true, Ordering::Relaxed) {
+                    tracing::warn!(error = %e, "the fleet's releases could not be read; routing stays as it is until they are");
+                }
                 return Vec::new();
             }
         };

@@ -68,6 +68,8 @@ pub(crate) struct Releases {
     /// With a shared ledger, the instance that held the evaluator's lease when this one last
     /// looked (this one's name when it does); none when the lease could not be read.
     pub(crate) evaluator: Mutex<Option<String>>,
+    /// Whether the fleet's releases could not be read at the last look (said once per outage).
+    pub(crate) unreadable: AtomicBool,
 }
 
 impl Releases {
@@ -80,6 +82,7 @@ impl Releases {
             evaluating: AtomicBool::new(!shared),
             applied: Mutex::default(),
             evaluator: Mutex::default(),
+            unreadable: AtomicBool::new(false),
         }
     }
 
