@@ -14,7 +14,7 @@ use super::figures::{self, RecordHealth, RequestFigures};
 use super::pairs::{pair, Shape};
 use super::phases::{phases_sql_postgres, Models, Phases, MODELS_SQL};
 use super::postgres::{self, Connect, PgError};
-use super::views::{RequestFilter, StatusFilter, FLAGS, REQUEST_COLUMNS};
+use super::views::{status_condition, RequestFilter, StatusFilter, FLAGS, REQUEST_COLUMNS};
 use super::LedgerError;
 use super::PhaseFilter;
 use serde_json::{Map, Value};
@@ -224,16 +224,7 @@ impl Fleet {
     /// The fleet's newest requests that pass `filter`, newest first, as `latest_requests`
     /// reads the local ledger's, each naming the `instance` that served it.
     pub async fn latest_requests(&self, filter: &RequestFilter) -> Result<Vec<Value>, PgError> {
-        let status = match filter.status {
-            None => "",
-            Some(StatusFilter::Ok) => {
-                " AND status BETWEEN 200 AND 299 AND error_class IS NULL AND error IS NULL"
-            }
-            Some(StatusFilter::Error) => {
-                " AND NOT (status BETWEEN 200 AND 299 AND error_class IS NULL AND error IS NULL)"
-            }
-            Some(StatusFilter::Code(_)) => " AND status = $6",
-        };
+        let status = status_condition(filter.status, "$6");
         let sql = format!(
             "SELECT id, instance, {} FROM requests
              WHERE id < $1 AND ($2::TEXT IS NULL OR model = $2)

@@ -98,19 +98,22 @@ impl StatusFilter {
     }
 }
 
+/// The condition `status` puts on a request row (none: no condition), the code as `code`'s
+/// placeholder.
+pub(super) fn status_condition(status: Option<StatusFilter>, code: &str) -> String {
+    let answered = "status BETWEEN 200 AND 299 AND error_class IS NULL AND error IS NULL";
+    match status {
+        None => String::new(),
+        Some(StatusFilter::Ok) => format!(" AND {answered}"),
+        Some(StatusFilter::Error) => format!(" AND NOT ({answered})"),
+        Some(StatusFilter::Code(_)) => format!(" AND status = {code}"),
+    }
+}
+
 /// The newest requests that pass `filter`, newest first, each as [`request_json`] has it plus
 /// its row `id`.
 pub fn latest_requests(conn: &Connection, filter: &RequestFilter) -> rusqlite::Result<Vec<Value>> {
-    let status = match filter.status {
-        None => "",
-        Some(StatusFilter::Ok) => {
-            " AND status BETWEEN 200 AND 299 AND error_class IS NULL AND error IS NULL"
-        }
-        Some(StatusFilter::Error) => {
-            " AND NOT (status BETWEEN 200 AND 299 AND error_class IS NULL AND error IS NULL)"
-        }
-        Some(StatusFilter::Code(_)) => " AND status = ?6",
-    };
+    let status = status_condition(filter.status, "?6");
     let sql = format!(
         "SELECT id, {} FROM requests
          WHERE id < ?1 AND (?2 IS NULL OR model = ?2) AND (?3 IS NULL OR backend = ?3)
