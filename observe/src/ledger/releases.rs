@@ -181,9 +181,7 @@ impl ReleaseStore {
     }
 
     /// The release tables `config` says: the shared ledger's with `url` (whose writer brings
-    /// its schema forward), else the local ledger's. Shared, calls block on the runtime this is
-    /// called on: make them from its blocking threads (as every caller does, through
-    /// `spawn_blocking`), never from its tasks.
+    /// its schema forward), else the local ledger's. Either blocks its caller for each call.
     pub fn from_config(config: &LedgerConfig) -> Result<Self, LedgerError> {
         let store = match &config.url {
             Some(url) => Store::Shared(shared::Shared::new(url, config)?),

@@ -63,7 +63,24 @@ impl Connect {
     /// A pool of (at most `size`) connections as this says, and the server's description for
     /// the log. No connection is made until one is asked for.
     pub(crate) fn pool(&self, size: usize) -> Result<(Pool, String), PgError> {
+        self.pool_with(size, None)
+    }
+
+    /// [`Connect::pool`] with server settings for each session besides (`-c name=value …`,
+    /// after any the URL sets).
+    pub(crate) fn pool_with(
+        &self,
+        size: usize,
+        settings: Option<&str>,
+    ) -> Result<(Pool, String), PgError> {
         let mut config = tokio_postgres::Config::from_str(&self.url).map_err(PgError::Url)?;
+        if let Some(settings) = settings {
+            let options = match config.get_options() {
+                Some(own) => format!("{own} {settings}"),
+                None => settings.to_owned(),
+            };
+            config.options(&options);
+        }
         if let Some(password) = &self.password {
             config.password(password);
         }

@@ -224,7 +224,8 @@ pub(super) fn migrations() -> Vec<String> {
     "#;
     // Release state shared by the fleet: the evaluator's lease (one row; whoever holds it
     // unexpired on the server's clock evaluates, and its epoch fences a holder that lost it),
-    // and each instance's last rows found fast, for an evaluation's watermarks.
+    // one open release per model whichever instance starts it, and each instance's last rows
+    // found fast, for an evaluation's watermarks.
     let releases = r#"
     CREATE TABLE release_lease (
         name TEXT PRIMARY KEY,
@@ -232,6 +233,8 @@ pub(super) fn migrations() -> Vec<String> {
         epoch BIGINT NOT NULL,
         expires_at TIMESTAMPTZ NOT NULL
     );
+    CREATE UNIQUE INDEX releases_one_open ON releases (model)
+        WHERE state IN ('running', 'held', 'paused');
     CREATE INDEX requests_instance_id ON requests (instance, id);
     CREATE INDEX comparisons_instance_id ON comparisons (instance, id);
     "#;

@@ -39,6 +39,13 @@ pub const LEASE_FOR: Duration = Duration::from_secs(5);
 /// The longest one call may take, connecting included.
 const CALL_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// Each session's limits, so that no call waits on the server past [`CALL_TIMEOUT`] and no
+/// instance that vanished mid-transaction holds the lease's row: a statement is cancelled after
+/// 8 s, a lock waited for 3 s, and a transaction left idle (its instance gone) is ended after
+/// 10 s, releasing its locks.
+const SESSION: &str =
+    "-c statement_timeout=8000 -c lock_timeout=3000 -c idle_in_transaction_session_timeout=10000";
+
 /// The one lease's row.
 const LEASE: &str = "evaluator";
 
@@ -93,7 +100,7 @@ impl Shared {
             .build()
             .map_err(|e| error(PgError::Io(e)))?;
         let connect = Connect::from_config(url, config)?;
-        let (pool, describe) = connect.pool(2).map_err(error)?;
+        let (pool, describe) = connect.pool_with(2, Some(SESSION)).map_err(error)?;
         Ok(Self {
             pool,
             runtime: Some(runtime),
@@ -236,7 +243,16 @@ impl Shared {
                     &release.updated_ms,
                 ],
             )
-            .await?;
+            .await
+            .map_err(|e| match e.code() {
+                Some(&tokio_postgres::error::SqlState::UNIQUE_VIOLATION) => {
+                    PgError::Conflict(format!(
+                        "{} has an open release already (started on another instance): abort it first",
+                        release.model
+                    ))
+                }
+                _ => PgError::Db(e),
+            })?;
             insert_event(&tx, release, None, actor, reason).await?;
             tx.commit().await?;
             Ok(())

@@ -267,6 +267,13 @@ fn one_instance_evaluates_and_a_lapsed_holder_records_nothing() {
     let first = release("rel_1");
     a.create(&first, "operator", "started").unwrap();
     assert_eq!(b.get("rel_1").unwrap().as_ref(), Some(&first));
+    // One open release of a model, whichever instance starts it.
+    let twice = b.create(&release("rel_2"), "operator", "started");
+    assert!(twice
+        .unwrap_err()
+        .to_string()
+        .contains("m has an open release already"),);
+    assert_eq!(a.all().unwrap(), std::slice::from_ref(&first));
     // b is not the evaluator: it records no evaluation.
     let mut next = first.clone();
     next.step = 1;

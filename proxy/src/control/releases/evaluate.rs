@@ -63,6 +63,11 @@ pub(crate) async fn evaluator(state: Arc<AppState>, stop: CancellationToken) {
             tick = tick.min(every);
             let due = last.get(&release.id).is_none_or(|at| at.elapsed() >= every);
             if due {
+                // An evaluation may take seconds (it waits for the ledgers' writers): the lease
+                // is renewed before each, and one lost meanwhile fences its write.
+                if shared && !state.hold_lease(&store).await {
+                    break;
+                }
                 last.insert(release.id.clone(), Instant::now());
                 state.evaluate_release(&store, &release.id).await;
             }

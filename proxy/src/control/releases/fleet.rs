@@ -1,8 +1,9 @@
 //! Releases shared by a fleet (`[ledger] url`): which instance evaluates, and every instance
 //! applying what another recorded.
 //!
-//! Every second the evaluator of each instance takes or renews the lease (only its holder
-//! evaluates: see `switchyard_observe::ledger::releases`) and reads the releases' rows; rows
+//! Every second, and before each evaluation, the evaluator of each instance takes or renews the
+//! lease (only its holder evaluates: see `switchyard_observe::ledger::releases`); every second
+//! it reads the releases' rows; rows
 //! that differ from those its routing was built from — a step another instance's evaluator took,
 //! an operator's action made on another instance — are applied to its routing at once. So every
 //! instance applies a decision within a second or so of its being recorded, and, since the split
@@ -50,7 +51,7 @@ impl AppState {
                 epoch,
                 taken_from: Some(from),
             }) => {
-                tracing::warn!(epoch, from = %from, "evaluating the fleet's releases: took the evaluator's lease from an instance that did not renew it");
+                tracing::warn!(epoch, from = %from, "evaluating the fleet's releases: took the evaluator's lease from an instance that did not renew it (or gave it up at its stop)");
             }
             Ok(Lease::Held { epoch, .. }) if !was => {
                 tracing::info!(

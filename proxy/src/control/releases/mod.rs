@@ -86,11 +86,13 @@ impl Releases {
         }
     }
 
-    /// Notes `release`'s new row (a new reason alone, routing unchanged) as applied.
+    /// Notes `release`'s row, as this instance wrote it, as applied. Only its own: a change
+    /// another instance made, read with it, is left for [`fleet`] to apply and announce.
     pub(crate) fn applied_one(&self, release: &Release) {
         let mut applied = self.applied.lock().unwrap_or_else(PoisonError::into_inner);
-        if let Some(row) = applied.iter_mut().find(|r| r.id == release.id) {
-            *row = release.clone();
+        match applied.iter_mut().find(|r| r.id == release.id) {
+            Some(row) => *row = release.clone(),
+            None => applied.push(release.clone()),
         }
     }
 
@@ -441,7 +443,10 @@ impl AppState {
         self.background
             .swap(self, current.with_releases(routes))
             .map_err(ReleaseError::Refused)?;
-        self.releases.applied(&all);
+        match all.iter().find(|r| r.id == release.id) {
+            Some(row) => self.releases.applied_one(row),
+            None => self.releases.applied_one(release),
+        }
         let mut event = describe(release);
         if let Value::Object(fields) = &mut event {
             fields.insert("actor".to_owned(), Value::from(actor));
