@@ -21,8 +21,8 @@ const BACKLOG: usize = 1024;
 /// One state change.
 #[derive(Debug, Clone)]
 pub struct Event {
-    /// The SSE event name: `backend`, `pool`, `reload`, `release`, `engine_action` or
-    /// `lagged`.
+    /// The SSE event name: `backend`, `pool`, `reload`, `release`, `evaluator`,
+    /// `engine_action` or `lagged`.
     pub kind: &'static str,
     /// The event's JSON object, with `at` (RFC 3339, UTC) added.
     pub data: Value,

@@ -4,12 +4,15 @@
 //! (`/readyz`) showing it within a couple of seconds. With the server stopped, neither
 //! evaluates and both route as they did; started again, one evaluates again.
 
+#![allow(clippy::disallowed_methods)] // tokio::spawn: the test's own event listeners
+
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 use switchyard::Running;
 use switchyard_observe::ledger::cluster::Cluster;
 use switchyard_tests::harness::{start_switchyard_file, wait_ready, TestClient};
+use tokio::sync::{broadcast, mpsc};
 
 use crate::durability::support::metric;
 use crate::release::{admin, config, drive, engine, start_release};
@@ -27,24 +30,59 @@ async fn routed(proxy: &Running) -> Value {
     r.json()["models"]["smollm2"]["release"].clone()
 }
 
-/// Waits until every instance's route passes `applied`.
-async fn applied_by_all(fleet: &[Running], what: &str, applied: impl Fn(&Value) -> bool) {
-    let deadline = Instant::now() + APPLIED_WITHIN;
+/// Every instance's events in one channel, by kind: each change of its routing (`release`,
+/// published once the new routing is live) and of its lease (`evaluator`).
+fn changes(fleet: &[Running]) -> mpsc::UnboundedReceiver<&'static str> {
+    let (tx, rx) = mpsc::unbounded_channel();
     for proxy in fleet {
-        loop {
-            let route = routed(proxy).await;
-            if applied(&route) {
-                break;
+        let mut events = proxy.state().events.subscribe();
+        let tx = tx.clone();
+        tokio::spawn(async move {
+            loop {
+                let kind = match events.recv().await {
+                    Ok(event) => event.kind,
+                    Err(broadcast::error::RecvError::Lagged(_)) => "lagged",
+                    Err(broadcast::error::RecvError::Closed) => return,
+                };
+                if tx.send(kind).is_err() {
+                    return;
+                }
             }
-            assert!(
-                Instant::now() < deadline,
-                "{what}: not applied by {} within {APPLIED_WITHIN:?}: {route}",
-                proxy.addr()
-            );
-            // Another instance's change reaches this one by its own read of the shared ledger:
-            // no signal crosses between them to wait on.
-            tokio::time::sleep(Duration::from_millis(50)).await;
+        });
+    }
+    rx
+}
+
+/// Waits for the next change of any instance; false once `deadline` has passed.
+async fn next_change(
+    changes: &mut mpsc::UnboundedReceiver<&'static str>,
+    deadline: Instant,
+) -> bool {
+    tokio::time::timeout_at(deadline.into(), changes.recv())
+        .await
+        .is_ok()
+}
+
+/// Waits until every instance's route passes `applied`, looking again at each change.
+async fn applied_by_all(
+    fleet: &[Running],
+    changes: &mut mpsc::UnboundedReceiver<&'static str>,
+    what: &str,
+    applied: impl Fn(&Value) -> bool,
+) {
+    let deadline = Instant::now() + APPLIED_WITHIN;
+    loop {
+        let mut routes = Vec::new();
+        for proxy in fleet {
+            routes.push(routed(proxy).await);
         }
+        if routes.iter().all(&applied) {
+            return;
+        }
+        assert!(
+            next_change(changes, deadline).await,
+            "{what}: not applied by every instance within {APPLIED_WITHIN:?}: {routes:?}"
+        );
     }
 }
 
@@ -81,6 +119,7 @@ async fn an_operators_action_on_either_instance_moves_the_release_on_both() {
     let base_of = |i: usize| format!("http://{}", fleet[i].addr());
 
     // Exactly one evaluates, and each says which.
+    let mut changes = changes(&fleet);
     let client = TestClient::new();
     let deadline = Instant::now() + APPLIED_WITHIN;
     let evaluator = loop {
@@ -99,8 +138,10 @@ async fn an_operators_action_on_either_instance_moves_the_release_on_both() {
             }
             break holder;
         }
-        assert!(Instant::now() < deadline, "evaluators: {views:?}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert!(
+            next_change(&mut changes, deadline).await,
+            "evaluators: {views:?}"
+        );
     };
     let other = 1 - evaluator;
     for (i, flag) in [(evaluator, 1), (other, 0)] {
@@ -111,7 +152,7 @@ async fn an_operators_action_on_either_instance_moves_the_release_on_both() {
     // Started on the instance that does not evaluate; driven through the evaluator up to the
     // gate (10 % of sessions on the candidate).
     let id = start_release(&admin_of(other), "climb").await;
-    applied_by_all(&fleet, "the release", |r| r["weight"] == 10).await;
+    applied_by_all(&fleet, &mut changes, "the release", |r| r["weight"] == 10).await;
     drive(&base_of(evaluator), &admin_of(evaluator), &id, false, |r| {
         r["step_label"] == "gate"
     })
@@ -126,7 +167,10 @@ async fn an_operators_action_on_either_instance_moves_the_release_on_both() {
     )
     .await;
     assert_eq!(r.status, 200, "{}", r.json());
-    applied_by_all(&fleet, "the gate passed", |r| r["weight"] == 50).await;
+    applied_by_all(&fleet, &mut changes, "the gate passed", |r| {
+        r["weight"] == 50
+    })
+    .await;
 
     // The shared ledger stopped: no instance evaluates, each routes as it did, every request
     // is answered; started again, one evaluates again.
@@ -137,25 +181,28 @@ async fn an_operators_action_on_either_instance_moves_the_release_on_both() {
         }
         sum
     };
-    tokio::task::block_in_place(|| cluster.stop());
-    let deadline = Instant::now() + Duration::from_secs(15);
-    let mut served = 0;
-    while evaluators().await != 0 {
-        assert!(
-            Instant::now() < deadline,
-            "still evaluating with the server stopped"
-        );
+    let answered = async |i: usize| {
         let r = TestClient::new()
             .post_json(
-                &format!("{}/v1/chat/completions", base_of(served % 2)),
+                &format!("{}/v1/chat/completions", base_of(i)),
                 &json!({"model": "smollm2", "messages": [{"role": "user", "content": "hi"}]}),
             )
             .await
             .unwrap();
         assert_eq!(r.status, 200);
-        served += 1;
+    };
+    tokio::task::block_in_place(|| cluster.stop());
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while evaluators().await != 0 {
+        assert!(
+            next_change(&mut changes, deadline).await,
+            "still evaluating with the server stopped"
+        );
     }
-    applied_by_all(&fleet, "the outage", |r| {
+    for i in 0..fleet.len() {
+        answered(i).await;
+    }
+    applied_by_all(&fleet, &mut changes, "the outage", |r| {
         r["weight"] == 50 && r["state"] == "running"
     })
     .await;
@@ -163,10 +210,9 @@ async fn an_operators_action_on_either_instance_moves_the_release_on_both() {
     let deadline = Instant::now() + Duration::from_secs(15);
     while evaluators().await != 1 {
         assert!(
-            Instant::now() < deadline,
+            next_change(&mut changes, deadline).await,
             "no evaluator once the server is back"
         );
-        tokio::time::sleep(Duration::from_millis(50)).await;
     }
 
     // Paused on one, resumed on the other, aborted on the first.
@@ -185,9 +231,9 @@ async fn an_operators_action_on_either_instance_moves_the_release_on_both() {
         assert_eq!(r.status, 200, "{action}: {}", r.json());
         if applied == "aborted" {
             // An ended release routes nothing: every session on the primary.
-            applied_by_all(&fleet, action, Value::is_null).await;
+            applied_by_all(&fleet, &mut changes, action, Value::is_null).await;
         } else {
-            applied_by_all(&fleet, action, |r| r["state"] == applied).await;
+            applied_by_all(&fleet, &mut changes, action, |r| r["state"] == applied).await;
         }
     }
     // One history, seen alike from both, naming the operator's actions and the evaluator's steps.

@@ -72,12 +72,21 @@ impl AppState {
             Ok(Lease::Elsewhere { holder }) => Some(holder.clone()),
             Ok(Lease::Alone) | Err(_) => None,
         };
-        *releases
-            .evaluator
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner) = holder;
+        let known = std::mem::replace(
+            &mut *releases
+                .evaluator
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner),
+            holder.clone(),
+        );
         releases.evaluating.store(now, Ordering::Relaxed);
         self.recorder.metrics.release_evaluator(now);
+        if was != now || known != holder {
+            // For whoever follows the fleet (the dashboard, scripts): which instance evaluates
+            // changed, as this one sees it.
+            self.events
+                .publish(Event::new("evaluator", self.release_evaluator()));
+        }
         now
     }
 
