@@ -54,6 +54,10 @@ pub struct RequestRecord {
     pub identity_contradicted: bool,
     /// `false` for the first request a backend served since it became ready (cold caches).
     pub warm: Option<bool>,
+    /// The request's contention, set when it was forwarded: the most other requests in flight
+    /// at once on the engines of its backend's host while the engine worked on it. It stops
+    /// rising when the engine's answer is complete.
+    pub contention: Option<Arc<std::sync::atomic::AtomicU32>>,
     /// Wall-clock time the request arrived.
     pub started_at: std::time::SystemTime,
     pub streamed: bool,
@@ -122,6 +126,7 @@ impl RequestRecord {
             artifact: None,
             identity_contradicted: false,
             warm: None,
+            contention: None,
             started_at: std::time::SystemTime::now(),
             streamed: false,
             status: 0,
@@ -196,8 +201,17 @@ impl RequestRecord {
             decode: timing(self.phases.decode),
             warm: self.warm,
             in_flight: None,
+            contention: self.contention_now(),
             client_disconnected: self.client_disconnected,
         }
+    }
+
+    /// The request's contention as it stands (see [`Self::contention`]); none for a request
+    /// never forwarded.
+    pub fn contention_now(&self) -> Option<u32> {
+        self.contention
+            .as_ref()
+            .map(|c| c.load(std::sync::atomic::Ordering::Relaxed))
     }
 
     /// The `server-timing` header value of the phases as they are now.

@@ -34,12 +34,14 @@ use tokio::net::TcpStream;
 
 mod conn;
 mod endpoint;
+mod hosts;
 mod tls;
 
 use conn::{reuse_for, Back, Conn, Counted};
 pub use conn::{Connections, UpstreamBody};
 use endpoint::address;
 pub use endpoint::{Endpoint, Timeouts};
+pub use hosts::{Hosts, Occupancy};
 pub use tls::Tls;
 
 /// TCP keep-alive on engine connections (a long generation may leave one silent for minutes).
@@ -81,6 +83,8 @@ pub struct Upstream {
     connect_timeout: Duration,
     first_byte_timeout: Duration,
     on_retry: Option<RetryObserver>,
+    /// The requests in flight on each engine host (contention).
+    hosts: Arc<Hosts>,
 }
 
 impl std::fmt::Debug for Upstream {
@@ -98,7 +102,13 @@ impl Upstream {
             connect_timeout,
             first_byte_timeout,
             on_retry: None,
+            hosts: Arc::default(),
         }
+    }
+
+    /// The requests in flight on each engine host, through this client.
+    pub fn hosts(&self) -> &Arc<Hosts> {
+        &self.hosts
     }
 
     /// Tells `observer` of every request sent again after a kept-alive connection failed it.

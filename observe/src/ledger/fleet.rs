@@ -183,6 +183,7 @@ impl Fleet {
             counted: true,
             texted: true,
             judged: true,
+            contended: true,
         };
         rows.iter()
             .map(|row| pair(row, shape).map(|(_, pair)| pair))

@@ -51,6 +51,8 @@ pub(super) struct Shape {
     pub(super) counted: bool,
     pub(super) texted: bool,
     pub(super) judged: bool,
+    /// Each side's contention (migration 18).
+    pub(super) contended: bool,
 }
 
 /// One `comparisons` row as a pair, with its time.
@@ -92,6 +94,11 @@ pub(super) fn pair<C: Cells>(row: &C, shape: Shape) -> Result<(i64, Pair), C::Er
             decode: timing("decode")?,
             warm: row.int(&col("warm"))?.map(|w| w != 0),
             in_flight: unsigned("in_flight")?,
+            contention: if shape.contended {
+                unsigned("contention")?.map(|c| u32::try_from(c).unwrap_or(u32::MAX))
+            } else {
+                None
+            },
             client_disconnected: flag(&col("client_disconnected"))?,
             text: if shape.texted {
                 row.text(&col("text"))?

@@ -80,6 +80,10 @@ pub(super) fn read_comparisons_between(
     let judged = conn
         .prepare("SELECT equivalence FROM comparisons LIMIT 0")
         .is_ok();
+    // … and one written before migration 18 kept no contention.
+    let contended = conn
+        .prepare("SELECT primary_contention FROM comparisons LIMIT 0")
+        .is_ok();
     let mut statement = conn.prepare(
         "SELECT * FROM comparisons WHERE ts_ms >= ?1 AND ts_ms < ?2 AND id <= ?3 ORDER BY id",
     )?;
@@ -87,6 +91,7 @@ pub(super) fn read_comparisons_between(
         counted,
         texted,
         judged,
+        contended,
     };
     let rows = statement.query_map([since_ms, until_ms, last_id], |row| pair(row, shape))?;
     rows.collect()

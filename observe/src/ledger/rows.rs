@@ -165,6 +165,7 @@ pub(super) struct Row {
     arm_key: Option<&'static str>,
     placement: Option<&'static str>,
     continues: Option<bool>,
+    contention: Option<u32>,
 }
 
 /// The text columns of a request row, in the order [`Texts`] keeps them.
@@ -279,6 +280,7 @@ impl Row {
             arm_key: r.release.as_ref().map(|m| m.key),
             placement: r.placement,
             continues: r.continues,
+            contention: r.contention_now(),
         }
     }
 
@@ -336,6 +338,8 @@ impl Row {
             Param::text(self.placement),
             self.continues
                 .map_or(Param::Null, |c| Param::Int(i64::from(c))),
+            self.contention
+                .map_or(Param::Null, |c| Param::Int(i64::from(c))),
         ]
     }
 }
@@ -358,7 +362,7 @@ fn insert_sql(table: &str, columns: &[&str]) -> String {
 }
 
 /// The request insert's parameter count.
-pub(super) const REQUEST_PARAMS: usize = 45;
+pub(super) const REQUEST_PARAMS: usize = 46;
 
 /// The columns of a request row, in [`Row::params`]' order.
 pub(super) const REQUEST_COLUMNS: [&str; REQUEST_PARAMS] = [
@@ -407,4 +411,5 @@ pub(super) const REQUEST_COLUMNS: [&str; REQUEST_PARAMS] = [
     "pool",
     "placement",
     "continues",
+    "contention",
 ];

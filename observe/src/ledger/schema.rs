@@ -289,6 +289,13 @@ pub(super) const MIGRATIONS: &[&str] = &[
     r#"
     ALTER TABLE requests ADD COLUMN continues INTEGER;
     "#,
+    // 18: contention: the most other requests in flight at once on the engines of the
+    // request's host while it ran; on a comparison, each side's.
+    r#"
+    ALTER TABLE requests ADD COLUMN contention INTEGER;
+    ALTER TABLE comparisons ADD COLUMN primary_contention INTEGER;
+    ALTER TABLE comparisons ADD COLUMN candidate_contention INTEGER;
+    "#,
 ];
 
 /// Opens (creating and migrating) the ledger database, for the writer.

@@ -13,6 +13,7 @@
 
 pub mod equivalence;
 mod ratios;
+pub mod speed;
 mod summary;
 #[cfg(test)]
 mod tests;
@@ -141,8 +142,13 @@ pub struct Side {
     pub decode: Option<TokenTiming>,
     /// False for a cold run (the engine's or the prompt's first).
     pub warm: Option<bool>,
-    /// Requests in flight on this side's backend when the comparison started (contention).
+    /// Requests in flight on this side's backend when the comparison started.
     pub in_flight: Option<u64>,
+    /// Contention: the most other requests in flight at once on the engines of this side's
+    /// host (its own engine included) while this side's request ran; none when not known.
+    /// Speed is compared only between sides that ran under the same contention.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub contention: Option<u32>,
     pub client_disconnected: bool,
 }
 

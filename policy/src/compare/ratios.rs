@@ -56,7 +56,7 @@ fn ratio(candidate: Option<f64>, primary: Option<f64>) -> Option<f64> {
 }
 
 /// Tokens per second from an engine-reported phase.
-fn engine_rate(t: Option<TokenTiming>) -> Option<f64> {
+pub(super) fn engine_rate(t: Option<TokenTiming>) -> Option<f64> {
     let t = t.filter(|t| t.engine)?;
     let tokens = t.tokens?;
     (t.ms > 0.0).then(|| tokens as f64 * 1000.0 / t.ms)
@@ -69,7 +69,7 @@ fn proxy_prefill_rate(s: &Side) -> Option<f64> {
 }
 
 /// Decode tokens per second on the proxy's clock: tokens after the first over the time after it.
-fn proxy_decode_rate(s: &Side) -> Option<f64> {
+pub(super) fn proxy_decode_rate(s: &Side) -> Option<f64> {
     let after_first = s.total_ms? - s.ttft_ms?;
     let tokens = s.completion_tokens?.checked_sub(1)?;
     (after_first > 0.0 && tokens > 0).then(|| tokens as f64 * 1000.0 / after_first)

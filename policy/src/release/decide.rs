@@ -46,9 +46,9 @@ pub struct Evidence {
     /// the above, only here.
     pub candidate_fallbacks: u64,
     pub primary_fallbacks: u64,
-    /// The worst warm ratio of the candidate's speed to the primary's (above 1 is slower),
-    /// with what it measures; none until a group has enough repetitions.
-    pub worst_ratio: Option<(f64, String)>,
+    /// The candidate's warm speed against the primary's, per metric with an interval
+    /// ([`crate::compare::speed`]); none when no pair could be timed.
+    pub speed: Option<crate::compare::speed::Speed>,
     /// An operator asked to pass the gate.
     pub promote_requested: bool,
     /// The pairs judged token by token (replays under an equivalence rule), together.
@@ -161,22 +161,35 @@ pub fn decide(plan: &Plan, step: &Step, ev: &Evidence) -> Decision {
             waiting_for: format!("the candidate is degraded: {why}"),
         };
     }
-    if let Some((ratio, what)) = &ev.worst_ratio {
-        if *ratio > plan.performance.critical {
-            return Decision::Abort {
-                reason: format!(
-                    "{what} ratio {ratio:.2} above critical {:.2}",
-                    plan.performance.critical
-                ),
-            };
-        }
-        if *ratio > plan.performance.allowed {
-            return Decision::Hold {
-                waiting_for: format!(
-                    "{what} ratio {ratio:.2} above allowed {:.2}",
-                    plan.performance.allowed
-                ),
-            };
+    // Speed holds or aborts only where the interval of a metric's median lies wholly above
+    // the bound: an identical engine's noise spreads the interval across 1.
+    if let Some(speed) = &ev.speed {
+        if let Some(m) = speed.slowest() {
+            let low = m.interval.map_or(0.0, |i| i.0);
+            let basis = format!(
+                "{}; {} metrics share {:.0} % confidence",
+                speed.basis(),
+                speed.metrics_looked_at,
+                100.0 * crate::compare::speed::CONFIDENCE
+            );
+            if low > plan.performance.critical {
+                return Decision::Abort {
+                    reason: format!(
+                        "{}, surely above critical {:.2} ({basis})",
+                        m.describe(),
+                        plan.performance.critical
+                    ),
+                };
+            }
+            if low > plan.performance.allowed {
+                return Decision::Hold {
+                    waiting_for: format!(
+                        "{}, surely above allowed {:.2} ({basis})",
+                        m.describe(),
+                        plan.performance.allowed
+                    ),
+                };
+            }
         }
     }
     enough(step, ev)

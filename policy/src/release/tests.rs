@@ -150,12 +150,12 @@ fn the_order_is_integrity_correctness_availability_performance() {
     assert_eq!(decide(&plan, &step, &ready), Decision::Advance);
 
     let slow = Evidence {
-        worst_ratio: Some((1.5, "warm ttft p95".to_owned())),
+        speed: Some(slower(1.5)),
         ..ready.clone()
     };
     assert!(matches!(decide(&plan, &step, &slow), Decision::Hold { .. }));
     let very_slow = Evidence {
-        worst_ratio: Some((3.0, "warm ttft p95".to_owned())),
+        speed: Some(slower(3.0)),
         ..ready.clone()
     };
     assert!(matches!(
@@ -443,7 +443,7 @@ fn a_degraded_candidate_holds_with_the_detectors_reason_and_is_not_judged_on_its
     let degraded = Evidence {
         candidate_degraded: Some("c1 is degraded (slowdown: decode rate at 0.40× its baseline, 12 of the latest 12 answers slow)".to_owned()),
         // Slow enough to abort, were its speed judged now.
-        worst_ratio: Some((3.0, "warm ttft p95".to_owned())),
+        speed: Some(slower(3.0)),
         ..ready.clone()
     };
     let Decision::Hold { waiting_for } = decide(&plan, &step, &degraded) else {
@@ -464,4 +464,53 @@ fn a_degraded_candidate_holds_with_the_detectors_reason_and_is_not_judged_on_its
     ));
     // Once cleared, it moves on as before.
     assert_eq!(decide(&plan, &step, &ready), Decision::Advance);
+}
+
+/// Speed evidence whose total-time interval lies just above `ratio`.
+fn slower(ratio: f64) -> crate::compare::speed::Speed {
+    crate::compare::speed::Speed {
+        pairs: 20,
+        contended: 0,
+        metrics_looked_at: 1,
+        metrics: vec![crate::compare::speed::Metric {
+            name: "total".to_owned(),
+            n: 20,
+            median: ratio * 1.1,
+            interval: Some((ratio, ratio * 1.2)),
+        }],
+    }
+}
+
+#[test]
+fn speed_whose_interval_spans_one_neither_holds_nor_aborts() {
+    let plan = Plan::standard();
+    let step = live(25, 10);
+    let noisy = Evidence {
+        speed: Some(crate::compare::speed::Speed {
+            pairs: 20,
+            contended: 3,
+            metrics_looked_at: 3,
+            metrics: vec![crate::compare::speed::Metric {
+                name: "decode_rate".to_owned(),
+                n: 17,
+                // A median worse than critical, from an interval that does not show it.
+                median: 2.4,
+                interval: Some((0.7, 5.0)),
+            }],
+        }),
+        ..ready()
+    };
+    assert_eq!(decide(&plan, &step, &noisy), Decision::Advance);
+    let Decision::Abort { reason } = decide(
+        &plan,
+        &step,
+        &Evidence {
+            speed: Some(slower(3.0)),
+            ..ready()
+        },
+    ) else {
+        panic!("surely slower beyond critical aborts");
+    };
+    assert!(reason.contains("interval 3.00–3.60"), "{reason}");
+    assert!(reason.contains("surely above critical 2.00"), "{reason}");
 }

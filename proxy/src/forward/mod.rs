@@ -49,6 +49,8 @@ pub(crate) struct Held {
     pub(crate) permit: Option<queue::Slot>,
     pub(crate) lease: Option<switchyard_engine::managed::Lease>,
     pub(crate) in_flight: GaugeGuard,
+    /// Its place on the engine's host, whose contention the record keeps.
+    pub(crate) occupancy: Option<switchyard_engine::client::Occupancy>,
 }
 
 /// One backend's stack of stages.

@@ -401,6 +401,7 @@ fn sent(recorder: &Arc<Recorder>, ctx: Ctx, status: u16, body: &'static str) -> 
             permit: None,
             lease: None,
             in_flight: recorder.metrics.in_flight("engine"),
+            occupancy: None,
         },
         want_trailers: false,
     }

@@ -403,8 +403,12 @@ impl Comparison {
         let (mut p, c) = (primary.side, candidate.as_ref().map(|r| r.side.clone()));
         let (mut verdict, mut reason) = judge(&p, c.as_ref(), Determinism::Greedy, None);
         let mut judged = None;
-        if let (Verdict::Mismatch, Some(rule), Some(candidate)) =
-            (verdict, self.plan.equivalence, candidate.as_ref())
+        // Every replayed pair both sides answered is judged token by token, the pairs that
+        // match included: the rule's share and KL are over all compared positions, not only
+        // over the pairs selected for differing (which would bias them towards "different").
+        let answered = matches!(verdict, Verdict::Match | Verdict::Mismatch);
+        if let (true, Some(rule), Some(candidate)) =
+            (answered, self.plan.equivalence, candidate.as_ref())
         {
             let tokens = |body: &Option<Bytes>| match body {
                 Some(body) => chat_logprobs(body),
@@ -414,6 +418,7 @@ impl Comparison {
                 (Ok(a), Ok(b)) => {
                     let j = judge_tokens(&a, &b, &rule);
                     (verdict, reason) = match j.verdict {
+                        _ if verdict == Verdict::Match => (verdict, reason),
                         Equivalence::Identical => (
                             Verdict::Equivalent,
                             Some(
@@ -439,10 +444,13 @@ impl Comparison {
                     };
                     judged = Some(Box::new(j));
                 }
-                (Err(why), _) | (_, Err(why)) => {
+                (Err(why), _) | (_, Err(why)) if verdict == Verdict::Mismatch => {
                     reason = Some(format!(
                         "no log-probabilities to judge by ({why}); exact match judged it"
                     ));
+                }
+                (Err(why), _) | (_, Err(why)) => {
+                    tracing::warn!(model = %self.plan.model, candidate = %self.plan.candidate, "a matching replay not judged token by token: {why}");
                 }
             }
         }

@@ -1,6 +1,6 @@
 //! The ledger's tables on PostgreSQL, and their migrations.
 //!
-//! The same tables and columns as SQLite's (`super::super::schema`, at its version 17), in
+//! The same tables and columns as SQLite's (`super::super::schema`, at its version 18), in
 //! PostgreSQL's types: integers are `BIGINT` (SQLite's are 64-bit; flags stay 0 and 1, so that
 //! the same sums and filters read both stores), reals `DOUBLE PRECISION` (SQLite's `REAL` is
 //! 8 bytes; PostgreSQL's `REAL` is 4), ids are identity columns. Every table of events has an
@@ -24,7 +24,8 @@ pub(super) const MIGRATION_LOCK: i64 = 0x7377_6974_6368_7961;
 
 /// Migrations, in order: the first is SQLite's version 17 whole; the second the fleet's own
 /// table, `instances`: each Switchyard's configuration digest and when it was last seen; the
-/// third the evaluator's lease for releases shared by the fleet.
+/// third the evaluator's lease for releases shared by the fleet; the fourth SQLite's 18
+/// (contention).
 pub(super) fn migrations() -> Vec<String> {
     let first = format!(
         r#"
@@ -238,7 +239,18 @@ pub(super) fn migrations() -> Vec<String> {
     CREATE INDEX requests_instance_id ON requests (instance, id);
     CREATE INDEX comparisons_instance_id ON comparisons (instance, id);
     "#;
-    vec![first, instances.to_owned(), releases.to_owned()]
+    // SQLite's migration 18: contention.
+    let contention = r#"
+    ALTER TABLE requests ADD COLUMN contention BIGINT;
+    ALTER TABLE comparisons ADD COLUMN primary_contention BIGINT;
+    ALTER TABLE comparisons ADD COLUMN candidate_contention BIGINT;
+    "#;
+    vec![
+        first,
+        instances.to_owned(),
+        releases.to_owned(),
+        contention.to_owned(),
+    ]
 }
 
 /// One side's columns of a comparison.

@@ -8,7 +8,7 @@ use super::param::int;
 
 /// The columns of one side of a comparison, after the `primary_` or `candidate_` prefix, in the
 /// order [`side_values`] gives them.
-const SIDE_COLUMNS: [&str; 22] = [
+const SIDE_COLUMNS: [&str; 23] = [
     "request_id",
     "backend",
     "engine",
@@ -31,6 +31,7 @@ const SIDE_COLUMNS: [&str; 22] = [
     "in_flight",
     "client_disconnected",
     "text",
+    "contention",
 ];
 
 /// A comparison, copied for the writer.
@@ -109,6 +110,8 @@ fn side_values<'a>(side: Option<&'a Side>, out: &mut Vec<ValueRef<'a>>) {
         integer(s.in_flight),
         ValueRef::Integer(i64::from(s.client_disconnected)),
         text(&s.text),
+        s.contention
+            .map_or(ValueRef::Null, |c| ValueRef::Integer(i64::from(c))),
     ]);
 }
 

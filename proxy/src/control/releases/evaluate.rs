@@ -9,11 +9,12 @@ use std::time::{Duration, Instant};
 use serde_json::json;
 use switchyard_observe::ledger::{Evaluation, Release, ReleaseStore, Rows};
 use switchyard_policy::compare::equivalence::{aggregate, Judged};
+use switchyard_policy::compare::speed::judge_speed;
 use switchyard_policy::compare::{Pair, Verdict};
 use switchyard_policy::release::{decide, Decision, Evidence, Plan, Step};
 use tokio_util::sync::CancellationToken;
 
-use super::pairs::{mismatch, orient, pinned_pair, worst_ratio};
+use super::pairs::{mismatch, orient, pinned_pair};
 use super::{blocking, sides, ReleaseError};
 use crate::control::AppState;
 use crate::route::Snapshot;
@@ -237,7 +238,7 @@ pub(crate) fn evidence_json(e: &Evidence, observed: &Observed) -> String {
         "primary_errors": e.primary_errors,
         "candidate_fallbacks": e.candidate_fallbacks,
         "primary_fallbacks": e.primary_fallbacks,
-        "worst_ratio": e.worst_ratio,
+        "speed": e.speed,
         "promote_requested": e.promote_requested,
         "equivalence": e.equivalence,
     })
@@ -436,8 +437,9 @@ pub(crate) fn count(
             Verdict::CandidateError | Verdict::Incomparable => {}
         }
     }
-    // Speed is judged only for groups whose answers all matched.
-    evidence.worst_ratio = worst_ratio(&oriented);
+    // Speed is judged over the pairs of the same work, under the same contention.
+    let speed = judge_speed(&oriented);
+    evidence.speed = (speed.pairs > 0).then_some(speed);
     Ok(evidence)
 }
 

@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use switchyard_observe::ledger::{Release, ReleaseStore};
 use switchyard_policy::compare::equivalence::{aggregate, Aggregate, Rule};
-use switchyard_policy::compare::{compare, divergences, Divergent, Pair, Verdict};
+use switchyard_policy::compare::{divergences, Divergent, Pair, Verdict};
 use switchyard_policy::release::Plan;
 
 use super::{blocking, ReleaseError};
@@ -144,36 +144,6 @@ pub(crate) async fn token_evidence(
         aggregate: (!judged.is_empty()).then(|| aggregate(judged)),
         divergences: divergences(&pairs),
     })
-}
-
-/// The worst warm ratio of the candidate's speed to the primary's, above 1 being slower, over
-/// the groups with enough repetitions.
-pub(super) fn worst_ratio(pairs: &[Pair]) -> Option<(f64, String)> {
-    let comparison = compare(pairs, false);
-    let mut worst: Option<(f64, String)> = None;
-    for group in &comparison.groups {
-        if group.counts.mismatch > 0 {
-            continue;
-        }
-        let Some(ratios) = &group.ratios else {
-            continue;
-        };
-        let slower = [
-            ratios.ttft.as_ref().map(|r| (r.median, "warm ttft")),
-            ratios.total.as_ref().map(|r| (r.median, "warm total time")),
-            ratios
-                .decode_tps
-                .as_ref()
-                .filter(|r| r.median > 0.0)
-                .map(|r| (1.0 / r.median, "warm decode rate (inverted)")),
-        ];
-        for (ratio, what) in slower.into_iter().flatten() {
-            if worst.as_ref().is_none_or(|(w, _)| ratio > *w) {
-                worst = Some((ratio, format!("{what} of {}", group.key.workload)));
-            }
-        }
-    }
-    worst
 }
 
 #[cfg(test)]

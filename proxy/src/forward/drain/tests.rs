@@ -78,6 +78,7 @@ fn held(recorder: &Recorder) -> Option<Held> {
         permit: None,
         lease: None,
         in_flight: recorder.metrics.in_flight("d"),
+        occupancy: None,
     })
 }
 

@@ -127,6 +127,7 @@ impl Shared {
                 counted: true,
                 texted: true,
                 judged: true,
+                contended: true,
             };
             let mut pairs = rows
                 .iter()
