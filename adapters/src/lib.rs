@@ -23,6 +23,7 @@ use bytes::Bytes;
 use switchyard_policy::EngineKind;
 
 pub use endpoint::{Dialect, Endpoint, Wire};
+
 pub use identity::{EngineIdentity, EngineReport, Health, ProbeResult};
 pub use observe::{
     inspect_response, inspect_response_for, inspect_response_with, EngineTimings, EventKind,
@@ -103,6 +104,28 @@ pub trait Adapter: Send + Sync + fmt::Debug + 'static {
     fn normalize_error(&self, _status: u16, _body: &[u8]) -> Option<(u16, Bytes)> {
         None
     }
+
+    /// Sets what a greedy replay's chat request `fields` need so that the engine's answer
+    /// depends on neither what it served before nor what it serves meanwhile, as far as the
+    /// engine allows, and says how its prompt cache is handled. Engines compute a prompt's
+    /// logits slightly differently when part of it comes from their cache, or when it is
+    /// batched with other requests, and a greedy answer flips at a near tie.
+    fn controlled_replay(
+        &self,
+        _fields: &mut serde_json::Map<String, serde_json::Value>,
+    ) -> ReplayCache {
+        ReplayCache::Primed
+    }
+}
+
+/// How a replay meets an engine's prompt cache.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReplayCache {
+    /// The request asks the engine not to use its cache (llama.cpp's `cache_prompt: false`).
+    Off,
+    /// The engine's cache cannot be turned off per request: the prompt is sent once first
+    /// (one token generated), so that each side answers from its cache holding the prompt.
+    Primed,
 }
 
 /// What a stream rewrite remembers between events.

@@ -25,6 +25,14 @@ impl Adapter for LlamaCpp {
         EngineKind::LlamaCpp
     }
 
+    /// `cache_prompt: false`: the slot's cache is cleared and the whole prompt computed anew
+    /// (`timings.cache_n` is then 0). Batching with other slots cannot be turned off per
+    /// request; the replay waits for an idle host for that.
+    fn controlled_replay(&self, fields: &mut serde_json::Map<String, Value>) -> crate::ReplayCache {
+        fields.insert("cache_prompt".to_owned(), Value::Bool(false));
+        crate::ReplayCache::Off
+    }
+
     /// llama-server serves every proxied endpoint: OpenAI's chat and text completions,
     /// embeddings and Responses, Anthropic's Messages and token counting, reranking (with
     /// `--reranking` and a reranking model; otherwise it answers an error of its own) and

@@ -23,6 +23,13 @@ impl Adapter for Mlx {
         EngineKind::Mlx
     }
 
+    /// A `seed` (nothing at temperature 0) makes mlx_lm.server answer the request alone, out of
+    /// its batch; its prompt cache has no per-request switch, so the prompt is primed.
+    fn controlled_replay(&self, fields: &mut serde_json::Map<String, Value>) -> crate::ReplayCache {
+        fields.insert("seed".to_owned(), Value::from(0));
+        crate::ReplayCache::Primed
+    }
+
     /// mlx_lm.server answers `POST /v1/chat/completions` and `/v1/completions` (and
     /// `/chat/completions`), nothing else: no embeddings, no Responses or Messages API.
     fn serves(&self, endpoint: Endpoint) -> bool {

@@ -35,6 +35,10 @@ pub struct ShadowRoute {
     pub replay: Option<crate::replay::Replay>,
     /// The equivalence rule greedy pairs that differ are judged by, if any.
     pub equivalence: Option<crate::compare::equivalence::Rule>,
+    /// Without `replay`: the budget of the replays that confirm a greedy pair that differs, on
+    /// both engines under the same conditions, before it counts as a difference (a release's
+    /// copies have it; a model's shadow replays only when it has `replay`).
+    pub confirm: Option<crate::replay::Replay>,
 }
 
 impl ShadowRoute {
@@ -94,6 +98,7 @@ impl RoutingTable {
                     when: s.when,
                     replay: s.replay,
                     equivalence: s.equivalence,
+                    confirm: None,
                 }),
             });
             names.push(route.model.clone());
@@ -232,6 +237,7 @@ mod tests {
             when: ShadowWhen::AfterPrimary,
             replay: None,
             equivalence: None,
+            confirm: None,
         };
         assert!(route(1.0).sampled(u64::MAX));
         assert!(!route(0.0).sampled(0));

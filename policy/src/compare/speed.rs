@@ -147,17 +147,19 @@ pub fn judge_speed<'a>(pairs: impl IntoIterator<Item = &'a Pair>) -> Speed {
             continue;
         }
         ttft.extend(log_ratio(c.ttft_ms, p.ttft_ms));
-        let same_length = p.completion_tokens.is_some() && p.completion_tokens == c.completion_tokens;
+        let same_length =
+            p.completion_tokens.is_some() && p.completion_tokens == c.completion_tokens;
         if pair.verdict == Verdict::Match && same_length {
             total.extend(log_ratio(c.total_ms, p.total_ms));
         }
         let (rp, rc) = decode_rates(p, c);
         decode.extend(log_ratio(rp, rc));
     }
-    let looked_at: Vec<(&str, Vec<f64>)> = [("ttft", ttft), ("total", total), ("decode_rate", decode)]
-        .into_iter()
-        .filter(|(_, v)| !v.is_empty())
-        .collect();
+    let looked_at: Vec<(&str, Vec<f64>)> =
+        [("ttft", ttft), ("total", total), ("decode_rate", decode)]
+            .into_iter()
+            .filter(|(_, v)| !v.is_empty())
+            .collect();
     speed.metrics_looked_at = looked_at.len();
     let alpha = (1.0 - CONFIDENCE) / looked_at.len().max(1) as f64;
     speed.metrics = looked_at

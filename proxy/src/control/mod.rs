@@ -361,7 +361,10 @@ impl App {
             }
             None => snapshot,
         };
-        let shadowing = Arc::new(Shadowing::new(recorder.clone()));
+        let shadowing = Arc::new(Shadowing::new(
+            recorder.clone(),
+            shared.upstream.hosts().clone(),
+        ));
         Ok(Self {
             state: Arc::new(AppState {
                 live: Arc::new(Live::new(snapshot)),

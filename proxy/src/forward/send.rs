@@ -193,7 +193,10 @@ impl tower::Service<Attempt> for Send {
         }
         // In flight from here until the engine's answer is complete (or the client leaves): the
         // mark travels with the admission slot, into the stream for streamed answers.
-        let occupancy = self.upstream.hosts().occupy(backend.endpoint.authority.host());
+        let occupancy = self
+            .upstream
+            .hosts()
+            .occupy(backend.endpoint.authority.host());
         recording.contention = Some(occupancy.contention());
         let held = Held {
             permit,

@@ -369,7 +369,7 @@ fn copy_target(
         })?,
         None => snapshot.shadow_target(&route.model, to)?,
     };
-    if shadow.replay.is_some() {
+    if shadow.replay.is_some() || shadow.confirm.is_some() {
         target.served = Some(snapshot.candidate(&serving.primary)?);
     }
     Ok(target)

@@ -67,6 +67,9 @@ impl ReleaseRoute {
                 when: ShadowWhen::AfterPrimary,
                 replay: copies.replay,
                 equivalence: copies.equivalence,
+                // A greedy pair that differs is confirmed on a controlled replay before it
+                // counts against the candidate, with the plan's replay budget or the default.
+                confirm: Some(copies.replay.unwrap_or_default()),
             },
             copies.pool.clone(),
         ))

@@ -53,6 +53,8 @@ pub struct Shadowing {
     recorded: tokio::sync::watch::Sender<u64>,
     /// Differing pairs whose texts were kept so far (at most [`MAX_KEPT_TEXTS`]).
     texts_kept: AtomicU64,
+    /// The requests in flight on each engine host: a replay waits for its host to be idle.
+    pub(crate) hosts: Arc<switchyard_engine::client::Hosts>,
 }
 
 /// The most differing pairs whose two answers' texts one run of Switchyard keeps in the ledger
@@ -94,8 +96,12 @@ impl Pool {
 }
 
 impl Shadowing {
-    pub(crate) fn new(recorder: Arc<Recorder>) -> Self {
+    pub(crate) fn new(
+        recorder: Arc<Recorder>,
+        hosts: Arc<switchyard_engine::client::Hosts>,
+    ) -> Self {
         Self {
+            hosts,
             recorder,
             tasks: TaskTracker::new(),
             stop: CancellationToken::new(),
@@ -163,6 +169,7 @@ impl Shadowing {
             replay: shadow.replay,
             served: target.served,
             equivalence: shadow.equivalence,
+            confirm: shadow.confirm,
         };
         let skip = if !outgoing.endpoint.compared() {
             // Outputs are compared as generated text: vectors, rankings and token counts are

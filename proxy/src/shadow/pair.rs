@@ -42,6 +42,8 @@ pub(crate) struct Planned {
     pub(super) served: Option<Candidate>,
     /// The equivalence rule greedy pairs that differ are judged by.
     pub(super) equivalence: Option<Rule>,
+    /// Without `replay`, the budget of replays that confirm a greedy pair that differs.
+    pub(super) confirm: Option<Replay>,
 }
 
 /// Where a sampled request's shadow goes: the candidate, and the model's pool; with replays,

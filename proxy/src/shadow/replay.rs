@@ -16,7 +16,7 @@ use bytes::Bytes;
 use switchyard_adapters::chat_form::chat_form;
 use switchyard_adapters::fingerprint::WorkloadFingerprint;
 use switchyard_adapters::logprobs::chat_logprobs;
-use switchyard_adapters::Endpoint;
+use switchyard_adapters::{Endpoint, ReplayCache};
 use switchyard_policy::compare::equivalence::{judge_tokens, Equivalence};
 use switchyard_policy::compare::{judge, Determinism, Pair, Side, Verdict};
 use switchyard_policy::replay::Replay;
@@ -128,8 +128,9 @@ impl ShadowJob {
         candidate: &Ran,
     ) -> Option<ReplayJob> {
         let plan = &self.comparison.plan;
-        plan.equivalence?;
-        let replay = plan.replay?;
+        // Confirmed on a replay: by the rule when there is one, else by exact match under
+        // the same conditions on both sides.
+        let replay = plan.replay.or(plan.confirm)?;
         let served = plan.served.clone()?;
         if !replayable(self.outgoing.endpoint) || primary.backend != *served.backend.name {
             return None;
@@ -158,6 +159,45 @@ fn replayable(endpoint: Endpoint) -> bool {
         endpoint,
         Endpoint::ChatCompletions | Endpoint::Responses | Endpoint::Messages
     )
+}
+
+/// The longest a replay waits for its engines' host to have no other request in flight before
+/// it runs anyway (its contention then on the record).
+const IDLE_WAIT: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// A replay's request as one side's engine gets it under controlled conditions, and the
+/// request that primes that engine's prompt cache first, when its cache cannot be turned off.
+struct Controlled {
+    replay: Arc<Outgoing>,
+    primer: Option<Arc<Outgoing>>,
+}
+
+/// `body` (the greedy chat request) as `target`'s engine gets it for a controlled replay
+/// ([`switchyard_adapters::Adapter::controlled_replay`]).
+fn controlled(target: &Candidate, body: &[u8]) -> Result<Controlled, String> {
+    let mut fields: serde_json::Map<String, serde_json::Value> =
+        serde_json::from_slice(body).map_err(|e| e.to_string())?;
+    let cache = target.backend.adapter.controlled_replay(&mut fields);
+    let outgoing = |fields: &serde_json::Map<String, serde_json::Value>| {
+        let body = serde_json::to_vec(fields).map_err(|e| e.to_string())?;
+        let (outgoing, _, _) =
+            Outgoing::from_json(Endpoint::ChatCompletions.path(), Bytes::from(body), false)
+                .map_err(|e| e.to_string())?;
+        Ok::<_, String>(Arc::new(outgoing))
+    };
+    let replay = outgoing(&fields)?;
+    let primer = match cache {
+        ReplayCache::Off => None,
+        ReplayCache::Primed => {
+            let mut primer = fields.clone();
+            for key in ["logprobs", "top_logprobs"] {
+                primer.remove(key);
+            }
+            primer.insert("max_tokens".to_owned(), serde_json::Value::from(1));
+            Some(outgoing(&primer)?)
+        }
+    };
+    Ok(Controlled { replay, primer })
 }
 
 /// Milliseconds since the Unix epoch, the budget's clock.
@@ -211,19 +251,51 @@ impl ReplayJob {
             Ok(body) => Bytes::from(body),
             Err(why) => return self.lost(&why),
         };
-        let built = Outgoing::from_json(Endpoint::ChatCompletions.path(), body, false);
-        let (outgoing, fingerprint) = match built {
-            Ok((outgoing, _, fingerprint)) => (Arc::new(outgoing), fingerprint),
+        let built = Outgoing::from_json(Endpoint::ChatCompletions.path(), body.clone(), false);
+        let fingerprint = match built {
+            Ok((_, _, fingerprint)) => fingerprint,
             Err(e) => return self.lost(&e.to_string()),
         };
+        let built = controlled(&self.served, &body)
+            .and_then(|primary| Ok((primary, controlled(&self.comparison.plan.target, &body)?)));
+        let (on_primary, on_candidate) = match built {
+            Ok(both) => both,
+            Err(why) => return self.lost(&why),
+        };
+        let c = &self.comparison;
         let mut sides = Vec::with_capacity(2);
         let mut yielded = None;
-        for target in [&self.served, &c.plan.target] {
+        for (target, outgoing) in [(&self.served, on_primary), (&c.plan.target, on_candidate)] {
+            // The same conditions on both sides: no other request on the engines' host (else
+            // the contention is on the record, and a difference under it is not judged by
+            // exact match), and the same prompt cache state.
+            let host = target.backend.endpoint.authority.host().to_owned();
+            c.plan.shadowing.hosts.idle(&host, IDLE_WAIT).await;
+            if let Some(primer) = &outgoing.primer {
+                let primed = run_on(
+                    recorder,
+                    target,
+                    "replay",
+                    primer,
+                    model,
+                    &fingerprint,
+                    false,
+                    None,
+                    false,
+                )
+                .await;
+                if let Some(code) = primed.not_ready {
+                    let tokens = sides.iter().map(|r: &Ran| spent(&r.side)).sum();
+                    let why = format!("{} was busy or not ready ({code})", target.backend.name);
+                    yielded = Some((why, tokens));
+                    break;
+                }
+            }
             let ran = run_on(
                 recorder,
                 target,
                 "replay",
-                &outgoing,
+                &outgoing.replay,
                 model,
                 &fingerprint,
                 false,
@@ -453,6 +525,20 @@ impl Comparison {
                     tracing::warn!(model = %self.plan.model, candidate = %self.plan.candidate, "a matching replay not judged token by token: {why}");
                 }
             }
+        }
+        // Without a rule, a replay is judged by exact match, which holds only where both
+        // engines answered alone: a difference met beside other requests is noise of batching.
+        let contended = |s: Option<&Side>| s.and_then(|s| s.contention).unwrap_or(0) > 0;
+        if verdict == Verdict::Mismatch
+            && judged.is_none()
+            && (contended(Some(&p)) || contended(c.as_ref()))
+        {
+            verdict = Verdict::Incomparable;
+            reason = Some(format!(
+                "the replay's answers differ, but other requests ran on the engines' host meanwhile (contention: primary {}, candidate {}); exact match is judged only on an idle host",
+                p.contention.unwrap_or(0),
+                c.as_ref().and_then(|c| c.contention).unwrap_or(0)
+            ));
         }
         let mut c = c;
         let keep = matches!(verdict, Verdict::Mismatch | Verdict::Equivalent)

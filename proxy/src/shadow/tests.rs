@@ -46,7 +46,7 @@ impl Planner {
         let recorder = Arc::new(Recorder::default());
         let snapshot =
             Snapshot::build(shadowed(sample, when), None, &shared(&recorder), |b| b).unwrap();
-        let shadowing = Arc::new(Shadowing::new(recorder));
+        let shadowing = Arc::new(Shadowing::new(recorder, Arc::default()));
         Self {
             snapshot,
             shadowing,
@@ -192,7 +192,7 @@ impl Fallen {
             snapshot.backends.get("cand").unwrap(),
             switchyard_adapters::Health::Ready,
         );
-        let shadowing = Arc::new(Shadowing::new(recorder.clone()));
+        let shadowing = Arc::new(Shadowing::new(recorder.clone(), Arc::default()));
         Self {
             dir,
             recorder,

@@ -51,7 +51,9 @@ fn the_median_rank_follows_the_binomial() {
 #[test]
 fn an_identical_engine_with_noisy_times_is_not_surely_slower() {
     // Both sides drift by up to a factor of 3 either way, symmetrically.
-    let factors = [0.4, 2.5, 1.0, 0.7, 1.6, 3.0, 0.33, 1.1, 0.9, 1.4, 0.6, 1.2, 0.8, 2.0, 0.5];
+    let factors = [
+        0.4, 2.5, 1.0, 0.7, 1.6, 3.0, 0.33, 1.1, 0.9, 1.4, 0.6, 1.2, 0.8, 2.0, 0.5,
+    ];
     let pairs: Vec<Pair> = factors
         .iter()
         .map(|f| pair(1000.0, 1000.0 * f, (1, 1)))

@@ -110,7 +110,8 @@ impl Releases {
         let mut pools = self.pools.lock().unwrap_or_else(PoisonError::into_inner);
         pools
             .entry(id.to_owned())
-            .or_insert_with(|| Arc::new(Pool::new(1, replay)))
+            // Its budget pays for confirming replays too when the plan replays nothing else.
+            .or_insert_with(|| Arc::new(Pool::new(1, Some(&replay.copied().unwrap_or_default()))))
             .clone()
     }
 
