@@ -166,6 +166,7 @@ fn every_column_is_written_as_recorded() {
                 T(["affinity", "load", "spill"][i as usize % 3].into()),
             ),
             ("continues", I(i64::from(i % 2 == 0))),
+            ("contention", I(i64::from(i % 4))),
         ];
         assert_eq!(names[0], "id");
         assert_eq!(row[0], I(k + 1), "row {i}: ids in order");
@@ -418,5 +419,6 @@ pub(super) fn varied_record(i: u32) -> RequestRecord {
     r.pool = Some(format!("pool-{i}").into());
     r.placement = Some(["affinity", "load", "spill"][i as usize % 3]);
     r.continues = Some(i % 2 == 0);
+    r.contention = Some(std::sync::Arc::new(std::sync::atomic::AtomicU32::new(i % 4)));
     r
 }

@@ -224,6 +224,7 @@ pub(in crate::ledger) fn varied_pairs() -> Vec<Pair> {
         decode: None,
         warm: (i != 1).then_some(true),
         in_flight: Some(1),
+        contention: Some(i as u32),
         client_disconnected: false,
         text: output.map(|o| format!("the answer {o}")),
     };
