@@ -419,6 +419,8 @@ pub(super) fn varied_record(i: u32) -> RequestRecord {
     r.pool = Some(format!("pool-{i}").into());
     r.placement = Some(["affinity", "load", "spill"][i as usize % 3]);
     r.continues = Some(i % 2 == 0);
-    r.contention = Some(std::sync::Arc::new(std::sync::atomic::AtomicU32::new(i % 4)));
+    r.contention = Some(std::sync::Arc::new(std::sync::atomic::AtomicU32::new(
+        i % 4,
+    )));
     r
 }

@@ -283,9 +283,68 @@ fn evaluations(v: &Value) -> String {
             text(&e["reason"]),
             e["evidence"],
         ));
+        figures(&mut out, &e["evidence"]);
     }
     token_evidence(&mut out, &v["token_evidence"]);
     out
+}
+
+/// What each verdict of an evaluation rests on, for people: the statistic, its interval, the
+/// pairs or positions counted, and the contention of the pairs timed.
+fn figures(out: &mut String, e: &Value) {
+    let f = |v: &Value, digits: usize| {
+        v.as_f64()
+            .map_or_else(|| "-".to_owned(), |x| format!("{x:.digits$}"))
+    };
+    out.push_str(&format!(
+        "    correctness: {} of {} comparable pairs differ\n",
+        text(&e["mismatches"]),
+        text(&e["comparable_pairs"]),
+    ));
+    let a = &e["equivalence"];
+    if a.is_object() {
+        out.push_str(&format!(
+            "    equivalence: same top {} of {} positions over {} pairs ({} identical, {} equivalent, {} different); mean KL {} (95 % CI {} to {})\n",
+            f(&a["same_top_share"], 3),
+            text(&a["positions"]),
+            text(&a["pairs"]),
+            text(&a["identical"]),
+            text(&a["equivalent"]),
+            text(&a["different"]),
+            f(&a["mean_kl"], 4),
+            f(&a["mean_kl_ci"][0], 4),
+            f(&a["mean_kl_ci"][1], 4),
+        ));
+    }
+    let s = &e["speed"];
+    if s.is_object() {
+        out.push_str(&format!(
+            "    speed: {} warm pairs of the same work, {} left out for different contention; {} metrics share 95 % confidence\n",
+            text(&s["pairs"]),
+            text(&s["contended"]),
+            text(&s["metrics_looked_at"]),
+        ));
+        for m in s["metrics"].as_array().into_iter().flatten() {
+            let interval = match m["interval"].as_array() {
+                Some(i) => format!("interval {} to {}", f(&i[0], 2), f(&i[1], 2)),
+                None => "too few pairs for an interval".to_owned(),
+            };
+            out.push_str(&format!(
+                "      {}: median ratio {} over {} pairs, {interval}\n",
+                text(&m["name"]),
+                f(&m["median"], 2),
+                text(&m["n"]),
+            ));
+        }
+    } else {
+        out.push_str("    speed: no warm pair of the same work yet\n");
+    }
+    let served = e["candidate_requests"].as_u64().unwrap_or(0) + e["copies"].as_u64().unwrap_or(0);
+    let failed =
+        e["candidate_errors"].as_u64().unwrap_or(0) + e["copy_errors"].as_u64().unwrap_or(0);
+    out.push_str(&format!(
+        "    errors: {failed} of the candidate's {served} answers failed\n"
+    ));
 }
 
 /// The release's pairs judged token by token, from its start: the rule, the pairs together,

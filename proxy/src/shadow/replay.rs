@@ -128,9 +128,17 @@ impl ShadowJob {
         candidate: &Ran,
     ) -> Option<ReplayJob> {
         let plan = &self.comparison.plan;
-        // Confirmed on a replay: by the rule when there is one, else by exact match under
-        // the same conditions on both sides.
-        let replay = plan.replay.or(plan.confirm)?;
+        // Judged on a replay by the rule when there is one. Without one, exact match is the
+        // rule, and it holds between two sides of one engine build: a difference between them
+        // may be the noise of batching or caching, and is confirmed on a replay under the same
+        // conditions on both sides; between two engines it is their arithmetic, and stands.
+        let replay = match (plan.replay, plan.equivalence) {
+            (Some(replay), Some(_)) => replay,
+            _ if primary.engine.is_some() && primary.engine == candidate.side.engine => {
+                plan.replay.or(plan.confirm)?
+            }
+            _ => return None,
+        };
         let served = plan.served.clone()?;
         if !replayable(self.outgoing.endpoint) || primary.backend != *served.backend.name {
             return None;
