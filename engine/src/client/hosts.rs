@@ -154,15 +154,17 @@ mod tests {
 
     #[tokio::test]
     async fn idle_waits_for_the_last_request_on_the_host() {
-        let hosts = std::sync::Arc::new(Hosts::default());
+        let hosts = Hosts::default();
         assert!(hosts.idle("127.0.0.1", Duration::from_millis(1)).await);
         let busy = hosts.occupy("127.0.0.1");
         assert!(!hosts.idle("localhost", Duration::from_millis(20)).await);
-        let waiting = {
-            let hosts = hosts.clone();
-            tokio::spawn(async move { hosts.idle("127.0.0.1", Duration::from_secs(30)).await })
+        // The wait starts while the host is busy, and ends when its last request does.
+        let waiting = hosts.idle("127.0.0.1", Duration::from_secs(30));
+        let done = async move {
+            tokio::task::yield_now().await;
+            drop(busy);
         };
-        drop(busy);
-        assert!(waiting.await.unwrap());
+        let (idle, ()) = tokio::join!(waiting, done);
+        assert!(idle);
     }
 }
