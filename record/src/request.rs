@@ -54,9 +54,9 @@ pub struct RequestRecord {
     pub identity_contradicted: bool,
     /// `false` for the first request a backend served since it became ready (cold caches).
     pub warm: Option<bool>,
-    /// The request's contention, set when it was forwarded: the most other requests in flight
-    /// at once on the engines of its backend's host while the engine worked on it. It stops
-    /// rising when the engine's answer is complete.
+    /// The request's contention, set when it was forwarded: how many other requests were in
+    /// flight on the engines of its backend's host, on average while the engine worked on it,
+    /// rounded. It stops changing when the engine's answer is complete.
     pub contention: Option<Arc<std::sync::atomic::AtomicU32>>,
     /// Wall-clock time the request arrived.
     pub started_at: std::time::SystemTime,

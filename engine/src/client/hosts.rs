@@ -3,16 +3,18 @@
 //! Engines on one machine share its cores, memory bandwidth and GPU, so a request's speed
 //! depends on every request in flight on that host, not only on its own engine's. Each request
 //! forwarded to an engine holds an [`Occupancy`] of the engine's host for as long as the engine
-//! works on it; the occupancy keeps the most other requests that were in flight on the host at
-//! once during that time (its *contention*). Two answers are set side by side for speed only
-//! when their contention is the same.
+//! works on it; the occupancy keeps how many other requests were in flight on the host, on
+//! average over that time, rounded (its *contention*). An average, not a peak: a peak grows with
+//! the request's own length (a slow answer meets more of the others), which would set a slower
+//! engine's answers apart for being slow. Two answers are set side by side for speed only when
+//! their contention is about the same.
 //!
 //! Hosts are told apart by the engine's address; every loopback address is one host.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use tokio::sync::watch;
 
@@ -24,11 +26,44 @@ pub struct Hosts {
 
 #[derive(Debug)]
 struct Host {
-    /// The requests in flight, each with its contention so far.
-    active: Mutex<Vec<(u64, Arc<AtomicU32>)>>,
+    /// The requests in flight, and since when the count last changed.
+    active: Mutex<Active>,
     next: AtomicU64,
     /// How many requests are in flight, for whoever waits for the host to be idle.
     count: watch::Sender<usize>,
+}
+
+#[derive(Debug)]
+struct Active {
+    places: Vec<Place>,
+    changed: Instant,
+}
+
+#[derive(Debug)]
+struct Place {
+    id: u64,
+    since: Instant,
+    /// Other requests in flight, integrated over time (request-seconds).
+    others: f64,
+    contention: Arc<AtomicU32>,
+}
+
+impl Active {
+    /// Adds the time since the last change to every place's integral, and publishes each
+    /// place's average so far.
+    fn advance(&mut self, now: Instant) {
+        let dt = now.duration_since(self.changed).as_secs_f64();
+        let others = self.places.len().saturating_sub(1) as f64;
+        for place in &mut self.places {
+            place.others += others * dt;
+            let lived = now.duration_since(place.since).as_secs_f64();
+            if lived > 0.0 {
+                let mean = (place.others / lived).round();
+                place.contention.store(mean as u32, Ordering::Relaxed);
+            }
+        }
+        self.changed = now;
+    }
 }
 
 /// A request's place on its engine's host, held while the engine works on it.
@@ -60,7 +95,10 @@ impl Hosts {
             .entry(host_key(host))
             .or_insert_with(|| {
                 Arc::new(Host {
-                    active: Mutex::new(Vec::new()),
+                    active: Mutex::new(Active {
+                        places: Vec::new(),
+                        changed: Instant::now(),
+                    }),
                     next: AtomicU64::new(0),
                     count: watch::Sender::new(0),
                 })
@@ -73,13 +111,17 @@ impl Hosts {
         let host = self.host(host);
         let id = host.next.fetch_add(1, Ordering::Relaxed);
         let mut active = host.active.lock().unwrap_or_else(PoisonError::into_inner);
-        let others = u32::try_from(active.len()).unwrap_or(u32::MAX);
-        for (_, contention) in active.iter() {
-            contention.fetch_max(others, Ordering::Relaxed);
-        }
+        let now = Instant::now();
+        active.advance(now);
+        let others = u32::try_from(active.places.len()).unwrap_or(u32::MAX);
         let contention = Arc::new(AtomicU32::new(others));
-        active.push((id, contention.clone()));
-        host.count.send_replace(active.len());
+        active.places.push(Place {
+            id,
+            since: now,
+            others: 0.0,
+            contention: contention.clone(),
+        });
+        host.count.send_replace(active.places.len());
         drop(active);
         Occupancy {
             host,
@@ -103,8 +145,9 @@ impl Hosts {
 }
 
 impl Occupancy {
-    /// The request's contention: the most other requests in flight at once on its host while
-    /// it held its place; it stops rising when the place is given up.
+    /// The request's contention: how many other requests were in flight on its host, on
+    /// average while it held its place, rounded (at first, how many there were when it took
+    /// it); it stops changing when the place is given up.
     pub fn contention(&self) -> Arc<AtomicU32> {
         self.contention.clone()
     }
@@ -117,8 +160,9 @@ impl Drop for Occupancy {
             .active
             .lock()
             .unwrap_or_else(PoisonError::into_inner);
-        active.retain(|(id, _)| *id != self.id);
-        self.host.count.send_replace(active.len());
+        active.advance(Instant::now());
+        active.places.retain(|place| place.id != self.id);
+        self.host.count.send_replace(active.places.len());
     }
 }
 
@@ -130,26 +174,41 @@ mod tests {
     use super::Hosts;
 
     #[test]
-    fn contention_is_the_most_others_at_once_on_one_host() {
+    fn loopback_addresses_are_one_host_and_a_place_starts_at_the_others_in_flight() {
         let hosts = Hosts::default();
         let a = hosts.occupy("127.0.0.1");
         let b = hosts.occupy("localhost");
         let c = hosts.occupy("[::1]");
         let far = hosts.occupy("10.0.0.7");
-        drop(b);
-        let d = hosts.occupy("127.0.0.1");
-        assert_eq!(a.contention().load(Ordering::Relaxed), 2);
         assert_eq!(c.contention().load(Ordering::Relaxed), 2);
-        assert_eq!(d.contention().load(Ordering::Relaxed), 2);
         assert_eq!(far.contention().load(Ordering::Relaxed), 0);
         assert_eq!(hosts.in_flight("127.0.0.1"), 3);
-        // Given up, a place no longer rises with later requests.
-        let kept = a.contention();
+        drop((a, b));
+        assert_eq!(hosts.in_flight("127.0.0.1"), 1);
+    }
+
+    #[test]
+    fn contention_is_the_average_of_the_others_over_the_place_s_time() {
+        let hosts = Hosts::default();
+        let long = hosts.occupy("127.0.0.1");
+        // Alone for a while, then one other for a much shorter while: the average rounds to 0
+        // however many others came, as long as they came briefly.
+        std::thread::sleep(Duration::from_millis(60));
+        for _ in 0..3 {
+            let brief = hosts.occupy("127.0.0.1");
+            drop(brief);
+        }
+        let kept = long.contention();
+        drop(long);
+        assert_eq!(kept.load(Ordering::Relaxed), 0);
+        // A place that shared the host with one other throughout: 1.
+        let a = hosts.occupy("127.0.0.1");
+        let b = hosts.occupy("127.0.0.1");
+        std::thread::sleep(Duration::from_millis(20));
+        let kept = b.contention();
+        drop(b);
         drop(a);
-        let _e = hosts.occupy("127.0.0.1");
-        let _f = hosts.occupy("127.0.0.1");
-        assert_eq!(kept.load(Ordering::Relaxed), 2);
-        assert_eq!(c.contention().load(Ordering::Relaxed), 3);
+        assert_eq!(kept.load(Ordering::Relaxed), 1);
     }
 
     #[tokio::test]

@@ -144,9 +144,9 @@ pub struct Side {
     pub warm: Option<bool>,
     /// Requests in flight on this side's backend when the comparison started.
     pub in_flight: Option<u64>,
-    /// Contention: the most other requests in flight at once on the engines of this side's
-    /// host (its own engine included) while this side's request ran; none when not known.
-    /// Speed is compared only between sides that ran under the same contention.
+    /// Contention: how many other requests were in flight on the engines of this side's host
+    /// (its own engine included), on average while this side's request ran, rounded; none
+    /// when not known. Speed is compared only between sides under about the same contention.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub contention: Option<u32>,
     pub client_disconnected: bool,

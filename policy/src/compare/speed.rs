@@ -12,10 +12,10 @@
 //!
 //! Only pairs whose answers are the same work are timed: `match` pairs, and `equivalent` ones
 //! for the per-token metrics (time to first token, decode rate), since their answers' lengths
-//! may differ. Both sides must be warm, and must have run under the same contention — as many
-//! other requests overlapping them on the engines of their host ([`Side::contention`]): a copy
-//! that overlapped the next live request, or a primary answer batched with three others, is not
-//! set beside an answer that ran alone. Pairs left out for contention are counted and shown.
+//! may differ. Both sides must be warm, and must have run under about the same contention — the
+//! average number of other requests in flight on the engines of their host, within one of each
+//! other ([`Side::contention`]): a primary answer batched with three others is not set beside a
+//! copy that ran alone. Pairs left out for contention are counted and shown.
 
 use serde::{Deserialize, Serialize};
 use statrs::distribution::{Binomial, DiscreteCDF};
@@ -104,10 +104,14 @@ impl Speed {
     }
 }
 
-/// Whether two sides ran under the same contention (both unknown counts as the same: records
-/// from before contention was kept).
+/// Whether two sides ran under about the same contention: their average numbers of other
+/// requests on the host within one of each other (both unknown counts as the same: records from
+/// before contention was kept).
 pub fn same_contention(primary: &Side, candidate: &Side) -> bool {
-    primary.contention == candidate.contention
+    match (primary.contention, candidate.contention) {
+        (Some(p), Some(c)) => p.abs_diff(c) <= 1,
+        (p, c) => p == c,
+    }
 }
 
 fn log_ratio(slower: Option<f64>, faster: Option<f64>) -> Option<f64> {

@@ -17,7 +17,7 @@ use switchyard_adapters::chat_form::chat_form;
 use switchyard_adapters::fingerprint::WorkloadFingerprint;
 use switchyard_adapters::logprobs::chat_logprobs;
 use switchyard_adapters::{Endpoint, ReplayCache};
-use switchyard_policy::compare::equivalence::{judge_tokens, Equivalence};
+use switchyard_policy::compare::equivalence::{judge_tokens, Equivalence, Rule};
 use switchyard_policy::compare::{judge, Determinism, Pair, Side, Verdict};
 use switchyard_policy::replay::Replay;
 use switchyard_record::RequestRecord;
@@ -171,7 +171,7 @@ fn replayable(endpoint: Endpoint) -> bool {
 
 /// The longest a replay waits for its engines' host to have no other request in flight before
 /// it runs anyway (its contention then on the record).
-const IDLE_WAIT: std::time::Duration = std::time::Duration::from_secs(30);
+const IDLE_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// A replay's request as one side's engine gets it under controlled conditions, and the
 /// request that primes that engine's prompt cache first, when its cache cannot be turned off.
@@ -233,7 +233,7 @@ impl ReplayJob {
                 if let Some(budget) = &comparison.plan.pool.budget {
                     budget.refund(reserved);
                 }
-                without_replay(&comparison, primary, live, "Switchyard is shutting down");
+                without_replay(&comparison, primary, live, "Switchyard is shutting down", true);
             }
         }
     }
@@ -354,7 +354,13 @@ impl ReplayJob {
     /// request judged without it.
     pub(super) fn gave_up(self, why: &str, tokens: u64) {
         self.settle_budget(tokens);
-        without_replay(&self.comparison, self.primary, self.live_candidate, why);
+        without_replay(
+            &self.comparison,
+            self.primary,
+            self.live_candidate,
+            why,
+            false,
+        );
     }
 
     /// Gives back what the replay reserved and did not spend.
@@ -395,9 +401,21 @@ fn alternatives(d: &switchyard_policy::compare::equivalence::Divergence) -> Stri
 /// A request whose replay gave up (`why`), judged as it was sent: a differing greedy pair by
 /// exact match (it differs, and no rule could say otherwise), a request that had no copy as not
 /// comparable, with why.
-fn without_replay(c: &Comparison, primary: Side, live: Option<Side>, why: &str) {
+///
+/// A differing live pair whose replay was to confirm it (no rule), or that a shutdown cut, is
+/// not confirmed: incomparable, with why — never a mismatch no replay showed.
+fn without_replay(c: &Comparison, primary: Side, live: Option<Side>, why: &str, shutdown: bool) {
     if let Some(live) = live {
-        return c.finish(primary, Some(live), None);
+        if c.plan.equivalence.is_some() && !shutdown {
+            return c.finish(primary, Some(live), None);
+        }
+        return c.incomparable_live(
+            primary,
+            live,
+            format!(
+                "the answers differ, and were not confirmed: their greedy replay gave up ({why})"
+            ),
+        );
     }
     let (verdict, reason) = judge(&primary, None, c.fingerprint.determinism, None);
     let reason = format!(
@@ -452,7 +470,18 @@ fn prompt_excerpt(body: &[u8]) -> Option<String> {
 impl Comparison {
     /// Records a greedy live pair that differs and is judged on its replay: incomparable here,
     /// since the replay's pair carries the verdict (never counted twice).
-    pub(super) fn judged_by_replay(&self, mut primary: Side, mut candidate: Side) {
+    pub(super) fn judged_by_replay(&self, primary: Side, candidate: Side) {
+        let reason = if self.plan.equivalence.is_some() {
+            "the answers differ; judged by the equivalence rule on its greedy replay (mode replay)"
+        } else {
+            "the answers differ; confirmed or not on its greedy replay under the same conditions (mode replay)"
+        };
+        self.incomparable_live(primary, candidate, reason.to_owned());
+    }
+
+    /// Records a greedy live pair that differs as incomparable, for `reason`: its replay
+    /// carries the verdict, or no verdict could be had.
+    fn incomparable_live(&self, mut primary: Side, mut candidate: Side, reason: String) {
         primary.in_flight = self.in_flight.0;
         candidate.in_flight = self.in_flight.1;
         (primary.text, candidate.text) = (None, None);
@@ -465,10 +494,7 @@ impl Comparison {
             primary,
             candidate: Some(candidate),
             verdict: Verdict::Incomparable,
-            reason: Some(
-                "the answers differ; judged by the equivalence rule on its greedy replay (mode replay)"
-                    .to_owned(),
-            ),
+            reason: Some(reason),
             count: 1,
             equivalence: None,
         };
@@ -535,18 +561,50 @@ impl Comparison {
             }
         }
         // Without a rule, a replay is judged by exact match, which holds only where both
-        // engines answered alone: a difference met beside other requests is noise of batching.
+        // engines answered alone. A difference met beside other requests may be the noise of
+        // batching: the default rule tells a near tie (not judged) from a confident choice (a
+        // mismatch still), from the log-probabilities the replay asked for.
         let contended = |s: Option<&Side>| s.and_then(|s| s.contention).unwrap_or(0) > 0;
         if verdict == Verdict::Mismatch
             && judged.is_none()
             && (contended(Some(&p)) || contended(c.as_ref()))
         {
-            verdict = Verdict::Incomparable;
-            reason = Some(format!(
-                "the replay's answers differ, but other requests ran on the engines' host meanwhile (contention: primary {}, candidate {}); exact match is judged only on an idle host",
+            let conditions = format!(
+                "other requests ran on the engines' host meanwhile (contention: primary {}, candidate {})",
                 p.contention.unwrap_or(0),
                 c.as_ref().and_then(|c| c.contention).unwrap_or(0)
-            ));
+            );
+            let tokens = |body: Option<&Bytes>| match body {
+                Some(body) => chat_logprobs(body),
+                None => Err("an answer was not kept whole".to_owned()),
+            };
+            let candidate_body = candidate.as_ref().and_then(|r| r.body.as_ref());
+            let parted = match (tokens(primary_body.as_ref()), tokens(candidate_body)) {
+                (Ok(a), Ok(b)) => Ok(judge_tokens(&a, &b, &Rule::default())),
+                (Err(why), _) | (_, Err(why)) => Err(why),
+            };
+            (verdict, reason) = match parted {
+                Ok(j) if j.verdict == Equivalence::Different => (
+                    Verdict::Mismatch,
+                    Some(format!(
+                        "prompt {:?}: the replay's answers differ at a confident choice although {conditions}: {}",
+                        prompt.unwrap_or("?"),
+                        j.reason.as_deref().unwrap_or("different")
+                    )),
+                ),
+                Ok(_) => (
+                    Verdict::Incomparable,
+                    Some(format!(
+                        "the replay's answers part at a near tie and {conditions}; exact match is judged only on an idle host"
+                    )),
+                ),
+                Err(why) => (
+                    Verdict::Incomparable,
+                    Some(format!(
+                        "the replay's answers differ, but {conditions}, and there are no log-probabilities to tell a near tie ({why})"
+                    )),
+                ),
+            };
         }
         let mut c = c;
         let keep = matches!(verdict, Verdict::Mismatch | Verdict::Equivalent)

@@ -84,11 +84,13 @@ fn pairs_under_different_contention_are_counted_and_left_out() {
     let mut pairs: Vec<Pair> = (0..8).map(|_| pair(100.0, 100.0, (2, 2))).collect();
     // The candidate's copy overlapped the next live requests: slower, but not comparable.
     pairs.extend((0..8).map(|_| pair(100.0, 900.0, (0, 3))));
+    // Within one of each other is about the same.
+    pairs.extend((0..2).map(|_| pair(100.0, 100.0, (1, 2))));
     let speed = judge_speed(&pairs);
-    assert_eq!(speed.pairs, 16);
+    assert_eq!(speed.pairs, 18);
     assert_eq!(speed.contended, 8);
     for m in &speed.metrics {
-        assert_eq!(m.n, 8);
+        assert_eq!(m.n, 10);
         assert!((m.median - 1.0).abs() < 1e-9);
     }
 }
