@@ -123,6 +123,12 @@ fn log_ratio(slower: Option<f64>, faster: Option<f64>) -> Option<f64> {
     }
 }
 
+/// A time measured from the request's arrival, less its wait in Switchyard's queue for a slot:
+/// a wait is the traffic's doing (the queue phase shows it), not the engine's speed.
+fn after_queue(side: &Side, ms: Option<f64>) -> Option<f64> {
+    ms.map(|ms| ms - side.queue_ms.unwrap_or(0.0))
+}
+
 /// A side's decode rate: the engine's own when both sides report it, else the proxy's clock.
 fn decode_rates(p: &Side, c: &Side) -> (Option<f64>, Option<f64>) {
     match (engine_rate(p.decode), engine_rate(c.decode)) {
@@ -150,11 +156,17 @@ pub fn judge_speed<'a>(pairs: impl IntoIterator<Item = &'a Pair>) -> Speed {
             speed.contended += n;
             continue;
         }
-        ttft.extend(log_ratio(c.ttft_ms, p.ttft_ms));
+        ttft.extend(log_ratio(
+            after_queue(c, c.ttft_ms),
+            after_queue(p, p.ttft_ms),
+        ));
         let same_length =
             p.completion_tokens.is_some() && p.completion_tokens == c.completion_tokens;
         if pair.verdict == Verdict::Match && same_length {
-            total.extend(log_ratio(c.total_ms, p.total_ms));
+            total.extend(log_ratio(
+                after_queue(c, c.total_ms),
+                after_queue(p, p.total_ms),
+            ));
         }
         let (rp, rc) = decode_rates(p, c);
         decode.extend(log_ratio(rp, rc));
