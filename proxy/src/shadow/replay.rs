@@ -275,8 +275,10 @@ impl ReplayJob {
         let mut yielded = None;
         for (target, outgoing) in [(&self.served, on_primary), (&c.plan.target, on_candidate)] {
             // The same conditions on both sides: no other request on the engines' host (else
-            // the contention is on the record, and a difference under it is not judged by
-            // exact match), and the same prompt cache state.
+            // the contention is on the record, and a difference met under it is told apart by
+            // the rule's near tie rather than by exact match), and the same prompt cache state.
+            // A primer is recorded as a replay request of its own; its tokens are not taken
+            // from the budget (one generated token, and a prompt the replay sends anyway).
             let host = target.backend.endpoint.authority.host().to_owned();
             c.plan.shadowing.hosts.idle(&host, IDLE_WAIT).await;
             if let Some(primer) = &outgoing.primer {
