@@ -202,6 +202,12 @@ pub(super) async fn run(command: ReleaseCommand) -> anyhow::Result<i32> {
     Ok(0)
 }
 
+/// A number with `digits` decimals, `-` when there is none.
+fn f(v: &Value, digits: usize) -> String {
+    v.as_f64()
+        .map_or_else(|| "-".to_owned(), |x| format!("{x:.digits$}"))
+}
+
 fn text(v: &Value) -> String {
     match v {
         Value::String(s) => s.clone(),
@@ -292,10 +298,6 @@ fn evaluations(v: &Value) -> String {
 /// What each verdict of an evaluation rests on, for people: the statistic, its interval, the
 /// pairs or positions counted, and the contention of the pairs timed.
 fn figures(out: &mut String, e: &Value) {
-    let f = |v: &Value, digits: usize| {
-        v.as_f64()
-            .map_or_else(|| "-".to_owned(), |x| format!("{x:.digits$}"))
-    };
     out.push_str(&format!(
         "    correctness: {} of {} comparable pairs differ\n",
         text(&e["mismatches"]),
@@ -362,10 +364,6 @@ fn token_evidence(out: &mut String, t: &Value) {
     ));
     let a = &t["aggregate"];
     if a.is_object() {
-        let f = |v: &Value, digits: usize| {
-            v.as_f64()
-                .map_or_else(|| "-".to_owned(), |x| format!("{x:.digits$}"))
-        };
         out.push_str(&format!(
             "  judged token by token: pairs {} ({} identical, {} equivalent, {} different); same top {} of {} positions; mean KL {} (95 % CI {} to {})\n",
             text(&a["pairs"]),

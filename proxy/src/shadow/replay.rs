@@ -15,14 +15,18 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use bytes::Bytes;
 use switchyard_adapters::chat_form::chat_form;
 use switchyard_adapters::fingerprint::WorkloadFingerprint;
-use switchyard_adapters::logprobs::chat_logprobs;
-use switchyard_adapters::{Endpoint, ReplayCache};
-use switchyard_policy::compare::equivalence::{judge_tokens, Equivalence, Rule};
-use switchyard_policy::compare::{judge, Determinism, Pair, Side, Verdict};
+use switchyard_adapters::Endpoint;
+use switchyard_policy::compare::{judge, Determinism, Side, Verdict};
 use switchyard_policy::replay::Replay;
 use switchyard_record::RequestRecord;
 use tokio::sync::OwnedSemaphorePermit;
 use tokio_util::sync::CancellationToken;
+
+mod conditions;
+mod judge;
+
+use conditions::{controlled, IDLE_WAIT};
+use judge::without_replay;
 
 use super::pair::{Comparison, Planned, ShadowJob};
 use super::send::{run_on, Candidate, Ran};
@@ -167,45 +171,6 @@ fn replayable(endpoint: Endpoint) -> bool {
         endpoint,
         Endpoint::ChatCompletions | Endpoint::Responses | Endpoint::Messages
     )
-}
-
-/// The longest a replay waits for its engines' host to have no other request in flight before
-/// it runs anyway (its contention then on the record).
-const IDLE_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
-
-/// A replay's request as one side's engine gets it under controlled conditions, and the
-/// request that primes that engine's prompt cache first, when its cache cannot be turned off.
-struct Controlled {
-    replay: Arc<Outgoing>,
-    primer: Option<Arc<Outgoing>>,
-}
-
-/// `body` (the greedy chat request) as `target`'s engine gets it for a controlled replay
-/// ([`switchyard_adapters::Adapter::controlled_replay`]).
-fn controlled(target: &Candidate, body: &[u8]) -> Result<Controlled, String> {
-    let mut fields: serde_json::Map<String, serde_json::Value> =
-        serde_json::from_slice(body).map_err(|e| e.to_string())?;
-    let cache = target.backend.adapter.controlled_replay(&mut fields);
-    let outgoing = |fields: &serde_json::Map<String, serde_json::Value>| {
-        let body = serde_json::to_vec(fields).map_err(|e| e.to_string())?;
-        let (outgoing, _, _) =
-            Outgoing::from_json(Endpoint::ChatCompletions.path(), Bytes::from(body), false)
-                .map_err(|e| e.to_string())?;
-        Ok::<_, String>(Arc::new(outgoing))
-    };
-    let replay = outgoing(&fields)?;
-    let primer = match cache {
-        ReplayCache::Off => None,
-        ReplayCache::Primed => {
-            let mut primer = fields.clone();
-            for key in ["logprobs", "top_logprobs"] {
-                primer.remove(key);
-            }
-            primer.insert("max_tokens".to_owned(), serde_json::Value::from(1));
-            Some(outgoing(&primer)?)
-        }
-    };
-    Ok(Controlled { replay, primer })
 }
 
 /// Milliseconds since the Unix epoch, the budget's clock.
@@ -384,67 +349,6 @@ impl ReplayJob {
     }
 }
 
-/// Each side's three likeliest tokens where the answers parted, for people.
-fn alternatives(d: &switchyard_policy::compare::equivalence::Divergence) -> String {
-    let top = |list: &[(switchyard_policy::compare::equivalence::Token, f64)]| {
-        list.iter()
-            .take(3)
-            .map(|(t, lp)| format!("{:?} {lp:.2}", t.text))
-            .collect::<Vec<_>>()
-            .join(", ")
-    };
-    format!(
-        "; the primary's likeliest there: {}; the candidate's: {}",
-        top(&d.primary_top),
-        top(&d.candidate_top)
-    )
-}
-
-/// A request whose replay gave up (`why`), judged as it was sent: a differing greedy pair by
-/// exact match (it differs, and no rule could say otherwise), a request that had no copy as not
-/// comparable, with why.
-///
-/// A differing live pair whose replay was to confirm it (no rule), or that a shutdown cut, is
-/// not confirmed: incomparable, with why — never a mismatch no replay showed.
-fn without_replay(c: &Comparison, primary: Side, live: Option<Side>, why: &str, shutdown: bool) {
-    if let Some(live) = live {
-        if c.plan.equivalence.is_some() && !shutdown {
-            return c.finish(primary, Some(live), None);
-        }
-        return c.incomparable_live(
-            primary,
-            live,
-            format!(
-                "the answers differ, and were not confirmed: their greedy replay gave up ({why})"
-            ),
-        );
-    }
-    let (verdict, reason) = judge(&primary, None, c.fingerprint.determinism, None);
-    let reason = format!(
-        "{}; its greedy replay gave up: {why}",
-        reason.as_deref().unwrap_or("no copy")
-    );
-    c.record(
-        Pair {
-            model: c.plan.model.to_string(),
-            workload: c.fingerprint.workload.clone(),
-            sampling: c.fingerprint.sampling.clone(),
-            streamed: c.plan.streamed,
-            mode: "replay".to_owned(),
-            primary: Side {
-                text: None,
-                ..primary
-            },
-            candidate: None,
-            verdict,
-            reason: Some(reason),
-            count: 1,
-            equivalence: None,
-        },
-        "replay",
-    );
-}
-
 /// The request's last user message, for people: at most 80 characters of it.
 fn prompt_excerpt(body: &[u8]) -> Option<String> {
     let body: serde_json::Value = serde_json::from_slice(body).ok()?;
@@ -467,169 +371,4 @@ fn prompt_excerpt(body: &[u8]) -> Option<String> {
         excerpt.push('…');
     }
     Some(excerpt)
-}
-
-impl Comparison {
-    /// Records a greedy live pair that differs and is judged on its replay: incomparable here,
-    /// since the replay's pair carries the verdict (never counted twice).
-    pub(super) fn judged_by_replay(&self, primary: Side, candidate: Side) {
-        let reason = if self.plan.equivalence.is_some() {
-            "the answers differ; judged by the equivalence rule on its greedy replay (mode replay)"
-        } else {
-            "the answers differ; confirmed or not on its greedy replay under the same conditions (mode replay)"
-        };
-        self.incomparable_live(primary, candidate, reason.to_owned());
-    }
-
-    /// Records a greedy live pair that differs as incomparable, for `reason`: its replay
-    /// carries the verdict, or no verdict could be had.
-    fn incomparable_live(&self, mut primary: Side, mut candidate: Side, reason: String) {
-        primary.in_flight = self.in_flight.0;
-        candidate.in_flight = self.in_flight.1;
-        (primary.text, candidate.text) = (None, None);
-        let pair = Pair {
-            model: self.plan.model.to_string(),
-            workload: self.fingerprint.workload.clone(),
-            sampling: self.fingerprint.sampling.clone(),
-            streamed: self.plan.streamed,
-            mode: self.plan.when.as_str().to_owned(),
-            primary,
-            candidate: Some(candidate),
-            verdict: Verdict::Incomparable,
-            reason: Some(reason),
-            count: 1,
-            equivalence: None,
-        };
-        self.record(pair, "shadow");
-    }
-
-    /// Judges and records a replayed pair (`candidate`: None when the serving side failed and
-    /// the candidate was not asked): by exact match, and where the answers differ and there is
-    /// an equivalence rule, token by token.
-    fn finish_replay(&self, primary: Ran, candidate: Option<Ran>, prompt: Option<&str>) {
-        let primary_body = primary.body;
-        let (mut p, c) = (primary.side, candidate.as_ref().map(|r| r.side.clone()));
-        let (mut verdict, mut reason) = judge(&p, c.as_ref(), Determinism::Greedy, None);
-        let mut judged = None;
-        // Every replayed pair both sides answered is judged token by token, the pairs that
-        // match included: the rule's share and KL are over all compared positions, not only
-        // over the pairs selected for differing (which would bias them towards "different").
-        let answered = matches!(verdict, Verdict::Match | Verdict::Mismatch);
-        if let (true, Some(rule), Some(candidate)) =
-            (answered, self.plan.equivalence, candidate.as_ref())
-        {
-            let tokens = |body: &Option<Bytes>| match body {
-                Some(body) => chat_logprobs(body),
-                None => Err("an answer was not kept whole".to_owned()),
-            };
-            match (tokens(&primary_body), tokens(&candidate.body)) {
-                (Ok(a), Ok(b)) => {
-                    let j = judge_tokens(&a, &b, &rule);
-                    (verdict, reason) = match j.verdict {
-                        _ if verdict == Verdict::Match => (verdict, reason),
-                        Equivalence::Identical => (
-                            Verdict::Equivalent,
-                            Some(
-                                "the same tokens; the normalized outputs differ in form".to_owned(),
-                            ),
-                        ),
-                        Equivalence::Equivalent => (Verdict::Equivalent, None),
-                        Equivalence::Different => {
-                            let tail: String = {
-                                let chars: Vec<char> = j.prefix.chars().collect();
-                                chars[chars.len().saturating_sub(40)..].iter().collect()
-                            };
-                            (
-                                Verdict::Mismatch,
-                                Some(format!(
-                                    "prompt {:?}: after {tail:?}, {}{}",
-                                    prompt.unwrap_or("?"),
-                                    j.reason.as_deref().unwrap_or("different"),
-                                    j.divergence.as_ref().map(alternatives).unwrap_or_default()
-                                )),
-                            )
-                        }
-                    };
-                    judged = Some(Box::new(j));
-                }
-                (Err(why), _) | (_, Err(why)) if verdict == Verdict::Mismatch => {
-                    reason = Some(format!(
-                        "no log-probabilities to judge by ({why}); exact match judged it"
-                    ));
-                }
-                (Err(why), _) | (_, Err(why)) => {
-                    tracing::warn!(model = %self.plan.model, candidate = %self.plan.candidate, "a matching replay not judged token by token: {why}");
-                }
-            }
-        }
-        // Without a rule, a replay is judged by exact match, which holds only where both
-        // engines answered alone. A difference met beside other requests may be the noise of
-        // batching: the default rule tells a near tie (not judged) from a confident choice (a
-        // mismatch still), from the log-probabilities the replay asked for.
-        let contended = |s: Option<&Side>| s.and_then(|s| s.contention).unwrap_or(0) > 0;
-        if verdict == Verdict::Mismatch
-            && judged.is_none()
-            && (contended(Some(&p)) || contended(c.as_ref()))
-        {
-            let conditions = format!(
-                "other requests ran on the engines' host meanwhile (contention: primary {}, candidate {})",
-                p.contention.unwrap_or(0),
-                c.as_ref().and_then(|c| c.contention).unwrap_or(0)
-            );
-            let tokens = |body: Option<&Bytes>| match body {
-                Some(body) => chat_logprobs(body),
-                None => Err("an answer was not kept whole".to_owned()),
-            };
-            let candidate_body = candidate.as_ref().and_then(|r| r.body.as_ref());
-            let parted = match (tokens(primary_body.as_ref()), tokens(candidate_body)) {
-                (Ok(a), Ok(b)) => Ok(judge_tokens(&a, &b, &Rule::default())),
-                (Err(why), _) | (_, Err(why)) => Err(why),
-            };
-            (verdict, reason) = match parted {
-                Ok(j) if j.verdict == Equivalence::Different => (
-                    Verdict::Mismatch,
-                    Some(format!(
-                        "prompt {:?}: the replay's answers differ at a confident choice although {conditions}: {}",
-                        prompt.unwrap_or("?"),
-                        j.reason.as_deref().unwrap_or("different")
-                    )),
-                ),
-                Ok(_) => (
-                    Verdict::Incomparable,
-                    Some(format!(
-                        "the replay's answers part at a near tie and {conditions}; exact match is judged only on an idle host"
-                    )),
-                ),
-                Err(why) => (
-                    Verdict::Incomparable,
-                    Some(format!(
-                        "the replay's answers differ, but {conditions}, and there are no log-probabilities to tell a near tie ({why})"
-                    )),
-                ),
-            };
-        }
-        let mut c = c;
-        let keep = matches!(verdict, Verdict::Mismatch | Verdict::Equivalent)
-            && self.plan.shadowing.keep_texts();
-        if !keep {
-            p.text = None;
-            if let Some(c) = c.as_mut() {
-                c.text = None;
-            }
-        }
-        let pair = Pair {
-            model: self.plan.model.to_string(),
-            workload: self.fingerprint.workload.clone(),
-            sampling: self.fingerprint.sampling.clone(),
-            streamed: false,
-            mode: "replay".to_owned(),
-            primary: p,
-            candidate: c,
-            verdict,
-            reason,
-            count: 1,
-            equivalence: judged,
-        };
-        self.record(pair, "replay");
-    }
 }
