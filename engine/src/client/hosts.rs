@@ -16,12 +16,20 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
-use tokio::sync::watch;
+use tokio::sync::Notify;
 
 /// The hosts engines run on, each with the requests in flight there.
 #[derive(Debug, Default)]
 pub struct Hosts {
-    hosts: Mutex<HashMap<String, Arc<Host>>>,
+    hosts: Mutex<Names>,
+}
+
+/// Each host by the name engines gave for it, and by its key (loopback names are one host). A
+/// name is resolved to its key once; after that a request's lookup is one map access.
+#[derive(Debug, Default)]
+struct Names {
+    by_name: HashMap<String, Arc<Host>>,
+    by_key: HashMap<String, Arc<Host>>,
 }
 
 #[derive(Debug)]
@@ -29,8 +37,8 @@ struct Host {
     /// The requests in flight, and since when the count last changed.
     active: Mutex<Active>,
     next: AtomicU64,
-    /// How many requests are in flight, for whoever waits for the host to be idle.
-    count: watch::Sender<usize>,
+    /// Told when the last request in flight leaves, for whoever waits for the host to be idle.
+    idle: Notify,
 }
 
 #[derive(Debug)]
@@ -89,10 +97,14 @@ fn host_key(host: &str) -> String {
 }
 
 impl Hosts {
-    fn host(&self, host: &str) -> Arc<Host> {
-        let mut hosts = self.hosts.lock().unwrap_or_else(PoisonError::into_inner);
-        hosts
-            .entry(host_key(host))
+    fn host(&self, name: &str) -> Arc<Host> {
+        let mut names = self.hosts.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(host) = names.by_name.get(name) {
+            return host.clone();
+        }
+        let host = names
+            .by_key
+            .entry(host_key(name))
             .or_insert_with(|| {
                 Arc::new(Host {
                     active: Mutex::new(Active {
@@ -100,10 +112,12 @@ impl Hosts {
                         changed: Instant::now(),
                     }),
                     next: AtomicU64::new(0),
-                    count: watch::Sender::new(0),
+                    idle: Notify::new(),
                 })
             })
-            .clone()
+            .clone();
+        names.by_name.insert(name.to_owned(), host.clone());
+        host
     }
 
     /// Takes a place on `host` for one request, until the occupancy is dropped.
@@ -121,7 +135,6 @@ impl Hosts {
             others: 0.0,
             contention: contention.clone(),
         });
-        host.count.send_replace(active.places.len());
         drop(active);
         Occupancy {
             host,
@@ -132,15 +145,36 @@ impl Hosts {
 
     /// Requests in flight on `host` now.
     pub fn in_flight(&self, host: &str) -> usize {
-        *self.host(host).count.borrow()
+        self.host(host).in_flight()
     }
 
     /// Waits until no request is in flight on `host`, for at most `limit`; whether it is idle.
     pub async fn idle(&self, host: &str, limit: Duration) -> bool {
-        let mut count = self.host(host).count.subscribe();
-        tokio::time::timeout(limit, count.wait_for(|n| *n == 0))
-            .await
-            .is_ok_and(|r| r.is_ok())
+        let host = self.host(host);
+        let until_idle = async {
+            loop {
+                // Registered before the count is read, so a last request that leaves in
+                // between still wakes this wait.
+                let left = host.idle.notified();
+                tokio::pin!(left);
+                left.as_mut().enable();
+                if host.in_flight() == 0 {
+                    return;
+                }
+                left.await;
+            }
+        };
+        tokio::time::timeout(limit, until_idle).await.is_ok()
+    }
+}
+
+impl Host {
+    fn in_flight(&self) -> usize {
+        self.active
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .places
+            .len()
     }
 }
 
@@ -162,7 +196,11 @@ impl Drop for Occupancy {
             .unwrap_or_else(PoisonError::into_inner);
         active.advance(Instant::now());
         active.places.retain(|place| place.id != self.id);
-        self.host.count.send_replace(active.places.len());
+        let idle = active.places.is_empty();
+        drop(active);
+        if idle {
+            self.host.idle.notify_waiters();
+        }
     }
 }
 
