@@ -15,6 +15,7 @@ pub mod logprobs;
 pub mod mlx;
 pub mod observe;
 pub mod openai;
+pub mod translate;
 mod view;
 
 use std::fmt;

@@ -309,6 +309,22 @@ pub enum OnClientDisconnect {
     Drain,
 }
 
+/// How a backend serves the agent APIs (Anthropic's Messages, OpenAI's Responses): natively, or
+/// through the chat completions form — the request translated to chat, the answer back.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum AgentApis {
+    /// Natively where the engine has the endpoint, translated where it does not (the default).
+    #[default]
+    Auto,
+    /// Always through chat completions, even where the engine has the endpoint (to compare an
+    /// engine's own translation with Switchyard's, or to work around it).
+    Translate,
+    /// Never translated: an endpoint the engine does not have is answered 404
+    /// `endpoint_not_supported`.
+    Native,
+}
+
 /// One public model name.
 #[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]

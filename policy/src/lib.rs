@@ -18,8 +18,8 @@ pub mod stats;
 pub mod validate;
 
 pub use config::{
-    AdminConfig, BackendConfig, Config, DeclaredRelease, EngineKind, LedgerConfig, LogFormat,
-    ModelConfig, OnClientDisconnect, Secret, ServerConfig, ShadowConfig, ShadowWhen,
+    AdminConfig, AgentApis, BackendConfig, Config, DeclaredRelease, EngineKind, LedgerConfig,
+    LogFormat, ModelConfig, OnClientDisconnect, Secret, ServerConfig, ShadowConfig, ShadowWhen,
     TelemetryConfig,
 };
 pub use launch::{LaunchConfig, StartMode, SwapGroupConfig};

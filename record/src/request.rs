@@ -21,6 +21,9 @@ pub struct RequestRecord {
     pub id: String,
     pub method: http::Method,
     pub path: String,
+    /// The path the engine was sent, when it is not the client's: a Messages or Responses
+    /// request served through chat completions (`/v1/chat/completions`).
+    pub engine_path: Option<&'static str>,
     pub received: Instant,
     /// The name of the client key the request was admitted with (`[auth]`); never the key.
     pub client_key: Option<Arc<str>>,
@@ -127,6 +130,7 @@ impl RequestRecord {
             identity_contradicted: false,
             warm: None,
             contention: None,
+            engine_path: None,
             started_at: std::time::SystemTime::now(),
             streamed: false,
             status: 0,

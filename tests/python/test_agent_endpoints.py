@@ -1,8 +1,7 @@
 """The endpoints agents use besides chat, through Switchyard to the REAL llama-server: OpenAI's
 Responses API with the official openai SDK (`client.responses.create`, streamed and not) and
 Anthropic's Messages API with the official anthropic SDK, each stamped like chat (engine and
-artifact identity verified) with its phases; the 404 where the engine (mlx_lm.server) lacks the
-endpoint, as the Anthropic SDK reads it; the paths without `/v1`; `server.default_model`.
+artifact identity verified) with its phases; the errors as the Anthropic SDK reads them; the paths without `/v1`; `server.default_model`.
 
 The engines and the proxy are the fixtures of test_real_engines.py (one llama-server and one
 mlx_lm.server per module, Switchyard in front with `require_verified_identity` on both).
@@ -220,15 +219,14 @@ def test_the_anthropic_sdk_reads_switchyards_errors(proxy: Proxy) -> None:
     assert err.value.body["type"] == "error"
     assert err.value.body["error"]["type"] == "not_found_error"
     assert err.value.body["error"]["code"] == "model_not_found"
-    # mlx_lm.server has no Messages API: refused before anything reaches it.
-    with pytest.raises(anthropic.NotFoundError) as err:
-        client.messages.create(model="smollm2-mlx", max_tokens=4, messages=PROMPT)
-    assert err.value.body["error"]["code"] == "endpoint_not_supported"
-    assert err.value.body["error"]["message"] == "Backend `mlx` (mlx) does not serve /v1/messages."
+    # A block the chat form has no place for, on mlx_lm.server (which is served the Messages
+    # API through chat completions): refused before anything reaches it.
+    with pytest.raises(anthropic.BadRequestError) as err:
+        client.messages.create(model="smollm2-mlx", max_tokens=4, messages=[
+            {"role": "user", "content": [{"type": "document", "source": {"type": "text", "media_type": "text/plain", "data": "x"}}]}])
+    assert err.value.body["error"]["code"] == "untranslatable_request"
+    assert "document" in err.value.body["error"]["message"]
     assert err.value.response.headers["x-switchyard-backend"] == "mlx"
-    with pytest.raises(openai.NotFoundError) as err:
-        openai_client(proxy).responses.create(model="smollm2-mlx", input=QUESTION, max_output_tokens=4)
-    assert err.value.body["code"] == "endpoint_not_supported"
 
 
 def test_rerank_and_infill_reach_llama_server(proxy: Proxy) -> None:
@@ -459,7 +457,9 @@ def test_sampled_claude_and_codex_traffic_is_replayed_to_mlx_and_judged(engines:
     replays = con.execute(
         "SELECT backend, count(*) FROM requests WHERE variant = 'replay' AND path = '/v1/chat/completions' GROUP BY backend"
     ).fetchall()
-    assert sorted(replays) == [("llama", sent), ("mlx", sent)], replays
+    # Each MLX side is primed first (its prompt cached, as the other side's is): a primer and
+    # the replay itself.
+    assert sorted(replays) == [("llama", sent), ("mlx", 2 * sent)], replays
     live = con.execute("SELECT path FROM requests WHERE variant = 'primary' ORDER BY id").fetchall()
     assert [r[0] for r in live] == ["/v1/messages"] * 3 + ["/v1/responses"] * 2, live
     # The MLX engine was never sent an API it lacks.

@@ -325,7 +325,7 @@ const REQUEST_TYPES: [Type; REQUEST_PARAMS] = {
     const S: T = T::TEXT;
     [
         I, S, S, S, S, S, S, S, S, S, S, S, S, I, S, S, I, I, I, R, R, R, R, R, I, S, R, I, S, R,
-        I, I, I, S, S, S, S, S, S, I, S, S, S, S, I, I,
+        I, I, I, S, S, S, S, S, S, I, S, S, S, S, I, I, S,
     ]
 };
 

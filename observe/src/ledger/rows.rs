@@ -166,6 +166,7 @@ pub(super) struct Row {
     placement: Option<&'static str>,
     continues: Option<bool>,
     contention: Option<u32>,
+    engine_path: Option<&'static str>,
 }
 
 /// The text columns of a request row, in the order [`Texts`] keeps them.
@@ -281,6 +282,7 @@ impl Row {
             placement: r.placement,
             continues: r.continues,
             contention: r.contention_now(),
+            engine_path: r.engine_path,
         }
     }
 
@@ -340,6 +342,7 @@ impl Row {
                 .map_or(Param::Null, |c| Param::Int(i64::from(c))),
             self.contention
                 .map_or(Param::Null, |c| Param::Int(i64::from(c))),
+            Param::text(self.engine_path),
         ]
     }
 }
@@ -362,7 +365,7 @@ fn insert_sql(table: &str, columns: &[&str]) -> String {
 }
 
 /// The request insert's parameter count.
-pub(super) const REQUEST_PARAMS: usize = 46;
+pub(super) const REQUEST_PARAMS: usize = 47;
 
 /// The columns of a request row, in [`Row::params`]' order.
 pub(super) const REQUEST_COLUMNS: [&str; REQUEST_PARAMS] = [
@@ -412,4 +415,5 @@ pub(super) const REQUEST_COLUMNS: [&str; REQUEST_PARAMS] = [
     "placement",
     "continues",
     "contention",
+    "engine_path",
 ];

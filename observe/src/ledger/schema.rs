@@ -296,6 +296,11 @@ pub(super) const MIGRATIONS: &[&str] = &[
     ALTER TABLE comparisons ADD COLUMN primary_contention INTEGER;
     ALTER TABLE comparisons ADD COLUMN candidate_contention INTEGER;
     "#,
+    // 19: the path the engine was sent, when not the client's (an agent API request served
+    // through chat completions).
+    r#"
+    ALTER TABLE requests ADD COLUMN engine_path TEXT;
+    "#,
 ];
 
 /// Opens (creating and migrating) the ledger database, for the writer.

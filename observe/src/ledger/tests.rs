@@ -167,6 +167,10 @@ fn every_column_is_written_as_recorded() {
             ),
             ("continues", I(i64::from(i % 2 == 0))),
             ("contention", I(i64::from(i % 4))),
+            (
+                "engine_path",
+                T(["/v1/chat/completions", "/v1/embeddings"][i as usize % 2].into()),
+            ),
         ];
         assert_eq!(names[0], "id");
         assert_eq!(row[0], I(k + 1), "row {i}: ids in order");
@@ -422,5 +426,6 @@ pub(super) fn varied_record(i: u32) -> RequestRecord {
     r.contention = Some(std::sync::Arc::new(std::sync::atomic::AtomicU32::new(
         i % 4,
     )));
+    r.engine_path = Some(["/v1/chat/completions", "/v1/embeddings"][i as usize % 2]);
     r
 }

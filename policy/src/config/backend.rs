@@ -5,7 +5,7 @@ use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
 
-use super::{EngineKind, OnClientDisconnect};
+use super::{AgentApis, EngineKind, OnClientDisconnect};
 
 /// One running engine.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
@@ -52,6 +52,11 @@ pub struct BackendConfig {
     /// milliseconds; then the engine's connection is closed. None: [`DRAIN_MAX_MS`].
     #[serde(default)]
     pub drain_max_ms: Option<u64>,
+    /// How the agent APIs (`/v1/messages`, `/v1/responses`) are served: natively where the
+    /// engine has them and through chat completions where it does not (`auto`), always through
+    /// chat completions (`translate`), or never translated (`native`).
+    #[serde(default)]
+    pub agent_apis: AgentApis,
     /// Refuse to route to this backend (503) unless the engine is confirmed to serve the
     /// configured artifact. Fail closed: an unverified identity is not served.
     #[serde(default)]

@@ -13,8 +13,8 @@ use switchyard_engine::IdentityHeaders;
 use switchyard_record::between;
 
 use crate::http::headers::{
-    header_value, SERVER_TIMING, X_ARTIFACT, X_BACKEND, X_ENGINE, X_FALLBACK_FROM,
-    X_MODEL_DEFAULTED, X_MODEL_PATTERN, X_PLACEMENT, X_POOL, X_VARIANT, X_WORKLOAD,
+    header_value, SERVER_TIMING, X_ARTIFACT, X_BACKEND, X_ENGINE, X_FALLBACK_FROM, X_IGNORED,
+    X_MODEL_DEFAULTED, X_MODEL_PATTERN, X_PLACEMENT, X_POOL, X_TRANSLATED, X_VARIANT, X_WORKLOAD,
 };
 use crate::http::{ProxyBody, ProxyError};
 use crate::incoming::Outgoing;
@@ -33,6 +33,9 @@ pub(crate) struct Stamp {
     pub(crate) model_pattern: Option<HeaderValue>,
     /// The pool served for, and what placed the request on its member.
     pub(crate) pool: Option<(HeaderValue, &'static str)>,
+    /// The request was served through chat completions: how (`messages>chat`), and the fields
+    /// of the client's request that were ignored on the way.
+    pub(crate) translated: Option<(&'static str, Option<HeaderValue>)>,
 }
 
 impl Stamp {
@@ -61,6 +64,12 @@ impl Stamp {
             headers.insert(X_POOL, pool.clone());
             headers.insert(X_PLACEMENT, HeaderValue::from_static(placement));
         }
+        if let Some((how, ignored)) = &self.translated {
+            headers.insert(X_TRANSLATED, HeaderValue::from_static(how));
+            if let Some(ignored) = ignored {
+                headers.insert(X_IGNORED, ignored.clone());
+            }
+        }
     }
 }
 
@@ -76,6 +85,9 @@ pub(crate) struct Ctx {
     /// The request's conversation as prefix hashes, when the cache-collapse detector is on:
     /// each backend tried marks whether it served the conversation before.
     pub(crate) conversation: Option<Vec<u64>>,
+    /// Set while the request is served through chat completions on the backend being tried:
+    /// what the answer's translation back into the client's API needs.
+    pub(crate) translated: Option<switchyard_adapters::translate::Answering>,
 }
 
 impl Ctx {
@@ -86,6 +98,17 @@ impl Ctx {
             id,
             endpoint,
             conversation: None,
+            translated: None,
+        }
+    }
+
+    /// The endpoint the engine is sent, whose answers are read: the client's, or chat
+    /// completions when the request is translated.
+    pub(crate) fn engine_endpoint(&self) -> Endpoint {
+        if self.translated.is_some() {
+            Endpoint::ChatCompletions
+        } else {
+            self.endpoint
         }
     }
 

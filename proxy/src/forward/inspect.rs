@@ -3,7 +3,8 @@
 //! watches it on its way past; any other answer is read whole (bounded), checked against the
 //! backend's probed identity, its timings and usage read, an engine's error normalised into
 //! OpenAI's shape (Anthropic's, on its Messages API), and forwarded with the identity stamp and
-//! `server-timing`.
+//! `server-timing`. The answer to a request served through chat completions is read as the chat
+//! answer it is, and translated back into the client's API ([`super::translate`]).
 
 use std::future::Future;
 use std::pin::Pin;
@@ -25,6 +26,7 @@ use super::context::{Attempt, Ctx, Failed};
 use super::drain::Drain;
 use super::send::Sent;
 use super::stream::ObservedStream;
+use super::translate::{self, TranslatedStream};
 use super::Held;
 use crate::http::body::BoxError;
 use crate::http::error::anthropic_from_engine;
@@ -223,6 +225,7 @@ where
         want_trailers,
     } = sent;
     let (parts, body) = response.into_parts();
+    let engine_endpoint = ctx.engine_endpoint();
     let mut record = ctx.recording;
     record.status = parts.status.as_u16();
     record.streamed = true;
@@ -248,13 +251,20 @@ where
         .first_byte
         .unwrap_or(limits.first_token);
     let mut stream = ObservedStream::new(body, record, backend.clone(), want_trailers)
-        .for_endpoint(ctx.endpoint)
+        .for_endpoint(engine_endpoint)
         .holding(held)
         .within(first_token, limits.total);
     if let Some(drain) = drain {
         stream = stream.draining(drain);
     }
-    *out.body_mut() = ProxyBody::stream(stream);
+    *out.body_mut() = match ctx.translated {
+        Some(answering) => ProxyBody::stream(TranslatedStream::new(
+            stream,
+            answering,
+            ctx.endpoint.dialect(),
+        )),
+        None => ProxyBody::stream(stream),
+    };
     out
 }
 
@@ -279,9 +289,18 @@ fn finish(
     drop(held);
 
     let (status, out_body, identity, replaced_content_type) = if parts.status.is_success() {
-        match answered(backend, &mut ctx, &bytes) {
-            Ok(identity) => (parts.status, bytes, identity, false),
+        let identity = match answered(backend, &mut ctx, &bytes) {
+            Ok(identity) => identity,
             Err(error) => return Err(ctx.fail(error)),
+        };
+        match &ctx.translated {
+            None => (parts.status, bytes, identity, false),
+            Some(answering) => {
+                match translate::whole(&backend.name, ctx.endpoint, answering, &bytes) {
+                    Ok(answer) => (parts.status, answer, identity, true),
+                    Err(error) => return Err(ctx.fail(error)),
+                }
+            }
         }
     } else {
         let (status, body, replaced) = engine_error(backend, &mut ctx, parts.status, bytes);
@@ -335,14 +354,15 @@ fn answered(
     ctx: &mut Ctx,
     body: &Bytes,
 ) -> Result<Arc<IdentityHeaders>, ProxyError> {
+    let wire = ctx.engine_endpoint().wire();
     let record = &mut ctx.recording;
-    let facts = inspect_response_for(ctx.endpoint.wire(), body, record.keeps_text());
+    let facts = inspect_response_for(wire, body, record.keeps_text());
     if let Some(t) = &facts.timings {
         record.phases.apply_engine_timings(t);
     }
     record.phases.apply_usage(&facts.usage);
     let answered = backend.check_answer(
-        &record.path,
+        record.engine_path.unwrap_or(&record.path),
         facts.model.as_deref(),
         facts.system_fingerprint.as_deref(),
     );

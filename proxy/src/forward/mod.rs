@@ -4,7 +4,9 @@
 //! Serves → Launch → IdentityGate → Admission → Inspect → Send
 //! ```
 //!
-//! [`serves`] refuses an endpoint the backend's engine does not have; [`launch`] holds a managed engine for the request, starting it when it is not running (the
+//! [`serves`] refuses an endpoint the backend's engine does not have, and puts an agent API
+//! request it serves through chat completions in its chat form ([`translate`] brings the
+//! answer back); [`launch`] holds a managed engine for the request, starting it when it is not running (the
 //! `load` phase); [`gate`] stamps the backend's identity and refuses an unverified one that must be verified;
 //! [`admission`] waits for one of the backend's slots (the `queue` phase), in a queue bounded in
 //! length and in wait; [`inspect`] turns the
@@ -27,6 +29,7 @@ pub(crate) mod queue;
 pub(crate) mod send;
 pub(crate) mod serves;
 pub(crate) mod stream;
+pub(crate) mod translate;
 
 use std::sync::Arc;
 

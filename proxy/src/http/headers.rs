@@ -29,6 +29,12 @@ pub(crate) const X_MODEL_PATTERN: HeaderName =
 pub(crate) const X_POOL: HeaderName = HeaderName::from_static("x-switchyard-pool");
 /// What placed the request on its pool member: `affinity`, `load`, `overloaded`, `only`, `spill`.
 pub(crate) const X_PLACEMENT: HeaderName = HeaderName::from_static("x-switchyard-placement");
+/// How an agent API request was served through chat completions (`messages>chat`,
+/// `responses>chat`): the engine does not speak the client's API, Switchyard translated both ways.
+pub(crate) const X_TRANSLATED: HeaderName = HeaderName::from_static("x-switchyard-translated");
+/// The fields of a translated request that have no chat form and were ignored, comma-separated
+/// (`metadata, tools[2] (web_search)`).
+pub(crate) const X_IGNORED: HeaderName = HeaderName::from_static("x-switchyard-ignored");
 pub(crate) const SERVER_TIMING: HeaderName = HeaderName::from_static("server-timing");
 /// A request's chosen side of its model's release (`primary` or `candidate`), forced by an
 /// admin token's holder; consumed here, never forwarded.

@@ -26,6 +26,7 @@ use super::keys::{self, Key};
 use super::pool::Placed;
 use super::release::{self, ReleaseRoute};
 use super::{fallback, unknown_model, Routing, Snapshot};
+use crate::forward::serves::{way, Way};
 use crate::forward::{Ctx, Failed};
 use crate::http::headers::header_value;
 use crate::http::{ProxyBody, ProxyError};
@@ -277,16 +278,17 @@ fn release_arm(
         return Ok((arm, "forced"));
     }
     Ok(match release.split(headers, parsed) {
-        // A session on the candidate's side asking for an endpoint the candidate's engine lacks
-        // (the Messages API of an MLX candidate) is served by the primary this time, and
-        // recorded so: a canary never turns a working endpoint into a 404.
+        // A session on the candidate's side asking for an endpoint the candidate cannot serve,
+        // natively or through chat completions (an embeddings request to an MLX candidate, or
+        // the Messages API of one whose `agent_apis` is `native`), is served by the primary
+        // this time, and recorded so: a canary never turns a working endpoint into a 404.
         (Arm::Candidate, _)
             if !release.promoted
                 && snapshot
                     .primaries(&release.candidate)
                     .next()
                     .and_then(|name| snapshot.backends.get(name))
-                    .is_some_and(|b| !b.adapter.serves(ctx.endpoint)) =>
+                    .is_some_and(|b| way(b, ctx.endpoint) == Way::Refused) =>
         {
             (Arm::Primary, "endpoint")
         }

@@ -30,6 +30,7 @@ use judge::without_replay;
 
 use super::pair::{Comparison, Planned, ShadowJob};
 use super::send::{run_on, Candidate, Ran};
+use crate::forward::serves::{way, Way};
 use crate::forward::Outgoing;
 
 /// A request chosen for a replay, with its tokens reserved from the pool's budget.
@@ -82,9 +83,10 @@ impl Planned {
         }
         let candidate = self.target.backend.identity_headers();
         let candidate_engine = candidate.engine.to_str().unwrap_or("");
-        // A copy the candidate's engine cannot serve (the Messages API of an MLX candidate)
-        // gives no pair however it samples; its chat form does.
-        let unserved = !self.target.backend.adapter.serves(endpoint);
+        // A copy the candidate's engine does not serve natively (the Messages API of an MLX
+        // candidate) is not the same request on both sides, however it samples: the pair is
+        // judged on its chat form, sent to both.
+        let unserved = way(&self.target.backend, endpoint) != Way::Native;
         if !unserved
             && !not_comparable(
                 fingerprint.determinism,

@@ -196,6 +196,9 @@ impl Recorder {
             }
             line.shown("method", r.method.as_str());
             line.shown("path", &r.path);
+            if let Some(engine_path) = r.engine_path {
+                line.shown("engine_path", engine_path);
+            }
             if let Some(key) = &r.client_key {
                 line.shown("key", key);
             }

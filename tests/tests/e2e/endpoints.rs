@@ -308,7 +308,8 @@ async fn a_streamed_responses_answer_takes_the_engines_timings() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_engine_without_the_endpoint_answers_404_naming_it_and_is_never_asked() {
     let engine = FakeEngine::llama_cpp().spawn().await.unwrap();
-    // mlx_lm.server serves chat and text completions only.
+    // mlx_lm.server serves chat and text completions only; told never to translate, it serves
+    // no agent API either.
     let toml = format!(
         r#"
 [server]
@@ -317,6 +318,7 @@ probe_interval_ms = 100
 [backends.mlx]
 engine = "mlx"
 url = "{}"
+agent_apis = "native"
 [models.smollm2]
 primary = "mlx"
 "#,

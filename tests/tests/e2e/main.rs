@@ -45,3 +45,4 @@ mod stream_limits;
 mod streaming;
 mod support;
 mod tracing;
+mod translation;

@@ -953,15 +953,15 @@ async fn an_admin_token_holder_may_force_an_arm_and_that_is_no_evidence() {
     assert_eq!((arm.as_str(), key.as_str()), ("candidate", "forced"));
 }
 
-/// A candidate whose engine lacks an endpoint (an MLX candidate has no Messages API): the
-/// sessions on its side are served by the primary for that endpoint, recorded as such, while
-/// their chat requests go to the candidate.
+/// A candidate that cannot serve an endpoint (an MLX candidate told never to translate has no
+/// Messages API): the sessions on its side are served by the primary for that endpoint,
+/// recorded as such, while their chat requests go to the candidate.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_candidate_without_an_endpoint_leaves_it_to_the_primary() {
     let as_mlx = |config: String| {
         config.replace(
             "[backends.c]\nengine = \"llama.cpp\"",
-            "[backends.c]\nengine = \"mlx\"",
+            "[backends.c]\nengine = \"mlx\"\nagent_apis = \"native\"",
         )
     };
     let (s, _p, _c) = Setup::start_with(|e| e, as_mlx).await;

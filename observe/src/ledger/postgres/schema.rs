@@ -1,6 +1,6 @@
 //! The ledger's tables on PostgreSQL, and their migrations.
 //!
-//! The same tables and columns as SQLite's (`super::super::schema`, at its version 18), in
+//! The same tables and columns as SQLite's (`super::super::schema`, at its version 19), in
 //! PostgreSQL's types: integers are `BIGINT` (SQLite's are 64-bit; flags stay 0 and 1, so that
 //! the same sums and filters read both stores), reals `DOUBLE PRECISION` (SQLite's `REAL` is
 //! 8 bytes; PostgreSQL's `REAL` is 4), ids are identity columns. Every table of events has an
@@ -25,7 +25,7 @@ pub(super) const MIGRATION_LOCK: i64 = 0x7377_6974_6368_7961;
 /// Migrations, in order: the first is SQLite's version 17 whole; the second the fleet's own
 /// table, `instances`: each Switchyard's configuration digest and when it was last seen; the
 /// third the evaluator's lease for releases shared by the fleet; the fourth SQLite's 18
-/// (contention).
+/// (contention); the fifth SQLite's 19 (the engine's path).
 pub(super) fn migrations() -> Vec<String> {
     let first = format!(
         r#"
@@ -245,11 +245,16 @@ pub(super) fn migrations() -> Vec<String> {
     ALTER TABLE comparisons ADD COLUMN primary_contention BIGINT;
     ALTER TABLE comparisons ADD COLUMN candidate_contention BIGINT;
     "#;
+    // SQLite's migration 19: the path the engine was sent.
+    let engine_path = r#"
+    ALTER TABLE requests ADD COLUMN engine_path TEXT;
+    "#;
     vec![
         first,
         instances.to_owned(),
         releases.to_owned(),
         contention.to_owned(),
+        engine_path.to_owned(),
     ]
 }
 

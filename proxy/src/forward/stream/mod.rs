@@ -305,7 +305,10 @@ impl<B> ObservedStream<B> {
             return false;
         }
         self.identity_checked = true;
-        let path = self.record.as_ref().map_or("", |r| r.path.as_str());
+        let path = self
+            .record
+            .as_ref()
+            .map_or("", |r| r.engine_path.unwrap_or(&r.path));
         let Some(unverified) = self.backend.check_answer(path, model, fingerprint) else {
             return false;
         };

@@ -55,6 +55,14 @@ pub enum ProxyError {
         engine: &'static str,
         endpoint: Endpoint,
     },
+    /// The backend serves the endpoint through chat completions, and the request has something
+    /// the chat form cannot say; nothing was sent.
+    #[error("Backend `{backend}` serves {endpoint} through chat completions, and this request cannot be translated: {why}.")]
+    Untranslatable {
+        backend: String,
+        endpoint: Endpoint,
+        why: String,
+    },
     #[error("Backend `{backend}` does not serve a verified artifact: {why}. Requests to it are refused because it requires a verified identity.")]
     IdentityUnverified { backend: String, why: String },
     #[error("Backend `{backend}` could not be reached: {why}")]
@@ -152,7 +160,8 @@ impl ProxyError {
             | Self::MalformedJson(_)
             | Self::NotAnObject
             | Self::MissingModel
-            | Self::ModelNotString => StatusCode::BAD_REQUEST,
+            | Self::ModelNotString
+            | Self::Untranslatable { .. } => StatusCode::BAD_REQUEST,
             Self::ArmNotForced { .. } | Self::KeyNotPermitted { .. } => StatusCode::FORBIDDEN,
             Self::MissingApiKey | Self::InvalidApiKey => StatusCode::UNAUTHORIZED,
             Self::QueueFull { .. }
@@ -195,7 +204,8 @@ impl ProxyError {
             | Self::MissingApiKey
             | Self::InvalidApiKey
             | Self::UnsupportedTransferEncoding(_)
-            | Self::EndpointNotSupported { .. } => "invalid_request_error",
+            | Self::EndpointNotSupported { .. }
+            | Self::Untranslatable { .. } => "invalid_request_error",
             // OpenAI's type for a request rate limit.
             Self::KeyRateLimited { .. } | Self::KeyConcurrencyLimited { .. } => "requests",
             Self::ArmNotForced { .. } | Self::KeyNotPermitted { .. } => "permission_error",
@@ -232,6 +242,7 @@ impl ProxyError {
             Self::ModelNotString => "invalid_model",
             Self::UnknownModel { .. } => "model_not_found",
             Self::EndpointNotSupported { .. } => "endpoint_not_supported",
+            Self::Untranslatable { .. } => "untranslatable_request",
             Self::IdentityUnverified { .. } => "identity_unverified",
             Self::UpstreamUnreachable { .. } => "upstream_unreachable",
             Self::ConnectTimeout { .. } => "upstream_connect_timeout",
