@@ -13,9 +13,16 @@ first request alone is about 4,200 tokens) and answers at most 64 tokens (`-n 64
 135M-parameter model, which rambles, ends its turns within seconds (Claude Code sets its own
 `max_tokens`, so it is told 64 too: `CLAUDE_CODE_MAX_OUTPUT_TOKENS`).
 
+Claude Code and Codex run a second time with their APIs served through chat completions
+(issue 61), as on an engine that has only chat: the same llama-server behind a backend with
+`agent_apis = "translate"`; the ledger shows each request answered 200 under the client's path
+with the engine's path beside it. Not against mlx_lm.server itself: on these machines' CPUs it
+reads a prompt at about 6 tokens a second, and each agent's first prompt is thousands of tokens
+(the SDK tests in test_translation.py run against it, with short prompts).
+
 Not covered here: Codex CLI releases after the one pinned send an `additional_tools` input item
-that the pinned llama-server's Responses API refuses (400 "Cannot determine type of 'item'");
-docs/agents.md says so.
+that the pinned llama-server's Responses API refuses (400 "Cannot determine type of 'item'"),
+and that Switchyard's translation refuses too (it has no chat form); docs/agents.md says so.
 """
 
 from __future__ import annotations
@@ -62,6 +69,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         url = f"http://127.0.0.1:{port}"
         with http_client(timeout=5.0) as http:
             poll("llama-server", lambda: http.get(f"{url}/health").status_code == 200, llama)
+        (workdir / "llama-url").write_text(url)
         ledger = workdir / "ledger.db"
         config = f"""
 [server]
@@ -84,6 +92,36 @@ path = "{ledger}"
             yield Stack(proxy.url, ledger, workdir, proxy)
     finally:
         llama.stop()
+
+
+@pytest.fixture(scope="module")
+def translated_stack(stack: Stack, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    """A second Switchyard in front of the same llama-server, told to serve the agent APIs
+    through chat completions (`agent_apis = "translate"`), as it serves them on an engine that
+    has only chat: the agents then meet Switchyard's translation, not llama-server's own."""
+    workdir = tmp_path_factory.mktemp("agents-translated")
+    llama_url = (stack.workdir / "llama-url").read_text()
+    ledger = workdir / "ledger.db"
+    config = f"""
+[server]
+listen = "127.0.0.1:0"
+probe_interval_ms = 200
+first_byte_timeout_ms = 240000
+
+[backends.llama]
+engine = "llama.cpp"
+url = "{llama_url}"
+agent_apis = "translate"
+
+[models.smollm2]
+patterns = ["*"]
+primary = "llama"
+
+[ledger]
+path = "{ledger}"
+"""
+    with start_switchyard(workdir, config, lambda r: r.get("ready") is True) as proxy:
+        yield Stack(proxy.url, ledger, workdir, proxy)
 
 
 def run_agent(name: str, argv: list[str], env: dict[str, str], cwd: Path, accept=lambda _out: False) -> str:  # noqa: ANN001
@@ -134,7 +172,7 @@ def ran_out_of_tokens(out: str) -> bool:
         return False
 
 
-def test_claude_code_with_its_default_model_name(stack: Stack) -> None:
+def run_claude_code(stack: Stack) -> None:
     out = run_agent(
         "claude",
         # No built-in tools: a 135M-parameter model given Claude Code's tools calls them at
@@ -158,7 +196,11 @@ def test_claude_code_with_its_default_model_name(stack: Stack) -> None:
     assert_served_by_pattern(requests_of(stack, "/v1/messages"), "claude-")
 
 
-def test_codex_with_its_default_model_name(stack: Stack) -> None:
+def test_claude_code_with_its_default_model_name(stack: Stack) -> None:
+    run_claude_code(stack)
+
+
+def run_codex(stack: Stack) -> None:
     provider = {
         "name": '"Switchyard"',
         "base_url": f'"{stack.url}/v1"',
@@ -178,6 +220,25 @@ def test_codex_with_its_default_model_name(stack: Stack) -> None:
     )
     assert out.strip(), "codex printed no answer"
     assert_served_by_pattern(requests_of(stack, "/v1/responses"), "gpt-")
+
+
+def test_codex_with_its_default_model_name(stack: Stack) -> None:
+    run_codex(stack)
+
+
+def engine_paths(s: Stack, path: str) -> set[tuple]:
+    with contextlib.closing(sqlite3.connect(s.ledger)) as db:
+        return set(db.execute("SELECT backend, engine_path FROM requests WHERE path = ?", (path,)).fetchall())
+
+
+def test_claude_code_through_chat_completions(translated_stack: Stack) -> None:
+    run_claude_code(translated_stack)
+    assert engine_paths(translated_stack, "/v1/messages") == {("llama", "/v1/chat/completions")}
+
+
+def test_codex_through_chat_completions(translated_stack: Stack) -> None:
+    run_codex(translated_stack)
+    assert engine_paths(translated_stack, "/v1/responses") == {("llama", "/v1/chat/completions")}
 
 
 def test_aider_with_an_openai_model_name(stack: Stack) -> None:
