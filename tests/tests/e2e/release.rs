@@ -1029,6 +1029,82 @@ async fn a_candidate_without_an_endpoint_leaves_it_to_the_primary() {
     assert!(keys.iter().any(|k| k.2 == "endpoint"), "{keys:?}");
 }
 
+/// A candidate that serves the Messages API only through chat completions (an MLX candidate, by
+/// default): the agents' sessions on its side are served by the candidate itself, translated,
+/// so the release has evidence from exactly the traffic it is for.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_mlx_candidate_serves_the_agents_sessions_on_its_side_through_chat() {
+    let as_mlx = |config: String| {
+        config.replace(
+            "[backends.c]\nengine = \"llama.cpp\"",
+            "[backends.c]\nengine = \"mlx\"",
+        )
+    };
+    let (s, _p, _c) = Setup::start_with(|e| e, as_mlx).await;
+    wait_ready(&s.proxy, Duration::from_secs(5), |v| {
+        v["backends"]["c"]["engine"] == "mlx/b5000-cand"
+    })
+    .await
+    .unwrap();
+    let id = start_release(&s.admin, "mostly").await;
+    drive(&s.base, &s.admin, &id, false, |r| r["weight"] == 99).await;
+    let client = TestClient::new();
+    let mut sides = Vec::new();
+    for n in 0..5 {
+        let session = format!("agent-{n}");
+        let r = client
+            .post_json_with(
+                &format!("{}/v1/messages", s.base),
+                &json!({"model": "smollm2", "max_tokens": 4,
+                        "messages": [{"role": "user", "content": format!("hello from {session}")}]}),
+                &[("x-session-id", &session)],
+            )
+            .await
+            .unwrap();
+        assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+        assert_eq!(r.json()["type"], "message");
+        let backend = r.header("x-switchyard-backend").to_owned();
+        let translated = r.header("x-switchyard-translated").to_owned();
+        assert_eq!(
+            translated,
+            if backend == "c" { "messages>chat" } else { "" },
+            "{backend}"
+        );
+        sides.push(backend);
+    }
+    // At 99 %, the sessions are on the candidate's side (all five off it would be a
+    // one-in-ten-billion draw), and it serves them.
+    assert!(sides.iter().any(|b| b == "c"), "{sides:?}");
+    let Setup {
+        proxy, _dir: dir, ..
+    } = s;
+    proxy.shutdown().await;
+    let db = rusqlite::Connection::open(dir.path().join("ledger.db")).unwrap();
+    // The clients' own requests (a release's copies to the other side are variant `shadow`).
+    let rows: Vec<(String, String, String, Option<String>)> = db
+        .prepare(
+            "SELECT backend, arm, arm_key, engine_path FROM requests
+             WHERE path = '/v1/messages' AND variant != 'shadow'",
+        )
+        .unwrap()
+        .query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)))
+        .unwrap()
+        .collect::<Result<_, _>>()
+        .unwrap();
+    assert_eq!(rows.len(), 5, "{rows:?}");
+    for (backend, arm, key, engine_path) in &rows {
+        assert_ne!(key, "endpoint", "{rows:?}");
+        if backend == "c" {
+            assert_eq!(
+                (arm.as_str(), engine_path.as_deref()),
+                ("candidate", Some("/v1/chat/completions"))
+            );
+        } else {
+            assert_eq!((arm.as_str(), engine_path.as_deref()), ("primary", None));
+        }
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn golden_probes_give_a_quiet_model_evidence_but_never_requests() {
     let suite = tempfile::tempdir().unwrap();
