@@ -26,9 +26,10 @@ impl Agent {
         }
     }
 
-    /// Whether an engine serves the API this agent speaks: mlx_lm.server has neither the
-    /// Messages nor the Responses API.
-    fn served_by(self, engine: EngineKind) -> bool {
+    /// Whether an engine serves the API this agent speaks natively: mlx_lm.server has neither
+    /// the Messages nor the Responses API (Switchyard serves them there through chat
+    /// completions), and a generic OpenAI-compatible server may lack the Messages API.
+    fn native_on(self, engine: EngineKind) -> bool {
         match self {
             Self::ClaudeCode | Self::Codex => engine == EngineKind::LlamaCpp,
             Self::Aider => true,
@@ -60,26 +61,14 @@ impl Agent {
 }
 
 /// The model (by its position in `engines`) that takes every name no other model has: the first
-/// whose engine serves every agent asked for. `Err` names the agents no engine found serves.
+/// whose engine serves every agent asked for natively, else the first (the agent APIs it lacks
+/// are served through chat completions). `Err` when no engine was found.
 pub(super) fn catch_all(engines: &[EngineKind], agents: &[Agent]) -> Result<usize, String> {
     engines
         .iter()
-        .position(|e| agents.iter().all(|a| a.served_by(*e)))
-        .ok_or_else(|| {
-            let unserved: Vec<&str> = agents
-                .iter()
-                .filter(|a| !engines.iter().any(|e| a.served_by(*e)))
-                .map(|a| a.name())
-                .collect();
-            if unserved.is_empty() {
-                "no one engine found serves every agent asked for: run init once per agent".to_owned()
-            } else {
-                format!(
-                    "{} need a llama-server (mlx_lm.server serves neither the Messages nor the Responses API)",
-                    unserved.join(" and ")
-                )
-            }
-        })
+        .position(|e| agents.iter().all(|a| a.native_on(*e)))
+        .or((!engines.is_empty()).then_some(0))
+        .ok_or_else(|| "no engine was found to take the agents' model names".to_owned())
 }
 
 /// What to tell each agent, for people.
