@@ -54,6 +54,24 @@ pub enum Dialect {
     Anthropic,
 }
 
+/// Anthropic's `error.type` for an error answered with `status` (Anthropic's list:
+/// `invalid_request_error`, `authentication_error`, `permission_error`, `not_found_error`,
+/// `request_too_large`, `rate_limit_error`, `api_error`, `overloaded_error`).
+pub fn anthropic_error_type(status: u16) -> &'static str {
+    match status {
+        401 => "authentication_error",
+        403 => "permission_error",
+        404 => "not_found_error",
+        413 => "request_too_large",
+        429 => "rate_limit_error",
+        // Anthropic's own "overloaded" is 529; a 503 (llama-server loading its model) is the
+        // same advice: later, or elsewhere.
+        503 | 529 => "overloaded_error",
+        s if s >= 500 => "api_error",
+        _ => "invalid_request_error",
+    }
+}
+
 impl Wire {
     /// What ends a complete stream of this shape, as a broken stream's error names it.
     pub fn end_marker(self) -> &'static str {

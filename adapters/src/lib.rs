@@ -23,7 +23,7 @@ use std::fmt;
 use bytes::Bytes;
 use switchyard_policy::EngineKind;
 
-pub use endpoint::{Dialect, Endpoint, Wire};
+pub use endpoint::{anthropic_error_type, Dialect, Endpoint, Wire};
 
 pub use identity::{EngineIdentity, EngineReport, Health, ProbeResult};
 pub use observe::{

@@ -25,7 +25,8 @@ use serde_json::{json, Value};
 
 use super::chat::{Call, Finish, Part, Reader, Step, Usage, Whole};
 use super::stream::{Failure, Render};
-use super::{anthropic_error_type, sse, Answering};
+use super::{sse, Answering};
+use crate::anthropic_error_type;
 
 /// A whole answer as a Messages `message` object.
 pub(super) fn whole(answering: &Answering, answer: &Whole) -> Result<Value, String> {

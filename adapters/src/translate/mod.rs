@@ -3,7 +3,8 @@
 //! only chat completions, such as mlx_lm.server: the client's request rewritten as a chat
 //! completions request ([`chat_request`]), and the engine's chat answer, whole
 //! ([`whole_answer`]) or streamed ([`StreamTranslation`]), rewritten as the answer the client's
-//! API gives, errors included ([`error_answer`]).
+//! API gives. An engine's error answer is brought into the client's shape where every error is
+//! (the proxy's error dialects), translated or not.
 //!
 //! The rewrite is faithful both ways. A request field the chat API has a place for is carried;
 //! one it has no place for is either ignored and named ([`ChatRequest::ignored`]: cache hints,
@@ -24,7 +25,7 @@ mod stream;
 #[cfg(test)]
 mod tests;
 
-use serde_json::{json, Map, Value};
+use serde_json::{Map, Value};
 
 use crate::Endpoint;
 use stream::Driver;
@@ -222,42 +223,6 @@ impl StreamTranslation {
     }
 }
 
-/// An engine's error answer (non-2xx; usually OpenAI's `{"error":{"message","type","code"}}`,
-/// mlx_lm.server's `{"error": "<text>"}`, or anything else) in the client's API's error shape,
-/// keeping the engine's message. Messages: `{"type":"error","error":{"type","message"}}`, the
-/// type following the status. Responses: an error already in OpenAI's shape as it is, anything
-/// else rewritten into it.
-pub fn error_answer(endpoint: Endpoint, status: u16, engine_body: &[u8]) -> Vec<u8> {
-    let parsed: Option<Value> = serde_json::from_slice(engine_body).ok();
-    if endpoint != Endpoint::Messages {
-        let in_shape = parsed
-            .as_ref()
-            .and_then(|v| v.get("error"))
-            .and_then(|e| e.get("message"))
-            .is_some_and(Value::is_string);
-        if in_shape {
-            return engine_body.to_vec();
-        }
-    }
-    let message = match parsed.as_ref() {
-        Some(value) => error_message(value),
-        None => String::from_utf8_lossy(engine_body).trim().to_owned(),
-    };
-    let message = if message.is_empty() {
-        format!("the engine answered {status}")
-    } else {
-        message
-    };
-    let body = if endpoint == Endpoint::Messages {
-        let kind = anthropic_error_type(status);
-        json!({"type": "error", "error": {"type": kind, "message": message}})
-    } else {
-        let kind = openai_error_type(status);
-        json!({"error": {"message": message, "type": kind, "param": null, "code": null}})
-    };
-    body.to_string().into_bytes()
-}
-
 /// The message of an engine's error value: `error.message`, a string `error`, a top-level
 /// `message`, or the whole value as text.
 fn error_message(value: &Value) -> String {
@@ -268,21 +233,6 @@ fn error_message(value: &Value) -> String {
         .or_else(|| value.get("message"))
         .and_then(Value::as_str)
         .map_or_else(|| value.to_string(), str::to_owned)
-}
-
-/// Anthropic's `error.type` for an error answered with `status`.
-fn anthropic_error_type(status: u16) -> &'static str {
-    match status {
-        401 => "authentication_error",
-        403 => "permission_error",
-        404 => "not_found_error",
-        413 => "request_too_large",
-        429 => "rate_limit_error",
-        // A 503 (llama-server loading its model) is Anthropic's 529 advice: later, or elsewhere.
-        503 | 529 => "overloaded_error",
-        s if s >= 500 => "api_error",
-        _ => "invalid_request_error",
-    }
 }
 
 /// OpenAI's `error.type` for an error answered with `status`.

@@ -54,61 +54,23 @@ pub(crate) fn whole(answering: &Answering, chat: &str) -> Value {
     serde_json::from_slice(&whole_answer(answering, chat.as_bytes()).unwrap()).unwrap()
 }
 
-fn error_json(endpoint: Endpoint, status: u16, body: &[u8]) -> Value {
-    serde_json::from_slice(&error_answer(endpoint, status, body)).unwrap()
-}
-
 #[test]
-fn engine_errors_reach_messages_clients_in_anthropics_shape_with_the_engines_message() {
-    let llama = br#"{"error":{"code":400,"message":"request (3031 tokens) exceeds the available context size (2048 tokens), try increasing it","type":"exceed_context_size_error","n_prompt_tokens":3031,"n_ctx":2048}}"#;
-    assert_eq!(
-        error_json(Endpoint::Messages, 400, llama),
-        json!({"type": "error", "error": {"type": "invalid_request_error", "message": "request (3031 tokens) exceeds the available context size (2048 tokens), try increasing it"}})
-    );
-    let mlx = br#"{"error": "'str' object has no attribute 'get'"}"#;
-    let answer = error_json(Endpoint::Messages, 404, mlx);
-    assert_eq!(answer["error"]["type"], "not_found_error");
-    assert_eq!(
-        answer["error"]["message"],
-        "'str' object has no attribute 'get'"
-    );
-    let html = b"<html>Bad Gateway</html>";
-    let answer = error_json(Endpoint::Messages, 502, html);
-    assert_eq!(answer["error"]["type"], "api_error");
-    assert_eq!(answer["error"]["message"], "<html>Bad Gateway</html>");
-    assert_eq!(
-        error_json(Endpoint::Messages, 503, b"")["error"],
-        json!({"type": "overloaded_error", "message": "the engine answered 503"})
-    );
+fn anthropic_error_types_follow_the_status() {
     for (status, kind) in [
+        (400, "invalid_request_error"),
         (401, "authentication_error"),
         (403, "permission_error"),
+        (404, "not_found_error"),
         (413, "request_too_large"),
         (429, "rate_limit_error"),
         (500, "api_error"),
+        (502, "api_error"),
+        (503, "overloaded_error"),
         (529, "overloaded_error"),
         (422, "invalid_request_error"),
     ] {
-        let answer = error_json(Endpoint::Messages, status, br#"{"error":{"message":"x"}}"#);
-        assert_eq!(answer["error"]["type"], kind, "{status}");
+        assert_eq!(crate::anthropic_error_type(status), kind, "{status}");
     }
-}
-
-#[test]
-fn engine_errors_reach_responses_clients_in_openais_shape() {
-    let llama = br#"{"error":{"code":400,"message":"Expected 'messages' to be an array","type":"invalid_request_error"}}"#;
-    assert_eq!(error_answer(Endpoint::Responses, 400, llama), llama);
-    let mlx = br#"{"error": "Invalid JSON in request body"}"#;
-    assert_eq!(
-        error_json(Endpoint::Responses, 400, mlx),
-        json!({"error": {"message": "Invalid JSON in request body", "type": "invalid_request_error", "param": null, "code": null}})
-    );
-    let text = error_json(Endpoint::Responses, 500, b"engine crashed\n");
-    assert_eq!(text["error"]["message"], "engine crashed");
-    assert_eq!(text["error"]["type"], "server_error");
-    let odd = error_json(Endpoint::Responses, 429, br#"{"detail":"slow down"}"#);
-    assert_eq!(odd["error"]["message"], r#"{"detail":"slow down"}"#);
-    assert_eq!(odd["error"]["type"], "rate_limit_error");
 }
 
 #[test]

@@ -17,17 +17,7 @@ use switchyard_adapters::Dialect;
 
 /// Anthropic's `error.type` for an error answered with `status`.
 pub(crate) fn anthropic_type(status: StatusCode) -> &'static str {
-    match status.as_u16() {
-        401 => "authentication_error",
-        403 => "permission_error",
-        404 => "not_found_error",
-        413 => "request_too_large",
-        429 => "rate_limit_error",
-        // Anthropic's own "overloaded" is 529; a 503 is the same advice: later, or elsewhere.
-        503 | 529 => "overloaded_error",
-        s if s >= 500 => "api_error",
-        _ => "invalid_request_error",
-    }
+    switchyard_adapters::anthropic_error_type(status.as_u16())
 }
 
 /// An Anthropic-shaped error body.
